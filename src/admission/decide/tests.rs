@@ -1,0 +1,344 @@
+//! The decision table: one row per rule, including the traps the API server sets.
+
+use super::*;
+use crate::api::LockSpec;
+use crate::locks::LockRef;
+use serde_json::{Value, json};
+
+/// A request as the API server would send it; `patch` overrides fields of a DELETE of
+/// ConfigMap `app-config` in `prod`.
+fn request(patch: Value) -> AdmissionRequest {
+    let mut base = json!({
+        "uid": "u-1",
+        "kind": {"group": "", "version": "v1", "kind": "ConfigMap"},
+        "resource": {"group": "", "version": "v1", "resource": "configmaps"},
+        "name": "app-config",
+        "namespace": "prod",
+        "operation": "DELETE",
+        "userInfo": {"username": "alice", "groups": ["dev"]},
+        "object": null,
+        "oldObject": {"metadata": {"name": "app-config", "namespace": "prod"}},
+    });
+    let map = base.as_object_mut().expect("object");
+    for (k, v) in patch.as_object().expect("patch is an object") {
+        if v.is_null() && k != "object" && k != "oldObject" {
+            map.remove(k);
+        } else {
+            map.insert(k.clone(), v.clone());
+        }
+    }
+    serde_json::from_value(base).expect("valid request")
+}
+
+fn reason(text: &str) -> LockSpec {
+    LockSpec {
+        reason: Some(text.to_owned()),
+    }
+}
+
+fn locks(list: &[LockRef]) -> LockSet {
+    list.iter().cloned().collect()
+}
+
+/// Plans, looks the locks up in `namespaced` / `cluster`, decides.
+fn run(req: &AdmissionRequest, namespaced: &[LockRef], cluster: &[LockRef]) -> Result<Verdict, Exempt> {
+    let lookup = match plan(req) {
+        Plan::Allow(why) => return Err(why),
+        Plan::Lookup(lookup) => lookup,
+    };
+    let ns_set: LockSet = namespaced
+        .iter()
+        .filter(|l| l.namespace.as_deref() == Some(lookup.scope.as_str()))
+        .cloned()
+        .collect();
+    let scope_set = if lookup.scope.is_empty() {
+        locks(cluster)
+    } else {
+        ns_set
+    };
+    let contents: Option<LockSet> = lookup.contents_of.as_ref().map(|ns| {
+        namespaced
+            .iter()
+            .filter(|l| l.namespace.as_deref() == Some(ns.as_str()))
+            .cloned()
+            .collect()
+    });
+    Ok(decide(req, &lookup, &scope_set, contents.as_ref()))
+}
+
+fn prod_lock() -> LockRef {
+    LockRef::lock("prod", "app-config", reason("VM snapshot in progress"))
+}
+
+#[test]
+fn rule_1_update_and_delete_of_a_locked_object_are_denied_with_403() {
+    for op in ["UPDATE", "DELETE"] {
+        let req = request(json!({"operation": op, "object": {"metadata": {"name": "app-config"}}}));
+        let verdict = run(&req, &[prod_lock()], &[]).expect("needs a lookup");
+        let refusal = verdict.refusal.as_ref().expect("denied");
+        assert_eq!(refusal.code, 403);
+        assert_eq!(refusal.reason, "Forbidden");
+        assert_eq!(
+            refusal.message,
+            "configmaps \"app-config\" in namespace \"prod\" is locked by Lock prod/app-config: VM snapshot in progress (to unlock: kubectl delete lock app-config -n prod)"
+        );
+        assert_eq!(verdict.outcome, Outcome::Denied);
+        assert_eq!(
+            verdict.audit_annotations.get("lock").map(String::as_str),
+            Some("Lock prod/app-config")
+        );
+    }
+}
+
+#[test]
+fn rule_1_a_lock_without_reason_still_locks() {
+    let req = request(json!({}));
+    let lock = LockRef::lock("prod", "app-config", LockSpec::default());
+    let verdict = run(&req, &[lock], &[]).expect("lookup");
+    assert_eq!(
+        verdict.refusal.expect("denied").message,
+        "configmaps \"app-config\" in namespace \"prod\" is locked by Lock prod/app-config (to unlock: kubectl delete lock app-config -n prod)"
+    );
+}
+
+#[test]
+fn rule_1_unlocked_objects_and_other_namespaces_are_allowed() {
+    let free = request(json!({"name": "free-a"}));
+    assert!(run(&free, &[prod_lock()], &[]).expect("lookup").allowed());
+    let other_ns = request(json!({"namespace": "staging"}));
+    assert!(run(&other_ns, &[prod_lock()], &[]).expect("lookup").allowed());
+    // A ClusterLock of the same name does not lock a namespaced object.
+    let cluster = LockRef::cluster_lock("app-config", LockSpec::default());
+    assert!(run(&free, &[], &[cluster]).expect("lookup").allowed());
+}
+
+#[test]
+fn rule_1_cluster_scoped_objects_are_locked_by_cluster_locks() {
+    let req = request(json!({
+        "resource": {"group": "rbac.authorization.k8s.io", "version": "v1", "resource": "clusterroles"},
+        "name": "reader", "namespace": null, "operation": "UPDATE",
+    }));
+    let namespaced = LockRef::lock("prod", "reader", LockSpec::default());
+    assert!(run(&req, &[namespaced], &[]).expect("lookup").allowed());
+    let verdict = run(&req, &[], &[LockRef::cluster_lock("reader", reason("audit"))]).expect("lookup");
+    assert_eq!(
+        verdict.refusal.expect("denied").message,
+        "clusterroles.rbac.authorization.k8s.io \"reader\" is locked by ClusterLock reader: audit (to unlock: kubectl delete clusterlock reader)"
+    );
+}
+
+#[test]
+fn rule_2_create_and_connect_need_no_lookup() {
+    let create = request(json!({"operation": "CREATE", "oldObject": null}));
+    assert_eq!(plan(&create), Plan::Allow(Exempt::Create));
+    let connect = request(json!({
+        "operation": "CONNECT", "subResource": "exec",
+        "resource": {"group": "", "version": "v1", "resource": "pods"},
+    }));
+    assert_eq!(plan(&connect), Plan::Allow(Exempt::Connect));
+}
+
+#[test]
+fn rule_3_deletecollection_items_take_the_name_from_old_object() {
+    let req = request(json!({"name": null, "oldObject": {"metadata": {"name": "app-config"}}}));
+    assert_eq!(
+        plan(&req),
+        Plan::Lookup(Lookup {
+            scope: "prod".into(),
+            name: "app-config".into(),
+            contents_of: None
+        })
+    );
+    assert!(!run(&req, &[prod_lock()], &[]).expect("lookup").allowed());
+    let empty_name = request(json!({"name": "", "oldObject": {"metadata": {"name": "app-config"}}}));
+    assert!(!run(&empty_name, &[prod_lock()], &[]).expect("lookup").allowed());
+}
+
+#[test]
+fn rule_3_a_request_naming_nothing_is_allowed_without_lookup() {
+    let req = request(json!({"name": null, "oldObject": {"metadata": {}}}));
+    assert_eq!(plan(&req), Plan::Allow(Exempt::Unnamed));
+}
+
+#[test]
+fn rule_4_eviction_of_a_locked_pod_is_denied() {
+    let req = request(json!({
+        "operation": "CREATE", "subResource": "eviction", "name": "evict-me",
+        "resource": {"group": "", "version": "v1", "resource": "pods"},
+        "object": {"metadata": {"name": "evict-me", "namespace": "prod"}}, "oldObject": null,
+    }));
+    let lock = LockRef::lock("prod", "evict-me", reason("draining later"));
+    let verdict = run(&req, &[lock], &[]).expect("eviction needs a lookup");
+    assert_eq!(
+        verdict.refusal.expect("denied").message,
+        "cannot evict: pods \"evict-me\" in namespace \"prod\" is locked by Lock prod/evict-me: draining later (to unlock: kubectl delete lock evict-me -n prod)"
+    );
+    assert!(run(&req, &[], &[]).expect("lookup").allowed());
+}
+
+#[test]
+fn rule_4_only_pod_eviction_creates_are_looked_up() {
+    // A CREATE of another subresource (a token request) is a plain create.
+    let req = request(json!({
+        "operation": "CREATE", "subResource": "token",
+        "resource": {"group": "", "version": "v1", "resource": "serviceaccounts"},
+    }));
+    assert_eq!(plan(&req), Plan::Allow(Exempt::Create));
+}
+
+#[test]
+fn rule_5_status_writes_are_allowed_other_subresources_are_locked() {
+    let status = request(json!({"operation": "UPDATE", "subResource": "status"}));
+    assert_eq!(plan(&status), Plan::Allow(Exempt::Status));
+    for sub in ["scale", "ephemeralcontainers", "resize"] {
+        let req = request(json!({
+            "operation": "UPDATE", "subResource": sub,
+            "object": {"metadata": {}}, "oldObject": {"metadata": {}},
+        }));
+        assert!(
+            !run(&req, &[prod_lock()], &[]).expect("lookup").allowed(),
+            "{sub} should be locked"
+        );
+    }
+}
+
+#[test]
+fn rule_6_locks_themselves_are_never_locked() {
+    for resource in ["locks", "clusterlocks"] {
+        for op in ["UPDATE", "DELETE"] {
+            let req = request(json!({
+                "operation": op,
+                "resource": {"group": "objectlock.dev", "version": "v1alpha1", "resource": resource},
+            }));
+            assert_eq!(plan(&req), Plan::Allow(Exempt::LockResource));
+        }
+    }
+    // Same plural in another group is an ordinary resource.
+    let other = request(json!({
+        "resource": {"group": "example.com", "version": "v1", "resource": "locks"},
+    }));
+    assert!(matches!(plan(&other), Plan::Lookup(_)));
+}
+
+#[test]
+fn rule_7_updates_of_terminating_objects_are_allowed_with_a_warning() {
+    let req = request(json!({
+        "operation": "UPDATE",
+        "object": {"metadata": {"name": "app-config", "deletionTimestamp": "2026-11-22T02:00:09Z"}},
+        "oldObject": {"metadata": {"name": "app-config", "deletionTimestamp": "2026-11-22T02:00:09Z", }},
+    }));
+    let verdict = run(&req, &[prod_lock()], &[]).expect("lookup");
+    assert!(verdict.allowed());
+    assert_eq!(verdict.outcome, Outcome::Warned);
+    assert_eq!(verdict.warnings.len(), 1);
+    assert!(verdict.warnings[0].contains("being deleted"));
+    assert!(verdict.warnings[0].chars().count() <= MAX_WARNING_CHARS);
+    // Not locked: nothing to warn about.
+    let free = run(&req, &[], &[]).expect("lookup");
+    assert_eq!(free.outcome, Outcome::Allowed);
+    assert!(free.warnings.is_empty());
+    // A DELETE of a terminating object is still a DELETE.
+    let delete = request(json!({
+        "oldObject": {"metadata": {"name": "app-config", "deletionTimestamp": "2026-11-22T02:00:09Z"}},
+    }));
+    assert!(!run(&delete, &[prod_lock()], &[]).expect("lookup").allowed());
+}
+
+#[test]
+fn rule_8_namespace_deletion_is_denied_while_it_holds_locks() {
+    let req = request(json!({
+        "resource": {"group": "", "version": "v1", "resource": "namespaces"},
+        "name": "doomed", "namespace": "doomed",
+        "oldObject": {"metadata": {"name": "doomed"}},
+    }));
+    assert_eq!(
+        plan(&req),
+        Plan::Lookup(Lookup {
+            scope: String::new(),
+            name: "doomed".into(),
+            contents_of: Some("doomed".into())
+        })
+    );
+    assert!(run(&req, &[prod_lock()], &[]).expect("lookup").allowed());
+    let held: Vec<LockRef> = (1..=7)
+        .map(|i| LockRef::lock("doomed", &format!("cm-{i}"), LockSpec::default()))
+        .collect();
+    let verdict = run(&req, &held, &[]).expect("lookup");
+    let refusal = verdict.refusal.as_ref().expect("denied");
+    assert_eq!(refusal.code, 403);
+    assert_eq!(
+        refusal.message,
+        "namespaces \"doomed\" still holds 7 Locks (cm-1, cm-2, cm-3, cm-4, cm-5 and 2 more): deleting it would leave it stuck in Terminating at the locked objects (to unlock: kubectl delete locks --all -n doomed)"
+    );
+    assert_eq!(verdict.locks.len(), 5);
+    let one = run(&req, &held[..1], &[]).expect("lookup");
+    assert!(one.refusal.expect("denied").message.contains("holds 1 Lock (cm-1)"));
+}
+
+#[test]
+fn rule_8_a_cluster_lock_on_the_namespace_itself_wins() {
+    let req = request(json!({
+        "resource": {"group": "", "version": "v1", "resource": "namespaces"},
+        "name": "doomed", "namespace": "doomed", "operation": "DELETE",
+    }));
+    let verdict = run(&req, &[], &[LockRef::cluster_lock("doomed", reason("tenant"))]).expect("lookup");
+    assert_eq!(
+        verdict.refusal.expect("denied").message,
+        "namespaces \"doomed\" is locked by ClusterLock doomed: tenant (to unlock: kubectl delete clusterlock doomed)"
+    );
+    // Namespace updates are plain updates: a Lock inside does not block them.
+    let update = request(json!({
+        "resource": {"group": "", "version": "v1", "resource": "namespaces"},
+        "name": "doomed", "namespace": "doomed", "operation": "UPDATE",
+    }));
+    let inside = LockRef::lock("doomed", "x", LockSpec::default());
+    assert!(run(&update, &[inside], &[]).expect("lookup").allowed());
+}
+
+#[test]
+fn rule_9_dry_run_is_decided_the_same() {
+    let req = request(json!({"dryRun": true}));
+    assert!(!run(&req, &[prod_lock()], &[]).expect("lookup").allowed());
+}
+
+#[test]
+fn lookup_failure_follows_the_policy() {
+    let req = request(json!({}));
+    let Plan::Lookup(lookup) = plan(&req) else {
+        panic!("needs lookup")
+    };
+    let error = LookupError::Timeout(std::time::Duration::from_secs(2));
+    let denied = decide_unreadable(&req, &lookup, OnLookupError::Deny, &error);
+    let refusal = denied.refusal.as_ref().expect("denied");
+    assert_eq!(refusal.code, 503);
+    assert!(refusal.message.contains("lock state could not be read"));
+    assert!(refusal.message.contains("no answer within 2s"));
+    assert_eq!(denied.outcome, Outcome::Error);
+    let allowed = decide_unreadable(&req, &lookup, OnLookupError::Allow, &error);
+    assert!(allowed.allowed());
+    assert_eq!(allowed.outcome, Outcome::Error);
+    assert!(allowed.warnings[0].contains("could not be read"));
+    assert!(allowed.audit_annotations.contains_key("lookup-error"));
+}
+
+#[test]
+fn lookup_failure_never_blocks_a_terminating_object() {
+    let req = request(json!({
+        "operation": "UPDATE",
+        "object": {"metadata": {"deletionTimestamp": "2026-11-22T02:00:09Z"}},
+    }));
+    let Plan::Lookup(lookup) = plan(&req) else {
+        panic!("needs lookup")
+    };
+    let error = LookupError::Timeout(std::time::Duration::from_secs(2));
+    assert!(decide_unreadable(&req, &lookup, OnLookupError::Deny, &error).allowed());
+}
+
+#[test]
+fn long_warnings_are_clipped() {
+    let long = "x".repeat(300);
+    let clipped = clip(long);
+    assert_eq!(clipped.chars().count(), MAX_WARNING_CHARS);
+    assert!(clipped.ends_with('…'));
+    assert_eq!(clip("short".into()), "short");
+}

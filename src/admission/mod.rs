@@ -1,0 +1,12 @@
+//! Admission: what arrives, what is decided, what is answered.
+//!
+//! `request` holds the slice of an AdmissionReview the decision reads, `decide` is the pure
+//! decision, and `review` joins them to a lock source: bytes in, AdmissionReview out.
+
+pub mod decide;
+pub mod request;
+pub mod review;
+
+pub use decide::{OnLookupError, Outcome, Verdict};
+pub use request::AdmissionRequest;
+pub use review::{Answer, ReviewError, ReviewPolicy, Reviewer};

@@ -1,0 +1,177 @@
+//! The parts of an admission request that the decision reads.
+//!
+//! The API server sends whole objects (a Secret's data, a 512 KiB ConfigMap); the decision needs
+//! a handful of strings. These types deserialize only those and let serde skip the rest
+//! unparsed, which keeps large reviews cheap and keeps object bodies out of memory and logs.
+
+use serde::Deserialize;
+
+/// `admission.k8s.io/v1`, the version the webhook is registered for.
+pub const ADMISSION_V1: &str = "admission.k8s.io/v1";
+/// `admission.k8s.io/v1beta1`, answered in kind because it costs nothing.
+pub const ADMISSION_V1BETA1: &str = "admission.k8s.io/v1beta1";
+
+/// The operation being admitted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Operation {
+    /// CREATE (and subresource creates such as `pods/eviction`).
+    Create,
+    /// UPDATE, PATCH and server-side apply.
+    Update,
+    /// DELETE, and each item of a DELETECOLLECTION.
+    Delete,
+    /// CONNECT (exec, attach, port-forward, proxy).
+    Connect,
+}
+
+impl Operation {
+    /// The wire name, e.g. `DELETE`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Operation::Create => "CREATE",
+            Operation::Update => "UPDATE",
+            Operation::Delete => "DELETE",
+            Operation::Connect => "CONNECT",
+        }
+    }
+}
+
+/// A resource: group, version and plural name.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+pub struct Resource {
+    /// API group, `""` for the core group.
+    #[serde(default)]
+    pub group: String,
+    /// API version.
+    #[serde(default)]
+    pub version: String,
+    /// Plural resource name, e.g. `configmaps`.
+    pub resource: String,
+}
+
+impl Resource {
+    /// `configmaps`, `deployments.apps`: the form kubectl and the API server use in messages.
+    pub fn qualified(&self) -> String {
+        if self.group.is_empty() {
+            self.resource.clone()
+        } else {
+            format!("{}.{}", self.resource, self.group)
+        }
+    }
+}
+
+/// Who is asking.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+pub struct UserInfo {
+    /// The user name, e.g. `system:serviceaccount:kube-system:namespace-controller`.
+    #[serde(default)]
+    pub username: String,
+    /// The user's groups.
+    #[serde(default)]
+    pub groups: Vec<String>,
+}
+
+/// The metadata fields of `object` / `oldObject` that matter.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ObjectMeta {
+    /// The object's name (the only place a DELETECOLLECTION item carries it).
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Set once the object is Terminating.
+    #[serde(default)]
+    pub deletion_timestamp: Option<String>,
+}
+
+/// `object` / `oldObject`, reduced to its metadata.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+pub struct Object {
+    /// The object's metadata.
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+}
+
+/// An admission request, reduced to what the decision reads.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AdmissionRequest {
+    /// Echoed in the response; the API server matches answers by it.
+    pub uid: String,
+    /// The resource the request was converted to (see `requestResource` for what was called).
+    pub resource: Resource,
+    /// `status`, `scale`, `eviction`, ...; absent for the object itself.
+    #[serde(default)]
+    pub sub_resource: Option<String>,
+    /// The object's name; absent on DELETECOLLECTION items.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Absent for cluster-scoped objects; a Namespace's own name for a Namespace.
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// What is being done.
+    pub operation: Operation,
+    /// Who is doing it.
+    pub user_info: UserInfo,
+    /// The new object (null on DELETE).
+    #[serde(default)]
+    pub object: Option<Object>,
+    /// The existing object (null on CREATE).
+    #[serde(default)]
+    pub old_object: Option<Object>,
+    /// A dry run; decided the same way, since the webhook has no side effects.
+    #[serde(default)]
+    pub dry_run: Option<bool>,
+}
+
+impl AdmissionRequest {
+    /// `request.name`, or `oldObject.metadata.name` when that is empty (DELETECOLLECTION items).
+    pub fn object_name(&self) -> Option<&str> {
+        self.name
+            .as_deref()
+            .filter(|n| !n.is_empty())
+            .or_else(|| {
+                self.old_object
+                    .as_ref()
+                    .and_then(|o| o.metadata.name.as_deref())
+            })
+            .or_else(|| self.object.as_ref().and_then(|o| o.metadata.name.as_deref()))
+            .filter(|n| !n.is_empty())
+    }
+
+    /// The namespace of a namespaced object; `None` for a cluster-scoped one.
+    ///
+    /// A Namespace arrives with `request.namespace` set to its own name, yet it is cluster-scoped.
+    pub fn object_namespace(&self) -> Option<&str> {
+        if self.is_namespace() {
+            return None;
+        }
+        self.namespace.as_deref().filter(|ns| !ns.is_empty())
+    }
+
+    /// True when the request is about a Namespace object (or one of its subresources).
+    pub fn is_namespace(&self) -> bool {
+        self.resource.group.is_empty() && self.resource.resource == "namespaces"
+    }
+
+    /// True when the object is Terminating (finalizers being removed).
+    pub fn is_terminating(&self) -> bool {
+        [&self.old_object, &self.object].into_iter().any(|o| {
+            o.as_ref()
+                .is_some_and(|o| o.metadata.deletion_timestamp.is_some())
+        })
+    }
+
+    /// The subresource, with `""` read as none.
+    pub fn subresource(&self) -> Option<&str> {
+        self.sub_resource.as_deref().filter(|s| !s.is_empty())
+    }
+
+    /// `resource.group` plus `/subresource` when there is one, e.g. `deployments.apps/scale`.
+    pub fn resource_path(&self) -> String {
+        match self.subresource() {
+            Some(sub) => format!("{}/{sub}", self.resource.qualified()),
+            None => self.resource.qualified(),
+        }
+    }
+}

@@ -1,0 +1,14 @@
+//! kube-object-lock: a validating admission webhook that locks Kubernetes objects.
+//!
+//! An object is locked while a `Lock` with the same name exists in its namespace (a
+//! `ClusterLock` for cluster-scoped objects); UPDATE and DELETE of a locked object are refused.
+//!
+//! The crate is split so that each part can be tested alone: [`admission`] decides without
+//! I/O, [`locks`] knows where locks come from, [`http`] and [`server`] speak HTTPS and know
+//! nothing of locks, and [`app`] wires them together for the binary.
+#![forbid(unsafe_code)]
+
+pub mod admission;
+pub mod api;
+pub mod locks;
+pub mod settings;

@@ -1,0 +1,214 @@
+//! Where locks come from.
+//!
+//! The admission path asks one question: "which locks live in namespace N?" (`""` for
+//! ClusterLocks). Answering per namespace, not per object, lets one LIST (or one file scan)
+//! serve every object in that namespace, and it is all the namespace-deletion rule needs too.
+//!
+//! Two sources answer it: [`kube::KubeSource`] (production: the API server through a
+//! watch-refreshed cache) and [`files::FilesSource`] (a directory of YAML documents, for trying
+//! the service without a cluster and for static locks). Neither knows anything of HTTP or of
+//! the admission decision.
+
+pub mod files;
+pub mod kube;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+
+use crate::api::LockSpec;
+
+/// Which of the two lock resources a lock is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LockKind {
+    /// A namespaced `Lock`.
+    Lock,
+    /// A cluster-scoped `ClusterLock`.
+    ClusterLock,
+}
+
+/// One lock, as the decision needs it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LockRef {
+    /// Lock or ClusterLock.
+    pub kind: LockKind,
+    /// The Lock's namespace; `None` for a ClusterLock.
+    pub namespace: Option<String>,
+    /// The Lock's name, which is also the name of the object it locks.
+    pub name: String,
+    /// The Lock's spec.
+    pub spec: LockSpec,
+}
+
+impl LockRef {
+    /// A namespaced Lock.
+    pub fn lock(namespace: &str, name: &str, spec: LockSpec) -> Self {
+        LockRef {
+            kind: LockKind::Lock,
+            namespace: Some(namespace.to_owned()),
+            name: name.to_owned(),
+            spec,
+        }
+    }
+
+    /// A ClusterLock.
+    pub fn cluster_lock(name: &str, spec: LockSpec) -> Self {
+        LockRef {
+            kind: LockKind::ClusterLock,
+            namespace: None,
+            name: name.to_owned(),
+            spec,
+        }
+    }
+
+    /// The kubectl command that removes this lock.
+    pub fn unlock_command(&self) -> String {
+        match &self.namespace {
+            Some(ns) => format!("kubectl delete lock {} -n {ns}", self.name),
+            None => format!("kubectl delete clusterlock {}", self.name),
+        }
+    }
+}
+
+impl fmt::Display for LockRef {
+    /// `Lock prod/app-config` or `ClusterLock lock-demo-reader`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.namespace {
+            Some(ns) => write!(f, "Lock {ns}/{}", self.name),
+            None => write!(f, "ClusterLock {}", self.name),
+        }
+    }
+}
+
+/// All locks of one namespace (or all ClusterLocks), by name.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LockSet {
+    by_name: BTreeMap<String, LockRef>,
+}
+
+impl LockSet {
+    /// An empty set, shared so that namespaces without locks cost nothing.
+    pub fn empty() -> Arc<LockSet> {
+        static EMPTY: std::sync::OnceLock<Arc<LockSet>> = std::sync::OnceLock::new();
+        EMPTY.get_or_init(|| Arc::new(LockSet::default())).clone()
+    }
+
+    /// Adds or replaces the lock with the same name.
+    pub fn insert(&mut self, lock: LockRef) {
+        self.by_name.insert(lock.name.clone(), lock);
+    }
+
+    /// The lock with this name, if any.
+    pub fn get(&self, name: &str) -> Option<&LockRef> {
+        self.by_name.get(name)
+    }
+
+    /// All locks, sorted by name.
+    pub fn iter(&self) -> impl Iterator<Item = &LockRef> {
+        self.by_name.values()
+    }
+
+    /// Number of locks.
+    pub fn len(&self) -> usize {
+        self.by_name.len()
+    }
+
+    /// True when there are no locks.
+    pub fn is_empty(&self) -> bool {
+        self.by_name.is_empty()
+    }
+}
+
+impl FromIterator<LockRef> for LockSet {
+    fn from_iter<I: IntoIterator<Item = LockRef>>(iter: I) -> Self {
+        let mut set = LockSet::default();
+        for lock in iter {
+            set.insert(lock);
+        }
+        set
+    }
+}
+
+/// Why the locks of a namespace could not be read.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum LookupError {
+    /// The source did not answer within the lookup timeout.
+    #[error("no answer within {0:?}")]
+    Timeout(std::time::Duration),
+    /// The API server refused the webhook's identity.
+    #[error(
+        "the webhook's identity may not list {resource}.objectlock.dev{scope}: grant it get, list and watch on locks and clusterlocks ({message})"
+    )]
+    Forbidden {
+        /// `locks` or `clusterlocks`.
+        resource: &'static str,
+        /// ` in namespace "x"` or empty.
+        scope: String,
+        /// The API server's message.
+        message: String,
+    },
+    /// Any other API failure (connection refused, 5xx, bad answer).
+    #[error("listing {resource}{scope} failed: {message}")]
+    Api {
+        /// `locks` or `clusterlocks`.
+        resource: &'static str,
+        /// ` in namespace "x"` or empty.
+        scope: String,
+        /// What went wrong.
+        message: String,
+    },
+}
+
+/// A place that knows the locks.
+pub trait LockSource: Send + Sync + 'static {
+    /// The locks of `namespace`; `""` asks for the ClusterLocks.
+    fn locks(&self, namespace: &str) -> BoxFuture<'_, Result<Arc<LockSet>, LookupError>>;
+
+    /// True once the source has a complete view (the first watch list synced, the first scan
+    /// of the directory done).
+    fn is_ready(&self) -> bool;
+
+    /// A short description for logs, e.g. `files in /etc/kube-object-lock/locks`.
+    fn describe(&self) -> String;
+}
+
+/// A fixed set of locks, for `check` runs and tests.
+#[derive(Debug, Default)]
+pub struct StaticSource {
+    namespaces: std::collections::HashMap<String, Arc<LockSet>>,
+}
+
+impl StaticSource {
+    /// A source that always answers with these locks.
+    pub fn new(locks: impl IntoIterator<Item = LockRef>) -> Self {
+        let mut sets: std::collections::HashMap<String, LockSet> = Default::default();
+        for lock in locks {
+            let key = lock.namespace.clone().unwrap_or_default();
+            sets.entry(key).or_default().insert(lock);
+        }
+        StaticSource {
+            namespaces: sets.into_iter().map(|(k, v)| (k, Arc::new(v))).collect(),
+        }
+    }
+}
+
+impl LockSource for StaticSource {
+    fn locks(&self, namespace: &str) -> BoxFuture<'_, Result<Arc<LockSet>, LookupError>> {
+        let set = self
+            .namespaces
+            .get(namespace)
+            .cloned()
+            .unwrap_or_else(LockSet::empty);
+        Box::pin(async move { Ok(set) })
+    }
+
+    fn is_ready(&self) -> bool {
+        true
+    }
+
+    fn describe(&self) -> String {
+        "static locks".to_owned()
+    }
+}

@@ -1,0 +1,567 @@
+//! The service's settings: defaults < TOML file < environment < command-line flags.
+//!
+//! Every key is documented in `deploy/kube-object-lock.toml`. Unknown keys are refused rather
+//! than ignored (a misspelt `lookup_timout` would otherwise leave the default silently in
+//! force), and every error names the key and where its value came from: the file, the
+//! environment variable, or the flag.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use config::{Config, Environment, File, FileFormat, Map, Source, Value, ValueKind};
+use serde::{Deserialize, Serialize};
+
+use crate::admission::OnLookupError;
+
+/// Prefix of the environment variables: `KUBE_OBJECT_LOCK__SECTION__KEY`.
+pub const ENV_PREFIX: &str = "KUBE_OBJECT_LOCK";
+
+/// All settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Settings {
+    /// What to answer when the locks cannot be read: `deny` or `allow`.
+    pub on_lookup_error: OnLookupError,
+    /// The HTTPS listener.
+    pub server: ServerSettings,
+    /// The serving certificate.
+    pub tls: TlsSettings,
+    /// The Kubernetes lock source.
+    pub kube: KubeSettings,
+    /// The lock cache of the Kubernetes source.
+    pub cache: CacheSettings,
+    /// The files lock source.
+    pub locks: LocksSettings,
+    /// Logging.
+    pub log: LogSettings,
+}
+
+/// The HTTPS listener.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerSettings {
+    /// Address to listen on.
+    pub listen: SocketAddr,
+    /// Longest TLS handshake.
+    #[serde(with = "humantime_serde")]
+    pub handshake_timeout: Duration,
+    /// Longest wait for a request's headers (HTTP/1.1), idle keep-alive included.
+    #[serde(with = "humantime_serde")]
+    pub header_timeout: Duration,
+    /// Longest wait for a request's body.
+    #[serde(with = "humantime_serde")]
+    pub body_timeout: Duration,
+    /// Largest request body accepted.
+    pub max_body_bytes: u64,
+    /// How long in-flight requests may take to finish after SIGTERM.
+    #[serde(with = "humantime_serde")]
+    pub shutdown_grace: Duration,
+}
+
+/// The serving certificate.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TlsSettings {
+    /// PEM certificate chain, leaf first.
+    pub cert: Option<PathBuf>,
+    /// PEM private key.
+    pub key: Option<PathBuf>,
+}
+
+/// The Kubernetes lock source.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KubeSettings {
+    /// Kubeconfig file; unset = `KUBECONFIG`, `~/.kube/config`, or the in-cluster config.
+    pub kubeconfig: Option<PathBuf>,
+    /// Kubeconfig context; unset = the current context.
+    pub context: Option<String>,
+    /// Longest time a lock lookup may take before `on_lookup_error` decides.
+    #[serde(with = "humantime_serde")]
+    pub lookup_timeout: Duration,
+}
+
+/// The lock cache.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CacheSettings {
+    /// How long a namespace's locks are kept without a watch event.
+    #[serde(with = "humantime_serde")]
+    pub ttl: Duration,
+    /// How many namespaces are cached at most.
+    pub max_namespaces: u64,
+}
+
+/// The files lock source.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LocksSettings {
+    /// Directory of Lock / ClusterLock YAML files; set = use files instead of the API server.
+    pub dir: Option<PathBuf>,
+    /// How often the directory is checked for changes.
+    #[serde(with = "humantime_serde")]
+    pub poll_interval: Duration,
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Logging.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogSettings {
+    /// A tracing filter such as `info` or `kube_object_lock=debug,info`; `RUST_LOG` wins.
+    pub level: String,
+    /// `text` or `json`.
+    pub format: LogFormat,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            on_lookup_error: OnLookupError::Deny,
+            server: ServerSettings::default(),
+            tls: TlsSettings::default(),
+            kube: KubeSettings::default(),
+            cache: CacheSettings::default(),
+            locks: LocksSettings::default(),
+            log: LogSettings::default(),
+        }
+    }
+}
+
+impl Default for ServerSettings {
+    fn default() -> Self {
+        ServerSettings {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8443)),
+            handshake_timeout: Duration::from_secs(10),
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(10),
+            max_body_bytes: 8 * 1024 * 1024,
+            shutdown_grace: Duration::from_secs(20),
+        }
+    }
+}
+
+impl Default for KubeSettings {
+    fn default() -> Self {
+        KubeSettings {
+            kubeconfig: None,
+            context: None,
+            lookup_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+impl Default for CacheSettings {
+    fn default() -> Self {
+        CacheSettings {
+            ttl: Duration::from_secs(30),
+            max_namespaces: 10_000,
+        }
+    }
+}
+
+impl Default for LocksSettings {
+    fn default() -> Self {
+        LocksSettings {
+            dir: None,
+            poll_interval: Duration::from_secs(2),
+        }
+    }
+}
+
+impl Default for LogSettings {
+    fn default() -> Self {
+        LogSettings {
+            level: "info".to_owned(),
+            format: LogFormat::Text,
+        }
+    }
+}
+
+/// A setting that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum SettingsError {
+    /// The file cannot be read or is not TOML.
+    #[error("cannot read settings file {path}: {message}")]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        message: String,
+    },
+    /// A key no setting has.
+    #[error("unknown setting `{key}` {origin}")]
+    UnknownKey {
+        /// The dotted key.
+        key: String,
+        /// `in FILE`, `from environment variable X`, `from the command line`.
+        origin: String,
+    },
+    /// A value of the wrong type or out of range.
+    #[error("invalid setting `{key}` {origin}: {message}")]
+    Invalid {
+        /// The dotted key.
+        key: String,
+        /// Where its value came from.
+        origin: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// Where settings come from, besides the defaults.
+#[derive(Debug, Default, Clone)]
+pub struct Layers {
+    /// The TOML file (`--config`).
+    pub file: Option<PathBuf>,
+    /// The environment; `None` reads the process environment.
+    pub env: Option<Map<String, String>>,
+    /// Values from flags, by dotted key.
+    pub flags: Vec<(String, String)>,
+}
+
+impl Settings {
+    /// Loads, merges and validates the layers.
+    pub fn load(layers: &Layers) -> Result<Settings, SettingsError> {
+        let mut builder = Config::builder();
+        if let Some(path) = &layers.file {
+            if !path.is_file() {
+                return Err(SettingsError::File {
+                    path: path.clone(),
+                    message: "no such file".to_owned(),
+                });
+            }
+            builder = builder.add_source(File::from(path.as_path()).format(FileFormat::Toml));
+        }
+        builder = builder.add_source(
+            Environment::with_prefix(ENV_PREFIX)
+                .prefix_separator("__")
+                .separator("__")
+                .try_parsing(true)
+                .source(layers.env.clone()),
+        );
+        for (key, value) in &layers.flags {
+            builder = builder
+                .set_override(key.as_str(), value.as_str())
+                .map_err(|e| invalid(key, "from the command line", e.to_string()))?;
+        }
+        let config = builder.build().map_err(|e| file_error(layers.file.as_deref(), e))?;
+        let given = config
+            .collect()
+            .map_err(|e| file_error(layers.file.as_deref(), e))?;
+        check_known_keys(&given)?;
+        let settings: Settings = config.try_deserialize().map_err(|e| {
+            let text = e.to_string();
+            let key = match &e {
+                config::ConfigError::Type { key: Some(k), .. } => k.clone(),
+                // Deserialization errors carry the key only in their text.
+                _ => text
+                    .split_once("for key `")
+                    .and_then(|(_, rest)| rest.split_once('`'))
+                    .map(|(key, _)| key.to_owned())
+                    .unwrap_or_default(),
+            };
+            let message = text
+                .split_once(" for key `")
+                .map_or(text.as_str(), |(message, _)| message)
+                .to_owned();
+            let origin = origin_of(&given, &key);
+            invalid(&key, &origin, message)
+        })?;
+        settings.validate(&given)?;
+        Ok(settings)
+    }
+
+    fn validate(&self, given: &Map<String, Value>) -> Result<(), SettingsError> {
+        let fail = |key: &str, message: &str| Err(invalid(key, &origin_of(given, key), message.to_owned()));
+        let between = |d: Duration, lo: Duration, hi: Duration| d >= lo && d <= hi;
+        if !between(self.kube.lookup_timeout, Duration::from_millis(10), Duration::from_secs(29)) {
+            // The API server waits at most 30 s (timeoutSeconds); the answer must come first.
+            return fail("kube.lookup_timeout", "must be between 10ms and 29s, below the webhook's timeoutSeconds");
+        }
+        if self.cache.ttl.is_zero() {
+            return fail("cache.ttl", "must be more than 0s");
+        }
+        if self.cache.max_namespaces == 0 {
+            return fail("cache.max_namespaces", "must be at least 1");
+        }
+        if !(1024..=64 * 1024 * 1024).contains(&self.server.max_body_bytes) {
+            return fail("server.max_body_bytes", "must be between 1024 and 67108864");
+        }
+        for (key, value) in [
+            ("server.handshake_timeout", self.server.handshake_timeout),
+            ("server.header_timeout", self.server.header_timeout),
+            ("server.body_timeout", self.server.body_timeout),
+            ("locks.poll_interval", self.locks.poll_interval),
+        ] {
+            if value.is_zero() {
+                return fail(key, "must be more than 0s");
+            }
+        }
+        if self.tls.cert.is_some() != self.tls.key.is_some() {
+            let key = if self.tls.cert.is_some() { "tls.key" } else { "tls.cert" };
+            return fail(key, "tls.cert and tls.key go together: set both");
+        }
+        if tracing_subscriber::EnvFilter::builder()
+            .parse(&self.log.level)
+            .is_err()
+        {
+            return fail("log.level", "is not a log filter (try `info` or `kube_object_lock=debug,info`)");
+        }
+        Ok(())
+    }
+}
+
+fn invalid(key: &str, origin: &str, message: String) -> SettingsError {
+    SettingsError::Invalid {
+        key: key.to_owned(),
+        origin: origin.to_owned(),
+        message,
+    }
+}
+
+fn file_error(file: Option<&Path>, error: config::ConfigError) -> SettingsError {
+    SettingsError::File {
+        path: file.map(Path::to_owned).unwrap_or_default(),
+        message: error.to_string(),
+    }
+}
+
+/// Refuses keys that no setting has, naming where each came from.
+fn check_known_keys(given: &Map<String, Value>) -> Result<(), SettingsError> {
+    let defaults = serde_json::to_value(Settings::default()).expect("settings serialize");
+    let mut known = BTreeSet::new();
+    collect_json_keys("", &defaults, &mut known);
+    let mut found = Vec::new();
+    collect_config_keys("", given, &mut found);
+    for (key, origin) in found {
+        let is_known = known.contains(&key);
+        // A section given as a whole (`server = 5`) is a type error, reported later.
+        let is_section = known.iter().any(|k| k.starts_with(&format!("{key}.")));
+        if !is_known && !is_section {
+            return Err(SettingsError::UnknownKey {
+                origin: describe_origin(origin.as_deref(), &key),
+                key,
+            });
+        }
+    }
+    Ok(())
+}
+
+fn collect_json_keys(prefix: &str, value: &serde_json::Value, out: &mut BTreeSet<String>) {
+    if let serde_json::Value::Object(map) = value {
+        for (k, v) in map {
+            let key = join(prefix, k);
+            out.insert(key.clone());
+            collect_json_keys(&key, v, out);
+        }
+    }
+}
+
+fn collect_config_keys(prefix: &str, map: &Map<String, Value>, out: &mut Vec<(String, Option<String>)>) {
+    for (k, v) in map {
+        let key = join(prefix, k);
+        match &v.kind {
+            ValueKind::Table(inner) => collect_config_keys(&key, inner, out),
+            _ => out.push((key, v.origin().map(str::to_owned))),
+        }
+    }
+}
+
+fn join(prefix: &str, key: &str) -> String {
+    if prefix.is_empty() {
+        key.to_owned()
+    } else {
+        format!("{prefix}.{key}")
+    }
+}
+
+/// Where the value of `key` came from, worded for an error message.
+fn origin_of(given: &Map<String, Value>, key: &str) -> String {
+    let mut map = given;
+    let mut parts = key.split('.').peekable();
+    while let Some(part) = parts.next() {
+        let Some(value) = map.get(part) else { break };
+        match (&value.kind, parts.peek()) {
+            (ValueKind::Table(inner), Some(_)) => map = inner,
+            _ => return describe_origin(value.origin(), key),
+        }
+    }
+    "(default)".to_owned()
+}
+
+fn describe_origin(origin: Option<&str>, key: &str) -> String {
+    match origin {
+        Some("the environment") => format!(
+            "from environment variable {ENV_PREFIX}__{}",
+            key.replace('.', "__").to_uppercase()
+        ),
+        Some(file) => format!("in {file}"),
+        None => "from the command line".to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Option<Map<String, String>> {
+        Some(pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect())
+    }
+
+    fn file(text: &str) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("settings.toml");
+        std::fs::write(&path, text).expect("write");
+        (dir, path)
+    }
+
+    #[test]
+    fn defaults_when_nothing_is_given() {
+        let settings = Settings::load(&Layers {
+            env: env(&[]),
+            ..Layers::default()
+        })
+        .expect("defaults load");
+        assert_eq!(settings, Settings::default());
+        assert_eq!(settings.kube.lookup_timeout, Duration::from_secs(2));
+        assert_eq!(settings.cache.ttl, Duration::from_secs(30));
+        assert_eq!(settings.on_lookup_error, OnLookupError::Deny);
+    }
+
+    #[test]
+    fn layers_override_in_order() {
+        let (_dir, path) = file(
+            "on_lookup_error = \"allow\"\n[cache]\nttl = \"10s\"\nmax_namespaces = 5\n[kube]\nlookup_timeout = \"1s\"\n",
+        );
+        let settings = Settings::load(&Layers {
+            file: Some(path),
+            env: env(&[
+                ("KUBE_OBJECT_LOCK__CACHE__TTL", "20s"),
+                ("KUBE_OBJECT_LOCK__KUBE__LOOKUP_TIMEOUT", "3s"),
+                ("UNRELATED", "x"),
+            ]),
+            flags: vec![("kube.lookup_timeout".into(), "4s".into())],
+        })
+        .expect("loads");
+        assert_eq!(settings.on_lookup_error, OnLookupError::Allow);
+        assert_eq!(settings.cache.max_namespaces, 5, "file");
+        assert_eq!(settings.cache.ttl, Duration::from_secs(20), "env over file");
+        assert_eq!(settings.kube.lookup_timeout, Duration::from_secs(4), "flag over env");
+    }
+
+    #[test]
+    fn unknown_keys_name_the_key_and_where_it_came_from() {
+        let (_dir, path) = file("[kube]\nlookup_timout = \"1s\"\n");
+        let err = Settings::load(&Layers {
+            file: Some(path.clone()),
+            env: env(&[]),
+            ..Layers::default()
+        })
+        .expect_err("unknown key");
+        let text = err.to_string();
+        assert!(text.contains("`kube.lookup_timout`"), "{text}");
+        assert!(text.contains(&path.display().to_string()), "{text}");
+
+        let err = Settings::load(&Layers {
+            env: env(&[("KUBE_OBJECT_LOCK__SERVR__LISTEN", "0.0.0.0:1")]),
+            ..Layers::default()
+        })
+        .expect_err("unknown env key");
+        assert_eq!(
+            err.to_string(),
+            "unknown setting `servr.listen` from environment variable KUBE_OBJECT_LOCK__SERVR__LISTEN"
+        );
+    }
+
+    #[test]
+    fn bad_values_name_the_key_and_origin() {
+        let (_dir, path) = file("[cache]\nttl = \"soon\"\n");
+        let err = Settings::load(&Layers {
+            file: Some(path.clone()),
+            env: env(&[]),
+            ..Layers::default()
+        })
+        .expect_err("bad duration");
+        let text = err.to_string();
+        assert!(text.contains("cache.ttl"), "{text}");
+        assert!(text.contains(&path.display().to_string()), "{text}");
+
+        let err = Settings::load(&Layers {
+            env: env(&[("KUBE_OBJECT_LOCK__KUBE__LOOKUP_TIMEOUT", "45s")]),
+            ..Layers::default()
+        })
+        .expect_err("too long");
+        assert!(
+            err.to_string().starts_with(
+                "invalid setting `kube.lookup_timeout` from environment variable KUBE_OBJECT_LOCK__KUBE__LOOKUP_TIMEOUT: must be between"
+            ),
+            "{err}"
+        );
+
+        let err = Settings::load(&Layers {
+            env: env(&[]),
+            flags: vec![("tls.cert".into(), "/x.crt".into())],
+            ..Layers::default()
+        })
+        .expect_err("cert without key");
+        assert!(err.to_string().contains("`tls.key`"), "{err}");
+
+        let err = Settings::load(&Layers {
+            env: env(&[("KUBE_OBJECT_LOCK__ON_LOOKUP_ERROR", "maybe")]),
+            ..Layers::default()
+        })
+        .expect_err("bad enum");
+        assert!(err.to_string().contains("on_lookup_error"), "{err}");
+    }
+
+    #[test]
+    fn a_missing_or_broken_file_is_named() {
+        let err = Settings::load(&Layers {
+            file: Some("/nonexistent/settings.toml".into()),
+            env: env(&[]),
+            ..Layers::default()
+        })
+        .expect_err("missing");
+        assert!(err.to_string().contains("/nonexistent/settings.toml"), "{err}");
+        let (_dir, path) = file("[server\nlisten = 1\n");
+        let err = Settings::load(&Layers {
+            file: Some(path.clone()),
+            env: env(&[]),
+            ..Layers::default()
+        })
+        .expect_err("broken toml");
+        assert!(err.to_string().contains(&path.display().to_string()), "{err}");
+    }
+
+    #[test]
+    fn the_example_file_is_complete_and_loads() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/kube-object-lock.toml");
+        let text = std::fs::read_to_string(&path).expect("example settings file exists");
+        let defaults = serde_json::to_value(Settings::default()).expect("serialize");
+        let mut known = BTreeSet::new();
+        collect_json_keys("", &defaults, &mut known);
+        for key in known {
+            let leaf = key.rsplit('.').next().expect("non-empty");
+            assert!(text.contains(leaf), "example file does not document `{key}`");
+        }
+        Settings::load(&Layers {
+            file: Some(path),
+            env: env(&[]),
+            ..Layers::default()
+        })
+        .expect("example file loads");
+    }
+}
