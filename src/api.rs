@@ -79,7 +79,10 @@ impl From<ClusterLockSpec> for LockSpec {
 
 /// The two CRDs, ready to apply: `spec` is optional and defaults to `{}`.
 pub fn crds() -> [CustomResourceDefinition; 2] {
-    [optional_spec(Lock::crd()), optional_spec(ClusterLock::crd())]
+    [
+        optional_spec(Lock::crd()),
+        optional_spec(ClusterLock::crd()),
+    ]
 }
 
 /// The two CRDs as one multi-document YAML stream, as `kubectl apply -f -` takes it.
@@ -110,9 +113,11 @@ fn optional_spec(mut crd: CustomResourceDefinition) -> CustomResourceDefinition 
         }
         if let Some(spec) = root.properties.as_mut().and_then(|p| p.get_mut("spec")) {
             *spec = JSONSchemaProps {
-                default: Some(k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::JSON(
-                    serde_json::json!({}),
-                )),
+                default: Some(
+                    k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::JSON(
+                        serde_json::json!({}),
+                    ),
+                ),
                 ..spec.clone()
             };
         }
@@ -137,11 +142,7 @@ mod tests {
         for crd in crds() {
             let root = schema(&crd);
             assert!(
-                !root
-                    .required
-                    .iter()
-                    .flatten()
-                    .any(|field| field == "spec"),
+                !root.required.iter().flatten().any(|field| field == "spec"),
                 "{} requires spec",
                 crd.spec.names.kind
             );

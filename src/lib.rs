@@ -10,5 +10,11 @@
 
 pub mod admission;
 pub mod api;
+pub mod app;
+pub mod cli;
+pub mod http;
 pub mod locks;
+pub mod server;
 pub mod settings;
+pub mod telemetry;
+pub mod tls;

@@ -257,7 +257,9 @@ impl Settings {
                 .set_override(key.as_str(), value.as_str())
                 .map_err(|e| invalid(key, "from the command line", e.to_string()))?;
         }
-        let config = builder.build().map_err(|e| file_error(layers.file.as_deref(), e))?;
+        let config = builder
+            .build()
+            .map_err(|e| file_error(layers.file.as_deref(), e))?;
         let given = config
             .collect()
             .map_err(|e| file_error(layers.file.as_deref(), e))?;
@@ -285,11 +287,20 @@ impl Settings {
     }
 
     fn validate(&self, given: &Map<String, Value>) -> Result<(), SettingsError> {
-        let fail = |key: &str, message: &str| Err(invalid(key, &origin_of(given, key), message.to_owned()));
+        let fail = |key: &str, message: &str| {
+            Err(invalid(key, &origin_of(given, key), message.to_owned()))
+        };
         let between = |d: Duration, lo: Duration, hi: Duration| d >= lo && d <= hi;
-        if !between(self.kube.lookup_timeout, Duration::from_millis(10), Duration::from_secs(29)) {
+        if !between(
+            self.kube.lookup_timeout,
+            Duration::from_millis(10),
+            Duration::from_secs(29),
+        ) {
             // The API server waits at most 30 s (timeoutSeconds); the answer must come first.
-            return fail("kube.lookup_timeout", "must be between 10ms and 29s, below the webhook's timeoutSeconds");
+            return fail(
+                "kube.lookup_timeout",
+                "must be between 10ms and 29s, below the webhook's timeoutSeconds",
+            );
         }
         if self.cache.ttl.is_zero() {
             return fail("cache.ttl", "must be more than 0s");
@@ -311,14 +322,21 @@ impl Settings {
             }
         }
         if self.tls.cert.is_some() != self.tls.key.is_some() {
-            let key = if self.tls.cert.is_some() { "tls.key" } else { "tls.cert" };
+            let key = if self.tls.cert.is_some() {
+                "tls.key"
+            } else {
+                "tls.cert"
+            };
             return fail(key, "tls.cert and tls.key go together: set both");
         }
         if tracing_subscriber::EnvFilter::builder()
             .parse(&self.log.level)
             .is_err()
         {
-            return fail("log.level", "is not a log filter (try `info` or `kube_object_lock=debug,info`)");
+            return fail(
+                "log.level",
+                "is not a log filter (try `info` or `kube_object_lock=debug,info`)",
+            );
         }
         Ok(())
     }
@@ -370,7 +388,11 @@ fn collect_json_keys(prefix: &str, value: &serde_json::Value, out: &mut BTreeSet
     }
 }
 
-fn collect_config_keys(prefix: &str, map: &Map<String, Value>, out: &mut Vec<(String, Option<String>)>) {
+fn collect_config_keys(
+    prefix: &str,
+    map: &Map<String, Value>,
+    out: &mut Vec<(String, Option<String>)>,
+) {
     for (k, v) in map {
         let key = join(prefix, k);
         match &v.kind {
@@ -418,7 +440,12 @@ mod tests {
     use super::*;
 
     fn env(pairs: &[(&str, &str)]) -> Option<Map<String, String>> {
-        Some(pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect())
+        Some(
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        )
     }
 
     fn file(text: &str) -> (tempfile::TempDir, PathBuf) {
@@ -459,7 +486,11 @@ mod tests {
         assert_eq!(settings.on_lookup_error, OnLookupError::Allow);
         assert_eq!(settings.cache.max_namespaces, 5, "file");
         assert_eq!(settings.cache.ttl, Duration::from_secs(20), "env over file");
-        assert_eq!(settings.kube.lookup_timeout, Duration::from_secs(4), "flag over env");
+        assert_eq!(
+            settings.kube.lookup_timeout,
+            Duration::from_secs(4),
+            "flag over env"
+        );
     }
 
     #[test]
@@ -535,7 +566,10 @@ mod tests {
             ..Layers::default()
         })
         .expect_err("missing");
-        assert!(err.to_string().contains("/nonexistent/settings.toml"), "{err}");
+        assert!(
+            err.to_string().contains("/nonexistent/settings.toml"),
+            "{err}"
+        );
         let (_dir, path) = file("[server\nlisten = 1\n");
         let err = Settings::load(&Layers {
             file: Some(path.clone()),
@@ -543,7 +577,10 @@ mod tests {
             ..Layers::default()
         })
         .expect_err("broken toml");
-        assert!(err.to_string().contains(&path.display().to_string()), "{err}");
+        assert!(
+            err.to_string().contains(&path.display().to_string()),
+            "{err}"
+        );
     }
 
     #[test]
@@ -555,7 +592,10 @@ mod tests {
         collect_json_keys("", &defaults, &mut known);
         for key in known {
             let leaf = key.rsplit('.').next().expect("non-empty");
-            assert!(text.contains(leaf), "example file does not document `{key}`");
+            assert!(
+                text.contains(leaf),
+                "example file does not document `{key}`"
+            );
         }
         Settings::load(&Layers {
             file: Some(path),

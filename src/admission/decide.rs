@@ -182,7 +182,10 @@ pub fn plan(req: &AdmissionRequest) -> Plan {
         _ => {}
     }
     if req.resource.group == api::GROUP
-        && matches!(req.resource.resource.as_str(), api::LOCKS | api::CLUSTER_LOCKS)
+        && matches!(
+            req.resource.resource.as_str(),
+            api::LOCKS | api::CLUSTER_LOCKS
+        )
     {
         return Plan::Allow(Exempt::LockResource);
     }
@@ -229,7 +232,8 @@ pub fn decide(
             message.push_str(reason.trim());
         }
         message.push_str(&format!(" (to unlock: {})", lock.unlock_command()));
-        let mut verdict = Verdict::deny(403, "Forbidden", message).annotate("lock", lock.to_string());
+        let mut verdict =
+            Verdict::deny(403, "Forbidden", message).annotate("lock", lock.to_string());
         verdict.locks.push(lock.to_string());
         return verdict;
     }
@@ -288,7 +292,10 @@ fn deny_namespace_deletion(namespace: &str, contents: &LockSet) -> Verdict {
     );
     let mut verdict = Verdict::deny(403, "Forbidden", message);
     names.truncate(NAMED_IN_NAMESPACE_DENIAL);
-    verdict.locks = names.iter().map(|n| format!("Lock {namespace}/{n}")).collect();
+    verdict.locks = names
+        .iter()
+        .map(|n| format!("Lock {namespace}/{n}"))
+        .collect();
     let annotation = verdict.locks.join(",");
     verdict.annotate("namespace-locks", annotation)
 }

@@ -135,7 +135,11 @@ impl AdmissionRequest {
                     .as_ref()
                     .and_then(|o| o.metadata.name.as_deref())
             })
-            .or_else(|| self.object.as_ref().and_then(|o| o.metadata.name.as_deref()))
+            .or_else(|| {
+                self.object
+                    .as_ref()
+                    .and_then(|o| o.metadata.name.as_deref())
+            })
             .filter(|n| !n.is_empty())
     }
 

@@ -107,9 +107,7 @@ pub fn respond(review: &ParsedReview, verdict: &Verdict) -> AdmissionReview<Dyna
     response.uid = review.request.uid.clone();
     response.allowed = verdict.allowed();
     response.result = match &verdict.refusal {
-        Some(refusal) => {
-            Status::failure(&refusal.message, refusal.reason).with_code(refusal.code)
-        }
+        Some(refusal) => Status::failure(&refusal.message, refusal.reason).with_code(refusal.code),
         None => Status::default(),
     };
     response.audit_annotations = verdict
@@ -159,7 +157,11 @@ impl Reviewer {
 
     /// Answers one review. `deadline` is the API server's own timeout (`?timeout=10s`), which
     /// shortens the lookup timeout so the answer arrives while the API server still waits.
-    pub async fn review(&self, body: &[u8], deadline: Option<Duration>) -> Result<Answer, ReviewError> {
+    pub async fn review(
+        &self,
+        body: &[u8],
+        deadline: Option<Duration>,
+    ) -> Result<Answer, ReviewError> {
         let started = Instant::now();
         let parsed = parse(body)?;
         let req = &parsed.request;
@@ -176,7 +178,9 @@ impl Reviewer {
             Plan::Lookup(lookup) => {
                 let timeout = self.lookup_timeout(deadline);
                 match self.read(&lookup, timeout).await {
-                    Ok((scope, contents)) => decide::decide(req, &lookup, &scope, contents.as_deref()),
+                    Ok((scope, contents)) => {
+                        decide::decide(req, &lookup, &scope, contents.as_deref())
+                    }
                     Err(error) => {
                         warn!(uid = %req.uid, operation = req.operation.as_str(), resource = %req.resource_path(),
                             namespace = req.object_namespace().unwrap_or(""), name = %lookup.name,
@@ -270,12 +274,21 @@ mod tests {
         let ReviewError::Malformed(message) = parse(body.as_bytes()).expect_err("bad op") else {
             panic!("expected Malformed")
         };
-        assert!(message.starts_with("request.operation: unknown variant `PATCH`"), "{message}");
+        assert!(
+            message.starts_with("request.operation: unknown variant `PATCH`"),
+            "{message}"
+        );
         let ReviewError::Malformed(message) = parse(b"{\"kind\": 5}").expect_err("bad kind") else {
             panic!("expected Malformed")
         };
-        assert!(message.starts_with("kind: invalid type: integer `5`"), "{message}");
-        assert!(matches!(parse(b"{} trailing"), Err(ReviewError::Malformed(_))));
+        assert!(
+            message.starts_with("kind: invalid type: integer `5`"),
+            "{message}"
+        );
+        assert!(matches!(
+            parse(b"{} trailing"),
+            Err(ReviewError::Malformed(_))
+        ));
     }
 
     #[test]

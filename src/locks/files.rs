@@ -147,7 +147,10 @@ impl FilesSource {
                 }
                 Err(problem) => {
                     error!(problem = %problem, "lock file not loaded; its previous locks stay in force");
-                    let kept = files.get(&path).map(|f| f.locks.clone()).unwrap_or_default();
+                    let kept = files
+                        .get(&path)
+                        .map(|f| f.locks.clone())
+                        .unwrap_or_default();
                     FileState {
                         bytes,
                         locks: kept,
@@ -193,7 +196,9 @@ impl FilesSource {
                 let this = self.clone();
                 match tokio::task::spawn_blocking(move || this.rescan()).await {
                     Ok(Ok(_)) => {}
-                    Ok(Err(e)) => error!(error = %e, "locks directory unreadable; keeping the locks already loaded"),
+                    Ok(Err(e)) => {
+                        error!(error = %e, "locks directory unreadable; keeping the locks already loaded")
+                    }
                     Err(e) => error!(error = %e, "locks directory scan failed"),
                 }
             }
@@ -203,8 +208,15 @@ impl FilesSource {
 
 impl LockSource for FilesSource {
     fn locks(&self, namespace: &str) -> BoxFuture<'_, Result<Arc<LockSet>, LookupError>> {
-        let snapshot = self.snapshot.read().unwrap_or_else(|e| e.into_inner()).clone();
-        let set = snapshot.get(namespace).cloned().unwrap_or_else(LockSet::empty);
+        let snapshot = self
+            .snapshot
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let set = snapshot
+            .get(namespace)
+            .cloned()
+            .unwrap_or_else(LockSet::empty);
         Box::pin(async move { Ok(set) })
     }
 
@@ -242,8 +254,8 @@ pub fn parse_file(path: &Path, bytes: &[u8]) -> Result<Vec<LockRef>, FileProblem
         line,
         message,
     };
-    let text = std::str::from_utf8(bytes)
-        .map_err(|e| problem(None, format!("not UTF-8 text: {e}")))?;
+    let text =
+        std::str::from_utf8(bytes).map_err(|e| problem(None, format!("not UTF-8 text: {e}")))?;
     let documents: Vec<Option<Document>> = serde_saphyr::from_multiple(text).map_err(|e| {
         let line = e.location().map(|l| l.line());
         let message = e.to_string();
@@ -314,8 +326,7 @@ fn parse_spec(value: serde_json::Value) -> Result<LockSpec, String> {
         v @ serde_json::Value::Object(_) => v,
         other => return Err(format!("spec must be a mapping, found {other}")),
     };
-    let spec: LockSpec =
-        serde_json::from_value(value.clone()).map_err(|e| format!("spec: {e}"))?;
+    let spec: LockSpec = serde_json::from_value(value.clone()).map_err(|e| format!("spec: {e}"))?;
     let known = serde_json::to_value(LockSpec {
         reason: Some(String::new()),
     })
@@ -400,7 +411,11 @@ mod tests {
             let problem = parse(text).expect_err(text);
             assert_eq!(problem.line, Some(line), "{problem}");
             assert!(problem.message.contains(needle), "{problem}");
-            assert!(problem.to_string().starts_with(&format!("locks.yaml:{line}: ")));
+            assert!(
+                problem
+                    .to_string()
+                    .starts_with(&format!("locks.yaml:{line}: "))
+            );
         }
     }
 

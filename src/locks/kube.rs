@@ -118,7 +118,10 @@ impl KubeSource {
         }
     }
 
-    fn watch_kind<K>(&self, synced: fn(&Shared) -> &AtomicBool) -> impl Future<Output = ()> + Send + 'static
+    fn watch_kind<K>(
+        &self,
+        synced: fn(&Shared) -> &AtomicBool,
+    ) -> impl Future<Output = ()> + Send + 'static
     where
         K: kube::Resource<DynamicType = ()>
             + Clone
@@ -249,7 +252,9 @@ impl LockSource for KubeSource {
                 shared.cache.invalidate(&namespace).await;
             }
             // Events keep overtaking the loads: serve a load that is fresh as of now.
-            KubeSource::load(shared.clone(), namespace).await.map(|e| e.locks.clone())
+            KubeSource::load(shared.clone(), namespace)
+                .await
+                .map(|e| e.locks.clone())
         })
     }
 

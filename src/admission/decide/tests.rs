@@ -41,7 +41,11 @@ fn locks(list: &[LockRef]) -> LockSet {
 }
 
 /// Plans, looks the locks up in `namespaced` / `cluster`, decides.
-fn run(req: &AdmissionRequest, namespaced: &[LockRef], cluster: &[LockRef]) -> Result<Verdict, Exempt> {
+fn run(
+    req: &AdmissionRequest,
+    namespaced: &[LockRef],
+    cluster: &[LockRef],
+) -> Result<Verdict, Exempt> {
     let lookup = match plan(req) {
         Plan::Allow(why) => return Err(why),
         Plan::Lookup(lookup) => lookup,
@@ -106,7 +110,11 @@ fn rule_1_unlocked_objects_and_other_namespaces_are_allowed() {
     let free = request(json!({"name": "free-a"}));
     assert!(run(&free, &[prod_lock()], &[]).expect("lookup").allowed());
     let other_ns = request(json!({"namespace": "staging"}));
-    assert!(run(&other_ns, &[prod_lock()], &[]).expect("lookup").allowed());
+    assert!(
+        run(&other_ns, &[prod_lock()], &[])
+            .expect("lookup")
+            .allowed()
+    );
     // A ClusterLock of the same name does not lock a namespaced object.
     let cluster = LockRef::cluster_lock("app-config", LockSpec::default());
     assert!(run(&free, &[], &[cluster]).expect("lookup").allowed());
@@ -120,7 +128,12 @@ fn rule_1_cluster_scoped_objects_are_locked_by_cluster_locks() {
     }));
     let namespaced = LockRef::lock("prod", "reader", LockSpec::default());
     assert!(run(&req, &[namespaced], &[]).expect("lookup").allowed());
-    let verdict = run(&req, &[], &[LockRef::cluster_lock("reader", reason("audit"))]).expect("lookup");
+    let verdict = run(
+        &req,
+        &[],
+        &[LockRef::cluster_lock("reader", reason("audit"))],
+    )
+    .expect("lookup");
     assert_eq!(
         verdict.refusal.expect("denied").message,
         "clusterroles.rbac.authorization.k8s.io \"reader\" is locked by ClusterLock reader: audit (to unlock: kubectl delete clusterlock reader)"
@@ -150,8 +163,13 @@ fn rule_3_deletecollection_items_take_the_name_from_old_object() {
         })
     );
     assert!(!run(&req, &[prod_lock()], &[]).expect("lookup").allowed());
-    let empty_name = request(json!({"name": "", "oldObject": {"metadata": {"name": "app-config"}}}));
-    assert!(!run(&empty_name, &[prod_lock()], &[]).expect("lookup").allowed());
+    let empty_name =
+        request(json!({"name": "", "oldObject": {"metadata": {"name": "app-config"}}}));
+    assert!(
+        !run(&empty_name, &[prod_lock()], &[])
+            .expect("lookup")
+            .allowed()
+    );
 }
 
 #[test]
@@ -272,7 +290,12 @@ fn rule_8_namespace_deletion_is_denied_while_it_holds_locks() {
     );
     assert_eq!(verdict.locks.len(), 5);
     let one = run(&req, &held[..1], &[]).expect("lookup");
-    assert!(one.refusal.expect("denied").message.contains("holds 1 Lock (cm-1)"));
+    assert!(
+        one.refusal
+            .expect("denied")
+            .message
+            .contains("holds 1 Lock (cm-1)")
+    );
 }
 
 #[test]
@@ -281,7 +304,12 @@ fn rule_8_a_cluster_lock_on_the_namespace_itself_wins() {
         "resource": {"group": "", "version": "v1", "resource": "namespaces"},
         "name": "doomed", "namespace": "doomed", "operation": "DELETE",
     }));
-    let verdict = run(&req, &[], &[LockRef::cluster_lock("doomed", reason("tenant"))]).expect("lookup");
+    let verdict = run(
+        &req,
+        &[],
+        &[LockRef::cluster_lock("doomed", reason("tenant"))],
+    )
+    .expect("lookup");
     assert_eq!(
         verdict.refusal.expect("denied").message,
         "namespaces \"doomed\" is locked by ClusterLock doomed: tenant (to unlock: kubectl delete clusterlock doomed)"

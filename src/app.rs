@@ -1,0 +1,235 @@
+//! Wiring for `serve` and `check`: settings in, a running webhook out.
+//!
+//! The lock source is chosen once at start: a locks directory when one is configured,
+//! otherwise the cluster from the kubeconfig (or the in-cluster account). A configured but
+//! unreachable cluster is not a reason to fall back to files: that would silently unlock
+//! everything. Start-up never waits for the API server; readiness reports the watch's sync.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tracing::{info, warn};
+
+use crate::admission::{ReviewPolicy, Reviewer};
+use crate::locks::LockSource;
+use crate::locks::files::{FilesError, FilesSource};
+use crate::locks::kube::{CacheConfig, KubeSource};
+use crate::server::{self, Drain, Limits};
+use crate::settings::Settings;
+use crate::tls::{self, CertStore, TlsError};
+
+/// Why the webhook cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// Neither a cluster nor a locks directory is configured.
+    #[error(
+        "no lock source: no cluster is configured ({0}) and no locks directory is set; pass --kubeconfig FILE (or set KUBECONFIG) to read Locks from a cluster, or --locks-dir DIR to read them from files"
+    )]
+    NoSource(String),
+    /// Both sources were asked for.
+    #[error("--kubeconfig (kube.kubeconfig) and --locks-dir (locks.dir) are alternatives: set one")]
+    TwoSources,
+    /// The kubeconfig cannot be used.
+    #[error("cannot use kubeconfig{path}: {message}")]
+    Kubeconfig {
+        /// ` /path` or empty.
+        path: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// The locks directory cannot be read.
+    #[error(transparent)]
+    Files(#[from] FilesError),
+    /// No certificate configured.
+    #[error(
+        "no serving certificate: pass --tls-cert FILE --tls-key FILE (or set tls.cert and tls.key); `kube-object-lock certs --out DIR` makes a pair"
+    )]
+    NoCertificate,
+    /// The certificate cannot be used.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    /// The listen address cannot be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+}
+
+/// A lock source and the task keeping it fresh.
+pub struct Source {
+    /// The source.
+    pub source: Arc<dyn LockSource>,
+    /// The watch or poll task, if any; abort it to stop.
+    pub refresh: Option<JoinHandle<()>>,
+}
+
+/// Builds the configured lock source. `refresh: false` skips the watch (one-shot `check`).
+pub async fn lock_source(settings: &Settings, refresh: bool) -> Result<Source, StartError> {
+    if let Some(dir) = &settings.locks.dir {
+        if settings.kube.kubeconfig.is_some() {
+            return Err(StartError::TwoSources);
+        }
+        let (files, report) = FilesSource::open(dir.clone())?;
+        for problem in &report.problems {
+            warn!(%problem, "lock file not loaded");
+        }
+        info!(dir = %dir.display(), locks = report.locks, "reading locks from files");
+        let files = Arc::new(files);
+        let refresh =
+            refresh.then(|| tokio::spawn(files.clone().watch(settings.locks.poll_interval)));
+        return Ok(Source {
+            source: files,
+            refresh,
+        });
+    }
+    let config = kube_config(settings).await?;
+    info!(cluster = %config.cluster_url, "reading locks from the cluster");
+    let client = kube::Client::try_from(config).map_err(|e| StartError::Kubeconfig {
+        path: String::new(),
+        message: e.to_string(),
+    })?;
+    let source = KubeSource::new(
+        client,
+        CacheConfig {
+            ttl: settings.cache.ttl,
+            max_namespaces: settings.cache.max_namespaces,
+        },
+    );
+    let refresh = refresh.then(|| tokio::spawn(source.watch()));
+    Ok(Source {
+        source: Arc::new(source),
+        refresh,
+    })
+}
+
+async fn kube_config(settings: &Settings) -> Result<kube::Config, StartError> {
+    let options = KubeConfigOptions {
+        context: settings.kube.context.clone(),
+        ..KubeConfigOptions::default()
+    };
+    match (&settings.kube.kubeconfig, &settings.kube.context) {
+        (Some(path), _) => {
+            let error = |message: String| StartError::Kubeconfig {
+                path: format!(" {}", path.display()),
+                message,
+            };
+            let kubeconfig = Kubeconfig::read_from(path).map_err(|e| error(e.to_string()))?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &options)
+                .await
+                .map_err(|e| error(e.to_string()))
+        }
+        (None, Some(_)) => {
+            kube::Config::from_kubeconfig(&options)
+                .await
+                .map_err(|e| StartError::Kubeconfig {
+                    path: String::new(),
+                    message: e.to_string(),
+                })
+        }
+        (None, None) => kube::Config::infer()
+            .await
+            .map_err(|e| StartError::NoSource(e.to_string())),
+    }
+}
+
+/// A webhook bound to its address, ready to run.
+pub struct Webhook {
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    certs: Arc<CertStore>,
+    source: Source,
+    settings: Settings,
+}
+
+impl Webhook {
+    /// Loads the certificate, builds the lock source and binds the listener. Fails fast on
+    /// every configuration problem, before any request is served.
+    pub async fn bind(settings: Settings) -> Result<Webhook, StartError> {
+        let (Some(cert), Some(key)) = (&settings.tls.cert, &settings.tls.key) else {
+            return Err(StartError::NoCertificate);
+        };
+        let certs = CertStore::new(tls::load_pair(cert, key)?);
+        let tls = tls::server_config(certs.clone())?;
+        let source = lock_source(&settings, true).await?;
+        let addr = settings.server.listen;
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| StartError::Bind { addr, source })?;
+        Ok(Webhook {
+            listener,
+            tls,
+            certs,
+            source,
+            settings,
+        })
+    }
+
+    /// The address actually bound (useful with port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener
+            .local_addr()
+            .unwrap_or(self.settings.server.listen)
+    }
+
+    /// The lock source.
+    pub fn source(&self) -> Arc<dyn LockSource> {
+        self.source.source.clone()
+    }
+
+    /// The served certificate store (for reloads).
+    pub fn certs(&self) -> Arc<CertStore> {
+        self.certs.clone()
+    }
+
+    /// Serves until `shutdown` completes, then drains.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> Drain {
+        let settings = &self.settings;
+        let reviewer = Reviewer::new(
+            self.source.source.clone(),
+            ReviewPolicy {
+                on_lookup_error: settings.on_lookup_error,
+                lookup_timeout: settings.kube.lookup_timeout,
+            },
+        );
+        let state = Arc::new(crate::http::State {
+            reviewer,
+            max_body_bytes: settings.server.max_body_bytes,
+            body_timeout: settings.server.body_timeout,
+        });
+        let service = warp::service(crate::http::routes(state));
+        let limits = Limits {
+            handshake_timeout: settings.server.handshake_timeout,
+            header_timeout: settings.server.header_timeout,
+            shutdown_grace: settings.server.shutdown_grace,
+        };
+        info!(listen = %self.local_addr(), source = %self.source.source.describe(), "serving");
+        let drain = server::serve(self.listener, self.tls, service, limits, shutdown).await;
+        if let Some(task) = self.source.refresh {
+            task.abort();
+        }
+        drain
+    }
+}
+
+/// Completes on SIGTERM or SIGINT.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            warn!(error = %e, "cannot listen for SIGTERM; only SIGINT will stop the server");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => info!("SIGTERM received"),
+        _ = tokio::signal::ctrl_c() => info!("SIGINT received"),
+    }
+}

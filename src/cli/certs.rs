@@ -1,0 +1,251 @@
+//! `kube-object-lock certs`: a CA and a serving certificate signed by it.
+//!
+//! The API server verifies the webhook URL's host against the certificate's SANs (no CN
+//! fallback), so the defaults cover `https://127.0.0.1:8443`, `[::1]` and `localhost`. The CA
+//! certificate is what goes into the webhook configuration's `caBundle`. Keys are written
+//! mode 0600 and existing files are never overwritten without `--force`.
+
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose,
+};
+use time::{Duration, OffsetDateTime};
+
+/// SANs used when none are given.
+pub const DEFAULT_SANS: [&str; 3] = ["127.0.0.1", "::1", "localhost"];
+
+/// What to generate.
+#[derive(Debug, Clone)]
+pub struct CertsRequest {
+    /// Output directory (created if missing).
+    pub out: PathBuf,
+    /// DNS names and IP addresses of the serving certificate.
+    pub sans: Vec<String>,
+    /// Validity of the serving certificate, in days.
+    pub days: u32,
+    /// Validity of the CA, in days.
+    pub ca_days: u32,
+    /// Overwrite existing files.
+    pub force: bool,
+}
+
+/// Why certificates could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum CertsError {
+    /// A SAN is neither an IP address nor a DNS name.
+    #[error("--san {san:?} is neither an IP address nor a DNS name: {message}")]
+    BadSan {
+        /// The SAN given.
+        san: String,
+        /// Why it was refused.
+        message: String,
+    },
+    /// A validity of zero days, or a serving certificate outliving its CA.
+    #[error("{0}")]
+    Validity(String),
+    /// A file exists already.
+    #[error("{0} exists; pass --force to overwrite it")]
+    Exists(PathBuf),
+    /// Writing failed.
+    #[error("cannot write {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// Generating or signing failed.
+    #[error("cannot generate certificate: {0}")]
+    Generate(#[from] rcgen::Error),
+}
+
+/// The files written.
+pub const FILES: [&str; 4] = ["ca.crt", "ca.key", "tls.crt", "tls.key"];
+
+/// Generates the CA and serving certificate and writes the four files.
+pub fn generate(req: &CertsRequest) -> Result<Vec<PathBuf>, CertsError> {
+    if req.days == 0 || req.ca_days == 0 {
+        return Err(CertsError::Validity(
+            "--days and --ca-days must be at least 1".into(),
+        ));
+    }
+    if req.days > req.ca_days {
+        return Err(CertsError::Validity(format!(
+            "--days {} is longer than the CA's --ca-days {}",
+            req.days, req.ca_days
+        )));
+    }
+    let sans = if req.sans.is_empty() {
+        DEFAULT_SANS.iter().map(|s| (*s).to_owned()).collect()
+    } else {
+        req.sans.clone()
+    };
+    for san in &sans {
+        CertificateParams::new(vec![san.clone()]).map_err(|e| CertsError::BadSan {
+            san: san.clone(),
+            message: e.to_string(),
+        })?;
+    }
+    let paths: Vec<PathBuf> = FILES.iter().map(|f| req.out.join(f)).collect();
+    if !req.force
+        && let Some(existing) = paths.iter().find(|p| p.exists())
+    {
+        return Err(CertsError::Exists(existing.clone()));
+    }
+    let now = OffsetDateTime::now_utc();
+    // Backdate a little so a peer with a slightly slow clock accepts the certificate at once.
+    let not_before = now - Duration::minutes(5);
+
+    let ca_key = KeyPair::generate()?;
+    let mut ca = CertificateParams::new(Vec::<String>::new())?;
+    ca.distinguished_name = name("kube-object-lock CA");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    ca.not_before = not_before;
+    ca.not_after = now + Duration::days(i64::from(req.ca_days));
+    let ca_cert = ca.self_signed(&ca_key)?;
+    let ca_key_pem = ca_key.serialize_pem();
+
+    let leaf_key = KeyPair::generate()?;
+    let mut leaf = CertificateParams::new(sans)?;
+    leaf.distinguished_name = name("kube-object-lock");
+    leaf.is_ca = IsCa::ExplicitNoCa;
+    leaf.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
+    leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    leaf.not_before = not_before;
+    leaf.not_after = now + Duration::days(i64::from(req.days));
+    let issuer = Issuer::new(ca, ca_key);
+    let leaf_cert = leaf.signed_by(&leaf_key, &issuer)?;
+
+    std::fs::create_dir_all(&req.out).map_err(|source| CertsError::Io {
+        path: req.out.clone(),
+        source,
+    })?;
+    write(&paths[0], ca_cert.pem().as_bytes(), 0o644, req.force)?;
+    write(&paths[1], ca_key_pem.as_bytes(), 0o600, req.force)?;
+    write(&paths[2], leaf_cert.pem().as_bytes(), 0o644, req.force)?;
+    write(
+        &paths[3],
+        leaf_key.serialize_pem().as_bytes(),
+        0o600,
+        req.force,
+    )?;
+    Ok(paths)
+}
+
+fn name(common_name: &str) -> DistinguishedName {
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, common_name);
+    dn
+}
+
+fn write(path: &Path, bytes: &[u8], mode: u32, force: bool) -> Result<(), CertsError> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let io = |source| CertsError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    let mut options = OpenOptions::new();
+    options.write(true).mode(mode);
+    if force {
+        options.create(true).truncate(true);
+    } else {
+        options.create_new(true);
+    }
+    let mut file = options.open(path).map_err(io)?;
+    // The mode above only applies to new files; an overwritten key must be private too.
+    file.set_permissions(std::fs::Permissions::from_mode(mode))
+        .map_err(io)?;
+    file.write_all(bytes).map_err(io)?;
+    file.sync_all().map_err(io)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn request(out: &Path) -> CertsRequest {
+        CertsRequest {
+            out: out.to_owned(),
+            sans: vec![],
+            days: 30,
+            ca_days: 60,
+            force: false,
+        }
+    }
+
+    #[test]
+    fn writes_a_usable_pair_with_private_keys() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let paths = generate(&request(dir.path())).expect("generates");
+        assert_eq!(paths.len(), 4);
+        for (file, mode) in [("ca.key", 0o600), ("tls.key", 0o600), ("tls.crt", 0o644)] {
+            let meta = std::fs::metadata(dir.path().join(file)).expect("written");
+            assert_eq!(meta.permissions().mode() & 0o777, mode, "{file}");
+        }
+        crate::tls::load_pair(&dir.path().join("tls.crt"), &dir.path().join("tls.key"))
+            .expect("the serving pair loads");
+        // The CA's key and certificate are a pair too.
+        crate::tls::load_pair(&dir.path().join("ca.crt"), &dir.path().join("ca.key"))
+            .expect("the CA pair loads");
+    }
+
+    #[test]
+    fn refuses_to_overwrite_without_force() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        generate(&request(dir.path())).expect("first");
+        let before = std::fs::read(dir.path().join("ca.key")).expect("read");
+        let err = generate(&request(dir.path())).expect_err("second");
+        assert!(err.to_string().contains("pass --force"), "{err}");
+        assert_eq!(
+            std::fs::read(dir.path().join("ca.key")).expect("read"),
+            before
+        );
+        let forced = CertsRequest {
+            force: true,
+            ..request(dir.path())
+        };
+        generate(&forced).expect("forced");
+        assert_ne!(
+            std::fs::read(dir.path().join("ca.key")).expect("read"),
+            before
+        );
+    }
+
+    #[test]
+    fn bad_input_is_named() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let bad_san = CertsRequest {
+            sans: vec!["not a name!".into()],
+            ..request(dir.path())
+        };
+        assert!(
+            generate(&bad_san)
+                .expect_err("bad san")
+                .to_string()
+                .contains("--san")
+        );
+        let outlives = CertsRequest {
+            days: 90,
+            ..request(dir.path())
+        };
+        assert!(
+            generate(&outlives)
+                .expect_err("too long")
+                .to_string()
+                .contains("--ca-days")
+        );
+        assert!(
+            !dir.path().join("ca.crt").exists(),
+            "nothing written on error"
+        );
+    }
+}

@@ -1,0 +1,91 @@
+//! `kube-object-lock check`: the answer the server would give to one AdmissionReview.
+//!
+//! Reads the review from a file or stdin, reads the locks once from the configured source (no
+//! watch), and prints the response AdmissionReview. Meant for operators asking "why was this
+//! refused?" or "would this be refused?" with a review captured from the API server's audit log.
+
+use std::io::Read;
+use std::path::Path;
+
+use crate::admission::{Outcome, ReviewError, ReviewPolicy, Reviewer};
+use crate::app::{self, StartError};
+use crate::settings::Settings;
+
+/// What `check` found.
+#[derive(Debug)]
+pub struct CheckResult {
+    /// The response AdmissionReview, pretty-printed.
+    pub response: String,
+    /// Whether the request would be allowed.
+    pub allowed: bool,
+    /// The kind of answer.
+    pub outcome: Outcome,
+}
+
+/// Why `check` could not answer.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckError {
+    /// The review file cannot be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file (`-` for stdin).
+        path: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The input is not an AdmissionReview.
+    #[error("{path}: {source}")]
+    Review {
+        /// The file.
+        path: String,
+        /// What is wrong.
+        source: ReviewError,
+    },
+    /// The lock source cannot be used.
+    #[error(transparent)]
+    Source(#[from] StartError),
+}
+
+/// Answers the review in `input` (`-` = stdin).
+pub async fn check(settings: &Settings, input: &Path) -> Result<CheckResult, CheckError> {
+    let name = input.display().to_string();
+    let body = if name == "-" {
+        let mut buf = Vec::new();
+        std::io::stdin()
+            .read_to_end(&mut buf)
+            .map_err(|source| CheckError::Read {
+                path: name.clone(),
+                source,
+            })?;
+        buf
+    } else {
+        std::fs::read(input).map_err(|source| CheckError::Read {
+            path: name.clone(),
+            source,
+        })?
+    };
+    // Refuse bad input before touching the cluster.
+    crate::admission::review::parse(&body).map_err(|source| CheckError::Review {
+        path: name.clone(),
+        source,
+    })?;
+    let source = app::lock_source(settings, false).await?;
+    let reviewer = Reviewer::new(
+        source.source,
+        ReviewPolicy {
+            on_lookup_error: settings.on_lookup_error,
+            lookup_timeout: settings.kube.lookup_timeout,
+        },
+    );
+    let answer = reviewer
+        .review(&body, None)
+        .await
+        .map_err(|source| CheckError::Review { path: name, source })?;
+    let allowed = answer.review.response.as_ref().is_some_and(|r| r.allowed);
+    let response = serde_json::to_string_pretty(&answer.review).unwrap_or_default();
+    Ok(CheckResult {
+        response,
+        allowed,
+        outcome: answer.outcome,
+    })
+}

@@ -1,0 +1,272 @@
+//! The HTTP routes: `POST /validate`, `GET /healthz`, `GET /readyz`.
+//!
+//! Anything the webhook cannot answer with an AdmissionReview (wrong method or path, wrong
+//! content type, a body too large, too slow, empty or not an AdmissionReview) gets a 4xx with a
+//! Kubernetes `Status` JSON body saying what is wrong, never a panic or a hang. The routes know
+//! nothing of TLS or sockets; [`crate::server`] serves them.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Buf, Bytes, BytesMut};
+use futures::{Stream, StreamExt};
+use http::{HeaderValue, Method, StatusCode, header};
+use warp::Filter;
+use warp::reply::Response;
+
+use crate::admission::Reviewer;
+
+/// What the routes need.
+pub struct State {
+    /// Answers reviews.
+    pub reviewer: Reviewer,
+    /// Largest body accepted.
+    pub max_body_bytes: u64,
+    /// Longest wait for a body.
+    pub body_timeout: Duration,
+}
+
+/// All routes, with every rejection turned into a JSON 4xx.
+pub fn routes(
+    state: Arc<State>,
+) -> impl Filter<Extract = (Response,), Error = Infallible> + Clone + Send + Sync + 'static {
+    let with_state = warp::any().map(move || state.clone());
+    let query = warp::query::raw().or(warp::any().map(String::new)).unify();
+    let validate = warp::path!("validate")
+        .and(warp::method())
+        .and(warp::header::headers_cloned())
+        .and(query)
+        .and(warp::body::stream())
+        .and(with_state.clone())
+        .then(|method, headers, query, body, state| validate(method, headers, query, body, state));
+    let healthz = warp::path!("healthz")
+        .and(warp::method())
+        .map(|method: Method| probe(&method, Ok(())));
+    let readyz = warp::path!("readyz")
+        .and(warp::method())
+        .and(with_state)
+        .map(|method: Method, state: Arc<State>| {
+            let source = state.reviewer.source();
+            let ready = if source.is_ready() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "lock source ({}) has not synced yet",
+                    source.describe()
+                ))
+            };
+            probe(&method, ready)
+        });
+    validate
+        .or(healthz)
+        .unify()
+        .or(readyz)
+        .unify()
+        .recover(rejection)
+        .unify()
+}
+
+async fn validate(
+    method: Method,
+    headers: http::HeaderMap,
+    query: String,
+    body: impl Stream<Item = Result<impl Buf, warp::Error>> + Unpin,
+    state: Arc<State>,
+) -> Response {
+    if method != Method::POST {
+        return allow_only(&method, "POST");
+    }
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let essence = content_type.split(';').next().unwrap_or("").trim();
+    if !essence.eq_ignore_ascii_case("application/json") {
+        return failure(
+            StatusCode::BAD_REQUEST,
+            format!("content type is {content_type:?}, expected \"application/json\""),
+        );
+    }
+    let deadline = match api_server_timeout(&query) {
+        Ok(deadline) => deadline,
+        Err(message) => return failure(StatusCode::BAD_REQUEST, message),
+    };
+    if let Some(length) = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        && length > state.max_body_bytes
+    {
+        return too_large(state.max_body_bytes);
+    }
+    let body =
+        match tokio::time::timeout(state.body_timeout, collect(body, state.max_body_bytes)).await {
+            Ok(Ok(body)) => body,
+            Ok(Err(BodyError::TooLarge)) => return too_large(state.max_body_bytes),
+            Ok(Err(BodyError::Read(message))) => {
+                return failure(
+                    StatusCode::BAD_REQUEST,
+                    format!("cannot read body: {message}"),
+                );
+            }
+            Err(_) => {
+                return failure(
+                    StatusCode::REQUEST_TIMEOUT,
+                    format!("body not received within {:?}", state.body_timeout),
+                );
+            }
+        };
+    match state.reviewer.review(&body, deadline).await {
+        Ok(answer) => match serde_json::to_vec(&answer.review) {
+            Ok(json) => json_response(StatusCode::OK, json),
+            Err(e) => failure(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("cannot encode response: {e}"),
+            ),
+        },
+        Err(error) => failure(StatusCode::BAD_REQUEST, error.to_string()),
+    }
+}
+
+/// The API server appends `?timeout=10s`; it bounds how long the answer may take.
+fn api_server_timeout(query: &str) -> Result<Option<Duration>, String> {
+    for pair in query.split('&') {
+        if let Some(value) = pair.strip_prefix("timeout=") {
+            return humantime::parse_duration(value).map(Some).map_err(|e| {
+                format!("query parameter timeout={value:?} is not a duration like 10s: {e}")
+            });
+        }
+    }
+    Ok(None)
+}
+
+enum BodyError {
+    TooLarge,
+    Read(String),
+}
+
+async fn collect(
+    mut body: impl Stream<Item = Result<impl Buf, warp::Error>> + Unpin,
+    limit: u64,
+) -> Result<Bytes, BodyError> {
+    let mut buf = BytesMut::new();
+    while let Some(chunk) = body.next().await {
+        let mut chunk = chunk.map_err(|e| BodyError::Read(e.to_string()))?;
+        if (buf.len() + chunk.remaining()) as u64 > limit {
+            return Err(BodyError::TooLarge);
+        }
+        while chunk.has_remaining() {
+            let part = chunk.chunk();
+            buf.extend_from_slice(part);
+            let n = part.len();
+            chunk.advance(n);
+        }
+    }
+    Ok(buf.freeze())
+}
+
+fn probe(method: &Method, state: Result<(), String>) -> Response {
+    if method != Method::GET && method != Method::HEAD {
+        return allow_only(method, "GET, HEAD");
+    }
+    let (status, text) = match state {
+        Ok(()) => (StatusCode::OK, "ok\n".to_owned()),
+        Err(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {why}\n"),
+        ),
+    };
+    let mut response = Response::new(text.into());
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
+}
+
+fn allow_only(method: &Method, allowed: &'static str) -> Response {
+    let mut response = failure(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("method {method} is not allowed here; use {allowed}"),
+    );
+    response
+        .headers_mut()
+        .insert(header::ALLOW, HeaderValue::from_static(allowed));
+    response
+}
+
+fn too_large(limit: u64) -> Response {
+    failure(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        format!("body is larger than the limit of {limit} bytes"),
+    )
+}
+
+async fn rejection(rejection: warp::Rejection) -> Result<Response, Infallible> {
+    let (status, message) = if rejection.is_not_found() {
+        (
+            StatusCode::NOT_FOUND,
+            "no such path; the webhook serves POST /validate, GET /healthz and GET /readyz"
+                .to_owned(),
+        )
+    } else {
+        (
+            StatusCode::BAD_REQUEST,
+            format!("bad request: {rejection:?}"),
+        )
+    };
+    Ok(failure(status, message))
+}
+
+/// A Kubernetes `Status` body, the error shape API clients expect.
+fn failure(status: StatusCode, message: String) -> Response {
+    let reason = match status {
+        StatusCode::NOT_FOUND => "NotFound",
+        StatusCode::METHOD_NOT_ALLOWED => "MethodNotAllowed",
+        StatusCode::PAYLOAD_TOO_LARGE => "RequestEntityTooLarge",
+        StatusCode::REQUEST_TIMEOUT => "Timeout",
+        StatusCode::INTERNAL_SERVER_ERROR => "InternalError",
+        _ => "BadRequest",
+    };
+    let body = serde_json::json!({
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": status.as_u16(),
+    });
+    json_response(status, body.to_string().into_bytes())
+}
+
+fn json_response(status: StatusCode, body: Vec<u8>) -> Response {
+    let mut response = Response::new(body.into());
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timeout_query_is_read() {
+        assert_eq!(api_server_timeout(""), Ok(None));
+        assert_eq!(
+            api_server_timeout("timeout=10s"),
+            Ok(Some(Duration::from_secs(10)))
+        );
+        assert_eq!(
+            api_server_timeout("a=b&timeout=500ms"),
+            Ok(Some(Duration::from_millis(500)))
+        );
+        assert!(api_server_timeout("timeout=soon").is_err());
+    }
+}

@@ -1,0 +1,97 @@
+#![forbid(unsafe_code)]
+//! The `kube-object-lock` binary: parse, set up, hand off to the library; errors become exit
+//! codes (1 = failure or denied, 2 = bad input).
+
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Parser;
+use kube_object_lock::cli::{Cli, Command, certs};
+use kube_object_lock::settings::{LogFormat, Settings};
+use kube_object_lock::{api, app, cli, server, telemetry};
+
+fn main() -> ExitCode {
+    // One crypto provider for the server and the kube client alike.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            return fail(
+                2,
+                anyhow::Error::new(e).context("cannot start the async runtime"),
+            );
+        }
+    };
+    runtime.block_on(run(cli))
+}
+
+async fn run(cli: Cli) -> ExitCode {
+    match cli.command {
+        Command::Serve(args) => match serve(&args).await {
+            Ok(code) => code,
+            Err(e) => fail(1, e),
+        },
+        Command::Certs(args) => match write_certs(&args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => fail(1, e),
+        },
+        Command::Crd => match api::crds_yaml() {
+            Ok(yaml) => {
+                print!("{yaml}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(1, anyhow::Error::new(e).context("cannot render the CRDs")),
+        },
+        Command::Check(args) => {
+            let settings = match Settings::load(&args.layers()) {
+                Ok(s) => s,
+                Err(e) => return fail(2, e.into()),
+            };
+            let _ = telemetry::init("warn", LogFormat::Text);
+            match cli::check::check(&settings, &args.review).await {
+                Ok(result) => {
+                    println!("{}", result.response);
+                    if result.allowed {
+                        ExitCode::SUCCESS
+                    } else {
+                        ExitCode::from(1)
+                    }
+                }
+                Err(e) => fail(2, e.into()),
+            }
+        }
+    }
+}
+
+async fn serve(args: &cli::ServeArgs) -> anyhow::Result<ExitCode> {
+    let settings = Settings::load(&args.layers()).context("invalid settings")?;
+    telemetry::init(&settings.log.level, settings.log.format)?;
+    let webhook = app::Webhook::bind(settings)
+        .await
+        .context("cannot start the webhook")?;
+    match webhook.run(app::shutdown_signal()).await {
+        server::Drain::Complete => Ok(ExitCode::SUCCESS),
+        // The connections left were cut; the stop itself was still orderly.
+        server::Drain::TimedOut => Ok(ExitCode::SUCCESS),
+    }
+}
+
+fn write_certs(args: &cli::CertsArgs) -> anyhow::Result<()> {
+    let written = certs::generate(&certs::CertsRequest {
+        out: args.out.clone(),
+        sans: args.sans.clone(),
+        days: args.days,
+        ca_days: args.ca_days,
+        force: args.force,
+    })?;
+    for path in written {
+        println!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+fn fail(code: u8, error: anyhow::Error) -> ExitCode {
+    eprintln!("kube-object-lock: {error:#}");
+    ExitCode::from(code)
+}
