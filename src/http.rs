@@ -39,7 +39,7 @@ pub fn routes(
         .and(query)
         .and(warp::body::stream())
         .and(with_state.clone())
-        .then(|method, headers, query, body, state| validate(method, headers, query, body, state));
+        .then(validate);
     let healthz = warp::path!("healthz")
         .and(warp::method())
         .map(|method: Method| probe(&method, Ok(())));

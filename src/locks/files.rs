@@ -331,10 +331,10 @@ fn parse_spec(value: serde_json::Value) -> Result<LockSpec, String> {
         reason: Some(String::new()),
     })
     .map_err(|e| e.to_string())?;
-    if let (Some(given), Some(known)) = (value.as_object(), known.as_object()) {
-        if let Some(unknown) = given.keys().find(|k| !known.contains_key(*k)) {
-            return Err(format!("spec.{unknown} is not a field of a lock spec"));
-        }
+    if let (Some(given), Some(known)) = (value.as_object(), known.as_object())
+        && let Some(unknown) = given.keys().find(|k| !known.contains_key(*k))
+    {
+        return Err(format!("spec.{unknown} is not a field of a lock spec"));
     }
     Ok(spec)
 }
