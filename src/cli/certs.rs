@@ -85,9 +85,9 @@ pub fn generate(req: &CertsRequest) -> Result<Vec<PathBuf>, CertsError> {
         req.sans.clone()
     };
     for san in &sans {
-        CertificateParams::new(vec![san.clone()]).map_err(|e| CertsError::BadSan {
+        check_san(san).map_err(|message| CertsError::BadSan {
             san: san.clone(),
-            message: e.to_string(),
+            message: message.to_owned(),
         })?;
     }
     let paths: Vec<PathBuf> = FILES.iter().map(|f| req.out.join(f)).collect();
@@ -138,6 +138,28 @@ pub fn generate(req: &CertsRequest) -> Result<Vec<PathBuf>, CertsError> {
         req.force,
     )?;
     Ok(paths)
+}
+
+/// An IP address, or a DNS name as RFC 1123 allows it (a leading `*.` wildcard included).
+fn check_san(san: &str) -> Result<(), &'static str> {
+    if san.parse::<std::net::IpAddr>().is_ok() {
+        return Ok(());
+    }
+    let host = san.strip_prefix("*.").unwrap_or(san);
+    if host.is_empty() || host.len() > 253 {
+        return Err("a DNS name has 1 to 253 characters");
+    }
+    for label in host.split('.') {
+        let valid = !label.is_empty()
+            && label.len() <= 63
+            && !label.starts_with('-')
+            && !label.ends_with('-')
+            && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-');
+        if !valid {
+            return Err("DNS labels are 1 to 63 letters, digits or inner hyphens");
+        }
+    }
+    Ok(())
 }
 
 fn name(common_name: &str) -> DistinguishedName {

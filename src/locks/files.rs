@@ -186,21 +186,19 @@ impl FilesSource {
     }
 
     /// Polls the directory every `interval` until dropped.
-    pub fn watch(self: Arc<Self>, interval: Duration) -> impl Future<Output = ()> + Send + 'static {
-        async move {
-            let mut ticker = tokio::time::interval(interval);
-            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    pub async fn watch(self: Arc<Self>, interval: Duration) {
+        let mut ticker = tokio::time::interval(interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticker.tick().await;
+        loop {
             ticker.tick().await;
-            loop {
-                ticker.tick().await;
-                let this = self.clone();
-                match tokio::task::spawn_blocking(move || this.rescan()).await {
-                    Ok(Ok(_)) => {}
-                    Ok(Err(e)) => {
-                        error!(error = %e, "locks directory unreadable; keeping the locks already loaded")
-                    }
-                    Err(e) => error!(error = %e, "locks directory scan failed"),
+            let this = self.clone();
+            match tokio::task::spawn_blocking(move || this.rescan()).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => {
+                    error!(error = %e, "locks directory unreadable; keeping the locks already loaded")
                 }
+                Err(e) => error!(error = %e, "locks directory scan failed"),
             }
         }
     }
