@@ -154,9 +154,19 @@ impl Webhook {
         let (Some(cert), Some(key)) = (&settings.tls.cert, &settings.tls.key) else {
             return Err(StartError::NoCertificate);
         };
+        // Check the certificate before building the source: it fails faster and more often.
+        tls::load_pair(cert, key)?;
+        let source = lock_source(&settings, true).await?;
+        Webhook::bind_with_source(settings, source).await
+    }
+
+    /// Like [`Webhook::bind`], with a lock source built by the caller.
+    pub async fn bind_with_source(settings: Settings, source: Source) -> Result<Webhook, StartError> {
+        let (Some(cert), Some(key)) = (&settings.tls.cert, &settings.tls.key) else {
+            return Err(StartError::NoCertificate);
+        };
         let certs = CertStore::new(tls::load_pair(cert, key)?);
         let tls = tls::server_config(certs.clone())?;
-        let source = lock_source(&settings, true).await?;
         let addr = settings.server.listen;
         let listener = TcpListener::bind(addr)
             .await

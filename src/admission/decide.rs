@@ -218,7 +218,9 @@ pub fn decide(
             // Refusing this would wedge the object in Terminating: finalizer removal is an UPDATE.
             return Verdict::allow()
                 .warn(format!(
-                    "{what} is locked by {lock}, but it is being deleted: update allowed"
+                    "{} \"{}\" is being deleted: update allowed despite {lock}",
+                    req.resource.qualified(),
+                    lookup.name
                 ))
                 .annotate("terminating-object-update", lock.to_string());
         }

@@ -1,0 +1,259 @@
+//! Shared test helpers: certificates made per test, the real server on 127.0.0.1:0, and real
+//! HTTPS clients (HTTP/1.1 as the API server speaks it, and HTTP/2).
+#![allow(dead_code)]
+
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use kube_object_lock::app::{Source, Webhook};
+use kube_object_lock::cli::certs::{CertsRequest, generate};
+use kube_object_lock::server::Drain;
+use kube_object_lock::settings::Settings;
+use rustls_pki_types::CertificateDer;
+use rustls_pki_types::pem::PemObject;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// Installs ring as the process-wide provider, as `main` does.
+pub fn init() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// A CA and serving certificate in a temporary directory.
+pub struct Certs {
+    pub dir: tempfile::TempDir,
+}
+
+impl Certs {
+    pub fn new() -> Certs {
+        let dir = tempfile::tempdir().expect("tempdir");
+        generate(&CertsRequest {
+            out: dir.path().to_owned(),
+            sans: vec![],
+            days: 1,
+            ca_days: 2,
+            force: false,
+        })
+        .expect("certificates");
+        Certs { dir }
+    }
+
+    pub fn path(&self, file: &str) -> PathBuf {
+        self.dir.path().join(file)
+    }
+}
+
+/// Reads a fixture captured from a real API server.
+pub fn fixture(name: &str) -> Vec<u8> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name);
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The real webhook, served in this process.
+pub struct TestServer {
+    pub addr: SocketAddr,
+    pub certs: Certs,
+    shutdown: Option<oneshot::Sender<()>>,
+    handle: Option<JoinHandle<Drain>>,
+}
+
+impl TestServer {
+    /// Starts the webhook with the given lock source; `tune` adjusts the settings.
+    pub async fn start(source: Source, tune: impl FnOnce(&mut Settings)) -> TestServer {
+        init();
+        let certs = Certs::new();
+        let mut settings = Settings::default();
+        settings.server.listen = "127.0.0.1:0".parse().expect("addr");
+        settings.tls.cert = Some(certs.path("tls.crt"));
+        settings.tls.key = Some(certs.path("tls.key"));
+        tune(&mut settings);
+        let webhook = Webhook::bind_with_source(settings, source)
+            .await
+            .expect("webhook binds");
+        let addr = webhook.local_addr();
+        let (tx, rx) = oneshot::channel::<()>();
+        let handle = tokio::spawn(webhook.run(async {
+            let _ = rx.await;
+        }));
+        TestServer {
+            addr,
+            certs,
+            shutdown: Some(tx),
+            handle: Some(handle),
+        }
+    }
+
+    /// Starts the webhook on the files source, with `yaml` as the only lock file.
+    pub async fn with_lock_files(yaml: &str) -> (TestServer, tempfile::TempDir) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join("locks.yaml"), yaml).expect("write locks");
+        let mut settings = Settings::default();
+        settings.locks.dir = Some(dir.path().to_owned());
+        settings.locks.poll_interval = Duration::from_millis(100);
+        let source = kube_object_lock::app::lock_source(&settings, true)
+            .await
+            .expect("files source");
+        let server = TestServer::start(source, |_| {}).await;
+        (server, dir)
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("https://{}{path}", self.addr)
+    }
+
+    /// A client speaking only HTTP/1.1 (ALPN `http/1.1`), as the API server does.
+    pub fn http1(&self) -> HttpsClient {
+        HttpsClient::new(&self.certs.path("ca.crt"), Protocol::Http1)
+    }
+
+    /// A client speaking only HTTP/2 (ALPN `h2`).
+    pub fn http2(&self) -> HttpsClient {
+        HttpsClient::new(&self.certs.path("ca.crt"), Protocol::Http2)
+    }
+
+    /// Signals shutdown and waits for the drain.
+    pub async fn stop(mut self) -> Drain {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        self.handle
+            .take()
+            .expect("running")
+            .await
+            .expect("server task")
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Protocol {
+    Http1,
+    Http2,
+}
+
+/// A client trusting the test CA.
+pub struct HttpsClient {
+    client: Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>,
+}
+
+/// A response: status, headers and body.
+pub struct Reply {
+    pub status: u16,
+    pub version: http::Version,
+    pub headers: http::HeaderMap,
+    pub body: Vec<u8>,
+}
+
+impl Reply {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
+            panic!("body is not JSON ({e}): {}", String::from_utf8_lossy(&self.body))
+        })
+    }
+}
+
+/// A rustls client configuration trusting `ca`.
+pub fn client_tls(ca: &Path, alpn: &[&[u8]]) -> rustls::ClientConfig {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(ca).expect("ca file") {
+        roots.add(cert.expect("ca cert")).expect("add ca");
+    }
+    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("versions")
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    config
+}
+
+impl HttpsClient {
+    pub fn new(ca: &Path, protocol: Protocol) -> HttpsClient {
+        // hyper-rustls sets ALPN from the enabled protocols: `http/1.1` only, or `h2` only.
+        let builder = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(client_tls(ca, &[]))
+            .https_only();
+        let connector = match protocol {
+            Protocol::Http1 => builder.enable_http1().build(),
+            Protocol::Http2 => builder.enable_http2().build(),
+        };
+        let mut client = Client::builder(TokioExecutor::new());
+        if protocol == Protocol::Http2 {
+            client.http2_only(true);
+        }
+        HttpsClient {
+            client: client.build(connector),
+        }
+    }
+
+    /// Sends a request and reads the whole response (bounded by 10 s so a hang fails the test).
+    pub async fn send(&self, request: http::Request<Full<Bytes>>) -> Reply {
+        let work = async {
+            let response = self.client.request(request).await.expect("request sent");
+            let status = response.status().as_u16();
+            let version = response.version();
+            let headers = response.headers().clone();
+            let body = response
+                .into_body()
+                .collect()
+                .await
+                .expect("body read")
+                .to_bytes()
+                .to_vec();
+            Reply {
+                status,
+                version,
+                headers,
+                body,
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), work)
+            .await
+            .expect("the server answered within 10 s")
+    }
+
+    /// POSTs a JSON body to `url`.
+    pub async fn post_json(&self, url: &str, body: Vec<u8>) -> Reply {
+        let request = http::Request::post(url)
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .expect("request");
+        self.send(request).await
+    }
+
+    pub async fn get(&self, url: &str) -> Reply {
+        let request = http::Request::get(url)
+            .body(Full::new(Bytes::new()))
+            .expect("request");
+        self.send(request).await
+    }
+}
+
+/// A Lock / ClusterLock YAML document.
+pub fn lock_yaml(namespace: Option<&str>, name: &str, reason: Option<&str>) -> String {
+    let (kind, ns) = match namespace {
+        Some(ns) => ("Lock", format!("\n  namespace: {ns}")),
+        None => ("ClusterLock", String::new()),
+    };
+    let spec = reason
+        .map(|r| format!("spec:\n  reason: {r}\n"))
+        .unwrap_or_default();
+    format!("---\napiVersion: objectlock.dev/v1alpha1\nkind: {kind}\nmetadata:\n  name: {name}{ns}\n{spec}")
+}
