@@ -161,7 +161,10 @@ impl Webhook {
     }
 
     /// Like [`Webhook::bind`], with a lock source built by the caller.
-    pub async fn bind_with_source(settings: Settings, source: Source) -> Result<Webhook, StartError> {
+    pub async fn bind_with_source(
+        settings: Settings,
+        source: Source,
+    ) -> Result<Webhook, StartError> {
         let (Some(cert), Some(key)) = (&settings.tls.cert, &settings.tls.key) else {
             return Err(StartError::NoCertificate);
         };

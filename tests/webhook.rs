@@ -9,7 +9,11 @@ use support::{Protocol, TestServer, fixture, lock_yaml};
 /// The locks every fixture test runs against (files source).
 fn locks() -> String {
     [
-        lock_yaml(Some("demo-015226"), "locked-a", Some("VM snapshot in progress")),
+        lock_yaml(
+            Some("demo-015226"),
+            "locked-a",
+            Some("VM snapshot in progress"),
+        ),
         lock_yaml(Some("demo-015226"), "locked-sweep2", None),
         lock_yaml(Some("demo-015226"), "w1", Some("widget migration")),
         lock_yaml(Some("lock-demo"), "web", Some("release freeze")),
@@ -204,7 +208,10 @@ async fn every_fixture_gets_its_exact_answer_over_http1_and_http2() {
     let url = server.url("/validate?timeout=10s");
     let table = table();
     assert_eq!(table.len(), 30, "one row per captured fixture");
-    for (client, protocol) in [(server.http1(), Protocol::Http1), (server.http2(), Protocol::Http2)] {
+    for (client, protocol) in [
+        (server.http1(), Protocol::Http1),
+        (server.http2(), Protocol::Http2),
+    ] {
         for expect in &table {
             let body = fixture(expect.fixture);
             let request: Value = serde_json::from_slice(&body).expect("fixture is JSON");
@@ -237,7 +244,10 @@ async fn v1beta1_reviews_are_answered_in_v1beta1() {
     review["apiVersion"] = json!("admission.k8s.io/v1beta1");
     let reply = server
         .http1()
-        .post_json(&server.url("/validate"), serde_json::to_vec(&review).expect("json"))
+        .post_json(
+            &server.url("/validate"),
+            serde_json::to_vec(&review).expect("json"),
+        )
         .await;
     let answer = reply.json();
     assert_eq!(answer["apiVersion"], "admission.k8s.io/v1beta1");
@@ -251,7 +261,10 @@ async fn lock_files_are_reloaded_while_serving() {
     let client = server.http1();
     let url = server.url("/validate");
     let body = fixture("configmap-delete-locked.json");
-    assert_eq!(client.post_json(&url, body.clone()).await.json()["response"]["allowed"], true);
+    assert_eq!(
+        client.post_json(&url, body.clone()).await.json()["response"]["allowed"],
+        true
+    );
     std::fs::write(
         dir.path().join("new.yaml"),
         lock_yaml(Some("demo-015226"), "locked-a", None),
@@ -266,7 +279,10 @@ async fn lock_files_are_reloaded_while_serving() {
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
-    assert!(denied, "a lock written to the directory is enforced without a restart");
+    assert!(
+        denied,
+        "a lock written to the directory is enforced without a restart"
+    );
 }
 
 #[tokio::test]
@@ -286,7 +302,10 @@ async fn shutdown_drains_and_stops_accepting() {
     let addr = server.addr;
     let client = server.http1();
     assert_eq!(client.get(&server.url("/healthz")).await.status, 200);
-    assert_eq!(server.stop().await, kube_object_lock::server::Drain::Complete);
+    assert_eq!(
+        server.stop().await,
+        kube_object_lock::server::Drain::Complete
+    );
     assert!(
         tokio::net::TcpStream::connect(addr).await.is_err(),
         "the listener is closed after shutdown"

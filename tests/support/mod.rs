@@ -2,7 +2,6 @@
 //! HTTPS clients (HTTP/1.1 as the API server speaks it, and HTTP/2).
 #![allow(dead_code)]
 
-
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -53,7 +52,9 @@ impl Certs {
 
 /// Reads a fixture captured from a real API server.
 pub fn fixture(name: &str) -> Vec<u8> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name);
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name);
     std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
@@ -162,7 +163,10 @@ pub struct Reply {
 impl Reply {
     pub fn json(&self) -> serde_json::Value {
         serde_json::from_slice(&self.body).unwrap_or_else(|e| {
-            panic!("body is not JSON ({e}): {}", String::from_utf8_lossy(&self.body))
+            panic!(
+                "body is not JSON ({e}): {}",
+                String::from_utf8_lossy(&self.body)
+            )
         })
     }
 }
@@ -255,5 +259,7 @@ pub fn lock_yaml(namespace: Option<&str>, name: &str, reason: Option<&str>) -> S
     let spec = reason
         .map(|r| format!("spec:\n  reason: {r}\n"))
         .unwrap_or_default();
-    format!("---\napiVersion: objectlock.dev/v1alpha1\nkind: {kind}\nmetadata:\n  name: {name}{ns}\n{spec}")
+    format!(
+        "---\napiVersion: objectlock.dev/v1alpha1\nkind: {kind}\nmetadata:\n  name: {name}{ns}\n{spec}"
+    )
 }

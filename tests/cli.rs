@@ -1,0 +1,298 @@
+//! The binary as an operator runs it: exit codes, messages, files written, signals.
+
+mod support;
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use support::{Certs, fixture, lock_yaml};
+
+fn bin() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kube-object-lock"));
+    // No cluster reachable from tests: no kubeconfig, no in-cluster account.
+    cmd.env_remove("KUBECONFIG")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env("HOME", "/nonexistent")
+        .env_remove("RUST_LOG");
+    cmd
+}
+
+fn run(cmd: &mut Command) -> Output {
+    cmd.stdin(Stdio::null()).output().expect("binary runs")
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn locks_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        dir.path().join("locks.yaml"),
+        lock_yaml(
+            Some("demo-015226"),
+            "locked-a",
+            Some("VM snapshot in progress"),
+        ),
+    )
+    .expect("write");
+    dir
+}
+
+#[test]
+fn help_describes_every_subcommand() {
+    for (sub, needle) in [
+        ("serve", "--locks-dir"),
+        ("certs", "--san"),
+        ("crd", "CustomResourceDefinitions"),
+        ("check", "Exit status: 0 allowed, 1 denied, 2"),
+    ] {
+        let out = run(bin().args([sub, "--help"]));
+        assert!(out.status.success(), "{sub} --help");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.contains(needle),
+            "{sub} --help lacks {needle:?}:\n{text}"
+        );
+    }
+}
+
+#[test]
+fn crd_prints_the_generated_definitions() {
+    let out = run(bin().arg("crd"));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let yaml = String::from_utf8(out.stdout).expect("utf-8");
+    let docs: Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
+        serde_saphyr::from_multiple(&yaml).expect("valid YAML of CRDs");
+    assert_eq!(docs, kube_object_lock::api::crds().to_vec());
+}
+
+#[test]
+fn certs_writes_four_files_and_never_overwrites() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out_dir = dir.path().join("pki");
+    let out = run(bin().args(["certs", "--out"]).arg(&out_dir).args([
+        "--san",
+        "10.0.0.1",
+        "--san",
+        "webhook.local",
+    ]));
+    assert!(out.status.success(), "{}", stderr(&out));
+    for file in ["ca.crt", "ca.key", "tls.crt", "tls.key"] {
+        assert!(out_dir.join(file).is_file(), "{file}");
+    }
+    let again = run(bin().args(["certs", "--out"]).arg(&out_dir));
+    assert_eq!(again.status.code(), Some(1));
+    assert!(
+        stderr(&again).contains("pass --force"),
+        "{}",
+        stderr(&again)
+    );
+    let bad = run(bin()
+        .args(["certs", "--out"])
+        .arg(dir.path().join("x"))
+        .args(["--san", "bad name"]));
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(
+        stderr(&bad).contains("--san \"bad name\""),
+        "{}",
+        stderr(&bad)
+    );
+}
+
+#[test]
+fn check_exits_by_verdict() {
+    let locks = locks_dir();
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let denied = run(bin()
+        .args(["check", "--locks-dir"])
+        .arg(locks.path())
+        .arg(fixtures.join("configmap-delete-locked.json")));
+    assert_eq!(denied.status.code(), Some(1), "{}", stderr(&denied));
+    let response: serde_json::Value = serde_json::from_slice(&denied.stdout).expect("JSON");
+    assert_eq!(response["response"]["allowed"], false);
+    assert_eq!(response["response"]["status"]["code"], 403);
+
+    let allowed = run(bin()
+        .args(["check", "--locks-dir"])
+        .arg(locks.path())
+        .arg(fixtures.join("configmap-delete-unlocked.json")));
+    assert_eq!(allowed.status.code(), Some(0), "{}", stderr(&allowed));
+
+    // From stdin.
+    let mut child = bin()
+        .args(["check", "--locks-dir"])
+        .arg(locks.path())
+        .arg("-")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().expect("stdin");
+        stdin
+            .write_all(&fixture("configmap-update-put.json"))
+            .expect("write");
+    }
+    let piped = child.wait_with_output().expect("wait");
+    assert_eq!(piped.status.code(), Some(1));
+
+    let bad = tempfile::NamedTempFile::new().expect("temp");
+    std::fs::write(bad.path(), "{\"kind\": \"AdmissionReview\"").expect("write");
+    let out = run(bin()
+        .args(["check", "--locks-dir"])
+        .arg(locks.path())
+        .arg(bad.path()));
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("malformed AdmissionReview"),
+        "{}",
+        stderr(&out)
+    );
+
+    let missing = run(bin()
+        .args(["check", "--locks-dir"])
+        .arg(locks.path())
+        .arg("/nonexistent.json"));
+    assert_eq!(missing.status.code(), Some(2));
+    assert!(
+        stderr(&missing).contains("/nonexistent.json"),
+        "{}",
+        stderr(&missing)
+    );
+}
+
+#[test]
+fn serve_refuses_bad_configuration_clearly() {
+    let certs = Certs::new();
+    let cert = certs.path("tls.crt");
+    let key = certs.path("tls.key");
+
+    let no_cert = run(bin().args(["serve", "--locks-dir", "/tmp"]));
+    assert_eq!(no_cert.status.code(), Some(1));
+    assert!(
+        stderr(&no_cert).contains("--tls-cert"),
+        "{}",
+        stderr(&no_cert)
+    );
+
+    let no_source = run(bin()
+        .args(["serve", "--listen", "127.0.0.1:0", "--tls-cert"])
+        .arg(&cert)
+        .arg("--tls-key")
+        .arg(&key));
+    assert_eq!(no_source.status.code(), Some(1));
+    assert!(
+        stderr(&no_source).contains("no lock source"),
+        "{}",
+        stderr(&no_source)
+    );
+    assert!(
+        stderr(&no_source).contains("--locks-dir DIR"),
+        "{}",
+        stderr(&no_source)
+    );
+
+    let wrong_key = run(bin()
+        .args(["serve", "--locks-dir", "/tmp", "--tls-cert"])
+        .arg(&cert)
+        .arg("--tls-key")
+        .arg(certs.path("ca.key")));
+    assert_eq!(wrong_key.status.code(), Some(1));
+    assert!(
+        stderr(&wrong_key).contains("do not make a usable pair"),
+        "{}",
+        stderr(&wrong_key)
+    );
+
+    let config = tempfile::NamedTempFile::new().expect("temp");
+    std::fs::write(
+        config.path(),
+        "[server]\nlisten = \"127.0.0.1:0\"\nlisten_port = 1\n",
+    )
+    .expect("write");
+    let unknown = run(bin().arg("serve").arg("--config").arg(config.path()));
+    assert_eq!(unknown.status.code(), Some(1));
+    let text = stderr(&unknown);
+    assert!(
+        text.contains("unknown setting `server.listen_port`"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&config.path().display().to_string()),
+        "{text}"
+    );
+
+    let bad_env = run(bin()
+        .args(["serve", "--locks-dir", "/tmp"])
+        .env("KUBE_OBJECT_LOCK__CACHE__TTL", "0s"));
+    assert_eq!(bad_env.status.code(), Some(1));
+    assert!(
+        stderr(&bad_env).contains("KUBE_OBJECT_LOCK__CACHE__TTL"),
+        "{}",
+        stderr(&bad_env)
+    );
+
+    let bad_listen = run(bin().args(["serve", "--listen", "nowhere"]));
+    assert_eq!(bad_listen.status.code(), Some(1));
+    assert!(
+        stderr(&bad_listen).contains("server.listen"),
+        "{}",
+        stderr(&bad_listen)
+    );
+}
+
+#[test]
+fn sigterm_stops_the_server_with_status_zero() {
+    let certs = Certs::new();
+    let locks = locks_dir();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("free port")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let mut child = bin()
+        .args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--tls-cert",
+        ])
+        .arg(certs.path("tls.crt"))
+        .arg("--tls-key")
+        .arg(certs.path("tls.key"))
+        .arg("--locks-dir")
+        .arg(locks.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "server did not start listening");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let exit = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "server did not stop after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let output = child.wait_with_output().expect("output");
+    let log = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(exit.code(), Some(0), "{log}");
+    assert!(log.contains("SIGTERM received"), "{log}");
+    assert!(log.contains("all connections drained"), "{log}");
+}

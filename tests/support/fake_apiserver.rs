@@ -1,0 +1,776 @@
+//! An in-process fake Kubernetes API server for the `objectlock.dev/v1alpha1` CRDs.
+//!
+//! It speaks the real REST + watch wire format over plain HTTP/1.1 on `127.0.0.1:0`, so a real
+//! `kube::Client` (`Api::list`/`get`/`create`/`delete`, `kube::runtime::watcher`) talks to it
+//! as it would to a kube-apiserver. Tests drive it through [`FakeApiServer`].
+//!
+//! What it fakes:
+//! - `locks` (namespaced, kind `Lock`) and `clusterlocks` (cluster-scoped, kind `ClusterLock`):
+//!   LIST (`limit`/`continue` paging over a consistent snapshot, `resourceVersion` +
+//!   `resourceVersionMatch`), GET, POST, DELETE, and WATCH (`watch=true`, `resourceVersion`,
+//!   `timeoutSeconds`, `sendInitialEvents` ending with the `k8s.io/initial-events-end` bookmark).
+//! - One global, etcd-like resourceVersion counter; every change is kept as a watch event.
+//! - A watch from a resourceVersion older than the last [`FakeApiServer::compact`] gets HTTP 200
+//!   and then an `ERROR` event carrying a 410 `Expired` Status, as a real server sends it.
+//! - Errors are `Status` objects with real reasons and messages (NotFound, Forbidden, ...).
+//! - `fieldSelector` (`metadata.name`, `metadata.namespace`) and `labelSelector` equality terms
+//!   (`k=v`, `k==v`, `k!=v`, `k`, `!k`); other selector syntax is answered 400, never ignored.
+//!
+//! What it does not fake: TLS, authentication, discovery (`/api`, `/apis`), PUT/PATCH, status
+//! subresources, `dryRun` (answered 400), admission and schema validation, `generateName`,
+//! periodic watch bookmarks, protobuf, HTTP/2, and the few seconds a real server waits before
+//! answering "Too large resource version".
+#![allow(dead_code)] // each test binary uses a different part of this module
+
+use std::collections::{BTreeMap, VecDeque};
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, StreamBody, combinators::UnsyncBoxBody};
+use hyper::body::{Frame, Incoming};
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+use tokio::{net::TcpListener, sync::watch, task::JoinHandle, task::JoinSet, time::Instant};
+
+const GROUP: &str = "objectlock.dev";
+const API_VERSION: &str = "objectlock.dev/v1alpha1";
+const PREFIX: &str = "/apis/objectlock.dev/v1alpha1/";
+/// The user named in `Forbidden` messages.
+pub const FAKE_USER: &str = "system:serviceaccount:kube-object-lock:kube-object-lock";
+
+type Body = UnsyncBoxBody<Bytes, Infallible>;
+type Query = BTreeMap<String, String>;
+/// `(resource, namespace ("" when cluster-scoped), name)`.
+type Key = (Res, String, String);
+
+/// A fault injected into LIST and GET answers (never into watches).
+#[derive(Clone, Debug)]
+pub enum Fault {
+    /// Answer with a `Status` of this HTTP code (403 Forbidden, 500 InternalError, ...).
+    Status(u16),
+    /// Sleep this long, then answer normally.
+    Delay(Duration),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Res {
+    Lock,
+    ClusterLock,
+}
+
+impl Res {
+    fn plural(self) -> &'static str {
+        ["locks", "clusterlocks"][self as usize]
+    }
+    fn kind(self) -> &'static str {
+        ["Lock", "ClusterLock"][self as usize]
+    }
+}
+
+/// What a request path names: a collection (`name: None`) or one object.
+struct Route {
+    res: Res,
+    ns: Option<String>,
+    name: Option<String>,
+}
+
+impl Route {
+    fn key(&self) -> Key {
+        let (ns, name) = (self.ns.clone(), self.name.clone());
+        (self.res, ns.unwrap_or_default(), name.unwrap_or_default())
+    }
+    /// Whether the object stored under `key` belongs to this collection.
+    fn holds(&self, key: &Key) -> bool {
+        key.0 == self.res && self.ns.as_ref().is_none_or(|ns| *ns == key.1)
+    }
+}
+
+struct Event {
+    rv: u64,
+    kind: &'static str,
+    key: Key,
+    object: Value,
+}
+
+#[derive(Default)]
+struct State {
+    rv: u64,
+    objects: BTreeMap<Key, Value>,
+    /// Every change ever made; `compacted_rv` says how far back it may still be read.
+    history: Vec<Event>,
+    compacted_rv: u64,
+    drop_generation: u64,
+    stopped: bool,
+    fault: Option<Fault>,
+    log: Vec<String>,
+    lists: Vec<String>,
+    watches: usize,
+}
+
+impl State {
+    /// The objects of `res` as they were at `rv`, replayed from the history.
+    fn snapshot(&self, res: Res, rv: u64) -> BTreeMap<Key, Value> {
+        let mut objects = BTreeMap::new();
+        for e in self
+            .history
+            .iter()
+            .take_while(|e| e.rv <= rv)
+            .filter(|e| e.key.0 == res)
+        {
+            if e.kind == "DELETED" {
+                objects.remove(&e.key);
+            } else {
+                objects.insert(e.key.clone(), e.object.clone());
+            }
+        }
+        objects
+    }
+
+    /// Applies a change under a new resourceVersion, keeps it as an event, returns the object.
+    fn emit(&mut self, kind: &'static str, key: Key, mut object: Value) -> Value {
+        self.rv += 1;
+        object["metadata"]["resourceVersion"] = json!(self.rv.to_string());
+        let event = Event {
+            rv: self.rv,
+            kind,
+            key: key.clone(),
+            object: object.clone(),
+        };
+        self.history.push(event);
+        if kind == "DELETED" {
+            self.objects.remove(&key);
+        } else {
+            self.objects.insert(key, object.clone());
+        }
+        object
+    }
+}
+
+struct Inner {
+    url: String,
+    state: Mutex<State>,
+    changed: watch::Sender<()>,
+    task: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// Handle to a running fake API server; clones share the same server.
+#[derive(Clone)]
+pub struct FakeApiServer {
+    inner: Arc<Inner>,
+}
+
+impl FakeApiServer {
+    /// Binds `127.0.0.1:0` and serves on a spawned task (call it inside a tokio runtime).
+    pub async fn start() -> FakeApiServer {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind 127.0.0.1:0");
+        let addr = listener.local_addr().expect("local_addr");
+        let server = FakeApiServer {
+            inner: Arc::new(Inner {
+                url: format!("http://{addr}"),
+                state: Mutex::new(State::default()),
+                changed: watch::channel(()).0,
+                task: Mutex::new(None),
+            }),
+        };
+        let srv = server.clone();
+        let task = tokio::spawn(async move {
+            // Dropping this set (when `stop` aborts the task) aborts every open connection.
+            let mut connections = JoinSet::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                let srv = srv.clone();
+                let service = hyper::service::service_fn(move |req| srv.clone().handle(req));
+                connections.spawn(async move {
+                    let conn = hyper::server::conn::http1::Builder::new();
+                    let _ = conn.serve_connection(TokioIo::new(stream), service).await;
+                });
+                while connections.try_join_next().is_some() {}
+            }
+        });
+        *server.inner.task.lock().expect("task lock") = Some(task);
+        server
+    }
+
+    /// `"http://127.0.0.1:PORT"`.
+    pub fn url(&self) -> String {
+        self.inner.url.clone()
+    }
+
+    /// A real `kube::Client` pointed at this server (default namespace `default`).
+    pub fn client(&self) -> kube::Client {
+        let config = kube::Config::new(self.url().parse().expect("server url is a valid uri"));
+        kube::Client::try_from(config).expect("kube client for the fake apiserver")
+    }
+
+    /// Creates a `Lock` (event `ADDED`); if it exists, replaces its spec (event `MODIFIED`).
+    pub fn create_lock(&self, namespace: &str, name: &str, spec: Value) {
+        let key = (Res::Lock, namespace.to_string(), name.to_string());
+        let _ = self.store(key, json!({ "spec": spec }), false);
+    }
+
+    /// Creates a `ClusterLock` (event `ADDED`); if it exists, replaces its spec (`MODIFIED`).
+    pub fn create_cluster_lock(&self, name: &str, spec: Value) {
+        let key = (Res::ClusterLock, String::new(), name.to_string());
+        let _ = self.store(key, json!({ "spec": spec }), false);
+    }
+
+    /// Deletes a `Lock` (event `DELETED`); false if there was none.
+    pub fn delete_lock(&self, namespace: &str, name: &str) -> bool {
+        self.remove((Res::Lock, namespace.into(), name.into()))
+            .is_some()
+    }
+
+    /// Deletes a `ClusterLock` (event `DELETED`); false if there was none.
+    pub fn delete_cluster_lock(&self, name: &str) -> bool {
+        self.remove((Res::ClusterLock, String::new(), name.into()))
+            .is_some()
+    }
+
+    /// LIST requests received so far (faulted ones included; GETs and watches are not LISTs).
+    pub fn list_calls(&self) -> usize {
+        self.state().lists.len()
+    }
+
+    /// LIST requests whose `path?query` contains `path_contains`.
+    pub fn list_calls_for(&self, path_contains: &str) -> usize {
+        self.state()
+            .lists
+            .iter()
+            .filter(|p| p.contains(path_contains))
+            .count()
+    }
+
+    /// WATCH requests received so far.
+    pub fn watch_calls(&self) -> usize {
+        self.state().watches
+    }
+
+    /// Every request as `"METHOD /path?query"`, in arrival order.
+    pub fn request_log(&self) -> Vec<String> {
+        self.state().log.clone()
+    }
+
+    /// Injects `fault` into every later LIST and GET until [`FakeApiServer::clear_fault`].
+    pub fn set_fault(&self, fault: Fault) {
+        self.state().fault = Some(fault);
+    }
+
+    /// Ends the fault set by [`FakeApiServer::set_fault`].
+    pub fn clear_fault(&self) {
+        self.state().fault = None;
+    }
+
+    /// Ends every open watch stream now, cleanly, as a server-side watch timeout does.
+    pub fn drop_watches(&self) {
+        self.state().drop_generation += 1;
+        self.notify();
+    }
+
+    /// Compacts history as etcd does. In a real cluster other objects keep moving the global
+    /// resourceVersion, so this bumps it once and compacts there: every watch request (new or
+    /// resumed) from an older resourceVersion gets an `ERROR` 410 event. Open streams go on.
+    pub fn compact(&self) {
+        let mut st = self.state();
+        st.rv += 1;
+        st.compacted_rv = st.rv;
+    }
+
+    /// Closes the listener and every connection; later connects are refused.
+    pub async fn stop(&self) {
+        self.state().stopped = true;
+        self.notify();
+        let task = self.inner.task.lock().expect("task lock").take();
+        if let Some(task) = task {
+            task.abort();
+            let _ = task.await;
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.inner.state.lock().expect("fake apiserver state lock")
+    }
+
+    fn notify(&self) {
+        self.inner.changed.send_replace(());
+    }
+
+    /// Stores `body` under `key` (refusing to replace when `create_only`): ADDED or MODIFIED.
+    fn store(&self, key: Key, mut body: Value, create_only: bool) -> Result<Value, Value> {
+        let (res, ns, name) = key.clone();
+        let mut st = self.state();
+        let old = st.objects.get(&key).cloned();
+        if old.is_some() && create_only {
+            let msg = format!("{}.{GROUP} \"{name}\" already exists", res.plural());
+            return Err(status(409, &msg, details(res, &name)));
+        }
+        let spec_changed = old.as_ref().is_some_and(|old| old["spec"] != body["spec"]);
+        let meta = &mut body["metadata"];
+        meta["name"] = json!(name);
+        if res == Res::Lock {
+            meta["namespace"] = json!(ns);
+        }
+        if let Some(old) = &old {
+            meta["uid"] = old["metadata"]["uid"].clone();
+            meta["creationTimestamp"] = old["metadata"]["creationTimestamp"].clone();
+            let generation = old["metadata"]["generation"].as_u64().unwrap_or(1);
+            meta["generation"] = json!(generation + u64::from(spec_changed));
+        } else {
+            let now = k8s_openapi::jiff::Timestamp::now();
+            let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now);
+            meta["uid"] = json!(format!("00000000-0000-4000-8000-{:012x}", st.rv + 1));
+            meta["creationTimestamp"] = serde_json::to_value(now).expect("timestamp serializes");
+            meta["generation"] = json!(1);
+        }
+        body["apiVersion"] = json!(API_VERSION);
+        body["kind"] = json!(res.kind());
+        let object = st.emit(if old.is_some() { "MODIFIED" } else { "ADDED" }, key, body);
+        drop(st);
+        self.notify();
+        Ok(object)
+    }
+
+    /// Removes an object: DELETED, carrying the deletion's resourceVersion (as etcd does).
+    fn remove(&self, key: Key) -> Option<Value> {
+        let mut st = self.state();
+        let object = st.objects.get(&key).cloned()?;
+        let object = st.emit("DELETED", key, object);
+        drop(st);
+        self.notify();
+        Some(object)
+    }
+
+    async fn handle(self, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
+        let (method, uri) = (req.method().clone(), req.uri().clone());
+        let target = uri.path_and_query().map_or("/", |p| p.as_str()).to_string();
+        self.state().log.push(format!("{method} {target}"));
+        let query: Query = (uri.query().unwrap_or_default().split('&'))
+            .filter(|kv| !kv.is_empty())
+            .map(|kv| kv.split_once('=').unwrap_or((kv, "")))
+            .map(|(k, v)| (decode(&k.replace('+', " ")), decode(&v.replace('+', " "))))
+            .collect();
+        let Some(route) = parse_route(uri.path()) else {
+            let msg = "the server could not find the requested resource";
+            return Ok(reply_status(status(404, msg, json!({}))));
+        };
+        let watching = matches!(query.get("watch").map(String::as_str), Some("true" | "1"));
+        let answer = match (&method, &route.name) {
+            (&Method::GET, None) if watching => return Ok(self.watch(route, query)),
+            (&Method::GET, name) => {
+                if name.is_none() {
+                    self.state().lists.push(target);
+                }
+                let fault = self.state().fault.clone();
+                if let Some(Fault::Delay(delay)) = fault {
+                    tokio::time::sleep(delay).await;
+                }
+                match fault {
+                    Some(Fault::Status(code)) => Err(fault_status(code, &route)),
+                    _ => self.read(&route, &query).map(|obj| (200, obj)),
+                }
+            }
+            (&Method::POST, None) if route.ns.is_some() == (route.res == Res::Lock) => {
+                let body = req.into_body().collect().await.map(|b| b.to_bytes());
+                let parsed = serde_json::from_slice::<Value>(&body.unwrap_or_default());
+                match parsed {
+                    _ if query.contains_key("dryRun") => Err(bad_request("dryRun is not faked")),
+                    Err(e) => Err(bad_request(&format!("error decoding request body: {e}"))),
+                    Ok(obj) => self.create(&route, obj).map(|obj| (201, obj)),
+                }
+            }
+            (&Method::DELETE, Some(name)) => {
+                let removed = self.remove(route.key()).map(|obj| (200, obj));
+                removed.ok_or_else(|| not_found(route.res, name))
+            }
+            _ => Err(status(
+                405,
+                "the server does not allow this method",
+                json!({}),
+            )),
+        };
+        Ok(answer.map_or_else(reply_status, |(code, obj)| reply(code, obj)))
+    }
+
+    /// POST: the object's own namespace must match the path; the name is required.
+    fn create(&self, route: &Route, obj: Value) -> Result<Value, Value> {
+        let ns = route.ns.clone().unwrap_or_default();
+        if obj["metadata"]["namespace"]
+            .as_str()
+            .is_some_and(|n| !n.is_empty() && n != ns)
+        {
+            let msg = "the namespace of the provided object does not match the namespace sent on \
+                       the request";
+            return Err(bad_request(msg));
+        }
+        let name = obj["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        if name.is_empty() {
+            let msg = "metadata.name: Required value: name or generateName is required";
+            return Err(status(422, msg, Value::Null));
+        }
+        self.store((route.res, ns, name), obj, true)
+    }
+
+    /// GET of one object, or one page of a LIST.
+    fn read(&self, route: &Route, query: &Query) -> Result<Value, Value> {
+        let st = self.state();
+        if let Some(name) = &route.name {
+            let object = st.objects.get(&route.key()).cloned();
+            return object.ok_or_else(|| not_found(route.res, name));
+        }
+        let (rv, after) = match query.get("continue").filter(|c| !c.is_empty()) {
+            // Our token is "RV/NAMESPACE/NAME" of the last item sent; clients treat it as opaque.
+            Some(token) => {
+                let mut parts = token.splitn(3, '/').map(str::to_string);
+                let bad = || bad_request("continue key is not valid");
+                let rv: u64 = parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
+                let after = (parts.next().ok_or_else(bad)?, parts.next().ok_or_else(bad)?);
+                if rv < st.compacted_rv {
+                    return Err(status(410, CONTINUE_EXPIRED, Value::Null));
+                }
+                (rv, Some(after))
+            }
+            None => (list_rv(&st, query)?, None),
+        };
+        let limit = query
+            .get("limit")
+            .and_then(|l| l.parse().ok())
+            .filter(|l| *l > 0);
+        let (mut items, mut last, mut token) = (Vec::new(), None, None);
+        for (key, obj) in st.snapshot(route.res, rv) {
+            let seen = after
+                .as_ref()
+                .is_some_and(|(ns, name)| (&key.1, &key.2) <= (ns, name));
+            if seen || !route.holds(&key) || !selected(&obj, query)? {
+                continue;
+            }
+            if limit == Some(items.len()) {
+                token = last.map(|(_, ns, name): Key| format!("{rv}/{ns}/{name}"));
+                break;
+            }
+            items.push(obj);
+            last = Some(key);
+        }
+        let mut metadata = json!({ "resourceVersion": rv.to_string() });
+        if let Some(token) = token {
+            metadata["continue"] = json!(token);
+        }
+        let kind = format!("{}List", route.res.kind());
+        Ok(json!({ "apiVersion": API_VERSION, "kind": kind, "metadata": metadata, "items": items }))
+    }
+
+    /// Starts a watch: HTTP 200, chunked, one JSON event per line.
+    fn watch(&self, route: Route, query: Query) -> Response<Body> {
+        let mut st = self.state();
+        st.watches += 1;
+        if let Err(s) = selected(&json!({}), &query) {
+            return reply_status(s);
+        }
+        let requested = query.get("resourceVersion").cloned().unwrap_or_default();
+        let initial = (query.get("sendInitialEvents"))
+            .map_or(requested.is_empty() || requested == "0", |v| v == "true");
+        let mut queue = VecDeque::new();
+        let since = if initial {
+            for (key, obj) in st.snapshot(route.res, st.rv) {
+                if route.holds(&key) && selected(&obj, &query).unwrap_or(false) {
+                    queue.push_back(("ADDED", obj));
+                }
+            }
+            let bookmarks = query
+                .get("allowWatchBookmarks")
+                .is_some_and(|v| v == "true");
+            if query.contains_key("sendInitialEvents") && bookmarks {
+                let annotations = json!({ "k8s.io/initial-events-end": "true" });
+                let meta =
+                    json!({ "resourceVersion": st.rv.to_string(), "annotations": annotations });
+                let kind = route.res.kind();
+                queue.push_back((
+                    "BOOKMARK",
+                    json!({ "apiVersion": API_VERSION, "kind": kind, "metadata": meta }),
+                ));
+            }
+            st.rv
+        } else {
+            let Ok(rv) = requested.parse::<u64>() else {
+                return reply_status(bad_request("resourceVersion: Invalid value"));
+            };
+            rv
+        };
+        let expired = since < st.compacted_rv;
+        if expired {
+            let msg = format!("too old resource version: {since} ({})", st.compacted_rv);
+            queue.push_back(("ERROR", status(410, &msg, Value::Null)));
+        }
+        // A real server picks 30-60 minutes when timeoutSeconds is not given.
+        let timeout = query
+            .get("timeoutSeconds")
+            .and_then(|t| t.parse().ok())
+            .unwrap_or(1800);
+        let cursor = Cursor {
+            server: self.clone(),
+            generation: st.drop_generation,
+            changes: self.inner.changed.subscribe(),
+            deadline: Instant::now() + Duration::from_secs(timeout),
+            route,
+            query,
+            since,
+            queue,
+            done: expired,
+        };
+        drop(st);
+        let body = StreamBody::new(futures::stream::unfold(cursor, next_event));
+        Response::builder()
+            .status(StatusCode::OK)
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(body.boxed_unsync())
+            .expect("valid watch response")
+    }
+}
+
+const CONTINUE_EXPIRED: &str = "The provided continue parameter is too old to display a \
+    consistent list result. You can start a new list without the continue parameter, or use the \
+    continue value from the response to resume the list in a new watch.";
+
+/// One open watch stream.
+struct Cursor {
+    server: FakeApiServer,
+    route: Route,
+    query: Query,
+    /// Every event up to this resourceVersion has been looked at.
+    since: u64,
+    generation: u64,
+    changes: watch::Receiver<()>,
+    deadline: Instant,
+    /// Events ready to send: (type, object).
+    queue: VecDeque<(&'static str, Value)>,
+    done: bool,
+}
+
+async fn next_event(mut c: Cursor) -> Option<(Result<Frame<Bytes>, Infallible>, Cursor)> {
+    loop {
+        if let Some((kind, object)) = c.queue.pop_front() {
+            // Written by hand to keep a real server's field order: "type" first.
+            let line = format!("{{\"type\":\"{kind}\",\"object\":{object}}}\n");
+            return Some((Ok(Frame::data(Bytes::from(line))), c));
+        }
+        if c.done {
+            return None;
+        }
+        c.changes.borrow_and_update();
+        {
+            let st = c.server.state();
+            if st.stopped || st.drop_generation != c.generation {
+                return None;
+            }
+            let start = st.history.partition_point(|e| e.rv <= c.since);
+            for e in &st.history[start..] {
+                if c.route.holds(&e.key) && selected(&e.object, &c.query).unwrap_or(false) {
+                    c.queue.push_back((e.kind, e.object.clone()));
+                }
+            }
+            c.since = st.rv;
+        }
+        if c.queue.is_empty() {
+            tokio::select! {
+                changed = c.changes.changed() => if changed.is_err() { return None },
+                () = tokio::time::sleep_until(c.deadline) => return None,
+            }
+        }
+    }
+}
+
+fn parse_route(path: &str) -> Option<Route> {
+    let segments: Vec<String> = path.strip_prefix(PREFIX)?.split('/').map(decode).collect();
+    let segments: Vec<&str> = segments.iter().map(String::as_str).collect();
+    let (res, ns, name) = match segments[..] {
+        ["locks"] => (Res::Lock, None, None),
+        ["clusterlocks"] => (Res::ClusterLock, None, None),
+        ["clusterlocks", name] => (Res::ClusterLock, None, Some(name)),
+        ["namespaces", ns, "locks"] => (Res::Lock, Some(ns), None),
+        ["namespaces", ns, "locks", name] => (Res::Lock, Some(ns), Some(name)),
+        _ => return None,
+    };
+    if ns.is_some_and(str::is_empty) || name.is_some_and(str::is_empty) {
+        return None;
+    }
+    let (ns, name) = (ns.map(str::to_string), name.map(str::to_string));
+    Some(Route { res, ns, name })
+}
+
+/// The resourceVersion a LIST without `continue` reads at.
+fn list_rv(st: &State, query: &Query) -> Result<u64, Value> {
+    let requested = query.get("resourceVersion").map_or("", String::as_str);
+    if requested.is_empty() || requested == "0" {
+        return Ok(st.rv);
+    }
+    let Ok(rv) = requested.parse::<u64>() else {
+        return Err(bad_request("resourceVersion: Invalid value"));
+    };
+    if rv > st.rv {
+        let msg = format!("Too large resource version: {rv}, current: {}", st.rv);
+        let cause =
+            json!({ "reason": "ResourceVersionTooLarge", "message": "Too large resource version" });
+        return Err(status(
+            504,
+            &msg,
+            json!({ "causes": [cause], "retryAfterSeconds": 1 }),
+        ));
+    }
+    let exact = query
+        .get("resourceVersionMatch")
+        .is_some_and(|m| m == "Exact");
+    if exact && rv < st.compacted_rv {
+        let msg = format!("too old resource version: {rv} ({})", st.compacted_rv);
+        return Err(status(410, &msg, Value::Null));
+    }
+    Ok(if exact { rv } else { st.rv })
+}
+
+/// Whether `obj` matches the query's `fieldSelector` and `labelSelector` (equality terms only).
+/// Selector syntax this fake does not understand is a 400, so a test never passes by accident.
+fn selected(obj: &Value, query: &Query) -> Result<bool, Value> {
+    let meta = &obj["metadata"];
+    for (param, labels) in [("fieldSelector", false), ("labelSelector", true)] {
+        let value = |key: &str| match (labels, key.trim()) {
+            (true, key) => Ok(meta["labels"][key].as_str()),
+            (false, "metadata.name") => Ok(meta["name"].as_str()),
+            (false, "metadata.namespace") => Ok(Some(meta["namespace"].as_str().unwrap_or(""))),
+            (false, key) => Err(bad_request(&format!("field label not supported: {key}"))),
+        };
+        let terms = query
+            .get(param)
+            .map_or("", String::as_str)
+            .split(',')
+            .map(str::trim);
+        for term in terms.filter(|t| !t.is_empty()) {
+            let is_key = |k: &str| {
+                k.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c))
+            };
+            let matches = if let Some((k, v)) = term.split_once("!=") {
+                value(k)? != Some(v.trim())
+            } else if let Some((k, v)) = term.split_once("==").or_else(|| term.split_once('=')) {
+                value(k)? == Some(v.trim())
+            } else if let Some(k) = term.strip_prefix('!').filter(|k| labels && is_key(k)) {
+                value(k)?.is_none()
+            } else if labels && is_key(term) {
+                value(term)?.is_some()
+            } else {
+                return Err(bad_request(&format!(
+                    "unable to parse requirement: {param}={term}"
+                )));
+            };
+            if !matches {
+                return Ok(false);
+            }
+        }
+    }
+    Ok(true)
+}
+
+/// Percent-decoding of one path segment or query key/value.
+fn decode(s: &str) -> String {
+    let (bytes, mut out, mut i) = (s.as_bytes(), Vec::new(), 0);
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok());
+        match (bytes[i], hex.and_then(|h| u8::from_str_radix(h, 16).ok())) {
+            (b'%', Some(byte)) => (out.push(byte), i += 3),
+            (byte, _) => (out.push(byte), i += 1),
+        };
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A failure `Status` as kube-apiserver writes it.
+fn status(code: u16, message: &str, details: Value) -> Value {
+    let reason = match code {
+        400 => "BadRequest",
+        401 => "Unauthorized",
+        403 => "Forbidden",
+        404 => "NotFound",
+        405 => "MethodNotAllowed",
+        409 => "AlreadyExists",
+        410 => "Expired",
+        422 => "Invalid",
+        429 => "TooManyRequests",
+        503 => "ServiceUnavailable",
+        504 => "Timeout",
+        _ => "InternalError",
+    };
+    let mut s = json!({ "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": message, "reason": reason, "code": code });
+    if !details.is_null() {
+        s["details"] = details;
+    }
+    s
+}
+
+fn bad_request(message: &str) -> Value {
+    status(400, message, Value::Null)
+}
+
+fn details(res: Res, name: &str) -> Value {
+    let mut details = json!({ "group": GROUP, "kind": res.plural() });
+    if !name.is_empty() {
+        details["name"] = json!(name);
+    }
+    details
+}
+
+fn not_found(res: Res, name: &str) -> Value {
+    let msg = format!("{}.{GROUP} \"{name}\" not found", res.plural());
+    status(404, &msg, details(res, name))
+}
+
+/// The Status a real server sends for `code` on this LIST or GET.
+fn fault_status(code: u16, route: &Route) -> Value {
+    let plural = route.res.plural();
+    let (verb, name) = match &route.name {
+        Some(name) => ("get", format!(" \"{name}\"")),
+        None => ("list", String::new()),
+    };
+    let scope = match &route.ns {
+        Some(ns) => format!("in the namespace \"{ns}\""),
+        None => "at the cluster scope".to_string(),
+    };
+    match code {
+        403 => {
+            let msg = format!(
+                "{plural}.{GROUP}{name} is forbidden: User \"{FAKE_USER}\" cannot {verb} resource \
+                 \"{plural}\" in API group \"{GROUP}\" {scope}"
+            );
+            status(
+                403,
+                &msg,
+                details(route.res, route.name.as_deref().unwrap_or_default()),
+            )
+        }
+        401 => status(401, "Unauthorized", Value::Null),
+        _ => {
+            let cause = "fault injected by FakeApiServer";
+            let msg = format!("Internal error occurred: {cause}");
+            status(code, &msg, json!({ "causes": [{ "message": cause }] }))
+        }
+    }
+}
+
+fn reply_status(status: Value) -> Response<Body> {
+    let code = status["code"].as_u64().and_then(|c| u16::try_from(c).ok());
+    reply(code.unwrap_or(500), status)
+}
+
+fn reply(code: u16, body: Value) -> Response<Body> {
+    let bytes = serde_json::to_vec(&body).expect("json serializes");
+    Response::builder()
+        .status(code)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(bytes)).boxed_unsync())
+        .expect("valid response")
+}
