@@ -2,6 +2,8 @@
 //! HTTPS clients (HTTP/1.1 as the API server speaks it, and HTTP/2).
 #![allow(dead_code)]
 
+pub mod fake_apiserver;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
