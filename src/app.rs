@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use tokio::net::TcpListener;
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
@@ -19,7 +20,12 @@ use crate::locks::files::{FilesError, FilesSource};
 use crate::locks::kube::{CacheConfig, KubeSource};
 use crate::server::{self, Drain, Limits};
 use crate::settings::Settings;
+use crate::systemd;
+use crate::tls::reload::Reloader;
 use crate::tls::{self, CertStore, TlsError};
+
+/// A serving certificate closer than this to its end is warned about at start.
+const EXPIRY_WARNING_DAYS: i64 = 30;
 
 /// Why the webhook cannot start.
 #[derive(Debug, thiserror::Error)]
@@ -143,19 +149,20 @@ pub struct Webhook {
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
     certs: Arc<CertStore>,
+    reloader: Arc<Reloader>,
     source: Source,
     settings: Settings,
 }
 
 impl Webhook {
-    /// Loads the certificate, builds the lock source and binds the listener. Fails fast on
-    /// every configuration problem, before any request is served.
+    /// Loads and checks the certificate, builds the lock source and binds the listener. Fails
+    /// fast on every configuration problem, before any request is served.
     pub async fn bind(settings: Settings) -> Result<Webhook, StartError> {
         let (Some(cert), Some(key)) = (&settings.tls.cert, &settings.tls.key) else {
             return Err(StartError::NoCertificate);
         };
         // Check the certificate before building the source: it fails faster and more often.
-        tls::load_pair(cert, key)?;
+        tls::check_covers_url(&tls::load_pair(cert, key)?, &settings.webhook.url)?;
         let source = lock_source(&settings, true).await?;
         Webhook::bind_with_source(settings, source).await
     }
@@ -168,8 +175,21 @@ impl Webhook {
         let (Some(cert), Some(key)) = (&settings.tls.cert, &settings.tls.key) else {
             return Err(StartError::NoCertificate);
         };
-        let certs = CertStore::new(tls::load_pair(cert, key)?);
-        let tls = tls::server_config(certs.clone())?;
+        let pair = tls::load_pair(cert, key)?;
+        let info = tls::check_covers_url(&pair, &settings.webhook.url)?;
+        let days_left =
+            (info.not_after - time::OffsetDateTime::now_utc().unix_timestamp()) / 86_400;
+        if days_left < EXPIRY_WARNING_DAYS {
+            warn!(cert = %cert.display(), days_left, "the serving certificate expires soon; replace the files (they are reloaded without a restart)");
+        }
+        let certs = CertStore::new(pair);
+        let tls = tls::server_config(certs.clone(), settings.tls.client_ca.as_deref())?;
+        let reloader = Arc::new(Reloader::new(
+            cert.clone(),
+            key.clone(),
+            certs.clone(),
+            settings.tls.max_reload_failures,
+        ));
         let addr = settings.server.listen;
         let listener = TcpListener::bind(addr)
             .await
@@ -178,6 +198,7 @@ impl Webhook {
             listener,
             tls,
             certs,
+            reloader,
             source,
             settings,
         })
@@ -195,13 +216,18 @@ impl Webhook {
         self.source.source.clone()
     }
 
-    /// The served certificate store (for reloads).
+    /// The served certificate store.
     pub fn certs(&self) -> Arc<CertStore> {
         self.certs.clone()
     }
 
-    /// Serves until `shutdown` completes, then drains.
-    pub async fn run(self, shutdown: impl Future<Output = ()>) -> Drain {
+    /// Serves until `shutdown` completes, then drains. Reloads the certificate on its interval
+    /// and whenever `reload` receives (SIGHUP in the binary); tells systemd how it is doing.
+    pub async fn run(
+        self,
+        shutdown: impl Future<Output = ()>,
+        reload: mpsc::Receiver<()>,
+    ) -> Drain {
         let settings = &self.settings;
         let reviewer = Reviewer::new(
             self.source.source.clone(),
@@ -210,10 +236,13 @@ impl Webhook {
                 lookup_timeout: settings.kube.lookup_timeout,
             },
         );
+        let reloader = self.reloader.clone();
+        let health: crate::http::HealthCheck = Arc::new(move || reloader.health());
         let state = Arc::new(crate::http::State {
             reviewer,
             max_body_bytes: settings.server.max_body_bytes,
             body_timeout: settings.server.body_timeout,
+            health: vec![health.clone()],
         });
         let service = warp::service(crate::http::routes(state));
         let limits = Limits {
@@ -221,13 +250,49 @@ impl Webhook {
             header_timeout: settings.server.header_timeout,
             shutdown_grace: settings.server.shutdown_grace,
         };
-        info!(listen = %self.local_addr(), source = %self.source.source.describe(), "serving");
+        let reloading = tokio::spawn(
+            self.reloader
+                .clone()
+                .run(settings.tls.reload_interval, reload),
+        );
+        let watchdog = tokio::spawn(systemd::watchdog(health));
+        let addr = self.local_addr();
+        let source = self.source.source.describe();
+        info!(listen = %addr, %source, "serving");
+        systemd::ready(&format!("serving on {addr}, locks from {source}"));
+        let shutdown = async {
+            shutdown.await;
+            systemd::stopping();
+        };
         let drain = server::serve(self.listener, self.tls, service, limits, shutdown).await;
-        if let Some(task) = self.source.refresh {
+        for task in [Some(reloading), Some(watchdog), self.source.refresh]
+            .into_iter()
+            .flatten()
+        {
             task.abort();
         }
         drain
     }
+}
+
+/// Forwards SIGHUP to the returned receiver, for [`Webhook::run`].
+pub fn reload_signal() -> mpsc::Receiver<()> {
+    let (tx, rx) = mpsc::channel(1);
+    tokio::spawn(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut hup = match signal(SignalKind::hangup()) {
+            Ok(s) => s,
+            Err(e) => {
+                warn!(error = %e, "cannot listen for SIGHUP; certificates still reload on their interval");
+                return;
+            }
+        };
+        while hup.recv().await.is_some() {
+            // A reload already queued covers this one too.
+            let _ = tx.try_send(());
+        }
+    });
+    rx
 }
 
 /// Completes on SIGTERM or SIGINT.

@@ -17,8 +17,13 @@ use warp::reply::Response;
 
 use crate::admission::Reviewer;
 
+/// A liveness check: `Err` says why the process is unhealthy.
+pub type HealthCheck = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+
 /// What the routes need.
 pub struct State {
+    /// Liveness checks behind `/healthz`.
+    pub health: Vec<HealthCheck>,
     /// Answers reviews.
     pub reviewer: Reviewer,
     /// Largest body accepted.
@@ -42,7 +47,10 @@ pub fn routes(
         .then(validate);
     let healthz = warp::path!("healthz")
         .and(warp::method())
-        .map(|method: Method| probe(&method, Ok(())));
+        .and(with_state.clone())
+        .map(|method: Method, state: Arc<State>| {
+            probe(&method, state.health.iter().try_for_each(|check| check()))
+        });
     let readyz = warp::path!("readyz")
         .and(warp::method())
         .and(with_state)

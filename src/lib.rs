@@ -16,5 +16,6 @@ pub mod http;
 pub mod locks;
 pub mod server;
 pub mod settings;
+pub mod systemd;
 pub mod telemetry;
 pub mod tls;

@@ -70,7 +70,10 @@ async fn serve(args: &cli::ServeArgs) -> anyhow::Result<ExitCode> {
     let webhook = app::Webhook::bind(settings)
         .await
         .context("cannot start the webhook")?;
-    match webhook.run(app::shutdown_signal()).await {
+    match webhook
+        .run(app::shutdown_signal(), app::reload_signal())
+        .await
+    {
         server::Drain::Complete => Ok(ExitCode::SUCCESS),
         // The connections left were cut; the stop itself was still orderly.
         server::Drain::TimedOut => Ok(ExitCode::SUCCESS),
@@ -84,6 +87,7 @@ fn write_certs(args: &cli::CertsArgs) -> anyhow::Result<()> {
         days: args.days,
         ca_days: args.ca_days,
         force: args.force,
+        client: args.client,
     })?;
     for path in written {
         println!("wrote {}", path.display());

@@ -28,6 +28,8 @@ pub struct Settings {
     pub server: ServerSettings,
     /// The serving certificate.
     pub tls: TlsSettings,
+    /// How the API server reaches the webhook.
+    pub webhook: WebhookSettings,
     /// The Kubernetes lock source.
     pub kube: KubeSettings,
     /// The lock cache of the Kubernetes source.
@@ -61,13 +63,28 @@ pub struct ServerSettings {
 }
 
 /// The serving certificate.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TlsSettings {
     /// PEM certificate chain, leaf first.
     pub cert: Option<PathBuf>,
     /// PEM private key.
     pub key: Option<PathBuf>,
+    /// PEM CA of the API server's client certificate; set = client certificates required.
+    pub client_ca: Option<PathBuf>,
+    /// How often the certificate files are checked for new bytes.
+    #[serde(with = "humantime_serde")]
+    pub reload_interval: Duration,
+    /// Failed reloads in a row before `/healthz` reports unhealthy.
+    pub max_reload_failures: u32,
+}
+
+/// How the API server reaches the webhook.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WebhookSettings {
+    /// The URL registered in the webhook configuration; the certificate must cover its host.
+    pub url: String,
 }
 
 /// The Kubernetes lock source.
@@ -132,6 +149,7 @@ impl Default for Settings {
             on_lookup_error: OnLookupError::Deny,
             server: ServerSettings::default(),
             tls: TlsSettings::default(),
+            webhook: WebhookSettings::default(),
             kube: KubeSettings::default(),
             cache: CacheSettings::default(),
             locks: LocksSettings::default(),
@@ -149,6 +167,26 @@ impl Default for ServerSettings {
             body_timeout: Duration::from_secs(10),
             max_body_bytes: 8 * 1024 * 1024,
             shutdown_grace: Duration::from_secs(20),
+        }
+    }
+}
+
+impl Default for TlsSettings {
+    fn default() -> Self {
+        TlsSettings {
+            cert: None,
+            key: None,
+            client_ca: None,
+            reload_interval: Duration::from_secs(10),
+            max_reload_failures: 3,
+        }
+    }
+}
+
+impl Default for WebhookSettings {
+    fn default() -> Self {
+        WebhookSettings {
+            url: "https://127.0.0.1:8443/validate".to_owned(),
         }
     }
 }
@@ -263,7 +301,7 @@ impl Settings {
         let given = config
             .collect()
             .map_err(|e| file_error(layers.file.as_deref(), e))?;
-        check_known_keys(&given)?;
+        check_known_keys(&given, layers.file.as_deref())?;
         let settings: Settings = config.try_deserialize().map_err(|e| {
             let text = e.to_string();
             let key = match &e {
@@ -279,16 +317,24 @@ impl Settings {
                 .split_once(" for key `")
                 .map_or(text.as_str(), |(message, _)| message)
                 .to_owned();
-            let origin = origin_of(&given, &key);
+            let origin = origin_of(&given, &key, layers.file.as_deref());
             invalid(&key, &origin, message)
         })?;
-        settings.validate(&given)?;
+        settings.validate(&given, layers.file.as_deref())?;
         Ok(settings)
     }
 
-    fn validate(&self, given: &Map<String, Value>) -> Result<(), SettingsError> {
+    fn validate(
+        &self,
+        given: &Map<String, Value>,
+        file: Option<&Path>,
+    ) -> Result<(), SettingsError> {
         let fail = |key: &str, message: &str| {
-            Err(invalid(key, &origin_of(given, key), message.to_owned()))
+            Err(invalid(
+                key,
+                &origin_of(given, key, file),
+                message.to_owned(),
+            ))
         };
         let between = |d: Duration, lo: Duration, hi: Duration| d >= lo && d <= hi;
         if !between(
@@ -316,9 +362,22 @@ impl Settings {
             ("server.header_timeout", self.server.header_timeout),
             ("server.body_timeout", self.server.body_timeout),
             ("locks.poll_interval", self.locks.poll_interval),
+            ("tls.reload_interval", self.tls.reload_interval),
         ] {
             if value.is_zero() {
                 return fail(key, "must be more than 0s");
+            }
+        }
+        if self.tls.max_reload_failures == 0 {
+            return fail("tls.max_reload_failures", "must be at least 1");
+        }
+        match self.webhook.url.parse::<http::Uri>() {
+            Ok(uri) if uri.scheme_str() == Some("https") && uri.host().is_some() => {}
+            _ => {
+                return fail(
+                    "webhook.url",
+                    "must be an https:// URL with a host, e.g. https://127.0.0.1:8443/validate",
+                );
             }
         }
         if self.tls.cert.is_some() != self.tls.key.is_some() {
@@ -358,7 +417,7 @@ fn file_error(file: Option<&Path>, error: config::ConfigError) -> SettingsError 
 }
 
 /// Refuses keys that no setting has, naming where each came from.
-fn check_known_keys(given: &Map<String, Value>) -> Result<(), SettingsError> {
+fn check_known_keys(given: &Map<String, Value>, file: Option<&Path>) -> Result<(), SettingsError> {
     let defaults = serde_json::to_value(Settings::default()).expect("settings serialize");
     let mut known = BTreeSet::new();
     collect_json_keys("", &defaults, &mut known);
@@ -370,7 +429,7 @@ fn check_known_keys(given: &Map<String, Value>) -> Result<(), SettingsError> {
         let is_section = known.iter().any(|k| k.starts_with(&format!("{key}.")));
         if !is_known && !is_section {
             return Err(SettingsError::UnknownKey {
-                origin: describe_origin(origin.as_deref(), &key),
+                origin: describe_origin(origin.as_deref(), &key, file),
                 key,
             });
         }
@@ -411,26 +470,30 @@ fn join(prefix: &str, key: &str) -> String {
 }
 
 /// Where the value of `key` came from, worded for an error message.
-fn origin_of(given: &Map<String, Value>, key: &str) -> String {
+fn origin_of(given: &Map<String, Value>, key: &str, file: Option<&Path>) -> String {
     let mut map = given;
     let mut parts = key.split('.').peekable();
     while let Some(part) = parts.next() {
         let Some(value) = map.get(part) else { break };
         match (&value.kind, parts.peek()) {
             (ValueKind::Table(inner), Some(_)) => map = inner,
-            _ => return describe_origin(value.origin(), key),
+            _ => return describe_origin(value.origin(), key, file),
         }
     }
     "(default)".to_owned()
 }
 
-fn describe_origin(origin: Option<&str>, key: &str) -> String {
+fn describe_origin(origin: Option<&str>, key: &str, file: Option<&Path>) -> String {
     match origin {
         Some("the environment") => format!(
             "from environment variable {ENV_PREFIX}__{}",
             key.replace('.', "__").to_uppercase()
         ),
-        Some(file) => format!("in {file}"),
+        // The library names the file relative to the working directory; use the path as given.
+        Some(origin) => format!(
+            "in {}",
+            file.map_or(origin.to_owned(), |f| f.display().to_string())
+        ),
         None => "from the command line".to_owned(),
     }
 }

@@ -31,6 +31,8 @@ pub struct CertsRequest {
     pub ca_days: u32,
     /// Overwrite existing files.
     pub force: bool,
+    /// Also write a client CA and a client certificate for the API server (mTLS).
+    pub client: bool,
 }
 
 /// Why certificates could not be written.
@@ -65,6 +67,15 @@ pub enum CertsError {
 
 /// The files written.
 pub const FILES: [&str; 4] = ["ca.crt", "ca.key", "tls.crt", "tls.key"];
+/// The files written with `--client`.
+pub const CLIENT_FILES: [&str; 4] = [
+    "client-ca.crt",
+    "client-ca.key",
+    "apiserver-client.crt",
+    "apiserver-client.key",
+];
+/// The common name of the API server's client certificate.
+pub const CLIENT_CN: &str = "kube-apiserver";
 
 /// Generates the CA and serving certificate and writes the four files.
 pub fn generate(req: &CertsRequest) -> Result<Vec<PathBuf>, CertsError> {
@@ -90,7 +101,10 @@ pub fn generate(req: &CertsRequest) -> Result<Vec<PathBuf>, CertsError> {
             message: message.to_owned(),
         })?;
     }
-    let paths: Vec<PathBuf> = FILES.iter().map(|f| req.out.join(f)).collect();
+    let names = FILES
+        .iter()
+        .chain(if req.client { &CLIENT_FILES[..] } else { &[] });
+    let paths: Vec<PathBuf> = names.map(|f| req.out.join(f)).collect();
     if !req.force
         && let Some(existing) = paths.iter().find(|p| p.exists())
     {
@@ -100,15 +114,11 @@ pub fn generate(req: &CertsRequest) -> Result<Vec<PathBuf>, CertsError> {
     // Backdate a little so a peer with a slightly slow clock accepts the certificate at once.
     let not_before = now - Duration::minutes(5);
 
-    let ca_key = KeyPair::generate()?;
-    let mut ca = CertificateParams::new(Vec::<String>::new())?;
-    ca.distinguished_name = name("kube-object-lock CA");
-    ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    ca.not_before = not_before;
-    ca.not_after = now + Duration::days(i64::from(req.ca_days));
-    let ca_cert = ca.self_signed(&ca_key)?;
-    let ca_key_pem = ca_key.serialize_pem();
+    let validity = |params: &mut CertificateParams, days: u32| {
+        params.not_before = not_before;
+        params.not_after = now + Duration::days(i64::from(days));
+    };
+    let (ca_cert, ca_key_pem, issuer) = make_ca("kube-object-lock CA", req.ca_days, &validity)?;
 
     let leaf_key = KeyPair::generate()?;
     let mut leaf = CertificateParams::new(sans)?;
@@ -119,24 +129,45 @@ pub fn generate(req: &CertsRequest) -> Result<Vec<PathBuf>, CertsError> {
         KeyUsagePurpose::KeyEncipherment,
     ];
     leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-    leaf.not_before = not_before;
-    leaf.not_after = now + Duration::days(i64::from(req.days));
-    let issuer = Issuer::new(ca, ca_key);
+    validity(&mut leaf, req.days);
     let leaf_cert = leaf.signed_by(&leaf_key, &issuer)?;
+
+    let mut pems = vec![
+        (ca_cert.pem(), 0o644),
+        (ca_key_pem, 0o600),
+        (leaf_cert.pem(), 0o644),
+        (leaf_key.serialize_pem(), 0o600),
+    ];
+    if req.client {
+        // A CA of its own: trusting the cluster CA would admit every client it ever signed.
+        let (client_ca, client_ca_key, client_issuer) =
+            make_ca("kube-object-lock client CA", req.ca_days, &validity)?;
+        let client_key = KeyPair::generate()?;
+        let mut client = CertificateParams::new(Vec::<String>::new())?;
+        client.distinguished_name = name(CLIENT_CN);
+        client.is_ca = IsCa::ExplicitNoCa;
+        client.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        client.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        validity(&mut client, req.days);
+        let client_cert = client.signed_by(&client_key, &client_issuer)?;
+        pems.extend([
+            (client_ca.pem(), 0o644),
+            (client_ca_key, 0o600),
+            (client_cert.pem(), 0o644),
+            (client_key.serialize_pem(), 0o600),
+        ]);
+    }
 
     std::fs::create_dir_all(&req.out).map_err(|source| CertsError::Io {
         path: req.out.clone(),
         source,
     })?;
-    write(&paths[0], ca_cert.pem().as_bytes(), 0o644, req.force)?;
-    write(&paths[1], ca_key_pem.as_bytes(), 0o600, req.force)?;
-    write(&paths[2], leaf_cert.pem().as_bytes(), 0o644, req.force)?;
-    write(
-        &paths[3],
-        leaf_key.serialize_pem().as_bytes(),
-        0o600,
-        req.force,
-    )?;
+    for (path, (pem, mode)) in paths.iter().zip(&pems) {
+        write(path, pem.as_bytes(), *mode, req.force)?;
+    }
     Ok(paths)
 }
 
@@ -160,6 +191,23 @@ fn check_san(san: &str) -> Result<(), &'static str> {
         }
     }
     Ok(())
+}
+
+/// A self-signed CA that may sign leaf certificates only.
+fn make_ca(
+    common_name: &str,
+    days: u32,
+    validity: &impl Fn(&mut CertificateParams, u32),
+) -> Result<(rcgen::Certificate, String, Issuer<'static, KeyPair>), CertsError> {
+    let key = KeyPair::generate()?;
+    let mut params = CertificateParams::new(Vec::<String>::new())?;
+    params.distinguished_name = name(common_name);
+    params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    validity(&mut params, days);
+    let cert = params.self_signed(&key)?;
+    let key_pem = key.serialize_pem();
+    Ok((cert, key_pem, Issuer::new(params, key)))
 }
 
 fn name(common_name: &str) -> DistinguishedName {
@@ -201,6 +249,7 @@ mod tests {
             days: 30,
             ca_days: 60,
             force: false,
+            client: false,
         }
     }
 
@@ -218,6 +267,33 @@ mod tests {
         // The CA's key and certificate are a pair too.
         crate::tls::load_pair(&dir.path().join("ca.crt"), &dir.path().join("ca.key"))
             .expect("the CA pair loads");
+    }
+
+    #[test]
+    fn client_certificates_come_from_their_own_ca() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let req = CertsRequest {
+            client: true,
+            ..request(dir.path())
+        };
+        let paths = generate(&req).expect("generates");
+        assert_eq!(paths.len(), 8);
+        let meta = std::fs::metadata(dir.path().join("apiserver-client.key")).expect("key");
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        let pair = crate::tls::load_pair(
+            &dir.path().join("apiserver-client.crt"),
+            &dir.path().join("apiserver-client.key"),
+        )
+        .expect("client pair loads");
+        assert_ne!(
+            std::fs::read(dir.path().join("client-ca.crt")).expect("read"),
+            std::fs::read(dir.path().join("ca.crt")).expect("read")
+        );
+        let info = crate::tls::CertInfo::of(&pair).expect("parses");
+        assert!(
+            info.ips.is_empty() && info.dns.is_empty(),
+            "a client certificate names no host"
+        );
     }
 
     #[test]

@@ -107,6 +107,10 @@ pub struct CertsArgs {
     /// Overwrite existing files.
     #[arg(long)]
     pub force: bool,
+    /// Also write a client CA (client-ca.crt, client-ca.key) and a client certificate for the
+    /// API server (apiserver-client.crt, apiserver-client.key), for tls.client_ca (mTLS).
+    #[arg(long)]
+    pub client: bool,
 }
 
 /// Flags of `check`.

@@ -35,6 +35,15 @@ pub struct Certs {
 
 impl Certs {
     pub fn new() -> Certs {
+        Certs::generate(false)
+    }
+
+    /// With a client CA and an API-server client certificate too.
+    pub fn with_client() -> Certs {
+        Certs::generate(true)
+    }
+
+    fn generate(client: bool) -> Certs {
         let dir = tempfile::tempdir().expect("tempdir");
         generate(&CertsRequest {
             out: dir.path().to_owned(),
@@ -42,6 +51,7 @@ impl Certs {
             days: 1,
             ca_days: 2,
             force: false,
+            client,
         })
         .expect("certificates");
         Certs { dir }
@@ -64,6 +74,8 @@ pub fn fixture(name: &str) -> Vec<u8> {
 pub struct TestServer {
     pub addr: SocketAddr,
     pub certs: Certs,
+    /// Sends what SIGHUP sends in the binary: reload the certificate now.
+    pub reload: tokio::sync::mpsc::Sender<()>,
     shutdown: Option<oneshot::Sender<()>>,
     handle: Option<JoinHandle<Drain>>,
 }
@@ -71,8 +83,16 @@ pub struct TestServer {
 impl TestServer {
     /// Starts the webhook with the given lock source; `tune` adjusts the settings.
     pub async fn start(source: Source, tune: impl FnOnce(&mut Settings)) -> TestServer {
+        TestServer::start_with(Certs::new(), source, tune).await
+    }
+
+    /// Starts the webhook serving `certs`.
+    pub async fn start_with(
+        certs: Certs,
+        source: Source,
+        tune: impl FnOnce(&mut Settings),
+    ) -> TestServer {
         init();
-        let certs = Certs::new();
         let mut settings = Settings::default();
         settings.server.listen = "127.0.0.1:0".parse().expect("addr");
         settings.tls.cert = Some(certs.path("tls.crt"));
@@ -83,12 +103,17 @@ impl TestServer {
             .expect("webhook binds");
         let addr = webhook.local_addr();
         let (tx, rx) = oneshot::channel::<()>();
-        let handle = tokio::spawn(webhook.run(async {
-            let _ = rx.await;
-        }));
+        let (reload, reloads) = tokio::sync::mpsc::channel(1);
+        let handle = tokio::spawn(webhook.run(
+            async {
+                let _ = rx.await;
+            },
+            reloads,
+        ));
         TestServer {
             addr,
             certs,
+            reload,
             shutdown: Some(tx),
             handle: Some(handle),
         }
@@ -175,17 +200,38 @@ impl Reply {
 
 /// A rustls client configuration trusting `ca`.
 pub fn client_tls(ca: &Path, alpn: &[&[u8]]) -> rustls::ClientConfig {
+    client_tls_auth(ca, alpn, None)
+}
+
+/// A rustls client configuration trusting `ca`, presenting `identity` (cert, key files) if any.
+pub fn client_tls_auth(
+    ca: &Path,
+    alpn: &[&[u8]],
+    identity: Option<(&Path, &Path)>,
+) -> rustls::ClientConfig {
     let mut roots = rustls::RootCertStore::empty();
     for cert in CertificateDer::pem_file_iter(ca).expect("ca file") {
         roots.add(cert.expect("ca cert")).expect("add ca");
     }
-    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
     .with_safe_default_protocol_versions()
     .expect("versions")
-    .with_root_certificates(roots)
-    .with_no_client_auth();
+    .with_root_certificates(roots);
+    let mut config = match identity {
+        None => config.with_no_client_auth(),
+        Some((cert, key)) => {
+            let chain = CertificateDer::pem_file_iter(cert)
+                .expect("client cert")
+                .collect::<Result<Vec<_>, _>>()
+                .expect("client cert");
+            let key = rustls_pki_types::PrivateKeyDer::from_pem_file(key).expect("client key");
+            config
+                .with_client_auth_cert(chain, key)
+                .expect("client auth")
+        }
+    };
     config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     config
 }

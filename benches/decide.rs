@@ -1,0 +1,2 @@
+//! Micro-benchmark (being written).
+fn main() {}

@@ -1,0 +1,2 @@
+//! Load benchmark (being written).
+fn main() {}
