@@ -43,6 +43,10 @@ async fn run(cli: Cli) -> ExitCode {
             }
             Err(e) => fail(1, anyhow::Error::new(e).context("cannot render the CRDs")),
         },
+        Command::Manifests(command) => match manifests(&command) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => fail(1, e),
+        },
         Command::Check(args) => {
             let settings = match Settings::load(&args.layers()) {
                 Ok(s) => s,
@@ -78,6 +82,45 @@ async fn serve(args: &cli::ServeArgs) -> anyhow::Result<ExitCode> {
         // The connections left were cut; the stop itself was still orderly.
         server::Drain::TimedOut => Ok(ExitCode::SUCCESS),
     }
+}
+
+fn manifests(command: &cli::ManifestsCommand) -> anyhow::Result<()> {
+    use kube_object_lock::cli::manifests as m;
+    match command {
+        cli::ManifestsCommand::Cluster(args) => print!("{}", m::cluster(&args.registration()?)?),
+        cli::ManifestsCommand::Static(args) => {
+            print!("{}", m::static_manifest(&args.registration()?)?)
+        }
+        cli::ManifestsCommand::Apiserver(args) => {
+            let seen_at = args
+                .apiserver_dir
+                .clone()
+                .or_else(|| args.dir.clone())
+                .unwrap_or_else(|| m::DEFAULT_APISERVER_DIR.into());
+            let files = m::apiserver(
+                &args.url,
+                &args.client_cert,
+                &args.client_key,
+                &seen_at,
+                args.static_manifests_dir.as_deref(),
+            )?;
+            match &args.dir {
+                Some(dir) => {
+                    for path in m::write_apiserver(dir, &files)? {
+                        println!("wrote {}", path.display());
+                    }
+                }
+                None => print!(
+                    "# {}\n{}---\n# {}\n{}",
+                    m::ADMISSION_CONFIG_FILE,
+                    files.admission_config,
+                    m::KUBECONFIG_FILE,
+                    files.kubeconfig
+                ),
+            }
+        }
+    }
+    Ok(())
 }
 
 fn write_certs(args: &cli::CertsArgs) -> anyhow::Result<()> {

@@ -296,3 +296,105 @@ fn sigterm_stops_the_server_with_status_zero() {
     assert!(log.contains("SIGTERM received"), "{log}");
     assert!(log.contains("all connections drained"), "{log}");
 }
+
+#[test]
+fn manifests_print_registration_and_write_the_api_server_side() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = run(bin()
+        .args(["manifests", "cluster", "--ca-file"])
+        .arg(root.join("deploy/examples/example-ca.crt")));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let committed = std::fs::read(root.join("deploy/cluster.example.yaml")).expect("committed");
+    assert_eq!(
+        out.stdout, committed,
+        "the committed example is what the command prints"
+    );
+
+    let out = run(bin()
+        .args([
+            "manifests",
+            "static",
+            "--failure-policy",
+            "Ignore",
+            "--ca-file",
+        ])
+        .arg(root.join("deploy/examples/example-ca.crt")));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("name: kube-object-lock.static.k8s.io"),
+        "{text}"
+    );
+    assert!(text.contains("failurePolicy: Ignore"), "{text}");
+
+    let certs = Certs::with_client();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = run(bin()
+        .args(["manifests", "apiserver", "--client-cert"])
+        .arg(certs.path("apiserver-client.crt"))
+        .arg("--client-key")
+        .arg(certs.path("apiserver-client.key"))
+        .arg("--dir")
+        .arg(dir.path())
+        .args(["--apiserver-dir", "/etc/kubernetes/kube-object-lock"]));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let config =
+        std::fs::read_to_string(dir.path().join("admission-config.yaml")).expect("written");
+    assert!(
+        config.contains("kubeConfigFile: /etc/kubernetes/kube-object-lock/webhook-kubeconfig.yaml"),
+        "{config}"
+    );
+    let kubeconfig =
+        std::fs::read_to_string(dir.path().join("webhook-kubeconfig.yaml")).expect("written");
+    assert!(
+        kubeconfig.contains("name: 127.0.0.1:8443")
+            || kubeconfig.contains("name: \"127.0.0.1:8443\""),
+        "{kubeconfig}"
+    );
+
+    for (args, needle) in [
+        (
+            vec!["manifests", "cluster", "--ca-file", "/nonexistent.crt"],
+            "--ca-file /nonexistent.crt",
+        ),
+        (
+            vec![
+                "manifests",
+                "cluster",
+                "--ca-file",
+                "x",
+                "--timeout-seconds",
+                "0",
+            ],
+            "--timeout-seconds",
+        ),
+        (
+            vec![
+                "manifests",
+                "cluster",
+                "--ca-file",
+                "x",
+                "--failure-policy",
+                "Maybe",
+            ],
+            "--failure-policy",
+        ),
+        (
+            vec![
+                "manifests",
+                "cluster",
+                "--ca-file",
+                "x",
+                "--user",
+                "u",
+                "--service-account",
+                "a/b",
+            ],
+            "--service-account",
+        ),
+    ] {
+        let out = run(bin().args(&args));
+        assert!(!out.status.success(), "{args:?}");
+        assert!(stderr(&out).contains(needle), "{args:?}: {}", stderr(&out));
+    }
+}

@@ -5,6 +5,7 @@
 
 pub mod certs;
 pub mod check;
+pub mod manifests;
 
 use std::path::PathBuf;
 
@@ -38,6 +39,10 @@ pub enum Command {
     Certs(CertsArgs),
     /// Print the Lock and ClusterLock CustomResourceDefinitions as YAML (for kubectl apply -f -).
     Crd,
+    /// Print what registering the webhook needs: CRDs, RBAC and webhook configuration, the API
+    /// server's mTLS files, or the static (manifest-based) webhook configuration.
+    #[command(subcommand)]
+    Manifests(ManifestsCommand),
     /// Print the AdmissionReview response the server would give to a review read from a file.
     ///
     /// Exit status: 0 allowed, 1 denied, 2 bad input or no lock source.
@@ -111,6 +116,85 @@ pub struct CertsArgs {
     /// API server (apiserver-client.crt, apiserver-client.key), for tls.client_ca (mTLS).
     #[arg(long)]
     pub client: bool,
+}
+
+/// What `manifests` prints.
+#[derive(Debug, Subcommand)]
+pub enum ManifestsCommand {
+    /// CRDs, a ClusterRole reading locks and its binding, and the ValidatingWebhookConfiguration,
+    /// for `kubectl apply -f -`.
+    Cluster(RegistrationArgs),
+    /// The API server's side of mTLS: an AdmissionConfiguration (for
+    /// --admission-control-config-file) and the kubeconfig holding its client certificate, whose
+    /// users[].name is the URL's host:port.
+    Apiserver(ApiServerArgs),
+    /// The manifest-based webhook configuration (Kubernetes >= 1.37) to place in the API
+    /// server's staticManifestsDir: active before the API serves, not deletable through it.
+    Static(RegistrationArgs),
+}
+
+/// How the webhook is registered.
+#[derive(Debug, Args)]
+pub struct RegistrationArgs {
+    /// PEM of the CA that signed the serving certificate (the caBundle).
+    #[arg(long, value_name = "FILE")]
+    pub ca_file: PathBuf,
+    /// The URL the API server calls.
+    #[arg(long, value_name = "URL", default_value = manifests::DEFAULT_URL)]
+    pub url: String,
+    /// What the API server does when the webhook cannot be called.
+    #[arg(long, value_enum, default_value_t = manifests::FailurePolicy::Fail)]
+    pub failure_policy: manifests::FailurePolicy,
+    /// How long the API server waits for an answer (1-30); keep it above kube.lookup_timeout.
+    #[arg(long, value_name = "SECONDS", default_value_t = 5)]
+    pub timeout_seconds: i32,
+    /// The webhook's identity is this user (client certificate CN or token user).
+    #[arg(long, value_name = "NAME", default_value = manifests::NAME, conflicts_with = "service_account")]
+    pub user: String,
+    /// The webhook's identity is this ServiceAccount.
+    #[arg(long, value_name = "NAMESPACE/NAME")]
+    pub service_account: Option<String>,
+}
+
+/// The API server's side of mTLS.
+#[derive(Debug, Args)]
+pub struct ApiServerArgs {
+    /// The client certificate the API server presents (apiserver-client.crt from `certs --client`).
+    #[arg(long, value_name = "FILE")]
+    pub client_cert: PathBuf,
+    /// Its private key.
+    #[arg(long, value_name = "FILE")]
+    pub client_key: PathBuf,
+    /// The URL the API server calls; its host:port names the kubeconfig user.
+    #[arg(long, value_name = "URL", default_value = manifests::DEFAULT_URL)]
+    pub url: String,
+    /// Write admission-config.yaml and webhook-kubeconfig.yaml into DIR instead of printing them.
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+    /// The directory as the API server sees it (inside its pod) [default: --dir, or
+    /// /etc/kubernetes/kube-object-lock].
+    #[arg(long, value_name = "DIR")]
+    pub apiserver_dir: Option<PathBuf>,
+    /// Also load webhook configurations from this directory (staticManifestsDir, Kubernetes >= 1.37).
+    #[arg(long, value_name = "DIR")]
+    pub static_manifests_dir: Option<PathBuf>,
+}
+
+impl RegistrationArgs {
+    /// The registration these flags describe.
+    pub fn registration(&self) -> Result<manifests::Registration, manifests::ManifestsError> {
+        let identity = match &self.service_account {
+            Some(sa) => manifests::Identity::service_account(sa)?,
+            None => manifests::Identity::User(self.user.clone()),
+        };
+        manifests::Registration::new(
+            &self.url,
+            &self.ca_file,
+            self.failure_policy,
+            self.timeout_seconds,
+            identity,
+        )
+    }
 }
 
 /// Flags of `check`.

@@ -1,0 +1,473 @@
+//! `kube-object-lock manifests`: everything `kubectl apply -f -` (and the API server's own
+//! configuration) needs to register the webhook, generated from the same types the webhook uses.
+//!
+//! The registration sends exactly what the decision needs: UPDATE and DELETE of everything
+//! (objects, `scale`, `pods/ephemeralcontainers`), CREATE of `pods/eviction`, and through the
+//! cluster-scoped entry DELETE of Namespaces. It never sends the lock resources (unlocking must
+//! not depend on the webhook), leases and events (high-churn traffic), requests from nodes and
+//! from the API server itself, or anything in `kube-system` and `kube-node-lease`: with
+//! `failurePolicy: Fail`, everything sent here stops when the webhook stops.
+
+use std::path::{Path, PathBuf};
+
+use base64::Engine;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::admissionregistration::v1::{
+    MatchCondition, RuleWithOperations, ValidatingWebhook, ValidatingWebhookConfiguration,
+    WebhookClientConfig,
+};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    LabelSelector, LabelSelectorRequirement, ObjectMeta,
+};
+use rustls_pki_types::CertificateDer;
+use rustls_pki_types::pem::PemObject;
+use serde::Serialize;
+use serde_json::json;
+
+use crate::api;
+
+/// Name of the webhook configuration, the ClusterRole and its binding.
+pub const NAME: &str = "kube-object-lock";
+/// Name of the manifest-based (static) webhook configuration.
+pub const STATIC_NAME: &str = "kube-object-lock.static.k8s.io";
+/// The default URL: the webhook next to each API server.
+pub const DEFAULT_URL: &str = "https://127.0.0.1:8443/validate";
+/// Where the API server reads its side of mTLS by default.
+pub const DEFAULT_APISERVER_DIR: &str = "/etc/kubernetes/kube-object-lock";
+/// Namespaces whose objects never go through the webhook.
+pub const EXCLUDED_NAMESPACES: [&str; 2] = ["kube-system", "kube-node-lease"];
+
+/// Why manifests could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestsError {
+    /// The CA file cannot be used as a caBundle.
+    #[error("--ca-file {path}: {message}")]
+    CaFile {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// The URL is not an https URL with a host.
+    #[error("--url {0:?} must be an https:// URL with a host, e.g. {DEFAULT_URL}")]
+    Url(String),
+    /// timeoutSeconds outside what the API server accepts.
+    #[error("--timeout-seconds {0} must be between 1 and 30")]
+    Timeout(i32),
+    /// A service account not written as NAMESPACE/NAME.
+    #[error("--service-account {0:?} must be NAMESPACE/NAME")]
+    ServiceAccount(String),
+    /// A client certificate or key cannot be read.
+    #[error("{flag} {path}: {message}")]
+    ClientFile {
+        /// `--client-cert` or `--client-key`.
+        flag: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// Writing failed.
+    #[error("cannot write {path}: {source}")]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// YAML rendering failed.
+    #[error("cannot render YAML: {0}")]
+    Yaml(String),
+}
+
+/// `failurePolicy` of the webhook entries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum FailurePolicy {
+    /// Refuse the request when the webhook cannot be called (the default: locks hold).
+    #[value(name = "Fail", alias = "fail")]
+    Fail,
+    /// Let the request through when the webhook cannot be called.
+    #[value(name = "Ignore", alias = "ignore")]
+    Ignore,
+}
+
+impl FailurePolicy {
+    fn as_str(self) -> &'static str {
+        match self {
+            FailurePolicy::Fail => "Fail",
+            FailurePolicy::Ignore => "Ignore",
+        }
+    }
+}
+
+/// Whom the ClusterRoleBinding names: the webhook's own identity.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Identity {
+    /// A user (client certificate CN or token user).
+    User(String),
+    /// A ServiceAccount.
+    ServiceAccount {
+        /// Its namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+    },
+}
+
+impl Identity {
+    /// Parses `NAMESPACE/NAME`.
+    pub fn service_account(text: &str) -> Result<Identity, ManifestsError> {
+        match text.split_once('/') {
+            Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
+                Ok(Identity::ServiceAccount {
+                    namespace: ns.to_owned(),
+                    name: name.to_owned(),
+                })
+            }
+            _ => Err(ManifestsError::ServiceAccount(text.to_owned())),
+        }
+    }
+}
+
+/// How the webhook is registered.
+#[derive(Debug, Clone)]
+pub struct Registration {
+    /// The URL the API server calls.
+    pub url: String,
+    /// PEM of the CA that signed the serving certificate.
+    pub ca_bundle: Vec<u8>,
+    /// `failurePolicy`.
+    pub failure_policy: FailurePolicy,
+    /// `timeoutSeconds` (1–30).
+    pub timeout_seconds: i32,
+    /// Who the webhook is, for RBAC.
+    pub identity: Identity,
+}
+
+impl Registration {
+    /// Checks the options and reads the CA file.
+    pub fn new(
+        url: &str,
+        ca_file: &Path,
+        failure_policy: FailurePolicy,
+        timeout_seconds: i32,
+        identity: Identity,
+    ) -> Result<Registration, ManifestsError> {
+        match url.parse::<http::Uri>() {
+            Ok(uri) if uri.scheme_str() == Some("https") && uri.host().is_some() => {}
+            _ => return Err(ManifestsError::Url(url.to_owned())),
+        }
+        if !(1..=30).contains(&timeout_seconds) {
+            return Err(ManifestsError::Timeout(timeout_seconds));
+        }
+        let ca_error = |message: String| ManifestsError::CaFile {
+            path: ca_file.to_owned(),
+            message,
+        };
+        let ca_bundle = std::fs::read(ca_file).map_err(|e| ca_error(e.to_string()))?;
+        let certs = CertificateDer::pem_slice_iter(&ca_bundle)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| ca_error(e.to_string()))?;
+        if certs.is_empty() {
+            return Err(ca_error("no CERTIFICATE block found".to_owned()));
+        }
+        Ok(Registration {
+            url: url.to_owned(),
+            ca_bundle,
+            failure_policy,
+            timeout_seconds,
+            identity,
+        })
+    }
+}
+
+/// The ValidatingWebhookConfiguration named `name`.
+pub fn webhook_configuration(reg: &Registration, name: &str) -> ValidatingWebhookConfiguration {
+    let rule = |operations: &[&str],
+                groups: &[&str],
+                versions: &[&str],
+                resources: &[&str],
+                scope: &str| {
+        RuleWithOperations {
+            operations: Some(operations.iter().map(|s| (*s).to_owned()).collect()),
+            api_groups: Some(groups.iter().map(|s| (*s).to_owned()).collect()),
+            api_versions: Some(versions.iter().map(|s| (*s).to_owned()).collect()),
+            resources: Some(resources.iter().map(|s| (*s).to_owned()).collect()),
+            scope: Some(scope.to_owned()),
+        }
+    };
+    let entry = |webhook_name: &str, rules: Vec<RuleWithOperations>| ValidatingWebhook {
+        name: webhook_name.to_owned(),
+        admission_review_versions: vec!["v1".to_owned()],
+        client_config: WebhookClientConfig {
+            url: Some(reg.url.clone()),
+            ca_bundle: Some(ByteString(reg.ca_bundle.clone())),
+            service: None,
+        },
+        failure_policy: Some(reg.failure_policy.as_str().to_owned()),
+        match_policy: Some("Equivalent".to_owned()),
+        side_effects: "None".to_owned(),
+        timeout_seconds: Some(reg.timeout_seconds),
+        namespace_selector: Some(LabelSelector {
+            match_expressions: Some(vec![LabelSelectorRequirement {
+                key: "kubernetes.io/metadata.name".to_owned(),
+                operator: "NotIn".to_owned(),
+                values: Some(
+                    EXCLUDED_NAMESPACES
+                        .iter()
+                        .map(|s| (*s).to_owned())
+                        .collect(),
+                ),
+            }]),
+            match_labels: None,
+        }),
+        object_selector: None,
+        match_conditions: Some(match_conditions()),
+        rules: Some(rules),
+    };
+    ValidatingWebhookConfiguration {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            labels: Some([("app.kubernetes.io/name".to_owned(), NAME.to_owned())].into()),
+            ..ObjectMeta::default()
+        },
+        webhooks: Some(vec![
+            entry(
+                "namespaced.objectlock.dev",
+                vec![
+                    rule(
+                        &["UPDATE", "DELETE"],
+                        &["*"],
+                        &["*"],
+                        &["*", "*/scale", "pods/ephemeralcontainers"],
+                        "Namespaced",
+                    ),
+                    // Eviction deletes the pod without a DELETE reaching admission.
+                    rule(
+                        &["CREATE"],
+                        &[""],
+                        &["v1"],
+                        &["pods/eviction"],
+                        "Namespaced",
+                    ),
+                ],
+            ),
+            entry(
+                "cluster.objectlock.dev",
+                // Includes DELETE of Namespaces (refused while they hold Locks).
+                vec![rule(
+                    &["UPDATE", "DELETE"],
+                    &["*"],
+                    &["*"],
+                    &["*", "*/scale"],
+                    "Cluster",
+                )],
+            ),
+        ]),
+    }
+}
+
+/// CEL conditions keeping traffic that must never depend on the webhook away from it.
+fn match_conditions() -> Vec<MatchCondition> {
+    [
+        ("not-lock-resources", format!("request.resource.group != '{}'", api::GROUP)),
+        (
+            "not-leases",
+            "!(request.resource.group == 'coordination.k8s.io' && request.resource.resource == 'leases')".to_owned(),
+        ),
+        ("not-events", "request.resource.resource != 'events'".to_owned()),
+        (
+            "not-nodes",
+            "!('system:nodes' in request.userInfo.groups)".to_owned(),
+        ),
+        (
+            "not-apiserver",
+            "request.userInfo.username != 'system:apiserver'".to_owned(),
+        ),
+    ]
+    .into_iter()
+    .map(|(name, expression)| MatchCondition {
+        name: name.to_owned(),
+        expression,
+    })
+    .collect()
+}
+
+/// The ClusterRole (read the locks, nothing else) and its binding to the webhook's identity.
+pub fn rbac(identity: &Identity) -> (ClusterRole, ClusterRoleBinding) {
+    let meta = || ObjectMeta {
+        name: Some(NAME.to_owned()),
+        labels: Some([("app.kubernetes.io/name".to_owned(), NAME.to_owned())].into()),
+        ..ObjectMeta::default()
+    };
+    let role = ClusterRole {
+        metadata: meta(),
+        rules: Some(vec![PolicyRule {
+            api_groups: Some(vec![api::GROUP.to_owned()]),
+            resources: Some(vec![api::LOCKS.to_owned(), api::CLUSTER_LOCKS.to_owned()]),
+            verbs: ["get", "list", "watch"].map(str::to_owned).to_vec(),
+            ..PolicyRule::default()
+        }]),
+        aggregation_rule: None,
+    };
+    let subject = match identity {
+        Identity::User(name) => Subject {
+            kind: "User".to_owned(),
+            name: name.clone(),
+            api_group: Some("rbac.authorization.k8s.io".to_owned()),
+            namespace: None,
+        },
+        Identity::ServiceAccount { namespace, name } => Subject {
+            kind: "ServiceAccount".to_owned(),
+            name: name.clone(),
+            api_group: None,
+            namespace: Some(namespace.clone()),
+        },
+    };
+    let binding = ClusterRoleBinding {
+        metadata: meta(),
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".to_owned()),
+            kind: "ClusterRole".to_owned(),
+            name: NAME.to_owned(),
+        },
+        subjects: Some(vec![subject]),
+    };
+    (role, binding)
+}
+
+/// Everything for `kubectl apply -f -`: CRDs, RBAC, webhook configuration.
+pub fn cluster(reg: &Registration) -> Result<String, ManifestsError> {
+    let mut out = api::crds_yaml().map_err(|e| ManifestsError::Yaml(e.to_string()))?;
+    let (role, binding) = rbac(&reg.identity);
+    push(&mut out, &role)?;
+    push(&mut out, &binding)?;
+    push(&mut out, &webhook_configuration(reg, NAME))?;
+    Ok(out)
+}
+
+/// The manifest-based variant (Kubernetes ≥ 1.37): a file for the API server's
+/// `staticManifestsDir`, active before the API serves and not deletable through it.
+pub fn static_manifest(reg: &Registration) -> Result<String, ManifestsError> {
+    let mut out = String::new();
+    push(&mut out, &webhook_configuration(reg, STATIC_NAME))?;
+    Ok(out)
+}
+
+/// The API server's side of mTLS.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiServerFiles {
+    /// `admission-config.yaml`, for `--admission-control-config-file`.
+    pub admission_config: String,
+    /// `webhook-kubeconfig.yaml`, the client certificate the API server presents.
+    pub kubeconfig: String,
+}
+
+/// The file names inside the API server's directory.
+pub const ADMISSION_CONFIG_FILE: &str = "admission-config.yaml";
+/// See [`ADMISSION_CONFIG_FILE`].
+pub const KUBECONFIG_FILE: &str = "webhook-kubeconfig.yaml";
+
+/// The AdmissionConfiguration and the kubeconfig it points to. `apiserver_dir` is the
+/// directory as the API server sees it (inside its static pod); `static_dir` adds
+/// `staticManifestsDir` (Kubernetes ≥ 1.37).
+pub fn apiserver(
+    url: &str,
+    client_cert: &Path,
+    client_key: &Path,
+    apiserver_dir: &Path,
+    static_dir: Option<&Path>,
+) -> Result<ApiServerFiles, ManifestsError> {
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|_| ManifestsError::Url(url.to_owned()))?;
+    let (Some("https"), Some(authority)) = (uri.scheme_str(), uri.authority()) else {
+        return Err(ManifestsError::Url(url.to_owned()));
+    };
+    // The API server picks the client certificate by `users[].name` == host:port of the URL; a
+    // mismatch silently sends none. The port is explicit even when it is 443.
+    let user = match authority.port() {
+        Some(_) => authority.as_str().to_owned(),
+        None => format!("{}:443", authority.as_str()),
+    };
+    let read = |flag: &'static str, path: &Path, pem_kind: &str| {
+        let bytes = std::fs::read(path).map_err(|e| ManifestsError::ClientFile {
+            flag,
+            path: path.to_owned(),
+            message: e.to_string(),
+        })?;
+        if !String::from_utf8_lossy(&bytes).contains(pem_kind) {
+            return Err(ManifestsError::ClientFile {
+                flag,
+                path: path.to_owned(),
+                message: format!("no {pem_kind} PEM block"),
+            });
+        }
+        Ok(base64::engine::general_purpose::STANDARD.encode(bytes))
+    };
+    let cert = read("--client-cert", client_cert, "CERTIFICATE")?;
+    let key = read("--client-key", client_key, "PRIVATE KEY")?;
+    let mut webhook = json!({
+        "apiVersion": "apiserver.config.k8s.io/v1",
+        "kind": "WebhookAdmissionConfiguration",
+        "kubeConfigFile": apiserver_dir.join(KUBECONFIG_FILE),
+    });
+    if let Some(dir) = static_dir {
+        webhook["staticManifestsDir"] = json!(dir);
+    }
+    let admission = json!({
+        "apiVersion": "apiserver.config.k8s.io/v1",
+        "kind": "AdmissionConfiguration",
+        "plugins": [{"name": "ValidatingAdmissionWebhook", "configuration": webhook}],
+    });
+    let kubeconfig = json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "users": [{
+            "name": user,
+            "user": {"client-certificate-data": cert, "client-key-data": key},
+        }],
+    });
+    Ok(ApiServerFiles {
+        admission_config: yaml(&admission)?,
+        kubeconfig: yaml(&kubeconfig)?,
+    })
+}
+
+/// Writes the API server's files into `dir` (the key-bearing kubeconfig mode 0600).
+pub fn write_apiserver(dir: &Path, files: &ApiServerFiles) -> Result<Vec<PathBuf>, ManifestsError> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir).map_err(|source| ManifestsError::Write {
+        path: dir.to_owned(),
+        source,
+    })?;
+    let mut written = Vec::new();
+    for (name, text, mode) in [
+        (ADMISSION_CONFIG_FILE, &files.admission_config, 0o644),
+        (KUBECONFIG_FILE, &files.kubeconfig, 0o600),
+    ] {
+        let path = dir.join(name);
+        let io = |source| ManifestsError::Write {
+            path: path.clone(),
+            source,
+        };
+        std::fs::write(&path, text).map_err(io)?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).map_err(io)?;
+        written.push(path);
+    }
+    Ok(written)
+}
+
+fn yaml(value: &impl Serialize) -> Result<String, ManifestsError> {
+    serde_saphyr::to_string(value).map_err(|e| ManifestsError::Yaml(e.to_string()))
+}
+
+fn push(out: &mut String, value: &impl Serialize) -> Result<(), ManifestsError> {
+    out.push_str("---\n");
+    out.push_str(&yaml(value)?);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

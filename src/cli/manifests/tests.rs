@@ -1,0 +1,245 @@
+use super::*;
+
+fn example_ca() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/examples/example-ca.crt")
+}
+
+fn registration() -> Registration {
+    Registration::new(
+        DEFAULT_URL,
+        &example_ca(),
+        FailurePolicy::Fail,
+        5,
+        Identity::User(NAME.to_owned()),
+    )
+    .expect("valid registration")
+}
+
+#[test]
+fn the_webhook_sends_what_the_decision_needs_and_nothing_it_must_not() {
+    let reg = registration();
+    let vwc = webhook_configuration(&reg, NAME);
+    let hooks = vwc.webhooks.expect("webhooks");
+    assert_eq!(hooks.len(), 2);
+    let scopes: Vec<_> = hooks
+        .iter()
+        .map(|h| {
+            h.rules.as_ref().expect("rules")[0]
+                .scope
+                .clone()
+                .expect("scope")
+        })
+        .collect();
+    assert_eq!(scopes, ["Namespaced", "Cluster"]);
+    for hook in &hooks {
+        assert!(
+            hook.name.split('.').count() >= 3,
+            "{} needs 3 DNS labels",
+            hook.name
+        );
+        assert_eq!(hook.client_config.url.as_deref(), Some(DEFAULT_URL));
+        assert!(
+            hook.client_config.service.is_none(),
+            "URL clientConfig only"
+        );
+        assert_eq!(
+            hook.client_config.ca_bundle.as_ref().map(|b| b.0.clone()),
+            Some(std::fs::read(example_ca()).expect("ca"))
+        );
+        assert_eq!(hook.admission_review_versions, ["v1"]);
+        assert_eq!(hook.side_effects, "None");
+        assert_eq!(hook.failure_policy.as_deref(), Some("Fail"));
+        assert_eq!(hook.timeout_seconds, Some(5));
+        let selector = hook
+            .namespace_selector
+            .as_ref()
+            .expect("namespace selector");
+        let excluded = &selector.match_expressions.as_ref().expect("expressions")[0];
+        assert_eq!(excluded.operator, "NotIn");
+        assert_eq!(
+            excluded.values.as_deref(),
+            Some(&["kube-system".to_owned(), "kube-node-lease".to_owned()][..])
+        );
+        let conditions: Vec<&str> = hook
+            .match_conditions
+            .iter()
+            .flatten()
+            .map(|c| c.expression.as_str())
+            .collect();
+        for needle in [
+            "'objectlock.dev'",
+            "'leases'",
+            "'events'",
+            "'system:nodes'",
+            "'system:apiserver'",
+        ] {
+            assert!(
+                conditions.iter().any(|c| c.contains(needle)),
+                "no condition on {needle}"
+            );
+        }
+        for rule in hook.rules.iter().flatten() {
+            let ops = rule.operations.as_ref().expect("operations");
+            let resources = rule.resources.as_ref().expect("resources");
+            assert!(
+                !resources.iter().any(|r| r.ends_with("/status")),
+                "status is never sent"
+            );
+            assert!(!ops.iter().any(|o| o == "CONNECT" || o == "*"));
+            if ops.iter().any(|o| o == "CREATE") {
+                assert_eq!(resources, &["pods/eviction"], "the only CREATE is eviction");
+            }
+        }
+    }
+    let namespaced = &hooks[0].rules.as_ref().expect("rules")[0];
+    assert_eq!(
+        namespaced.resources.as_deref().expect("resources"),
+        ["*", "*/scale", "pods/ephemeralcontainers"]
+    );
+}
+
+#[test]
+fn rbac_reads_locks_and_nothing_else() {
+    let (role, binding) = rbac(&Identity::service_account("kol/webhook").expect("sa"));
+    let rules = role.rules.expect("rules");
+    assert_eq!(rules.len(), 1);
+    assert_eq!(rules[0].verbs, ["get", "list", "watch"]);
+    assert_eq!(
+        rules[0].api_groups.as_deref(),
+        Some(&["objectlock.dev".to_owned()][..])
+    );
+    assert_eq!(
+        rules[0].resources.as_deref(),
+        Some(&["locks".to_owned(), "clusterlocks".to_owned()][..])
+    );
+    let subject = &binding.subjects.expect("subjects")[0];
+    assert_eq!(
+        (
+            subject.kind.as_str(),
+            subject.namespace.as_deref(),
+            subject.name.as_str()
+        ),
+        ("ServiceAccount", Some("kol"), "webhook")
+    );
+    assert!(Identity::service_account("no-slash").is_err());
+    assert!(Identity::service_account("a/b/c").is_err());
+}
+
+#[test]
+fn options_are_checked() {
+    let ca = example_ca();
+    let user = || Identity::User(NAME.into());
+    let err = Registration::new(
+        "http://127.0.0.1:8443/validate",
+        &ca,
+        FailurePolicy::Fail,
+        5,
+        user(),
+    )
+    .expect_err("http");
+    assert!(err.to_string().starts_with("--url"), "{err}");
+    let err = Registration::new(DEFAULT_URL, &ca, FailurePolicy::Fail, 31, user()).expect_err("31");
+    assert!(err.to_string().contains("--timeout-seconds 31"), "{err}");
+    let not_pem = tempfile::NamedTempFile::new().expect("temp");
+    std::fs::write(not_pem.path(), "hello").expect("write");
+    let err = Registration::new(DEFAULT_URL, not_pem.path(), FailurePolicy::Fail, 5, user())
+        .expect_err("no pem");
+    assert!(err.to_string().contains("no CERTIFICATE block"), "{err}");
+    let ignore =
+        Registration::new(DEFAULT_URL, &ca, FailurePolicy::Ignore, 10, user()).expect("ok");
+    let vwc = webhook_configuration(&ignore, STATIC_NAME);
+    assert_eq!(vwc.metadata.name.as_deref(), Some(STATIC_NAME));
+    assert_eq!(
+        vwc.webhooks.expect("hooks")[0].failure_policy.as_deref(),
+        Some("Ignore")
+    );
+}
+
+#[test]
+fn the_api_server_kubeconfig_is_keyed_by_host_and_port() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    crate::cli::certs::generate(&crate::cli::certs::CertsRequest {
+        out: dir.path().to_owned(),
+        sans: vec![],
+        days: 1,
+        ca_days: 1,
+        force: false,
+        client: true,
+    })
+    .expect("certs");
+    let cert = dir.path().join("apiserver-client.crt");
+    let key = dir.path().join("apiserver-client.key");
+    let files = apiserver(
+        DEFAULT_URL,
+        &cert,
+        &key,
+        Path::new("/etc/kubernetes/kol"),
+        None,
+    )
+    .expect("files");
+    let config: serde_json::Value = serde_saphyr::from_str(&files.admission_config).expect("yaml");
+    let webhook = &config["plugins"][0];
+    assert_eq!(webhook["name"], "ValidatingAdmissionWebhook");
+    assert_eq!(
+        webhook["configuration"]["kubeConfigFile"],
+        "/etc/kubernetes/kol/webhook-kubeconfig.yaml"
+    );
+    assert!(webhook["configuration"].get("staticManifestsDir").is_none());
+    let kubeconfig: serde_json::Value = serde_saphyr::from_str(&files.kubeconfig).expect("yaml");
+    assert_eq!(kubeconfig["users"][0]["name"], "127.0.0.1:8443");
+    let data = kubeconfig["users"][0]["user"]["client-certificate-data"]
+        .as_str()
+        .expect("data");
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(data)
+        .expect("base64");
+    assert_eq!(decoded, std::fs::read(&cert).expect("cert"));
+
+    let no_port = apiserver(
+        "https://webhook.example.com/validate",
+        &cert,
+        &key,
+        Path::new("/d"),
+        Some(Path::new("/s")),
+    )
+    .expect("files");
+    let kubeconfig: serde_json::Value = serde_saphyr::from_str(&no_port.kubeconfig).expect("yaml");
+    assert_eq!(kubeconfig["users"][0]["name"], "webhook.example.com:443");
+    let config: serde_json::Value =
+        serde_saphyr::from_str(&no_port.admission_config).expect("yaml");
+    assert_eq!(
+        config["plugins"][0]["configuration"]["staticManifestsDir"],
+        "/s"
+    );
+
+    let err = apiserver(DEFAULT_URL, &key, &key, Path::new("/d"), None).expect_err("key as cert");
+    assert!(err.to_string().starts_with("--client-cert"), "{err}");
+
+    let out = tempfile::tempdir().expect("tempdir");
+    let written = write_apiserver(out.path(), &files).expect("written");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&written[1])
+        .expect("meta")
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o600, "the kubeconfig holds a private key");
+}
+
+/// The committed files under deploy/ are what the code generates.
+#[test]
+fn committed_manifests_match_the_code() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let regenerate = "regenerate with: cargo run -- crd > deploy/crds.yaml && cargo run -- manifests cluster --ca-file deploy/examples/example-ca.crt > deploy/cluster.example.yaml";
+    let crds = std::fs::read_to_string(root.join("deploy/crds.yaml")).expect("deploy/crds.yaml");
+    assert!(
+        crds == api::crds_yaml().expect("yaml"),
+        "deploy/crds.yaml is stale; {regenerate}"
+    );
+    let cluster_yaml = std::fs::read_to_string(root.join("deploy/cluster.example.yaml"))
+        .expect("deploy/cluster.example.yaml");
+    assert!(
+        cluster_yaml == cluster(&registration()).expect("yaml"),
+        "deploy/cluster.example.yaml is stale; {regenerate}"
+    );
+}
