@@ -18,6 +18,7 @@ use crate::admission::{ReviewPolicy, Reviewer};
 use crate::locks::LockSource;
 use crate::locks::files::{FilesError, FilesSource};
 use crate::locks::kube::{CacheConfig, KubeSource};
+use crate::metrics::{Metrics, ScopeLabels, SourceMetrics};
 use crate::server::{self, Drain, Limits};
 use crate::settings::Settings;
 use crate::systemd;
@@ -58,8 +59,10 @@ pub enum StartError {
     #[error(transparent)]
     Tls(#[from] TlsError),
     /// The listen address cannot be bound.
-    #[error("cannot listen on {addr}: {source}")]
+    #[error("cannot listen on {addr} ({key}): {source}")]
     Bind {
+        /// The settings key.
+        key: &'static str,
         /// The address.
         addr: SocketAddr,
         /// The I/O error.
@@ -77,6 +80,15 @@ pub struct Source {
 
 /// Builds the configured lock source. `refresh: false` skips the watch (one-shot `check`).
 pub async fn lock_source(settings: &Settings, refresh: bool) -> Result<Source, StartError> {
+    lock_source_with_metrics(settings, refresh, SourceMetrics::default()).await
+}
+
+/// Like [`lock_source`], counting into `metrics`.
+pub async fn lock_source_with_metrics(
+    settings: &Settings,
+    refresh: bool,
+    metrics: SourceMetrics,
+) -> Result<Source, StartError> {
     if let Some(dir) = &settings.locks.dir {
         if settings.kube.kubeconfig.is_some() {
             return Err(StartError::TwoSources);
@@ -100,12 +112,13 @@ pub async fn lock_source(settings: &Settings, refresh: bool) -> Result<Source, S
         path: String::new(),
         message: e.to_string(),
     })?;
-    let source = KubeSource::new(
+    let source = KubeSource::with_metrics(
         client,
         CacheConfig {
             ttl: settings.cache.ttl,
             max_namespaces: settings.cache.max_namespaces,
         },
+        metrics,
     );
     let refresh = refresh.then(|| tokio::spawn(source.watch()));
     Ok(Source {
@@ -152,6 +165,8 @@ pub struct Webhook {
     reloader: Arc<Reloader>,
     source: Source,
     settings: Settings,
+    metrics: Arc<Metrics>,
+    metrics_listener: Option<TcpListener>,
 }
 
 impl Webhook {
@@ -163,14 +178,17 @@ impl Webhook {
         };
         // Check the certificate before building the source: it fails faster and more often.
         tls::check_covers_url(&tls::load_pair(cert, key)?, &settings.webhook.url)?;
-        let source = lock_source(&settings, true).await?;
-        Webhook::bind_with_source(settings, source).await
+        let metrics = Arc::new(Metrics::new());
+        let source = lock_source_with_metrics(&settings, true, metrics.source.clone()).await?;
+        Webhook::bind_with_source(settings, source, metrics).await
     }
 
-    /// Like [`Webhook::bind`], with a lock source built by the caller.
+    /// Like [`Webhook::bind`], with a lock source built by the caller (counting, if it counts,
+    /// into `metrics.source`).
     pub async fn bind_with_source(
         settings: Settings,
         source: Source,
+        metrics: Arc<Metrics>,
     ) -> Result<Webhook, StartError> {
         let (Some(cert), Some(key)) = (&settings.tls.cert, &settings.tls.key) else {
             return Err(StartError::NoCertificate);
@@ -193,7 +211,25 @@ impl Webhook {
         let addr = settings.server.listen;
         let listener = TcpListener::bind(addr)
             .await
-            .map_err(|source| StartError::Bind { addr, source })?;
+            .map_err(|source| StartError::Bind {
+                key: "server.listen",
+                addr,
+                source,
+            })?;
+        let metrics_listener = match settings.metrics.addr() {
+            Some(addr) => {
+                Some(
+                    TcpListener::bind(addr)
+                        .await
+                        .map_err(|source| StartError::Bind {
+                            key: "metrics.listen",
+                            addr,
+                            source,
+                        })?,
+                )
+            }
+            None => None,
+        };
         Ok(Webhook {
             listener,
             tls,
@@ -201,6 +237,8 @@ impl Webhook {
             reloader,
             source,
             settings,
+            metrics,
+            metrics_listener,
         })
     }
 
@@ -221,6 +259,13 @@ impl Webhook {
         self.certs.clone()
     }
 
+    /// The address metrics are served on, if any.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_listener
+            .as_ref()
+            .and_then(|l| l.local_addr().ok())
+    }
+
     /// Serves until `shutdown` completes, then drains. Reloads the certificate on its interval
     /// and whenever `reload` receives (SIGHUP in the binary); tells systemd how it is doing.
     pub async fn run(
@@ -228,44 +273,75 @@ impl Webhook {
         shutdown: impl Future<Output = ()>,
         reload: mpsc::Receiver<()>,
     ) -> Drain {
-        let settings = &self.settings;
-        let reviewer = Reviewer::new(
-            self.source.source.clone(),
+        let addr = self.local_addr();
+        let Webhook {
+            listener,
+            tls,
+            certs,
+            reloader,
+            source,
+            settings,
+            metrics,
+            metrics_listener,
+        } = self;
+        let reviewer = Reviewer::with_metrics(
+            source.source.clone(),
             ReviewPolicy {
                 on_lookup_error: settings.on_lookup_error,
                 lookup_timeout: settings.kube.lookup_timeout,
             },
+            metrics.admission.clone(),
         );
-        let reloader = self.reloader.clone();
-        let health: crate::http::HealthCheck = Arc::new(move || reloader.health());
+        let checked = reloader.clone();
+        let health: crate::http::HealthCheck = Arc::new(move || checked.health());
         let state = Arc::new(crate::http::State {
             reviewer,
             max_body_bytes: settings.server.max_body_bytes,
             body_timeout: settings.server.body_timeout,
             health: vec![health.clone()],
+            invalid: metrics.invalid.clone(),
         });
-        let service = warp::service(crate::http::routes(state));
         let limits = Limits {
             handshake_timeout: settings.server.handshake_timeout,
             header_timeout: settings.server.header_timeout,
             shutdown_grace: settings.server.shutdown_grace,
         };
-        let reloading = tokio::spawn(
-            self.reloader
-                .clone()
-                .run(settings.tls.reload_interval, reload),
-        );
+        let (metrics_stop, metrics_stopped) = tokio::sync::oneshot::channel::<()>();
+        let metrics_task = metrics_listener.map(|listener| {
+            let (lock_source, certs) = (source.source.clone(), certs.clone());
+            let render: Arc<dyn Fn() -> String + Send + Sync> = Arc::new(move || {
+                let counts = lock_source.lock_counts();
+                for (scope, count) in [
+                    ("namespaced", counts.namespaced),
+                    ("cluster", counts.cluster),
+                ] {
+                    let gauge = metrics.locks.get_or_create(&ScopeLabels { scope });
+                    gauge.set(i64::try_from(count).unwrap_or(i64::MAX));
+                }
+                metrics.certificate_expiry.set(certs.not_after());
+                metrics.encode()
+            });
+            let service = warp::service(crate::metrics::routes(render));
+            tokio::spawn(server::serve(listener, None, service, limits, async {
+                let _ = metrics_stopped.await;
+            }))
+        });
+        let service = warp::service(crate::http::routes(state));
+        let reloading = tokio::spawn(reloader.run(settings.tls.reload_interval, reload));
         let watchdog = tokio::spawn(systemd::watchdog(health));
-        let addr = self.local_addr();
-        let source = self.source.source.describe();
-        info!(listen = %addr, %source, "serving");
-        systemd::ready(&format!("serving on {addr}, locks from {source}"));
+        let described = source.source.describe();
+        info!(listen = %addr, source = %described, "serving");
+        systemd::ready(&format!("serving on {addr}, locks from {described}"));
         let shutdown = async {
             shutdown.await;
             systemd::stopping();
         };
-        let drain = server::serve(self.listener, self.tls, service, limits, shutdown).await;
-        for task in [Some(reloading), Some(watchdog), self.source.refresh]
+        let drain = server::serve(listener, Some(tls), service, limits, shutdown).await;
+        let _ = metrics_stop.send(());
+        if let Some(task) = metrics_task {
+            let _ = task.await;
+        }
+        for task in [Some(reloading), Some(watchdog), source.refresh]
             .into_iter()
             .flatten()
         {

@@ -30,6 +30,8 @@ pub struct State {
     pub max_body_bytes: u64,
     /// Longest wait for a body.
     pub body_timeout: Duration,
+    /// Counts requests that were not a usable AdmissionReview.
+    pub invalid: prometheus_client::metrics::counter::Counter,
 }
 
 /// All routes, with every rejection turned into a JSON 4xx.
@@ -133,7 +135,10 @@ async fn validate(
                 format!("cannot encode response: {e}"),
             ),
         },
-        Err(error) => failure(StatusCode::BAD_REQUEST, error.to_string()),
+        Err(error) => {
+            state.invalid.inc();
+            failure(StatusCode::BAD_REQUEST, error.to_string())
+        }
     }
 }
 

@@ -14,6 +14,7 @@ pub mod app;
 pub mod cli;
 pub mod http;
 pub mod locks;
+pub mod metrics;
 pub mod server;
 pub mod settings;
 pub mod systemd;

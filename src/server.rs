@@ -41,11 +41,11 @@ pub enum Drain {
     TimedOut,
 }
 
-/// Serves `service` over TLS on `listener` until `shutdown` completes, then stops accepting
-/// and waits up to `limits.shutdown_grace` for open connections to finish.
+/// Serves `service` on `listener` (over TLS when `tls` is set) until `shutdown` completes,
+/// then stops accepting and waits up to `limits.shutdown_grace` for open connections to finish.
 pub async fn serve<S, B>(
     listener: TcpListener,
-    tls: Arc<rustls::ServerConfig>,
+    tls: Option<Arc<rustls::ServerConfig>>,
     service: S,
     limits: Limits,
     shutdown: impl Future<Output = ()>,
@@ -60,7 +60,7 @@ where
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let acceptor = TlsAcceptor::from(tls);
+    let acceptor = tls.map(TlsAcceptor::from);
     let graceful = GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
@@ -78,12 +78,20 @@ where
             }
         };
         let acceptor = acceptor.clone();
-        let service = service.clone();
+        let service = TowerToHyperService::new(service.clone());
         let watcher = graceful.watcher();
         let span = info_span!("conn", %peer);
         tokio::spawn(
             async move {
                 let _ = tcp.set_nodelay(true);
+                let builder = builder(&limits);
+                let Some(acceptor) = acceptor else {
+                    let conn = builder.serve_connection(TokioIo::new(tcp), service);
+                    if let Err(error) = watcher.watch(conn.into_owned()).await {
+                        debug!(%error, "connection ended with an error");
+                    }
+                    return;
+                };
                 let tls = match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp))
                     .await
                 {
@@ -97,19 +105,7 @@ where
                         return;
                     }
                 };
-                let mut builder = auto::Builder::new(TokioExecutor::new());
-                builder
-                    .http1()
-                    .timer(TokioTimer::new())
-                    .header_read_timeout(limits.header_timeout)
-                    .keep_alive(true);
-                builder
-                    .http2()
-                    .timer(TokioTimer::new())
-                    .keep_alive_interval(Some(Duration::from_secs(30)))
-                    .keep_alive_timeout(Duration::from_secs(10));
-                let conn =
-                    builder.serve_connection(TokioIo::new(tls), TowerToHyperService::new(service));
+                let conn = builder.serve_connection(TokioIo::new(tls), service);
                 if let Err(error) = watcher.watch(conn.into_owned()).await {
                     debug!(%error, "connection ended with an error");
                 }
@@ -128,6 +124,22 @@ where
             Drain::TimedOut
         }
     }
+}
+
+/// HTTP/1.1 with a header-read deadline (idle keep-alive included), HTTP/2 with pings.
+fn builder(limits: &Limits) -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout)
+        .keep_alive(true);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(Some(Duration::from_secs(30)))
+        .keep_alive_timeout(Duration::from_secs(10));
+    builder
 }
 
 async fn accept_error(error: std::io::Error) {

@@ -38,6 +38,31 @@ pub struct Settings {
     pub locks: LocksSettings,
     /// Logging.
     pub log: LogSettings,
+    /// The Prometheus endpoint.
+    pub metrics: MetricsSettings,
+}
+
+/// The Prometheus endpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsSettings {
+    /// Plain-HTTP address serving `GET /metrics`; empty = off.
+    pub listen: String,
+}
+
+impl Default for MetricsSettings {
+    fn default() -> Self {
+        MetricsSettings {
+            listen: "127.0.0.1:9464".to_owned(),
+        }
+    }
+}
+
+impl MetricsSettings {
+    /// The address to serve metrics on, or `None` when off.
+    pub fn addr(&self) -> Option<SocketAddr> {
+        self.listen.parse().ok()
+    }
 }
 
 /// The HTTPS listener.
@@ -154,6 +179,7 @@ impl Default for Settings {
             cache: CacheSettings::default(),
             locks: LocksSettings::default(),
             log: LogSettings::default(),
+            metrics: MetricsSettings::default(),
         }
     }
 }
@@ -367,6 +393,12 @@ impl Settings {
             if value.is_zero() {
                 return fail(key, "must be more than 0s");
             }
+        }
+        if !self.metrics.listen.is_empty() && self.metrics.addr().is_none() {
+            return fail(
+                "metrics.listen",
+                "must be an address like 127.0.0.1:9464, or empty to turn metrics off",
+            );
         }
         if self.tls.max_reload_failures == 0 {
             return fail("tls.max_reload_failures", "must be at least 1");

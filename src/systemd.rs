@@ -1,5 +1,5 @@
 //! Talking to systemd (`Type=notify`): READY once serving, STATUS lines, STOPPING on shutdown,
-//! and watchdog pings while healthy.
+//! and watchdog pings while the runtime runs.
 //!
 //! READY is sent as soon as the listener serves, never after the API server answers: the
 //! webhook answers from LISTs while its watch syncs, and a unit stuck in "activating" because
@@ -26,8 +26,12 @@ pub fn stopping() {
     ]);
 }
 
-/// Pings the watchdog at half its period while `health` passes; returns at once when the unit
-/// has no `WatchdogSec=`. A failing check stops the pings, so systemd restarts the service.
+/// Pings the watchdog at half its period; returns at once when the unit has no `WatchdogSec=`.
+///
+/// The pings prove the runtime is alive, nothing more. A failing `health` check (a certificate
+/// rotation that keeps failing) is reported in STATUS= but does not stop the pings: the running
+/// process still serves its last good certificate, while a restart would refuse the bad files
+/// and crash-loop, failing every write under `failurePolicy: Fail`.
 pub async fn watchdog(health: HealthCheck) {
     let Some(period) = sd_notify::watchdog_enabled() else {
         return;
@@ -37,21 +41,19 @@ pub async fn watchdog(health: HealthCheck) {
     loop {
         ticker.tick().await;
         match health() {
-            Ok(()) => {
-                if failing {
-                    send(&[NotifyState::Status("healthy again")]);
-                    failing = false;
-                }
-                send(&[NotifyState::Watchdog]);
+            Ok(()) if failing => {
+                send(&[NotifyState::Status("healthy again")]);
+                failing = false;
             }
-            Err(why) => {
-                if !failing {
-                    warn!(%why, "unhealthy: watchdog pings stopped");
-                    send(&[NotifyState::Status(&format!("unhealthy: {why}"))]);
-                    failing = true;
-                }
+            Ok(()) => {}
+            Err(why) if !failing => {
+                warn!(%why, "unhealthy");
+                send(&[NotifyState::Status(&format!("unhealthy: {why}"))]);
+                failing = true;
             }
+            Err(_) => {}
         }
+        send(&[NotifyState::Watchdog]);
     }
 }
 

@@ -4,17 +4,17 @@
 mod support;
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use kube_object_lock::admission::OnLookupError;
 use kube_object_lock::app::Source;
 use kube_object_lock::locks::LockSource;
 use kube_object_lock::locks::kube::{CacheConfig, KubeSource};
+use kube_object_lock::metrics::Metrics;
 use kube_object_lock::settings::Settings;
 use serde_json::{Value, json};
 use support::fake_apiserver::{FakeApiServer, Fault};
-use support::{TestServer, fixture};
+use support::{TestServer, fixture, sample};
 
 const NS: &str = "demo-015226";
 
@@ -27,19 +27,23 @@ struct Setup {
 async fn setup(ttl: Duration, tune: impl FnOnce(&mut Settings)) -> Setup {
     support::init();
     let api = FakeApiServer::start().await;
-    let source = KubeSource::new(
+    let metrics = Arc::new(Metrics::new());
+    let source = KubeSource::with_metrics(
         api.client(),
         CacheConfig {
             ttl,
             max_namespaces: 1000,
         },
+        metrics.source.clone(),
     );
     let refresh = tokio::spawn(source.watch());
-    let server = TestServer::start(
+    let server = TestServer::start_full(
+        support::Certs::new(),
         Source {
             source: Arc::new(source.clone()),
             refresh: Some(refresh),
         },
+        metrics,
         tune,
     )
     .await;
@@ -137,7 +141,7 @@ async fn admissions_in_one_namespace_share_one_list() {
     assert!(setup.allowed("deployment-update.json").await);
     assert!(setup.allowed("deployment-scale-update.json").await);
     assert_eq!(setup.api.list_calls_for("/namespaces/lock-demo/locks"), 1);
-    assert_eq!(setup.source.stats().lists.load(Ordering::Relaxed), 2);
+    assert_eq!(setup.source.metrics().cache_loads.get(), 2);
 }
 
 #[tokio::test]
@@ -209,7 +213,15 @@ async fn a_dropped_or_expired_watch_recovers() {
     );
 
     // History compacted while the watch is down: the watcher gets 410 Gone and re-lists.
-    let errors = setup.source.stats().watch_errors.load(Ordering::Relaxed);
+    let restarts = || {
+        setup
+            .source
+            .metrics()
+            .watch_restarts
+            .get_or_create(&kube_object_lock::metrics::KindLabels { kind: "Lock" })
+            .get()
+    };
+    let errors = restarts();
     setup.api.compact();
     setup.api.drop_watches();
     setup.api.delete_lock(NS, "locked-a");
@@ -217,7 +229,7 @@ async fn a_dropped_or_expired_watch_recovers() {
         .until_allowed_is("configmap-delete-locked.json", true)
         .await;
     let deadline = Instant::now() + Duration::from_secs(10);
-    while setup.source.stats().watch_errors.load(Ordering::Relaxed) == errors {
+    while restarts() == errors {
         assert!(Instant::now() < deadline, "the 410 was never seen");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -238,17 +250,30 @@ async fn api_outage_gives_the_configured_decision_within_the_lookup_timeout() {
     setup.api.create_lock(NS, "locked-a", json!({}));
     setup.wait_ready().await;
 
-    for (fault, needle) in [
+    for (fault, needle, reason, outcome) in [
         (
             Fault::Delay(Duration::from_secs(5)),
             "no answer within 300ms",
+            "timeout",
+            None,
         ),
-        (Fault::Status(500), "500 (InternalError)"),
+        (
+            Fault::Status(500),
+            "500 (InternalError)",
+            "api",
+            Some("server_error"),
+        ),
         (
             Fault::Status(403),
             "grant it get, list and watch on locks and clusterlocks",
+            "forbidden",
+            Some("forbidden"),
         ),
     ] {
+        let lookup_errors = format!(
+            "kube_object_lock_lookup_errors_total{{reason=\"{reason}\",decision=\"deny\"}}"
+        );
+        let before = sample(&setup.server.scrape().await, &lookup_errors);
         setup.api.set_fault(fault.clone());
         tokio::time::sleep(Duration::from_millis(60)).await; // let the cached entry expire
         let started = Instant::now();
@@ -264,6 +289,24 @@ async fn api_outage_gives_the_configured_decision_within_the_lookup_timeout() {
         );
         assert!(message.contains(needle), "{fault:?}: {message}");
         assert!(answer["auditAnnotations"]["lookup-error"].is_string());
+        let scraped = setup.server.scrape().await;
+        assert_eq!(
+            sample(&scraped, &lookup_errors),
+            before + 1.0,
+            "{fault:?} counted"
+        );
+        if let Some(outcome) = outcome {
+            let series = format!(
+                "kube_object_lock_api_requests_total{{verb=\"list\",resource=\"locks\",outcome=\"{outcome}\"}}"
+            );
+            assert!(sample(&scraped, &series) >= 1.0, "{series} in\n{scraped}");
+        }
+        assert!(
+            sample(
+                &scraped,
+                "kube_object_lock_admission_requests_total{operation=\"DELETE\",decision=\"error\"}"
+            ) >= 1.0
+        );
         // CREATE never depends on the API server.
         assert!(setup.allowed("configmap-create.json").await);
         setup.api.clear_fault();
@@ -276,6 +319,68 @@ async fn api_outage_gives_the_configured_decision_within_the_lookup_timeout() {
             "recovers"
         );
     }
+}
+
+#[tokio::test]
+async fn metrics_count_admissions_cache_and_watch() {
+    let setup = setup(Duration::from_secs(600), |_| {}).await;
+    setup.api.create_lock(NS, "locked-a", json!({}));
+    setup.api.create_cluster_lock("lock-demo-reader", json!({}));
+    setup.wait_ready().await;
+    assert!(!setup.allowed("configmap-delete-locked.json").await);
+    assert!(setup.allowed("configmap-delete-unlocked.json").await);
+    assert!(setup.allowed("configmap-create.json").await);
+    let text = setup.server.scrape().await;
+    for (series, value) in [
+        (
+            "kube_object_lock_admission_requests_total{operation=\"DELETE\",decision=\"denied\"}",
+            1.0,
+        ),
+        (
+            "kube_object_lock_admission_requests_total{operation=\"DELETE\",decision=\"allowed\"}",
+            1.0,
+        ),
+        (
+            "kube_object_lock_admission_requests_total{operation=\"CREATE\",decision=\"allowed\"}",
+            1.0,
+        ),
+        ("kube_object_lock_admission_duration_seconds_count", 3.0),
+        (
+            "kube_object_lock_cache_requests_total{result=\"miss\"}",
+            1.0,
+        ),
+        ("kube_object_lock_cache_requests_total{result=\"hit\"}", 1.0),
+        ("kube_object_lock_cache_loads_total", 1.0),
+        ("kube_object_lock_locks{scope=\"namespaced\"}", 1.0),
+        ("kube_object_lock_locks{scope=\"cluster\"}", 1.0),
+        (
+            "kube_object_lock_api_requests_total{verb=\"list\",resource=\"locks\",outcome=\"success\"}",
+            1.0,
+        ),
+    ] {
+        assert_eq!(sample(&text, series), value, "{series} in\n{text}");
+    }
+    assert!(sample(&text, "kube_object_lock_watch_events_total{kind=\"Lock\"}") >= 2.0);
+    assert!(
+        sample(
+            &text,
+            "kube_object_lock_certificate_expiry_timestamp_seconds"
+        ) > 1.7e9
+    );
+    // Invalid requests are counted apart.
+    let reply = setup
+        .server
+        .http1()
+        .post_json(&setup.server.url("/validate"), b"{}".to_vec())
+        .await;
+    assert_eq!(reply.status, 400);
+    assert_eq!(
+        sample(
+            &setup.server.scrape().await,
+            "kube_object_lock_invalid_requests_total"
+        ),
+        1.0
+    );
 }
 
 #[tokio::test]

@@ -18,6 +18,7 @@ use tracing::{debug, info, warn};
 use super::decide::{self, OnLookupError, Outcome, Plan, Verdict};
 use super::request::{ADMISSION_V1, ADMISSION_V1BETA1, AdmissionRequest};
 use crate::locks::{LockSet, LockSource, LookupError};
+use crate::metrics::{AdmissionMetrics, Decision, LookupErrorLabels};
 
 /// Why a body could not be answered with an AdmissionReview.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -133,6 +134,7 @@ pub struct ReviewPolicy {
 pub struct Reviewer {
     source: Arc<dyn LockSource>,
     policy: ReviewPolicy,
+    metrics: AdmissionMetrics,
 }
 
 /// A review's answer, and what it was, for logs and metrics.
@@ -147,7 +149,20 @@ pub struct Answer {
 impl Reviewer {
     /// A reviewer reading locks from `source`.
     pub fn new(source: Arc<dyn LockSource>, policy: ReviewPolicy) -> Self {
-        Reviewer { source, policy }
+        Reviewer::with_metrics(source, policy, AdmissionMetrics::default())
+    }
+
+    /// Like [`Reviewer::new`], counting into `metrics`.
+    pub fn with_metrics(
+        source: Arc<dyn LockSource>,
+        policy: ReviewPolicy,
+        metrics: AdmissionMetrics,
+    ) -> Self {
+        Reviewer {
+            source,
+            policy,
+            metrics,
+        }
     }
 
     /// The lock source, for readiness.
@@ -170,6 +185,8 @@ impl Reviewer {
                 debug!(uid = %req.uid, operation = req.operation.as_str(), resource = %req.resource_path(),
                     namespace = req.object_namespace().unwrap_or(""), name = req.object_name().unwrap_or(""),
                     exempt = why.as_str(), "allowed without lookup");
+                self.metrics
+                    .observe(req.operation.as_str(), Decision::allowed, started.elapsed());
                 return Ok(Answer {
                     review: respond(&parsed, &Verdict::allow()),
                     outcome: Outcome::Allowed,
@@ -185,12 +202,35 @@ impl Reviewer {
                         warn!(uid = %req.uid, operation = req.operation.as_str(), resource = %req.resource_path(),
                             namespace = req.object_namespace().unwrap_or(""), name = %lookup.name,
                             policy = ?self.policy.on_lookup_error, %error, "lock lookup failed");
-                        decide::decide_unreadable(req, &lookup, self.policy.on_lookup_error, &error)
+                        let verdict = decide::decide_unreadable(
+                            req,
+                            &lookup,
+                            self.policy.on_lookup_error,
+                            &error,
+                        );
+                        let labels = LookupErrorLabels {
+                            reason: match error {
+                                LookupError::Timeout(_) => "timeout",
+                                LookupError::Forbidden { .. } => "forbidden",
+                                LookupError::Api { .. } => "api",
+                            },
+                            decision: if verdict.allowed() { "allow" } else { "deny" },
+                        };
+                        self.metrics.lookup_errors.get_or_create(&labels).inc();
+                        verdict
                     }
                 }
             }
         };
         log_verdict(req, &verdict, started.elapsed());
+        let decision = match verdict.outcome {
+            Outcome::Allowed => Decision::allowed,
+            Outcome::Warned => Decision::warned,
+            Outcome::Denied => Decision::denied,
+            Outcome::Error => Decision::error,
+        };
+        self.metrics
+            .observe(req.operation.as_str(), decision, started.elapsed());
         Ok(Answer {
             review: respond(&parsed, &verdict),
             outcome: verdict.outcome,

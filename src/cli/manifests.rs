@@ -459,8 +459,12 @@ pub fn write_apiserver(dir: &Path, files: &ApiServerFiles) -> Result<Vec<PathBuf
     Ok(written)
 }
 
+/// Plain scalars only: base64 data (caBundle, client keys) stays on one unfolded line.
 fn yaml(value: &impl Serialize) -> Result<String, ManifestsError> {
-    serde_saphyr::to_string(value).map_err(|e| ManifestsError::Yaml(e.to_string()))
+    let mut options = serde_saphyr::SerializerOptions::default();
+    options.prefer_block_scalars = false;
+    serde_saphyr::to_string_with_options(value, options)
+        .map_err(|e| ManifestsError::Yaml(e.to_string()))
 }
 
 fn push(out: &mut String, value: &impl Serialize) -> Result<(), ManifestsError> {

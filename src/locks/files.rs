@@ -21,7 +21,7 @@ use serde::Deserialize;
 use serde_saphyr::Spanned;
 use tracing::{error, info, warn};
 
-use super::{LockKind, LockRef, LockSet, LockSource, LookupError};
+use super::{LockCounts, LockKind, LockRef, LockSet, LockSource, LookupError};
 use crate::api::{API_VERSION, LockSpec};
 
 /// Why the directory itself cannot be used.
@@ -224,6 +224,15 @@ impl LockSource for FilesSource {
 
     fn describe(&self) -> String {
         format!("files in {}", self.dir.display())
+    }
+
+    fn lock_counts(&self) -> LockCounts {
+        LockCounts::of(
+            self.snapshot
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter(),
+        )
     }
 }
 

@@ -10,6 +10,7 @@
 //! the change for a whole TTL, so each entry remembers the event generation it was loaded at and
 //! a read that finds an entry older than its namespace's last event loads it again.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -22,8 +23,9 @@ use kube::{Client, ResourceExt};
 use moka::future::Cache;
 use tracing::{debug, info, warn};
 
-use super::{LockRef, LockSet, LockSource, LookupError};
+use super::{LockCounts, LockRef, LockSet, LockSource, LookupError};
 use crate::api::{CLUSTER_LOCKS, ClusterLock, LOCKS, Lock};
+use crate::metrics::{ApiLabels, CacheLabels, KindLabels, SourceMetrics};
 
 /// How many times a read reloads an entry that events keep overtaking before it settles for
 /// the freshest load it has.
@@ -45,17 +47,11 @@ struct Entry {
     generation: u64,
 }
 
-/// Counters a test or benchmark can read.
-#[derive(Debug, Default)]
-pub struct Stats {
-    /// LIST calls made by lookups (the watch's own lists are not counted).
-    pub lists: AtomicU64,
-    /// Lookups asked of the source.
-    pub lookups: AtomicU64,
-    /// Watch events received.
-    pub events: AtomicU64,
-    /// Watch errors (each one is retried with backoff).
-    pub watch_errors: AtomicU64,
+/// What the watch of one kind keeps.
+#[derive(Default)]
+struct KindState {
+    synced: AtomicBool,
+    known: AtomicU64,
 }
 
 struct Shared {
@@ -67,9 +63,9 @@ struct Shared {
     generation: AtomicU64,
     /// The generation of the last completed re-list.
     relisted: AtomicU64,
-    locks_synced: AtomicBool,
-    cluster_locks_synced: AtomicBool,
-    stats: Stats,
+    locks: KindState,
+    cluster_locks: KindState,
+    metrics: SourceMetrics,
 }
 
 /// The production lock source.
@@ -81,6 +77,11 @@ pub struct KubeSource {
 impl KubeSource {
     /// A source reading through `client`. Call [`KubeSource::watch`] to keep it fresh.
     pub fn new(client: Client, config: CacheConfig) -> Self {
+        KubeSource::with_metrics(client, config, SourceMetrics::default())
+    }
+
+    /// Like [`KubeSource::new`], counting into `metrics`.
+    pub fn with_metrics(client: Client, config: CacheConfig, metrics: SourceMetrics) -> Self {
         let cache = Cache::builder()
             .max_capacity(config.max_namespaces)
             .time_to_live(config.ttl)
@@ -96,23 +97,23 @@ impl KubeSource {
                 last_event,
                 generation: AtomicU64::new(0),
                 relisted: AtomicU64::new(0),
-                locks_synced: AtomicBool::new(false),
-                cluster_locks_synced: AtomicBool::new(false),
-                stats: Stats::default(),
+                locks: KindState::default(),
+                cluster_locks: KindState::default(),
+                metrics,
             }),
         }
     }
 
-    /// Counters for tests and benchmarks.
-    pub fn stats(&self) -> &Stats {
-        &self.shared.stats
+    /// The source's metrics.
+    pub fn metrics(&self) -> &SourceMetrics {
+        &self.shared.metrics
     }
 
     /// Watches Locks and ClusterLocks until the returned future is dropped, invalidating the
     /// cache as they change. Errors are logged and retried with backoff, forever.
     pub fn watch(&self) -> impl Future<Output = ()> + Send + 'static {
-        let locks = self.watch_kind::<Lock>(|s| &s.locks_synced);
-        let cluster_locks = self.watch_kind::<ClusterLock>(|s| &s.cluster_locks_synced);
+        let locks = self.watch_kind::<Lock>("Lock", |s| &s.locks);
+        let cluster_locks = self.watch_kind::<ClusterLock>("ClusterLock", |s| &s.cluster_locks);
         async move {
             futures::future::join(locks, cluster_locks).await;
         }
@@ -120,7 +121,8 @@ impl KubeSource {
 
     fn watch_kind<K>(
         &self,
-        synced: fn(&Shared) -> &AtomicBool,
+        kind: &'static str,
+        state: fn(&Shared) -> &KindState,
     ) -> impl Future<Output = ()> + Send + 'static
     where
         K: kube::Resource<DynamicType = ()>
@@ -135,52 +137,108 @@ impl KubeSource {
         let api: Api<K> = Api::all(self.shared.client.clone());
         let shared = self.shared.clone();
         async move {
-            let kind = K::kind(&());
+            let label = KindLabels { kind };
             let mut stream = watcher(api, watcher::Config::default())
                 .default_backoff()
                 .boxed();
+            // Names of the locks in force, and of those being re-listed.
+            let mut known: HashSet<String> = HashSet::new();
+            let mut listing: HashSet<String> = HashSet::new();
             loop {
-                match stream.try_next().await {
-                    Ok(Some(event)) => shared.on_event(&event, synced(&shared), &kind).await,
+                let event = match stream.try_next().await {
+                    Ok(Some(event)) => event,
                     Ok(None) => {
                         warn!(%kind, "lock watch ended");
                         return;
                     }
                     Err(error) => {
-                        shared.stats.watch_errors.fetch_add(1, Ordering::Relaxed);
+                        shared.metrics.watch_restarts.get_or_create(&label).inc();
                         warn!(%kind, %error, "lock watch failed; retrying with backoff");
                         // Keep polling: the backoff stream restarts the watch.
                         continue;
                     }
+                };
+                shared.metrics.watch_events.get_or_create(&label).inc();
+                match &event {
+                    watcher::Event::Apply(obj) => {
+                        known.insert(key(obj));
+                        shared
+                            .invalidate(&obj.namespace().unwrap_or_default())
+                            .await;
+                        debug!(%kind, name = %obj.name_any(), "lock applied; namespace invalidated");
+                    }
+                    watcher::Event::Delete(obj) => {
+                        known.remove(&key(obj));
+                        shared
+                            .invalidate(&obj.namespace().unwrap_or_default())
+                            .await;
+                        debug!(%kind, name = %obj.name_any(), "lock deleted; namespace invalidated");
+                    }
+                    watcher::Event::Init => listing.clear(),
+                    watcher::Event::InitApply(obj) => {
+                        listing.insert(key(obj));
+                    }
+                    watcher::Event::InitDone => {
+                        known = std::mem::take(&mut listing);
+                        // Events may have been missed while the watch was down: forget everything.
+                        let generation = shared.generation.fetch_add(1, Ordering::SeqCst) + 1;
+                        shared.relisted.store(generation, Ordering::SeqCst);
+                        shared.cache.invalidate_all();
+                        if state(&shared).synced.swap(true, Ordering::SeqCst) {
+                            shared.metrics.watch_restarts.get_or_create(&label).inc();
+                            info!(%kind, locks = known.len(), "lock watch re-listed; cache cleared");
+                        } else {
+                            info!(%kind, locks = known.len(), "lock watch synced");
+                        }
+                    }
                 }
+                state(&shared)
+                    .known
+                    .store(known.len() as u64, Ordering::Relaxed);
             }
         }
     }
 
     async fn load(shared: Arc<Shared>, namespace: String) -> Result<Arc<Entry>, LookupError> {
         let generation = shared.generation.load(Ordering::SeqCst);
-        shared.stats.lists.fetch_add(1, Ordering::Relaxed);
+        shared.metrics.cache_loads.inc();
         let client = shared.client.clone();
         let params = ListParams::default();
-        let set: LockSet = if namespace.is_empty() {
-            Api::<ClusterLock>::all(client)
+        let (resource, listed) = if namespace.is_empty() {
+            let listed = Api::<ClusterLock>::all(client)
                 .list(&params)
                 .await
-                .map_err(|e| lookup_error(CLUSTER_LOCKS, "", e))?
-                .items
-                .into_iter()
-                .map(|l| LockRef::cluster_lock(&l.name_any(), l.spec.into()))
-                .collect()
+                .map(|list| {
+                    list.items
+                        .into_iter()
+                        .map(|l| LockRef::cluster_lock(&l.name_any(), l.spec.into()))
+                        .collect::<LockSet>()
+                });
+            (CLUSTER_LOCKS, listed)
         } else {
-            Api::<Lock>::namespaced(client, &namespace)
-                .list(&params)
-                .await
-                .map_err(|e| lookup_error(LOCKS, &namespace, e))?
-                .items
-                .into_iter()
-                .map(|l| LockRef::lock(&namespace, &l.name_any(), l.spec))
-                .collect()
+            let api = Api::<Lock>::namespaced(client, &namespace);
+            let listed = api.list(&params).await.map(|list| {
+                list.items
+                    .into_iter()
+                    .map(|l| LockRef::lock(&namespace, &l.name_any(), l.spec))
+                    .collect::<LockSet>()
+            });
+            (LOCKS, listed)
         };
+        let outcome = match &listed {
+            Ok(_) => "success",
+            Err(kube::Error::Api(s)) if s.code == 403 => "forbidden",
+            Err(kube::Error::Api(s)) if s.code >= 500 => "server_error",
+            Err(kube::Error::Api(_)) => "client_error",
+            Err(_) => "connection",
+        };
+        let labels = ApiLabels {
+            verb: "list",
+            resource,
+            outcome,
+        };
+        shared.metrics.api_requests.get_or_create(&labels).inc();
+        let set = listed.map_err(|e| lookup_error(resource, &namespace, e))?;
         debug!(%namespace, locks = set.len(), "loaded locks");
         Ok(Arc::new(Entry {
             locks: if set.is_empty() {
@@ -194,40 +252,25 @@ impl KubeSource {
 }
 
 impl Shared {
-    async fn on_event<K: kube::Resource + ResourceExt>(
-        &self,
-        event: &watcher::Event<K>,
-        synced: &AtomicBool,
-        kind: &str,
-    ) {
-        self.stats.events.fetch_add(1, Ordering::Relaxed);
-        match event {
-            watcher::Event::Apply(obj) | watcher::Event::Delete(obj) => {
-                let namespace = obj.namespace().unwrap_or_default();
-                let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
-                self.last_event.insert(namespace.clone(), generation);
-                self.cache.invalidate(&namespace).await;
-                debug!(%kind, %namespace, name = %obj.name_any(), "lock changed; namespace invalidated");
-            }
-            watcher::Event::Init | watcher::Event::InitApply(_) => {}
-            watcher::Event::InitDone => {
-                // Events may have been missed while the watch was down: forget everything.
-                let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
-                self.relisted.store(generation, Ordering::SeqCst);
-                self.cache.invalidate_all();
-                if !synced.swap(true, Ordering::SeqCst) {
-                    info!(%kind, "lock watch synced");
-                } else {
-                    info!(%kind, "lock watch re-listed; cache cleared");
-                }
-            }
-        }
+    /// Marks `namespace` changed: drops its entry, and makes any LIST already in flight for it
+    /// count as stale when it lands.
+    async fn invalidate(&self, namespace: &str) {
+        let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
+        self.last_event.insert(namespace.to_owned(), generation);
+        self.cache.invalidate(namespace).await;
     }
 
     fn is_current(&self, namespace: &str, entry: &Entry) -> bool {
         let last_event = self.last_event.get(namespace).unwrap_or(0);
         let relisted = self.relisted.load(Ordering::SeqCst);
         entry.generation >= last_event.max(relisted)
+    }
+
+    fn count(&self, result: &'static str) {
+        self.metrics
+            .cache_requests
+            .get_or_create(&CacheLabels { result })
+            .inc();
     }
 }
 
@@ -236,7 +279,13 @@ impl LockSource for KubeSource {
         let namespace = namespace.to_owned();
         Box::pin(async move {
             let shared = &self.shared;
-            shared.stats.lookups.fetch_add(1, Ordering::Relaxed);
+            if let Some(entry) = shared.cache.get(&namespace).await
+                && shared.is_current(&namespace, &entry)
+            {
+                shared.count("hit");
+                return Ok(entry.locks.clone());
+            }
+            shared.count("miss");
             for _ in 0..MAX_RELOADS {
                 let entry = shared
                     .cache
@@ -259,13 +308,25 @@ impl LockSource for KubeSource {
     }
 
     fn is_ready(&self) -> bool {
-        self.shared.locks_synced.load(Ordering::SeqCst)
-            && self.shared.cluster_locks_synced.load(Ordering::SeqCst)
+        self.shared.locks.synced.load(Ordering::SeqCst)
+            && self.shared.cluster_locks.synced.load(Ordering::SeqCst)
     }
 
     fn describe(&self) -> String {
         "the Kubernetes API".to_owned()
     }
+
+    fn lock_counts(&self) -> LockCounts {
+        LockCounts {
+            namespaced: self.shared.locks.known.load(Ordering::Relaxed),
+            cluster: self.shared.cluster_locks.known.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// `namespace/name` of a lock.
+fn key<K: ResourceExt>(obj: &K) -> String {
+    format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any())
 }
 
 fn lookup_error(resource: &'static str, namespace: &str, error: kube::Error) -> LookupError {

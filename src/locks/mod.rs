@@ -172,6 +172,32 @@ pub trait LockSource: Send + Sync + 'static {
 
     /// A short description for logs, e.g. `files in /etc/kube-object-lock/locks`.
     fn describe(&self) -> String;
+
+    /// How many locks the source knows of, for metrics.
+    fn lock_counts(&self) -> LockCounts;
+}
+
+/// Locks known by scope.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LockCounts {
+    /// Namespaced Locks.
+    pub namespaced: u64,
+    /// ClusterLocks.
+    pub cluster: u64,
+}
+
+impl LockCounts {
+    fn of<'a>(sets: impl IntoIterator<Item = (&'a String, &'a Arc<LockSet>)>) -> LockCounts {
+        let mut counts = LockCounts::default();
+        for (namespace, set) in sets {
+            if namespace.is_empty() {
+                counts.cluster += set.len() as u64;
+            } else {
+                counts.namespaced += set.len() as u64;
+            }
+        }
+        counts
+    }
 }
 
 /// A fixed set of locks, for `check` runs and tests.
@@ -210,5 +236,9 @@ impl LockSource for StaticSource {
 
     fn describe(&self) -> String {
         "static locks".to_owned()
+    }
+
+    fn lock_counts(&self) -> LockCounts {
+        LockCounts::of(&self.namespaces)
     }
 }

@@ -12,6 +12,7 @@ pub mod reload;
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use rustls::ServerConfig;
@@ -109,19 +110,35 @@ pub fn load_pair(cert: &Path, key: &Path) -> Result<CertifiedKey, TlsError> {
 #[derive(Debug)]
 pub struct CertStore {
     current: RwLock<Arc<CertifiedKey>>,
+    /// End of validity of the current certificate (Unix seconds; 0 if unparsable).
+    not_after: AtomicI64,
 }
 
 impl CertStore {
     /// A store serving `pair`.
     pub fn new(pair: CertifiedKey) -> Arc<Self> {
-        Arc::new(CertStore {
-            current: RwLock::new(Arc::new(pair)),
-        })
+        let store = CertStore {
+            current: RwLock::new(Arc::new(pair.clone())),
+            not_after: AtomicI64::new(0),
+        };
+        store.record_expiry(&pair);
+        Arc::new(store)
     }
 
     /// Serves `pair` from the next handshake on.
     pub fn replace(&self, pair: CertifiedKey) {
+        self.record_expiry(&pair);
         *self.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(pair);
+    }
+
+    /// End of validity of the served certificate, Unix seconds.
+    pub fn not_after(&self) -> i64 {
+        self.not_after.load(Ordering::Relaxed)
+    }
+
+    fn record_expiry(&self, pair: &CertifiedKey) {
+        let not_after = CertInfo::of(pair).map_or(0, |info| info.not_after);
+        self.not_after.store(not_after, Ordering::Relaxed);
     }
 
     /// The pair currently served.

@@ -16,6 +16,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use kube_object_lock::app::{Source, Webhook};
 use kube_object_lock::cli::certs::{CertsRequest, generate};
+use kube_object_lock::metrics::Metrics;
 use kube_object_lock::server::Drain;
 use kube_object_lock::settings::Settings;
 use rustls_pki_types::CertificateDer;
@@ -76,6 +77,8 @@ pub struct TestServer {
     pub certs: Certs,
     /// Sends what SIGHUP sends in the binary: reload the certificate now.
     pub reload: tokio::sync::mpsc::Sender<()>,
+    /// Where `/metrics` is served (plain HTTP).
+    pub metrics_addr: Option<SocketAddr>,
     shutdown: Option<oneshot::Sender<()>>,
     handle: Option<JoinHandle<Drain>>,
 }
@@ -92,16 +95,28 @@ impl TestServer {
         source: Source,
         tune: impl FnOnce(&mut Settings),
     ) -> TestServer {
+        TestServer::start_full(certs, source, Arc::new(Metrics::new()), tune).await
+    }
+
+    /// Starts the webhook counting into `metrics` (give the source `metrics.source` too).
+    pub async fn start_full(
+        certs: Certs,
+        source: Source,
+        metrics: Arc<Metrics>,
+        tune: impl FnOnce(&mut Settings),
+    ) -> TestServer {
         init();
         let mut settings = Settings::default();
         settings.server.listen = "127.0.0.1:0".parse().expect("addr");
         settings.tls.cert = Some(certs.path("tls.crt"));
         settings.tls.key = Some(certs.path("tls.key"));
+        settings.metrics.listen = "127.0.0.1:0".to_owned();
         tune(&mut settings);
-        let webhook = Webhook::bind_with_source(settings, source)
+        let webhook = Webhook::bind_with_source(settings, source, metrics)
             .await
             .expect("webhook binds");
         let addr = webhook.local_addr();
+        let metrics_addr = webhook.metrics_addr();
         let (tx, rx) = oneshot::channel::<()>();
         let (reload, reloads) = tokio::sync::mpsc::channel(1);
         let handle = tokio::spawn(webhook.run(
@@ -114,6 +129,7 @@ impl TestServer {
             addr,
             certs,
             reload,
+            metrics_addr,
             shutdown: Some(tx),
             handle: Some(handle),
         }
@@ -296,6 +312,35 @@ impl HttpsClient {
             .expect("request");
         self.send(request).await
     }
+}
+
+impl TestServer {
+    /// Scrapes `/metrics` over plain HTTP/1.1.
+    pub async fn scrape(&self) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let addr = self.metrics_addr.expect("metrics are served");
+        let mut tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        tcp.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .expect("write");
+        let mut out = String::new();
+        tokio::time::timeout(Duration::from_secs(10), tcp.read_to_string(&mut out))
+            .await
+            .expect("metrics answered in time")
+            .expect("read");
+        assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+        out
+    }
+}
+
+/// The value of the sample `series` (exact match of name and labels), or 0 when absent.
+pub fn sample(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|line| {
+            line.strip_prefix(series)
+                .and_then(|rest| rest.strip_prefix(' '))
+        })
+        .map_or(0.0, |v| v.trim().parse().expect("a number"))
 }
 
 /// A Lock / ClusterLock YAML document.

@@ -1,0 +1,313 @@
+//! Prometheus metrics, served in the text format on a separate plain-HTTP listener.
+//!
+//! Every UPDATE and DELETE in the cluster waits on this webhook, so its latency, its errors and
+//! its cost to the API server must be visible. All names share the `kube_object_lock_` prefix;
+//! label values come from small fixed sets (operations, decisions, verbs), never from object
+//! names or uids, so the series count stays bounded whatever the traffic.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+/// The decision an admission request got.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum Decision {
+    /// Allowed.
+    allowed,
+    /// Allowed with a warning.
+    warned,
+    /// Refused by a lock.
+    denied,
+    /// The locks could not be read; `on_lookup_error` decided.
+    error,
+    /// Not an AdmissionReview (answered 4xx).
+    invalid,
+}
+
+/// Labels of the admission counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AdmissionLabels {
+    /// CREATE, UPDATE, DELETE, CONNECT, or `none` for invalid requests.
+    pub operation: &'static str,
+    /// The decision.
+    pub decision: Decision,
+}
+
+/// Labels of lookup errors.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LookupErrorLabels {
+    /// `timeout`, `forbidden` or `api`.
+    pub reason: &'static str,
+    /// What `on_lookup_error` answered: `deny` or `allow`.
+    pub decision: &'static str,
+}
+
+/// Labels of API requests.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ApiLabels {
+    /// `list`.
+    pub verb: &'static str,
+    /// `locks` or `clusterlocks`.
+    pub resource: &'static str,
+    /// `success`, or the error class (`forbidden`, `server_error`, `client_error`, `connection`).
+    pub outcome: &'static str,
+}
+
+/// Labels naming a lock kind.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    /// `Lock` or `ClusterLock`.
+    pub kind: &'static str,
+}
+
+/// Labels naming a cache result.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CacheLabels {
+    /// `hit` or `miss`.
+    pub result: &'static str,
+}
+
+/// Labels naming a lock scope.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ScopeLabels {
+    /// `namespaced` or `cluster`.
+    pub scope: &'static str,
+}
+
+/// Labels of the build info.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BuildLabels {
+    /// The crate version.
+    pub version: &'static str,
+}
+
+/// Metrics of the admission path.
+#[derive(Clone, Debug)]
+pub struct AdmissionMetrics {
+    /// Requests by operation and decision.
+    pub requests: Family<AdmissionLabels, Counter>,
+    /// Time from body received to answer encoded.
+    pub duration: Histogram,
+    /// Lookup failures by reason and the decision they caused.
+    pub lookup_errors: Family<LookupErrorLabels, Counter>,
+}
+
+impl Default for AdmissionMetrics {
+    fn default() -> Self {
+        AdmissionMetrics {
+            requests: Family::default(),
+            // 25 µs to ~6.5 s: fine enough for cached answers, wide enough for API timeouts.
+            duration: Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+                0.000_025, 2.0, 19,
+            )),
+            lookup_errors: Family::default(),
+        }
+    }
+}
+
+impl AdmissionMetrics {
+    /// Records one answered request.
+    pub fn observe(&self, operation: &'static str, decision: Decision, took: Duration) {
+        self.requests
+            .get_or_create(&AdmissionLabels {
+                operation,
+                decision,
+            })
+            .inc();
+        self.duration.observe(took.as_secs_f64());
+    }
+}
+
+/// Metrics of the Kubernetes lock source.
+#[derive(Clone, Debug, Default)]
+pub struct SourceMetrics {
+    /// Lookups answered from the cache (`hit`) or needing a load (`miss`).
+    pub cache_requests: Family<CacheLabels, Counter>,
+    /// LISTs made to fill the cache (concurrent misses share one).
+    pub cache_loads: Counter,
+    /// API requests made by lookups, by verb, resource and outcome.
+    pub api_requests: Family<ApiLabels, Counter>,
+    /// Watch failures (each one restarts the watch with backoff) and re-lists.
+    pub watch_restarts: Family<KindLabels, Counter>,
+    /// Watch events received.
+    pub watch_events: Family<KindLabels, Counter>,
+}
+
+/// All metrics and their registry.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    /// The admission path.
+    pub admission: AdmissionMetrics,
+    /// The Kubernetes lock source.
+    pub source: SourceMetrics,
+    /// Locks known by scope, refreshed at scrape time.
+    pub locks: Family<ScopeLabels, Gauge>,
+    /// Serving certificate expiry, refreshed at scrape time.
+    pub certificate_expiry: Gauge,
+    /// Requests refused before admission (not an AdmissionReview).
+    pub invalid: Counter,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    /// Registers every metric.
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("kube_object_lock");
+        let admission = AdmissionMetrics::default();
+        let source = SourceMetrics::default();
+        let locks = Family::<ScopeLabels, Gauge>::default();
+        let certificate_expiry = Gauge::default();
+        let invalid = Counter::default();
+        let build = Family::<BuildLabels, Gauge>::default();
+        build
+            .get_or_create(&BuildLabels {
+                version: env!("CARGO_PKG_VERSION"),
+            })
+            .set(1);
+        registry.register(
+            "admission_requests",
+            "Admission requests answered, by operation and decision",
+            admission.requests.clone(),
+        );
+        registry.register(
+            "admission_duration_seconds",
+            "Time to answer an admission request, body received to answer encoded",
+            admission.duration.clone(),
+        );
+        registry.register(
+            "lookup_errors",
+            "Lock lookups that failed, by reason and the on_lookup_error decision they caused",
+            admission.lookup_errors.clone(),
+        );
+        registry.register(
+            "invalid_requests",
+            "Requests to /validate answered 4xx because they were not a usable AdmissionReview",
+            invalid.clone(),
+        );
+        registry.register(
+            "cache_requests",
+            "Lock lookups answered from the cache (hit) or needing a load (miss)",
+            source.cache_requests.clone(),
+        );
+        registry.register(
+            "cache_loads",
+            "Namespace loads into the lock cache (one LIST each; concurrent misses share one)",
+            source.cache_loads.clone(),
+        );
+        registry.register(
+            "api_requests",
+            "Requests to the Kubernetes API made by lookups, by verb, resource and outcome",
+            source.api_requests.clone(),
+        );
+        registry.register(
+            "watch_restarts",
+            "Lock watch failures (restarted with backoff) and re-lists, by kind",
+            source.watch_restarts.clone(),
+        );
+        registry.register(
+            "watch_events",
+            "Lock watch events received, by kind",
+            source.watch_events.clone(),
+        );
+        registry.register("locks", "Locks known, by scope", locks.clone());
+        registry.register(
+            "certificate_expiry_timestamp_seconds",
+            "End of validity of the serving certificate (Unix time)",
+            certificate_expiry.clone(),
+        );
+        registry.register("build_info", "Build information", build);
+        Metrics {
+            registry,
+            admission,
+            source,
+            locks,
+            certificate_expiry,
+            invalid,
+        }
+    }
+
+    /// The text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// `GET /metrics`; `render` produces the body (refreshing scrape-time gauges first).
+pub fn routes(
+    render: Arc<dyn Fn() -> String + Send + Sync>,
+) -> impl warp::Filter<Extract = (warp::reply::Response,), Error = std::convert::Infallible>
++ Clone
++ Send
++ Sync
++ 'static {
+    use warp::{Filter, Reply};
+    warp::path!("metrics")
+        .and(warp::get())
+        .map(move || {
+            warp::reply::with_header(
+                render(),
+                "content-type",
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )
+            .into_response()
+        })
+        .recover(|_| async {
+            Ok::<_, std::convert::Infallible>(
+                warp::reply::with_status(
+                    "only GET /metrics is served here\n",
+                    warp::http::StatusCode::NOT_FOUND,
+                )
+                .into_response(),
+            )
+        })
+        .unify()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_carry_the_prefix_and_bounded_labels() {
+        let metrics = Metrics::new();
+        metrics
+            .admission
+            .observe("DELETE", Decision::denied, Duration::from_micros(300));
+        metrics.source.cache_loads.inc();
+        let text = metrics.encode();
+        assert!(text.contains(
+            "kube_object_lock_admission_requests_total{operation=\"DELETE\",decision=\"denied\"} 1"
+        ), "{text}");
+        assert!(
+            text.contains("kube_object_lock_admission_duration_seconds_bucket{le=\"0.0004\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("kube_object_lock_cache_loads_total 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("kube_object_lock_build_info{version=\""),
+            "{text}"
+        );
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            assert!(line.starts_with("kube_object_lock_"), "{line}");
+        }
+    }
+}
