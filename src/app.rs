@@ -14,7 +14,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
-use crate::admission::{ReviewPolicy, Reviewer};
+use crate::admission::Reviewer;
 use crate::locks::LockSource;
 use crate::locks::files::{FilesError, FilesSource};
 use crate::locks::kube::{CacheConfig, KubeSource};
@@ -286,10 +286,7 @@ impl Webhook {
         } = self;
         let reviewer = Reviewer::with_metrics(
             source.source.clone(),
-            ReviewPolicy {
-                on_lookup_error: settings.on_lookup_error,
-                lookup_timeout: settings.kube.lookup_timeout,
-            },
+            settings.review_policy(),
             metrics.admission.clone(),
         );
         let checked = reloader.clone();

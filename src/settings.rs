@@ -350,6 +350,14 @@ impl Settings {
         Ok(settings)
     }
 
+    /// The settings the review path needs.
+    pub fn review_policy(&self) -> crate::admission::ReviewPolicy {
+        crate::admission::ReviewPolicy {
+            on_lookup_error: self.on_lookup_error,
+            lookup_timeout: self.kube.lookup_timeout,
+        }
+    }
+
     fn validate(
         &self,
         given: &Map<String, Value>,

@@ -7,7 +7,7 @@
 use std::io::Read;
 use std::path::Path;
 
-use crate::admission::{Outcome, ReviewError, ReviewPolicy, Reviewer};
+use crate::admission::{Outcome, ReviewError, Reviewer};
 use crate::app::{self, StartError};
 use crate::settings::Settings;
 
@@ -70,13 +70,7 @@ pub async fn check(settings: &Settings, input: &Path) -> Result<CheckResult, Che
         source,
     })?;
     let source = app::lock_source(settings, false).await?;
-    let reviewer = Reviewer::new(
-        source.source,
-        ReviewPolicy {
-            on_lookup_error: settings.on_lookup_error,
-            lookup_timeout: settings.kube.lookup_timeout,
-        },
-    );
+    let reviewer = Reviewer::new(source.source, settings.review_policy());
     let answer = reviewer
         .review(&body, None)
         .await
