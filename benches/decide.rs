@@ -1,2 +1,169 @@
-//! Micro-benchmark (being written).
-fn main() {}
+//! Micro-benchmark of the review path without I/O, per captured AdmissionReview: `ours` is what
+//! the webhook does with a body once it has it (parse, plan, decide against the locks, build the
+//! response, serialize it), `serde_json_value` is merely reading the same bytes into a generic
+//! `serde_json::Value`: the cost of looking at the JSON at all.
+//!
+//! ```sh
+//! cargo bench --bench decide            # every fixture, well under a minute
+//! cargo bench --bench decide -- large   # criterion's filter: only matching groups
+//! ```
+//!
+//! The lock sets are the ones the fixtures were captured for (INDEX.md): the `locked-*` objects,
+//! `held-cm`, `web`, `plain-pod`, `evict-me`, `db-creds`, the contents of `lock-doomed` and the
+//! ClusterLock `lock-demo-reader` are locked, so denials, warnings and namespace deletions take
+//! their real paths. `large-configmap-update` is `configmap-update-put.json` with 512 KiB of
+//! data in object and oldObject.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use k8s_openapi::jiff::Timestamp;
+use kube_object_lock::admission::Verdict;
+use kube_object_lock::admission::decide::{self, Plan};
+use kube_object_lock::admission::review;
+use kube_object_lock::api::LockSpec;
+use kube_object_lock::locks::{LockRef, LockSet};
+
+/// Locks by namespace (`""` for ClusterLocks).
+struct Locks(HashMap<String, Arc<LockSet>>);
+
+impl Locks {
+    fn new() -> Locks {
+        let spec = || LockSpec {
+            reason: Some("benchmark".to_owned()),
+            ..LockSpec::default()
+        };
+        let locks = [
+            ("demo-015226", "locked-a"),
+            ("demo-015226", "locked-sweep2"),
+            ("lock-demo", "held-cm"),
+            ("lock-demo", "web"),
+            ("lock-demo", "plain-pod"),
+            ("lock-demo", "evict-me"),
+            ("lock-demo", "db-creds"),
+            ("lock-doomed", "doomed-cm"),
+        ]
+        .map(|(ns, name)| LockRef::lock(ns, name, spec()))
+        .into_iter()
+        .chain([LockRef::cluster_lock("lock-demo-reader", spec())]);
+        let mut sets: HashMap<String, LockSet> = HashMap::new();
+        for lock in locks {
+            let key = lock.namespace.clone().unwrap_or_default();
+            sets.entry(key).or_default().insert(lock);
+        }
+        Locks(sets.into_iter().map(|(k, v)| (k, Arc::new(v))).collect())
+    }
+
+    fn get(&self, namespace: &str) -> Arc<LockSet> {
+        self.0
+            .get(namespace)
+            .cloned()
+            .unwrap_or_else(LockSet::empty)
+    }
+}
+
+/// Body in, response bytes out: what the webhook does between reading the body and writing it.
+fn ours(body: &[u8], locks: &Locks, now: Timestamp) -> Vec<u8> {
+    let parsed = review::parse(body).expect("fixtures parse");
+    let verdict = match decide::plan(&parsed.request) {
+        Plan::Allow(_) => Verdict::allow(),
+        Plan::Lookup(lookup) => {
+            let scope = locks.get(&lookup.scope);
+            let contents = lookup.contents_of.as_deref().map(|ns| locks.get(ns));
+            decide::decide(&parsed.request, &lookup, &scope, contents.as_deref(), now)
+        }
+    };
+    serde_json::to_vec(&review::respond(&parsed, &verdict)).expect("responses serialize")
+}
+
+fn fixtures() -> Vec<(String, Vec<u8>)> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|entry| entry.expect("directory entry").path())
+        .filter(|path| path.extension().is_some_and(|e| e == "json"))
+        .collect();
+    files.sort();
+    let mut out: Vec<(String, Vec<u8>)> = files
+        .iter()
+        .map(|path| {
+            let name = path.file_stem().expect("a file name").to_string_lossy();
+            let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            (name.into_owned(), bytes)
+        })
+        .collect();
+    let put = out
+        .iter()
+        .find(|(name, _)| name == "configmap-update-put")
+        .map(|(_, bytes)| String::from_utf8_lossy(bytes).into_owned())
+        .expect("configmap-update-put.json is a fixture");
+    out.push((
+        "large-configmap-update".to_owned(),
+        large(&put).into_bytes(),
+    ));
+    out
+}
+
+/// `configmap-update-put.json` with 512 KiB of `key = "value"` lines as the data of object and
+/// oldObject (the same body as the load benchmark's large-object scenario).
+fn large(put: &str) -> String {
+    let mut text = String::new();
+    let mut line = 0;
+    while text.len() < 512 * 1024 {
+        text.push_str(&format!(
+            "setting.{line:06} = \"value of setting {line:06}\"\n"
+        ));
+        line += 1;
+    }
+    text.truncate(512 * 1024);
+    let mut body = put.to_owned();
+    for (old, value) in [("put", "new"), ("v", "old")] {
+        let before = format!("\"k\": \"{old}\"");
+        assert_eq!(
+            body.matches(&before).count(),
+            1,
+            "one {before} in the fixture"
+        );
+        let data = serde_json::to_string(&format!("{value}\n{text}")).expect("a string serializes");
+        body = body.replace(&before, &format!("\"k\": {data}"));
+    }
+    body
+}
+
+fn review_path(c: &mut Criterion) {
+    let locks = Locks::new();
+    // Read once, as the server reads the clock once per review.
+    let now = Timestamp::now();
+    for (name, body) in fixtures() {
+        // Fail here, once, rather than inside a timing loop.
+        let answer = ours(&body, &locks, now);
+        assert!(!answer.is_empty(), "{name}: empty answer");
+        let mut group = c.benchmark_group(&name);
+        group.throughput(Throughput::Bytes(body.len() as u64));
+        group.bench_function("ours", |b| {
+            b.iter(|| ours(std::hint::black_box(&body), &locks, now))
+        });
+        group.bench_function("serde_json_value", |b| {
+            b.iter(|| {
+                serde_json::from_slice::<serde_json::Value>(std::hint::black_box(&body))
+                    .expect("fixtures are JSON")
+            })
+        });
+        group.finish();
+    }
+}
+
+criterion_group! {
+    name = benches;
+    // Short: 31 groups x 2 functions in well under a minute. The functions take microseconds,
+    // so 300 ms still makes thousands of iterations; pass --measurement-time for more.
+    config = Criterion::default()
+        .warm_up_time(Duration::from_millis(100))
+        .measurement_time(Duration::from_millis(300))
+        .sample_size(10);
+    targets = review_path
+}
+criterion_main!(benches);

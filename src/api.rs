@@ -11,7 +11,9 @@
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
     CustomResourceDefinition, JSONSchemaProps,
 };
-use kube::{CustomResource, CustomResourceExt};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::{CustomResource, CustomResourceExt, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -28,8 +30,9 @@ pub const CLUSTER_LOCKS: &str = "clusterlocks";
 
 /// Locks the object with the same name in the same namespace: while this Lock exists, UPDATE
 /// and DELETE of that object are refused by the kube-object-lock admission webhook. Delete the
-/// Lock to unlock.
-#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+/// Lock to unlock. Every field is optional; an empty spec locks every UPDATE and DELETE of
+/// every resource with the Lock's name.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[kube(
     group = "objectlock.dev",
     version = "v1alpha1",
@@ -39,6 +42,8 @@ pub const CLUSTER_LOCKS: &str = "clusterlocks";
     category = "objectlocks",
     derive = "PartialEq",
     doc = "Locks the namespaced object of the same name in the same namespace against UPDATE and DELETE.",
+    printcolumn = r#"{"name":"Mode","type":"string","jsonPath":".spec.mode","description":"Enforce (refuse) or Warn (allow with a warning); empty means Enforce"}"#,
+    printcolumn = r#"{"name":"Expires","type":"string","jsonPath":".spec.expiresAt","description":"When the lock stops applying (RFC 3339); empty means never"}"#,
     printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".spec.reason","description":"Why the object is locked"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
@@ -47,7 +52,185 @@ pub struct LockSpec {
     /// Why the object is locked, for whoever is refused: it is shown in the denial message,
     /// e.g. "VM snapshot in progress". Optional: the lock applies with or without it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
     pub reason: Option<String>,
+
+    /// The operations refused: UPDATE, DELETE, or both (the default). A DELETE-only lock lets
+    /// the object be edited but not removed; evicting a pod counts as DELETE.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1), extend("x-kubernetes-list-type" = "set"))]
+    pub operations: Option<Vec<LockOperation>>,
+
+    /// The resources the lock applies to, as in RBAC rules: e.g. apiGroups ["apps"], resources
+    /// ["deployments"] locks the Deployment with the lock's name and leaves a Service of the
+    /// same name alone. Default: any resource. "" is the core group, "*" matches any group or
+    /// resource. Subresources (scale, ephemeralcontainers) follow their resource.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub resources: Option<Vec<ResourceRule>>,
+
+    /// Lock every object in the namespace whose labels match (read from the object as it is
+    /// before the change), whatever its name; the Lock's own name is then free. Without it the
+    /// lock covers the object with the Lock's name. Labels are not sent for evictions and scale
+    /// updates, so a selector lock does not cover those. Must not be empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("has(self.matchLabels) && size(self.matchLabels) > 0 || has(self.matchExpressions) && size(self.matchExpressions) > 0").message("an empty selector would lock every object in the namespace: give matchLabels or matchExpressions"))]
+    #[x_kube(validation = Rule::new("!has(self.matchExpressions) || self.matchExpressions.all(e, e.operator in ['In', 'NotIn', 'Exists', 'DoesNotExist'])").message("matchExpressions operators are In, NotIn, Exists or DoesNotExist"))]
+    pub selector: Option<LabelSelector>,
+
+    /// Who may change the locked object anyway, e.g. the controller that took the lock. Their
+    /// changes are allowed with a warning and an audit annotation naming the exemption.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exempt: Option<Exemptions>,
+
+    /// When the lock stops applying (RFC 3339, e.g. 2026-11-22T18:00:00Z), with no controller
+    /// needed: a crashed job cannot leave its lock behind forever. The Lock object stays until
+    /// deleted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<Time>,
+
+    /// Enforce (the default) refuses the change; Warn allows it with a warning and an audit
+    /// annotation, to try a new lock before it blocks anyone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<LockMode>,
+}
+
+impl LockSpec {
+    /// The operations covered (both when unset).
+    pub fn operations(&self) -> &[LockOperation] {
+        self.operations
+            .as_deref()
+            .unwrap_or(&[LockOperation::Update, LockOperation::Delete])
+    }
+
+    /// True once `expiresAt` has passed.
+    pub fn is_expired(&self, now: Timestamp) -> bool {
+        self.expires_at.as_ref().is_some_and(|t| t.0 <= now)
+    }
+
+    /// The checks the CRD schema makes, for locks that do not come through the API server
+    /// (lock files): `Err` names the field.
+    pub fn validate(&self) -> Result<(), String> {
+        if let Some(reason) = &self.reason
+            && reason.chars().count() > 1024
+        {
+            return Err("reason: longer than 1024 characters".into());
+        }
+        if let Some(ops) = &self.operations {
+            if ops.is_empty() {
+                return Err("operations: give UPDATE, DELETE or both (or leave it out)".into());
+            }
+            if ops.len() == 2 && ops[0] == ops[1] {
+                return Err("operations: duplicate entry".into());
+            }
+        }
+        if let Some(rules) = &self.resources {
+            if rules.is_empty() {
+                return Err("resources: give at least one rule (or leave it out)".into());
+            }
+            for (i, rule) in rules.iter().enumerate() {
+                if rule.api_groups.is_empty() || rule.resources.is_empty() {
+                    return Err(format!(
+                        "resources[{i}]: apiGroups and resources must not be empty"
+                    ));
+                }
+            }
+        }
+        if let Some(selector) = &self.selector {
+            let empty = selector.match_labels.as_ref().is_none_or(|m| m.is_empty())
+                && selector
+                    .match_expressions
+                    .as_ref()
+                    .is_none_or(|e| e.is_empty());
+            if empty {
+                return Err("selector: an empty selector would lock every object in the namespace: give matchLabels or matchExpressions".into());
+            }
+            kube::core::Selector::try_from(selector.clone())
+                .map_err(|e| format!("selector: {e}"))?;
+        }
+        if let Some(exempt) = &self.exempt {
+            if exempt.users.is_empty()
+                && exempt.groups.is_empty()
+                && exempt.service_accounts.is_empty()
+            {
+                return Err("exempt needs at least one of users, groups, serviceAccounts".into());
+            }
+            for sa in &exempt.service_accounts {
+                let valid = sa.split_once('/').is_some_and(|(ns, name)| {
+                    !ns.is_empty()
+                        && !name.is_empty()
+                        && !name.contains('/')
+                        && ns
+                            .chars()
+                            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                        && name.chars().all(|c| {
+                            c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.'
+                        })
+                });
+                if !valid {
+                    return Err(format!(
+                        "exempt.serviceAccounts: {sa:?} is not namespace/name"
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// An operation a lock refuses.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum LockOperation {
+    /// UPDATE, PATCH and apply; and writes to subresources other than status.
+    Update,
+    /// DELETE, and evictions.
+    Delete,
+}
+
+/// Enforce (the default) refuses the change; Warn allows it with a warning and an audit
+/// annotation, to try a new lock before it blocks anyone.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
+pub enum LockMode {
+    /// Refuse the change.
+    #[default]
+    Enforce,
+    /// Allow the change with a warning and an audit annotation.
+    Warn,
+}
+
+/// Resources a lock applies to.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ResourceRule {
+    /// API groups: "" for the core group (ConfigMaps, Pods...), "apps", "*" for any.
+    #[schemars(length(min = 1))]
+    pub api_groups: Vec<String>,
+    /// Plural resource names, e.g. "deployments"; "*" for any.
+    #[schemars(length(min = 1))]
+    pub resources: Vec<String>,
+}
+
+/// Who may change a locked object anyway.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.users) || has(self.groups) || has(self.serviceAccounts)").message("exempt needs at least one of users, groups, serviceAccounts"))]
+pub struct Exemptions {
+    /// User names, e.g. "alice@example.com" or "system:serviceaccount:ns:name".
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(min = 1))]
+    pub users: Vec<String>,
+    /// Group names, e.g. "snapshot-operators".
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(min = 1))]
+    pub groups: Vec<String>,
+    /// ServiceAccounts as "namespace/name", e.g. "velero/velero".
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(
+        length(min = 1),
+        inner(regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"))
+    )]
+    pub service_accounts: Vec<String>,
 }
 
 /// Locks the cluster-scoped object of the same name (a Namespace, a ClusterRole, a
@@ -62,6 +245,8 @@ pub struct LockSpec {
     category = "objectlocks",
     derive = "PartialEq",
     doc = "Locks the cluster-scoped object of the same name against UPDATE and DELETE.",
+    printcolumn = r#"{"name":"Mode","type":"string","jsonPath":".spec.mode","description":"Enforce (refuse) or Warn (allow with a warning); empty means Enforce"}"#,
+    printcolumn = r#"{"name":"Expires","type":"string","jsonPath":".spec.expiresAt","description":"When the lock stops applying (RFC 3339); empty means never"}"#,
     printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".spec.reason","description":"Why the object is locked"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
@@ -177,7 +362,7 @@ mod tests {
                 .flatten()
                 .map(|c| c.name.as_str())
                 .collect();
-            assert_eq!(columns, ["Reason", "Age"]);
+            assert_eq!(columns, ["Mode", "Expires", "Reason", "Age"]);
         }
     }
 
@@ -210,5 +395,122 @@ mod tests {
         assert_eq!(yaml.matches("kind: CustomResourceDefinition").count(), 2);
         assert!(yaml.contains("name: locks.objectlock.dev"));
         assert!(yaml.contains("name: clusterlocks.objectlock.dev"));
+    }
+
+    /// The CEL rules of the generated schema, with where they apply.
+    fn cel_rules(
+        schema: &serde_json::Value,
+        path: &[String],
+        out: &mut Vec<(Vec<String>, String)>,
+    ) {
+        for rule in schema["x-kubernetes-validations"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            out.push((
+                path.to_vec(),
+                rule["rule"].as_str().expect("rule").to_owned(),
+            ));
+        }
+        for (key, sub) in schema["properties"].as_object().into_iter().flatten() {
+            let mut deeper = path.to_vec();
+            deeper.push(key.clone());
+            cel_rules(sub, &deeper, out);
+        }
+    }
+
+    /// Whether every CEL rule of the CRD accepts `spec`, evaluated as the API server would.
+    fn cel_accepts(spec: &serde_json::Value) -> bool {
+        let crd = serde_json::to_value(&crds()[0]).expect("json");
+        let schema = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
+        let mut rules = Vec::new();
+        cel_rules(schema, &[], &mut rules);
+        assert_eq!(rules.len(), 3, "{rules:?}");
+        rules.iter().all(|(path, rule)| {
+            let Some(value) = path.iter().try_fold(spec, |v, key| v.get(key)) else {
+                return true; // rules apply to fields that are present
+            };
+            let program = cel::Program::compile(rule).expect("the rule compiles");
+            let mut context = cel::Context::default();
+            context
+                .add_variable("self", cel::to_value(value).expect("value"))
+                .expect("variable");
+            match program.execute(&context).expect("the rule evaluates") {
+                cel::Value::Bool(ok) => ok,
+                other => panic!("{rule} gave {other:?}"),
+            }
+        })
+    }
+
+    #[test]
+    fn crd_rules_and_file_validation_agree() {
+        let cases = [
+            (serde_json::json!({}), true),
+            (
+                serde_json::json!({"reason": "r", "mode": "Warn", "operations": ["DELETE"]}),
+                true,
+            ),
+            (serde_json::json!({"exempt": {"users": ["alice"]}}), true),
+            (
+                serde_json::json!({"exempt": {"serviceAccounts": ["velero/velero"]}}),
+                true,
+            ),
+            (serde_json::json!({"exempt": {}}), false),
+            (
+                serde_json::json!({"selector": {"matchLabels": {"app": "web"}}}),
+                true,
+            ),
+            (
+                serde_json::json!({"selector": {"matchExpressions": [{"key": "tier", "operator": "In", "values": ["db"]}]}}),
+                true,
+            ),
+            (serde_json::json!({"selector": {}}), false),
+            (serde_json::json!({"selector": {"matchLabels": {}}}), false),
+            (
+                serde_json::json!({"selector": {"matchExpressions": [{"key": "tier", "operator": "Like"}]}}),
+                false,
+            ),
+        ];
+        for (spec, valid) in cases {
+            assert_eq!(cel_accepts(&spec), valid, "CEL on {spec}");
+            let parsed: LockSpec = serde_json::from_value(spec.clone()).expect("parses");
+            assert_eq!(
+                parsed.validate().is_ok(),
+                valid,
+                "validate() on {spec}: {:?}",
+                parsed.validate()
+            );
+        }
+        // What the schema itself checks (no CEL), validate() checks too.
+        for spec in [
+            serde_json::json!({"operations": []}),
+            serde_json::json!({"resources": []}),
+            serde_json::json!({"resources": [{"apiGroups": [], "resources": ["x"]}]}),
+            serde_json::json!({"exempt": {"serviceAccounts": ["no-namespace"]}}),
+            serde_json::json!({"reason": "x".repeat(1025)}),
+        ] {
+            let parsed: LockSpec = serde_json::from_value(spec.clone()).expect("parses");
+            assert!(parsed.validate().is_err(), "{spec}");
+        }
+    }
+
+    #[test]
+    fn expiry_and_operations() {
+        let now: Timestamp = "2026-11-22T12:00:00Z".parse().expect("time");
+        let spec: LockSpec =
+            serde_json::from_value(serde_json::json!({"expiresAt": "2026-11-22T12:00:00Z"}))
+                .expect("parses");
+        assert!(spec.is_expired(now), "expiry is inclusive");
+        assert!(!spec.is_expired("2026-11-22T11:59:59Z".parse().expect("time")));
+        assert!(!LockSpec::default().is_expired(now));
+        assert_eq!(
+            LockSpec::default().operations(),
+            [LockOperation::Update, LockOperation::Delete]
+        );
+        let bad = serde_json::from_value::<LockSpec>(serde_json::json!({"expiresAt": "tomorrow"}));
+        assert!(bad.is_err());
+        let bad = serde_json::from_value::<LockSpec>(serde_json::json!({"mode": "Audit"}));
+        assert!(bad.is_err());
     }
 }

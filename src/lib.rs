@@ -15,6 +15,7 @@ pub mod cli;
 pub mod http;
 pub mod locks;
 pub mod metrics;
+pub mod plugin;
 pub mod server;
 pub mod settings;
 pub mod systemd;

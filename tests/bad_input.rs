@@ -232,6 +232,150 @@ async fn malformed_requests_get_clear_4xx() {
             404,
             "no such path",
         ),
+        (
+            post(
+                &url,
+                json,
+                r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":null}"#,
+            ),
+            400,
+            "has no request",
+        ),
+        (
+            post(
+                &url,
+                json,
+                review(
+                    json!({"uid": "u", "resource": {"resource": "pods"}, "operation": "DELETE", "userInfo": "kubernetes-admin"}),
+                ),
+            ),
+            400,
+            "request.userInfo: invalid type: string \"kubernetes-admin\"",
+        ),
+        (
+            post(
+                &url,
+                json,
+                review(
+                    json!({"uid": "u", "resource": {"resource": "pods"}, "operation": "DELETE", "userInfo": {}, "object": "{\"metadata\":{}}"}),
+                ),
+            ),
+            400,
+            "request.object: invalid type: string",
+        ),
+        (
+            post(
+                &url,
+                json,
+                review(
+                    json!({"uid": "u", "resource": {"resource": "pods"}, "operation": "DELETE", "userInfo": {}, "dryRun": "true"}),
+                ),
+            ),
+            400,
+            "request.dryRun: invalid type: string",
+        ),
+        (
+            post(
+                &url,
+                json,
+                review(
+                    json!({"uid": "u", "resource": {"group": "", "version": "v1"}, "operation": "DELETE", "userInfo": {}}),
+                ),
+            ),
+            400,
+            "request.resource: missing field `resource`",
+        ),
+        (
+            post(
+                &url,
+                json,
+                r#"{"apiVersion":"admission.k8s.io/v1","request":{"uid":"u","resource":{"resource":"pods"},"operation":"DELETE","userInfo":{}}}"#,
+            ),
+            400,
+            "kind is \"\"",
+        ),
+        (
+            // A byte-order mark is not JSON.
+            post(
+                &url,
+                json,
+                [b"\xef\xbb\xbf".as_slice(), &fixture("configmap-create.json")].concat(),
+            ),
+            400,
+            "malformed AdmissionReview: expected value at line 1 column 1",
+        ),
+        (
+            // A raw NUL inside a string (an escaped one, \u0000, would be a valid character).
+            post(
+                &url,
+                json,
+                &b"{\"apiVersion\":\"admission.k8s.io/v1\",\"kind\":\"AdmissionReview\",\"request\":{\"uid\":\"a\0b\"}}"[..],
+            ),
+            400,
+            "request.uid: control character",
+        ),
+        (
+            post(
+                &url,
+                json,
+                r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"\ud800"}}"#,
+            ),
+            400,
+            "request.uid: unexpected end of hex escape",
+        ),
+        (
+            // Duplicate keys among the fields the webhook reads are refused rather than
+            // resolved one way or the other (duplicates in fields it skips are not looked at).
+            post(
+                &url,
+                json,
+                r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"a","uid":"b"}}"#,
+            ),
+            400,
+            "request: duplicate field `uid`",
+        ),
+        (
+            post(
+                &url,
+                json,
+                r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u","resource":{"resource":"configmaps"},"namespace":"prod","operation":"DELETE","userInfo":{},"oldObject":{"metadata":{"name":"app-config","name":"other"}}}}"#,
+            ),
+            400,
+            "request.oldObject.metadata: duplicate field `name`",
+        ),
+        (
+            post(
+                &url,
+                Some("application/json-patch+json"),
+                fixture("configmap-create.json"),
+            ),
+            400,
+            "content type is \"application/json-patch+json\"",
+        ),
+        (
+            // Request bodies are not decoded: a compressed review is not JSON.
+            {
+                let mut request = post(
+                    &url,
+                    json,
+                    &b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03\x01\x00\x00\xff\xff\x00\x00\x00\x00\x00"[..],
+                );
+                request.headers_mut().insert(
+                    "content-encoding",
+                    http::HeaderValue::from_static("gzip"),
+                );
+                request
+            },
+            400,
+            "malformed AdmissionReview",
+        ),
+        (
+            http::Request::options(&url)
+                .body(Full::new(Bytes::new()))
+                .expect("request"),
+            405,
+            "method OPTIONS is not allowed",
+        ),
     ];
     for (request, status, needle) in cases {
         expect_status(&server, request, status, needle).await;
@@ -352,4 +496,258 @@ async fn slow_headers_and_bodies_are_cut_off() {
     let reply = read_all(&mut tls).await;
     assert!(reply.starts_with("HTTP/1.1 408"), "{reply}");
     assert!(reply.contains("body not received within"), "{reply}");
+}
+
+/// Sends raw bytes over TLS (HTTP/1.1), then with `close` ends the client's side; reads the
+/// answer while still writing, as a server may answer before the body is complete.
+async fn raw_exchange(server: &TestServer, request: Vec<u8>, close: bool) -> String {
+    let (mut reader, mut writer) = tokio::io::split(tls_stream(server).await);
+    let writing = tokio::spawn(async move {
+        // The server may answer and close before everything is written.
+        let _ = writer.write_all(&request).await;
+        let _ = writer.flush().await;
+        if close {
+            let _ = writer.shutdown().await;
+        }
+        writer
+    });
+    let reply = read_all(&mut reader).await;
+    drop(writing.await.expect("writer"));
+    reply
+}
+
+/// Checks a raw answer: `status`, and a Status body whose message contains `needle`.
+fn expect_raw_status(reply: &str, status: u16, needle: &str) {
+    assert!(
+        reply.starts_with(&format!("HTTP/1.1 {status} ")),
+        "expected {status}: {reply}"
+    );
+    let (_, body) = reply.split_once("\r\n\r\n").expect("head and body");
+    let body: serde_json::Value = serde_json::from_str(body).expect("a JSON body");
+    assert_eq!(body["kind"], "Status", "{body}");
+    assert_eq!(body["code"], status, "{body}");
+    let message = body["message"].as_str().expect("message");
+    assert!(
+        message.contains(needle),
+        "{message:?} does not mention {needle:?}"
+    );
+}
+
+fn raw_post(headers: &str, body: &[u8]) -> Vec<u8> {
+    let mut request = format!(
+        "POST /validate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{headers}\r\n"
+    )
+    .into_bytes();
+    request.extend_from_slice(body);
+    request
+}
+
+#[tokio::test]
+async fn broken_body_framing_gets_clear_4xx() {
+    let (server, _dir) = TestServer::with_lock_files("").await;
+    let review = fixture("configmap-create.json");
+    let limit = 8 * 1024 * 1024;
+    let mut chunked = Vec::new();
+    for _ in 0..9 {
+        chunked.extend_from_slice(format!("{:x}\r\n", 1024 * 1024).as_bytes());
+        chunked.extend(std::iter::repeat_n(b' ', 1024 * 1024));
+        chunked.extend_from_slice(b"\r\n");
+    }
+    chunked.extend_from_slice(b"0\r\n\r\n");
+    let too_large = format!("larger than the limit of {limit} bytes");
+    let cases: Vec<(&str, Vec<u8>, bool, u16, &str)> = vec![
+        (
+            "chunked body over the limit, no content-length",
+            raw_post("Transfer-Encoding: chunked\r\n", &chunked),
+            false,
+            413,
+            &too_large,
+        ),
+        (
+            "content-length larger than the body, then the client closes",
+            raw_post("Content-Length: 5000\r\n", &review[..100]),
+            true,
+            400,
+            "cannot read body",
+        ),
+        (
+            "a chunk size that is not hexadecimal",
+            raw_post("Transfer-Encoding: chunked\r\n", b"zz\r\n{}\r\n0\r\n\r\n"),
+            false,
+            400,
+            "cannot read body",
+        ),
+        (
+            // Both framings (the request-smuggling shape): chunked wins, the plain body is not
+            // valid chunked encoding.
+            "transfer-encoding chunked and content-length",
+            raw_post(
+                &format!(
+                    "Transfer-Encoding: chunked\r\nContent-Length: {}\r\n",
+                    review.len()
+                ),
+                &review,
+            ),
+            false,
+            400,
+            "cannot read body",
+        ),
+    ];
+    for (what, request, close, status, needle) in cases {
+        let reply = raw_exchange(&server, request, close).await;
+        println!("{what}: {}", reply.lines().next().unwrap_or(""));
+        expect_raw_status(&reply, status, needle);
+    }
+    let ok = server
+        .http1()
+        .post_json(&server.url("/validate"), review)
+        .await;
+    assert_eq!(ok.json()["response"]["allowed"], true);
+}
+
+/// Requests the HTTP parser refuses before any route sees them: a bare 400 (431 for huge
+/// headers) and a closed connection; no Status body can be given at that stage.
+#[tokio::test]
+async fn unparseable_requests_get_a_bare_4xx_and_a_closed_connection() {
+    let (server, _dir) = TestServer::with_lock_files("").await;
+    let body = b"{}";
+    let cases: Vec<(&str, Vec<u8>, u16)> = vec![
+        (
+            "content-length not a number",
+            raw_post("Content-Length: abc\r\n", body),
+            400,
+        ),
+        (
+            "negative content-length",
+            raw_post("Content-Length: -1\r\n", body),
+            400,
+        ),
+        (
+            "two different content-lengths",
+            raw_post("Content-Length: 2\r\nContent-Length: 3\r\n", body),
+            400,
+        ),
+        (
+            "a transfer coding other than chunked",
+            raw_post("Transfer-Encoding: gzip\r\nContent-Length: 2\r\n", body),
+            400,
+        ),
+        (
+            "a megabyte of headers",
+            raw_post(
+                &format!(
+                    "X-Padding: {}\r\nContent-Length: 2\r\n",
+                    "a".repeat(1 << 20)
+                ),
+                body,
+            ),
+            431,
+        ),
+    ];
+    for (what, request, status) in cases {
+        let reply = raw_exchange(&server, request, false).await;
+        assert!(
+            reply.starts_with(&format!("HTTP/1.1 {status} ")),
+            "{what}: {reply}"
+        );
+        assert!(
+            reply.to_ascii_lowercase().contains("connection: close"),
+            "{what}: {reply}"
+        );
+    }
+    let ok = server
+        .http1()
+        .post_json(&server.url("/validate"), fixture("configmap-create.json"))
+        .await;
+    assert_eq!(ok.json()["response"]["allowed"], true);
+}
+
+#[tokio::test]
+async fn head_is_refused_with_the_allowed_method() {
+    let (server, _dir) = TestServer::with_lock_files("").await;
+    let reply = server
+        .http1()
+        .send(
+            http::Request::head(server.url("/validate"))
+                .body(Full::new(Bytes::new()))
+                .expect("request"),
+        )
+        .await;
+    assert_eq!(reply.status, 405);
+    assert_eq!(reply.headers["allow"], "POST");
+    // A HEAD answer has no body; the length it announces is that of the Status a GET gets.
+    assert!(reply.body.is_empty());
+}
+
+#[tokio::test]
+async fn http2_requests_get_the_same_clear_4xx() {
+    let (server, _dir) = TestServer::with_lock_files("").await;
+    let client = server.http2();
+    let url = server.url("/validate");
+    let cases = [
+        (
+            post(&url, Some("text/plain"), fixture("configmap-create.json")),
+            400,
+            "content type is \"text/plain\"",
+        ),
+        (
+            post(&url, Some("application/json"), "{\"kind\":"),
+            400,
+            "malformed AdmissionReview",
+        ),
+        (
+            http::Request::get(&url)
+                .body(Full::new(Bytes::new()))
+                .expect("request"),
+            405,
+            "method GET is not allowed",
+        ),
+    ];
+    for (request, status, needle) in cases {
+        let reply = client.send(request).await;
+        assert_eq!(reply.version, http::Version::HTTP_2);
+        assert_eq!(reply.status, status);
+        let body = reply.json();
+        assert_eq!(body["kind"], "Status");
+        let message = body["message"].as_str().expect("message");
+        assert!(message.contains(needle), "{message:?}: {needle:?}");
+    }
+    let ok = client
+        .post_json(&url, fixture("configmap-create.json"))
+        .await;
+    assert_eq!(ok.json()["response"]["allowed"], true);
+}
+
+/// A valid review of `size` bytes: a ConfigMap CREATE carrying a large value, padded with
+/// trailing whitespace (which JSON allows) to the exact size.
+fn review_of_size(size: usize) -> Vec<u8> {
+    let mut review: serde_json::Value =
+        serde_json::from_slice(&fixture("configmap-create.json")).expect("fixture");
+    let small = serde_json::to_vec(&review).expect("json").len();
+    review["request"]["object"]["data"]["big"] = json!("x".repeat(size - small - 64));
+    let mut body = serde_json::to_vec(&review).expect("json");
+    assert!(body.len() <= size);
+    body.resize(size, b' ');
+    body
+}
+
+#[tokio::test]
+async fn the_body_limit_is_exact() {
+    let (server, _dir) = TestServer::with_lock_files("").await;
+    let client = server.http1();
+    let url = server.url("/validate");
+    let limit = 8 * 1024 * 1024;
+    for size in [7 * 1024 * 1024, limit] {
+        let reply = client.post_json(&url, review_of_size(size)).await;
+        assert_eq!(reply.status, 200, "{size} bytes");
+        assert_eq!(reply.json()["response"]["allowed"], true, "{size} bytes");
+    }
+    let reply = client.post_json(&url, review_of_size(limit + 1)).await;
+    assert_eq!(reply.status, 413);
+    assert!(
+        reply.json()["message"]
+            .as_str()
+            .expect("message")
+            .contains("larger than the limit of 8388608 bytes")
+    );
 }

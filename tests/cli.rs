@@ -253,7 +253,15 @@ fn sigterm_stops_the_server_with_status_zero() {
         .local_addr()
         .expect("addr")
         .port();
+    // systemd's notification socket, as a unit with Type=notify has it.
+    let notify_dir = tempfile::tempdir().expect("tempdir");
+    let notify_path = notify_dir.path().join("notify");
+    let notify = std::os::unix::net::UnixDatagram::bind(&notify_path).expect("notify socket");
+    notify
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("timeout");
     let mut child = bin()
+        .env("NOTIFY_SOCKET", &notify_path)
         .args([
             "serve",
             "--listen",
@@ -274,6 +282,14 @@ fn sigterm_stops_the_server_with_status_zero() {
         assert!(Instant::now() < deadline, "server did not start listening");
         std::thread::sleep(Duration::from_millis(50));
     }
+    let mut buf = [0u8; 4096];
+    let n = notify.recv(&mut buf).expect("READY notification");
+    let ready = String::from_utf8_lossy(&buf[..n]).into_owned();
+    assert!(ready.contains("READY=1"), "{ready}");
+    assert!(
+        ready.contains(&format!("STATUS=serving on 127.0.0.1:{port}")),
+        "{ready}"
+    );
     let status = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()
@@ -290,6 +306,8 @@ fn sigterm_stops_the_server_with_status_zero() {
         );
         std::thread::sleep(Duration::from_millis(50));
     };
+    let n = notify.recv(&mut buf).expect("STOPPING notification");
+    assert!(String::from_utf8_lossy(&buf[..n]).contains("STOPPING=1"));
     let output = child.wait_with_output().expect("output");
     let log = String::from_utf8_lossy(&output.stderr);
     assert_eq!(exit.code(), Some(0), "{log}");

@@ -443,3 +443,89 @@ async fn readiness_waits_for_the_first_watch_list() {
     }
     watch.abort();
 }
+
+#[tokio::test]
+async fn every_spec_field_works_through_the_api_server() {
+    let setup = setup(Duration::from_secs(600), |_| {}).await;
+    setup.wait_ready().await;
+    let fixture_name = "configmap-delete-locked.json"; // DELETE of locked-a by kubernetes-admin
+    // (spec, allowed, what the answer must mention)
+    let cases = [
+        (
+            json!({"mode": "Warn", "reason": "trial"}),
+            true,
+            "(mode Warn) would refuse this: trial",
+        ),
+        (
+            json!({"exempt": {"users": ["kubernetes-admin"]}}),
+            true,
+            "allowed by exemption: user kubernetes-admin",
+        ),
+        (
+            json!({"exempt": {"groups": ["system:masters"]}}),
+            true,
+            "group system:masters",
+        ),
+        (json!({"operations": ["UPDATE"]}), true, ""),
+        (
+            json!({"operations": ["DELETE"], "reason": "keep"}),
+            false,
+            "Lock demo-015226/locked-a: keep",
+        ),
+        (
+            json!({"expiresAt": "2020-01-01T00:00:00Z"}),
+            true,
+            "Lock demo-015226/locked-a",
+        ),
+        (
+            json!({"expiresAt": "2999-01-01T00:00:00Z"}),
+            false,
+            "is locked by",
+        ),
+        (
+            json!({"resources": [{"apiGroups": ["apps"], "resources": ["deployments"]}]}),
+            true,
+            "",
+        ),
+        (
+            json!({"resources": [{"apiGroups": [""], "resources": ["configmaps"]}]}),
+            false,
+            "is locked by",
+        ),
+    ];
+    for (spec, allowed, needle) in cases {
+        setup.api.create_lock(NS, "locked-a", spec.clone());
+        let started = Instant::now();
+        let answer = loop {
+            let answer = setup.review(fixture_name).await;
+            // Wait until the answer reflects this spec (the previous one may still be cached).
+            let text = answer.to_string();
+            if answer["allowed"] == allowed && text.contains(needle) {
+                break answer;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "{spec}: {answer}"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        assert_eq!(answer["allowed"], allowed, "{spec}");
+        setup.api.delete_lock(NS, "locked-a");
+        setup.until_allowed_is(fixture_name, true).await;
+    }
+    // A selector lock under another name covers objects by their labels. The fixture's
+    // ConfigMap has none: `app=web` does not select it, `app DoesNotExist` does.
+    setup.api.create_lock(
+        NS,
+        "freeze",
+        json!({"selector": {"matchLabels": {"app": "web"}}}),
+    );
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(setup.allowed(fixture_name).await, "no labels, not selected");
+    setup.api.create_lock(
+        NS,
+        "freeze",
+        json!({"selector": {"matchExpressions": [{"key": "app", "operator": "DoesNotExist"}]}}),
+    );
+    setup.until_allowed_is(fixture_name, false).await;
+}

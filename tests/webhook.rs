@@ -311,3 +311,49 @@ async fn shutdown_drains_and_stops_accepting() {
         "the listener is closed after shutdown"
     );
 }
+
+#[tokio::test]
+async fn lock_files_understand_the_whole_spec() {
+    let yaml = r#"
+apiVersion: objectlock.dev/v1alpha1
+kind: Lock
+metadata: {name: trial, namespace: demo-015226}
+spec:
+  selector: {matchExpressions: [{key: app, operator: DoesNotExist}]}
+  mode: Warn
+  reason: trying a namespace-wide lock
+---
+apiVersion: objectlock.dev/v1alpha1
+kind: Lock
+metadata: {name: locked-a, namespace: demo-015226}
+spec:
+  operations: [DELETE]
+  resources: [{apiGroups: [""], resources: [configmaps]}]
+  exempt: {groups: [system:masters]}
+  expiresAt: "2999-01-01T00:00:00Z"
+"#;
+    let (server, _dir) = TestServer::with_lock_files(yaml).await;
+    let client = server.http1();
+    let url = server.url("/validate");
+    // The admin is in system:masters: exempt from locked-a, warned by the Warn lock.
+    let answer = client
+        .post_json(&url, fixture("configmap-delete-locked.json"))
+        .await
+        .json();
+    let response = &answer["response"];
+    assert_eq!(response["allowed"], true, "{answer}");
+    assert_eq!(
+        response["warnings"],
+        json!([
+            "Lock demo-015226/trial (mode Warn) would refuse this: trying a namespace-wide lock",
+            "allowed by exemption: group system:masters is exempt from Lock demo-015226/locked-a"
+        ])
+    );
+    assert_eq!(
+        response["auditAnnotations"],
+        json!({
+            "warn-locks": "Lock demo-015226/trial",
+            "exempted-by": "Lock demo-015226/locked-a (group system:masters)"
+        })
+    );
+}

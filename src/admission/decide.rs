@@ -7,9 +7,13 @@
 
 use std::collections::BTreeMap;
 
-use super::request::{AdmissionRequest, Operation};
-use crate::api;
-use crate::locks::{LockSet, LookupError};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::jiff::Timestamp;
+use kube::core::{Selector, SelectorExt};
+
+use super::request::{AdmissionRequest, Operation, UserInfo};
+use crate::api::{self, LockMode, LockOperation, LockSpec};
+use crate::locks::{LockRef, LockSet, LookupError};
 
 /// How many Locks a namespace-deletion denial names.
 const NAMED_IN_NAMESPACE_DENIAL: usize = 5;
@@ -204,45 +208,216 @@ pub fn plan(req: &AdmissionRequest) -> Plan {
     })
 }
 
-/// Step two: the verdict, given the lock set named by `lookup.scope` and, for a Namespace
-/// DELETE, the lock set of that namespace.
+/// Step two: the verdict, given the lock set named by `lookup.scope`, for a Namespace DELETE
+/// the lock set of that namespace, and the current time (for `expiresAt`).
+///
+/// Every lock that covers the object, the resource and the operation, has not expired and does
+/// not exempt the user is counted; the most restrictive wins: one Enforce lock refuses (the
+/// message names every Enforce lock), Warn locks only warn.
 pub fn decide(
     req: &AdmissionRequest,
     lookup: &Lookup,
     scope_locks: &LockSet,
     contents: Option<&LockSet>,
+    now: Timestamp,
 ) -> Verdict {
     let what = describe_object(req, &lookup.name);
-    if let Some(lock) = scope_locks.get(&lookup.name) {
+    let found = applicable(req, &lookup.name, scope_locks, now);
+    let mut verdict = if !found.enforcing.is_empty() {
         if req.operation == Operation::Update && req.is_terminating() {
             // Refusing this would wedge the object in Terminating: finalizer removal is an UPDATE.
-            return Verdict::allow()
+            let names = names(&found.enforcing);
+            Verdict::allow()
                 .warn(format!(
-                    "{} \"{}\" is being deleted: update allowed despite {lock}",
+                    "{} \"{}\" is being deleted: update allowed despite {names}",
                     req.resource.qualified(),
                     lookup.name
                 ))
-                .annotate("terminating-object-update", lock.to_string());
+                .annotate("terminating-object-update", names)
+        } else {
+            deny_locked(req, &what, &found.enforcing)
         }
-        let mut message = String::new();
-        if is_eviction(req) {
-            message.push_str("cannot evict: ");
-        }
-        message.push_str(&format!("{what} is locked by {lock}"));
-        if let Some(reason) = lock.spec.reason.as_deref().filter(|r| !r.trim().is_empty()) {
-            message.push_str(": ");
-            message.push_str(reason.trim());
-        }
-        message.push_str(&format!(" (to unlock: {})", lock.unlock_command()));
-        let mut verdict =
-            Verdict::deny(403, "Forbidden", message).annotate("lock", lock.to_string());
-        verdict.locks.push(lock.to_string());
-        return verdict;
+    } else if let Some(contents) = contents.filter(|set| !set.is_empty()) {
+        namespace_deletion(&lookup.name, contents, now)
+    } else {
+        Verdict::allow()
+    };
+    for lock in &found.warning {
+        let reason = lock
+            .spec
+            .reason
+            .as_deref()
+            .map(|r| format!(": {}", r.trim()))
+            .unwrap_or_default();
+        verdict = verdict.warn(format!("{lock} (mode Warn) would refuse this{reason}"));
     }
-    if let Some(contents) = contents.filter(|set| !set.is_empty()) {
-        return deny_namespace_deletion(&lookup.name, contents);
+    if !found.warning.is_empty() {
+        verdict = verdict.annotate("warn-locks", names(&found.warning));
     }
-    Verdict::allow()
+    for (lock, how) in &found.exempted {
+        verdict = verdict.warn(format!("allowed by exemption: {how} is exempt from {lock}"));
+    }
+    if !found.exempted.is_empty() {
+        let list = found
+            .exempted
+            .iter()
+            .map(|(lock, how)| format!("{lock} ({how})"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        verdict = verdict.annotate("exempted-by", list);
+    }
+    if !found.expired.is_empty() {
+        verdict = verdict.annotate("expired-locks", names(&found.expired));
+    }
+    verdict
+}
+
+/// The locks that cover a request, sorted by what they do to it.
+#[derive(Debug, Default)]
+struct Applicable<'a> {
+    enforcing: Vec<&'a LockRef>,
+    warning: Vec<&'a LockRef>,
+    exempted: Vec<(&'a LockRef, String)>,
+    expired: Vec<&'a LockRef>,
+}
+
+fn applicable<'a>(
+    req: &AdmissionRequest,
+    name: &str,
+    locks: &'a LockSet,
+    now: Timestamp,
+) -> Applicable<'a> {
+    // An eviction deletes the pod.
+    let operation = if req.operation == Operation::Update {
+        LockOperation::Update
+    } else {
+        LockOperation::Delete
+    };
+    // Labels as they are before the change; none known for an eviction (no oldObject).
+    let empty = BTreeMap::new();
+    let labels = req
+        .old_object
+        .as_ref()
+        .map(|o| o.metadata.labels.as_ref().unwrap_or(&empty));
+    let mut found = Applicable::default();
+    for lock in locks.iter() {
+        let spec = &lock.spec;
+        let covers_object = match &spec.selector {
+            None => lock.name == name,
+            Some(selector) => labels.is_some_and(|labels| selects(selector, labels)),
+        };
+        if !covers_object || !covers_resource(spec, req) || !spec.operations().contains(&operation)
+        {
+            continue;
+        }
+        if spec.is_expired(now) {
+            found.expired.push(lock);
+        } else if let Some(how) = exemption(spec, &req.user_info) {
+            found.exempted.push((lock, how));
+        } else if spec.mode.unwrap_or_default() == LockMode::Warn {
+            found.warning.push(lock);
+        } else {
+            found.enforcing.push(lock);
+        }
+    }
+    found
+}
+
+fn covers_resource(spec: &LockSpec, req: &AdmissionRequest) -> bool {
+    let Some(rules) = &spec.resources else {
+        return true;
+    };
+    let resource = &req.resource;
+    let with_sub = req
+        .subresource()
+        .map(|sub| format!("{}/{sub}", resource.resource));
+    rules.iter().any(|rule| {
+        let group = rule
+            .api_groups
+            .iter()
+            .any(|g| g == "*" || *g == resource.group);
+        let plural = rule.resources.iter().any(|r| {
+            r == "*" || *r == resource.resource || with_sub.as_deref() == Some(r.as_str())
+        });
+        group && plural
+    })
+}
+
+fn selects(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
+    // A selector the API would refuse (bad operator) covers nothing rather than everything.
+    Selector::try_from(selector.clone()).is_ok_and(|s| !s.selects_all() && s.matches(labels))
+}
+
+/// Which exemption of `spec` the user has, worded for the warning.
+fn exemption(spec: &LockSpec, user: &UserInfo) -> Option<String> {
+    let exempt = spec.exempt.as_ref()?;
+    if exempt.users.contains(&user.username) {
+        return Some(format!("user {}", user.username));
+    }
+    if let Some(group) = user.groups.iter().find(|g| exempt.groups.contains(g)) {
+        return Some(format!("group {group}"));
+    }
+    let account = user.username.strip_prefix("system:serviceaccount:")?;
+    let (namespace, name) = account.split_once(':')?;
+    exempt
+        .service_accounts
+        .iter()
+        .find(|sa| sa.split_once('/') == Some((namespace, name)))
+        .map(|sa| format!("service account {sa}"))
+}
+
+fn names(locks: &[&LockRef]) -> String {
+    locks
+        .iter()
+        .map(|l| l.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn deny_locked(req: &AdmissionRequest, what: &str, locks: &[&LockRef]) -> Verdict {
+    let mut message = String::new();
+    if is_eviction(req) {
+        message.push_str("cannot evict: ");
+    }
+    message.push_str(&format!("{what} is locked by "));
+    let described: Vec<String> = locks
+        .iter()
+        .map(|lock| {
+            match lock
+                .spec
+                .reason
+                .as_deref()
+                .map(str::trim)
+                .filter(|r| !r.is_empty())
+            {
+                Some(reason) => format!("{lock}: {reason}"),
+                None => lock.to_string(),
+            }
+        })
+        .collect();
+    message.push_str(&described.join("; "));
+    message.push_str(&format!(" (to unlock: {})", unlock_command(locks)));
+    let mut verdict = Verdict::deny(403, "Forbidden", message);
+    verdict.locks = locks.iter().map(|l| l.to_string()).collect();
+    verdict.annotate("lock", names(locks))
+}
+
+/// `kubectl delete lock a b -n ns`, one command for all the locks (they share a scope).
+fn unlock_command(locks: &[&LockRef]) -> String {
+    match locks {
+        [one] => one.unlock_command(),
+        _ => {
+            let list = locks
+                .iter()
+                .map(|l| l.name.as_str())
+                .collect::<Vec<_>>()
+                .join(" ");
+            match locks.first().and_then(|l| l.namespace.as_deref()) {
+                Some(ns) => format!("kubectl delete lock {list} -n {ns}"),
+                None => format!("kubectl delete clusterlock {list}"),
+            }
+        }
+    }
 }
 
 /// The verdict when the locks could not be read.
@@ -274,27 +449,41 @@ pub fn decide_unreadable(
     verdict.annotate("lookup-error", error.to_string())
 }
 
-fn deny_namespace_deletion(namespace: &str, contents: &LockSet) -> Verdict {
-    let mut names: Vec<&str> = contents
+/// A Namespace DELETE while it still holds Locks: the namespace controller would delete what it
+/// can and stop at the locked objects, leaving the namespace Terminating.
+fn namespace_deletion(namespace: &str, contents: &LockSet, now: Timestamp) -> Verdict {
+    let live: Vec<&LockRef> = contents
+        .iter()
+        .filter(|l| !l.spec.is_expired(now))
+        .collect();
+    let (warn, enforce): (Vec<&LockRef>, Vec<&LockRef>) = live
+        .into_iter()
+        .partition(|l| l.spec.mode.unwrap_or_default() == LockMode::Warn);
+    if enforce.is_empty() {
+        return match warn.len() {
+            0 => Verdict::allow(),
+            n => Verdict::allow().warn(format!(
+                "namespaces \"{namespace}\" holds {n} Warn-mode Lock(s); their objects will be deleted"
+            )),
+        };
+    }
+    let listed: Vec<&str> = enforce
         .iter()
         .take(NAMED_IN_NAMESPACE_DENIAL)
         .map(|l| l.name.as_str())
         .collect();
-    let more = contents.len() - names.len();
-    let listed = names.join(", ");
-    let more = if more > 0 {
-        format!(" and {more} more")
-    } else {
-        String::new()
+    let count = enforce.len();
+    let more = match count - listed.len() {
+        0 => String::new(),
+        n => format!(" and {n} more"),
     };
-    let count = contents.len();
     let plural = if count == 1 { "Lock" } else { "Locks" };
     let message = format!(
-        "namespaces \"{namespace}\" still holds {count} {plural} ({listed}{more}): deleting it would leave it stuck in Terminating at the locked objects (to unlock: kubectl delete locks --all -n {namespace})"
+        "namespaces \"{namespace}\" still holds {count} {plural} ({}{more}): deleting it would leave it stuck in Terminating at the locked objects (to unlock: kubectl delete locks --all -n {namespace})",
+        listed.join(", ")
     );
     let mut verdict = Verdict::deny(403, "Forbidden", message);
-    names.truncate(NAMED_IN_NAMESPACE_DENIAL);
-    verdict.locks = names
+    verdict.locks = listed
         .iter()
         .map(|n| format!("Lock {namespace}/{n}"))
         .collect();

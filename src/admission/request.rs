@@ -82,6 +82,9 @@ pub struct ObjectMeta {
     /// Set once the object is Terminating.
     #[serde(default)]
     pub deletion_timestamp: Option<String>,
+    /// The object's labels, for selector locks.
+    #[serde(default)]
+    pub labels: Option<std::collections::BTreeMap<String, String>>,
 }
 
 /// `object` / `oldObject`, reduced to its metadata.

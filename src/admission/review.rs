@@ -9,6 +9,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::jiff::Timestamp;
 use kube::core::Status;
 use kube::core::admission::{AdmissionResponse, AdmissionReview};
 use kube::core::{DynamicObject, TypeMeta};
@@ -196,7 +197,7 @@ impl Reviewer {
                 let timeout = self.lookup_timeout(deadline);
                 match self.read(&lookup, timeout).await {
                     Ok((scope, contents)) => {
-                        decide::decide(req, &lookup, &scope, contents.as_deref())
+                        decide::decide(req, &lookup, &scope, contents.as_deref(), Timestamp::now())
                     }
                     Err(error) => {
                         warn!(uid = %req.uid, operation = req.operation.as_str(), resource = %req.resource_path(),

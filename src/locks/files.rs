@@ -326,23 +326,30 @@ pub fn parse_file(path: &Path, bytes: &[u8]) -> Result<Vec<LockRef>, FileProblem
     Ok(locks)
 }
 
-/// A spec, with unknown fields refused (the API server would prune them; here they are typos).
+/// A spec, with unknown fields refused (the API server would prune them; here they are typos)
+/// and the CRD's validation applied.
 fn parse_spec(value: serde_json::Value) -> Result<LockSpec, String> {
     let value = match value {
         serde_json::Value::Null => return Ok(LockSpec::default()),
         v @ serde_json::Value::Object(_) => v,
         other => return Err(format!("spec must be a mapping, found {other}")),
     };
-    let spec: LockSpec = serde_json::from_value(value.clone()).map_err(|e| format!("spec: {e}"))?;
-    let known = serde_json::to_value(LockSpec {
-        reason: Some(String::new()),
+    let mut unknown = Vec::new();
+    let spec: LockSpec = serde_ignored::deserialize(value, |path| {
+        // Option layers show as `?` in the path; they mean nothing to the author of the file.
+        let path = path.to_string();
+        unknown.push(
+            path.split('.')
+                .filter(|part| *part != "?")
+                .collect::<Vec<_>>()
+                .join("."),
+        );
     })
-    .map_err(|e| e.to_string())?;
-    if let (Some(given), Some(known)) = (value.as_object(), known.as_object())
-        && let Some(unknown) = given.keys().find(|k| !known.contains_key(*k))
-    {
-        return Err(format!("spec.{unknown} is not a field of a lock spec"));
+    .map_err(|e| format!("spec: {e}"))?;
+    if let Some(field) = unknown.first() {
+        return Err(format!("spec.{field} is not a field of a lock spec"));
     }
+    spec.validate().map_err(|e| format!("spec.{e}"))?;
     Ok(spec)
 }
 
@@ -367,11 +374,33 @@ mod tests {
                     "prod",
                     "a",
                     LockSpec {
-                        reason: Some("snapshot".into())
+                        reason: Some("snapshot".into()),
+                        ..LockSpec::default()
                     }
                 ),
                 LockRef::cluster_lock("kube-system", LockSpec::default()),
             ]
+        );
+    }
+
+    #[test]
+    fn every_spec_field_is_read() {
+        let locks = parse(
+            "apiVersion: objectlock.dev/v1alpha1\nkind: Lock\nmetadata: {name: freeze, namespace: prod}\nspec:\n  reason: release\n  operations: [DELETE]\n  resources: [{apiGroups: [apps], resources: [deployments]}]\n  selector: {matchLabels: {app: web}}\n  exempt: {users: [alice], groups: [ops], serviceAccounts: [velero/velero]}\n  expiresAt: 2026-11-22T18:00:00Z\n  mode: Warn\n",
+        )
+        .expect("valid");
+        let spec = serde_json::to_value(&locks[0].spec).expect("json");
+        assert_eq!(
+            spec,
+            serde_json::json!({
+                "reason": "release",
+                "operations": ["DELETE"],
+                "resources": [{"apiGroups": ["apps"], "resources": ["deployments"]}],
+                "selector": {"matchLabels": {"app": "web"}},
+                "exempt": {"users": ["alice"], "groups": ["ops"], "serviceAccounts": ["velero/velero"]},
+                "expiresAt": "2026-11-22T18:00:00Z",
+                "mode": "Warn",
+            })
         );
     }
 
@@ -407,6 +436,26 @@ mod tests {
                 "apiVersion: objectlock.dev/v1alpha1\nkind: Lock\nmetadata: {name: b, namespace: p}\nspec: [1]\n",
                 4,
                 "spec must be a mapping",
+            ),
+            (
+                "apiVersion: objectlock.dev/v1alpha1\nkind: Lock\nmetadata: {name: b, namespace: p}\nspec:\n  exempt: {userz: [a]}\n",
+                5,
+                "spec.exempt.userz is not a field",
+            ),
+            (
+                "apiVersion: objectlock.dev/v1alpha1\nkind: Lock\nmetadata: {name: b, namespace: p}\nspec:\n  mode: Audit\n",
+                5,
+                "unknown variant `Audit`",
+            ),
+            (
+                "apiVersion: objectlock.dev/v1alpha1\nkind: Lock\nmetadata: {name: b, namespace: p}\nspec:\n  selector: {}\n",
+                5,
+                "spec.selector: an empty selector",
+            ),
+            (
+                "apiVersion: objectlock.dev/v1alpha1\nkind: Lock\nmetadata: {name: b, namespace: p}\nspec:\n  expiresAt: soon\n",
+                5,
+                "spec: ",
             ),
             (
                 "apiVersion: objectlock.dev/v1alpha1\nkind: Lock\nmetadata:\n  name: [unclosed\n",

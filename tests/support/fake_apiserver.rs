@@ -1,4 +1,5 @@
-//! An in-process fake Kubernetes API server for the `objectlock.dev/v1alpha1` CRDs.
+//! An in-process fake Kubernetes API server for the `objectlock.dev/v1alpha1` CRDs, with the
+//! discovery and the few other objects that `kubectl lock` looks up.
 //!
 //! It speaks the real REST + watch wire format over plain HTTP/1.1 on `127.0.0.1:0`, so a real
 //! `kube::Client` (`Api::list`/`get`/`create`/`delete`, `kube::runtime::watcher`) talks to it
@@ -15,11 +16,16 @@
 //! - Errors are `Status` objects with real reasons and messages (NotFound, Forbidden, ...).
 //! - `fieldSelector` (`metadata.name`, `metadata.namespace`) and `labelSelector` equality terms
 //!   (`k=v`, `k==v`, `k!=v`, `k`, `!k`); other selector syntax is answered 400, never ignored.
+//! - Discovery as `kubectl` reads it: `GET /api`, `/api/v1`, `/apis` and each group version's
+//!   `APIResourceList` ([`DISCOVERY`]: a few core, `apps`, `rbac.authorization.k8s.io` and lock
+//!   resources with their short names, scopes and verbs, and some subresources).
+//! - Other objects, seeded with [`FakeApiServer::add_object`] and answered by GET of one object
+//!   (200, or a 404 `NotFound` Status naming it); only the resources in [`DISCOVERY`].
 //!
-//! What it does not fake: TLS, authentication, discovery (`/api`, `/apis`), PUT/PATCH, status
-//! subresources, `dryRun` (answered 400), admission and schema validation, `generateName`,
-//! periodic watch bookmarks, protobuf, HTTP/2, and the few seconds a real server waits before
-//! answering "Too large resource version".
+//! What it does not fake: TLS, authentication, aggregated discovery, LIST or changes of other
+//! objects, PUT/PATCH, status subresources, `dryRun` (answered 400), admission and schema
+//! validation, `generateName`, periodic watch bookmarks, protobuf, HTTP/2, and the few seconds a
+//! real server waits before answering "Too large resource version".
 #![allow(dead_code)] // each test binary uses a different part of this module
 
 use std::collections::{BTreeMap, VecDeque};
@@ -105,6 +111,8 @@ struct State {
     drop_generation: u64,
     stopped: bool,
     fault: Option<Fault>,
+    /// Objects other than locks, by their path (`/api/v1/namespaces/prod/configmaps/web`).
+    others: BTreeMap<String, Value>,
     log: Vec<String>,
     lists: Vec<String>,
     watches: usize,
@@ -230,6 +238,40 @@ impl FakeApiServer {
             .is_some()
     }
 
+    /// Adds an object of a resource in [`DISCOVERY`] to the collection at `collection`, e.g.
+    /// `add_object("/apis/apps/v1/namespaces/prod/deployments", json!({"metadata": {"name": "web"}}))`.
+    /// `apiVersion`, `kind`, the namespace, a uid and a creationTimestamp are filled in.
+    pub fn add_object(&self, collection: &str, mut object: Value) {
+        let name = object["metadata"]["name"].as_str().expect("metadata.name");
+        let path = format!("{collection}/{name}");
+        let route = ObjectRoute::parse(&path).expect("a collection of a discovered resource");
+        let entry = route
+            .entry()
+            .expect("a collection of a discovered resource");
+        object["apiVersion"] = json!(route.group_version);
+        object["kind"] = entry["kind"].clone();
+        let meta = &mut object["metadata"];
+        if let Some(ns) = &route.ns {
+            meta["namespace"] = json!(ns);
+        }
+        let mut st = self.state();
+        meta["uid"] = json!(format!("00000000-0000-4000-9000-{:012x}", st.others.len()));
+        meta["creationTimestamp"] = json!("2026-01-01T00:00:00Z");
+        st.others.insert(path, object);
+    }
+
+    /// The `Lock` stored as `namespace/name`, as a GET returns it.
+    pub fn lock(&self, namespace: &str, name: &str) -> Option<Value> {
+        let key = (Res::Lock, namespace.to_string(), name.to_string());
+        self.state().objects.get(&key).cloned()
+    }
+
+    /// The `ClusterLock` stored as `name`, as a GET returns it.
+    pub fn cluster_lock(&self, name: &str) -> Option<Value> {
+        let key = (Res::ClusterLock, String::new(), name.to_string());
+        self.state().objects.get(&key).cloned()
+    }
+
     /// LIST requests received so far (faulted ones included; GETs and watches are not LISTs).
     pub fn list_calls(&self) -> usize {
         self.state().lists.len()
@@ -352,9 +394,20 @@ impl FakeApiServer {
             .map(|kv| kv.split_once('=').unwrap_or((kv, "")))
             .map(|(k, v)| (decode(&k.replace('+', " ")), decode(&v.replace('+', " "))))
             .collect();
+        if method == Method::GET
+            && let Some(list) = discovery(uri.path())
+        {
+            return Ok(reply(200, list));
+        }
+        if let Some(route) = ObjectRoute::parse(uri.path()).filter(|r| r.entry().is_some()) {
+            let answer = match method {
+                Method::GET => self.state().others.get(&decode(uri.path())).cloned(),
+                _ => return Ok(reply_status(status(405, NOT_ALLOWED, json!({})))),
+            };
+            return Ok(answer.map_or_else(|| reply_status(route.not_found()), |o| reply(200, o)));
+        }
         let Some(route) = parse_route(uri.path()) else {
-            let msg = "the server could not find the requested resource";
-            return Ok(reply_status(status(404, msg, json!({}))));
+            return Ok(reply_status(status(404, NO_SUCH_RESOURCE, json!({}))));
         };
         let watching = matches!(query.get("watch").map(String::as_str), Some("true" | "1"));
         let answer = match (&method, &route.name) {
@@ -385,11 +438,7 @@ impl FakeApiServer {
                 let removed = self.remove(route.key()).map(|obj| (200, obj));
                 removed.ok_or_else(|| not_found(route.res, name))
             }
-            _ => Err(status(
-                405,
-                "the server does not allow this method",
-                json!({}),
-            )),
+            _ => Err(status(405, NOT_ALLOWED, json!({}))),
         };
         Ok(answer.map_or_else(reply_status, |(code, obj)| reply(code, obj)))
     }
@@ -529,6 +578,196 @@ impl FakeApiServer {
             .header(http::header::CONTENT_TYPE, "application/json")
             .body(body.boxed_unsync())
             .expect("valid watch response")
+    }
+}
+
+const NO_SUCH_RESOURCE: &str = "the server could not find the requested resource";
+const NOT_ALLOWED: &str = "the server does not allow this method on the requested resource";
+
+/// The discovery documents, by group version: what `kubectl api-resources` reads. Core `v1` first,
+/// then the groups in `/apis` order.
+pub const DISCOVERY: [&str; 4] = ["v1", "apps/v1", "rbac.authorization.k8s.io/v1", API_VERSION];
+
+/// The `APIResourceList.resources` of `group_version`, as kube-apiserver sends them.
+fn api_resources(group_version: &str) -> Vec<Value> {
+    const VERBS: [&str; 8] = [
+        "create",
+        "delete",
+        "deletecollection",
+        "get",
+        "list",
+        "patch",
+        "update",
+        "watch",
+    ];
+    let resource =
+        |name: &str, kind: &str, namespaced: bool, short: &[&str], categories: &[&str]| {
+            let mut r = json!({ "name": name, "singularName": kind.to_lowercase(),
+            "namespaced": namespaced, "kind": kind, "verbs": VERBS });
+            if !short.is_empty() {
+                r["shortNames"] = json!(short);
+            }
+            if !categories.is_empty() {
+                r["categories"] = json!(categories);
+            }
+            r
+        };
+    // Subresources carry no singular name; some answer in another group or kind.
+    let sub = |name: &str, kind: &str, group_version: Option<(&str, &str)>, verbs: &[&str]| {
+        let mut r = json!({ "name": name, "singularName": "", "namespaced": true, "kind": kind,
+            "verbs": verbs });
+        if let Some((group, version)) = group_version {
+            (r["group"], r["version"]) = (json!(group), json!(version));
+        }
+        r
+    };
+    let all = ["all"];
+    match group_version {
+        "v1" => {
+            let mut namespaces = resource("namespaces", "Namespace", false, &["ns"], &[]);
+            namespaces["verbs"] = json!([
+                "create", "delete", "get", "list", "patch", "update", "watch"
+            ]);
+            vec![
+                resource("configmaps", "ConfigMap", true, &["cm"], &[]),
+                namespaces,
+                sub("namespaces/finalize", "Namespace", None, &["update"]),
+                resource("pods", "Pod", true, &["po"], &all),
+                sub(
+                    "pods/eviction",
+                    "Eviction",
+                    Some(("policy", "v1")),
+                    &["create"],
+                ),
+                sub("pods/status", "Pod", None, &["get", "patch", "update"]),
+                resource("secrets", "Secret", true, &[], &[]),
+                resource("services", "Service", true, &["svc"], &all),
+            ]
+        }
+        "apps/v1" => vec![
+            resource("deployments", "Deployment", true, &["deploy"], &all),
+            sub(
+                "deployments/scale",
+                "Scale",
+                Some(("autoscaling", "v1")),
+                &["get", "patch", "update"],
+            ),
+            sub(
+                "deployments/status",
+                "Deployment",
+                None,
+                &["get", "patch", "update"],
+            ),
+        ],
+        "rbac.authorization.k8s.io/v1" => vec![
+            resource("clusterroles", "ClusterRole", false, &[], &[]),
+            resource("roles", "Role", true, &[], &[]),
+        ],
+        API_VERSION => vec![
+            resource(
+                "clusterlocks",
+                "ClusterLock",
+                false,
+                &["clk"],
+                &["objectlocks"],
+            ),
+            resource("locks", "Lock", true, &["lk"], &["objectlocks"]),
+        ],
+        _ => vec![],
+    }
+}
+
+/// The discovery document at `path`, if it is one.
+fn discovery(path: &str) -> Option<Value> {
+    let group_version = match path {
+        "/api" => {
+            let address = json!({ "clientCIDR": "0.0.0.0/0", "serverAddress": "10.0.0.1:6443" });
+            return Some(
+                json!({ "kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [address] }),
+            );
+        }
+        "/apis" => {
+            let groups: Vec<Value> = DISCOVERY[1..]
+                .iter()
+                .map(|gv| {
+                    let (group, version) = gv.split_once('/').expect("group/version");
+                    let version = json!({ "groupVersion": gv, "version": version });
+                    json!({ "name": group, "versions": [version], "preferredVersion": version })
+                })
+                .collect();
+            return Some(json!({ "kind": "APIGroupList", "apiVersion": "v1", "groups": groups }));
+        }
+        "/api/v1" => "v1",
+        _ => path
+            .strip_prefix("/apis/")
+            .filter(|gv| *gv != "v1" && DISCOVERY.contains(gv))?,
+    };
+    let mut list = json!({ "kind": "APIResourceList", "groupVersion": group_version,
+        "resources": api_resources(group_version) });
+    // The core list is the only one a real server sends without an apiVersion.
+    if group_version != "v1" {
+        list["apiVersion"] = json!("v1");
+    }
+    Some(list)
+}
+
+/// A GET of one object outside the lock group: `/api/v1/[namespaces/NS/]PLURAL/NAME` or
+/// `/apis/GROUP/VERSION/[namespaces/NS/]PLURAL/NAME`.
+struct ObjectRoute {
+    group_version: String,
+    ns: Option<String>,
+    plural: String,
+    name: String,
+}
+
+impl ObjectRoute {
+    fn parse(path: &str) -> Option<ObjectRoute> {
+        let segments: Vec<String> = path.split('/').map(decode).collect();
+        let (group_version, rest) = match segments.get(1)?.as_str() {
+            "api" => (segments.get(2)?.clone(), segments.get(3..)?),
+            "apis" => (
+                format!("{}/{}", segments.get(2)?, segments.get(3)?),
+                segments.get(4..)?,
+            ),
+            _ => return None,
+        };
+        let (ns, plural, name) = match rest {
+            [namespaces, ns, plural, name] if namespaces == "namespaces" => {
+                (Some(ns), plural, name)
+            }
+            [plural, name] => (None, plural, name),
+            _ => return None,
+        };
+        if group_version == API_VERSION || [plural, name].iter().any(|s| s.is_empty()) {
+            return None;
+        }
+        let (ns, plural, name) = (ns.cloned(), plural.clone(), name.clone());
+        Some(ObjectRoute {
+            group_version,
+            ns,
+            plural,
+            name,
+        })
+    }
+
+    /// The discovery entry of the resource, when it is served in this scope.
+    fn entry(&self) -> Option<Value> {
+        api_resources(&self.group_version)
+            .into_iter()
+            .find(|r| r["name"] == self.plural.as_str() && r["namespaced"] == self.ns.is_some())
+    }
+
+    fn not_found(&self) -> Value {
+        let (plural, name) = (&self.plural, &self.name);
+        let mut details = json!({ "name": name, "kind": plural });
+        let resource = match self.group_version.split_once('/') {
+            Some((group, _)) => {
+                details["group"] = json!(group);
+                format!("{plural}.{group}")
+            }
+            None => plural.clone(),
+        };
+        status(404, &format!("{resource} \"{name}\" not found"), details)
     }
 }
 

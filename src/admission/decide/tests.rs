@@ -1,8 +1,10 @@
 //! The decision table: one row per rule, including the traps the API server sets.
+#![allow(clippy::cloned_ref_to_slice_refs)] // `&[lock.clone()]` reads best in a table
 
 use super::*;
 use crate::api::LockSpec;
 use crate::locks::LockRef;
+use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
 
 /// A request as the API server would send it; `patch` overrides fields of a DELETE of
@@ -33,7 +35,13 @@ fn request(patch: Value) -> AdmissionRequest {
 fn reason(text: &str) -> LockSpec {
     LockSpec {
         reason: Some(text.to_owned()),
+        ..LockSpec::default()
     }
+}
+
+/// The decision's clock in these tests.
+fn now() -> Timestamp {
+    "2026-11-22T12:00:00Z".parse().expect("timestamp")
 }
 
 fn locks(list: &[LockRef]) -> LockSet {
@@ -67,7 +75,7 @@ fn run(
             .cloned()
             .collect()
     });
-    Ok(decide(req, &lookup, &scope_set, contents.as_ref()))
+    Ok(decide(req, &lookup, &scope_set, contents.as_ref(), now()))
 }
 
 fn prod_lock() -> LockRef {
@@ -369,4 +377,372 @@ fn long_warnings_are_clipped() {
     assert_eq!(clipped.chars().count(), MAX_WARNING_CHARS);
     assert!(clipped.ends_with('…'));
     assert_eq!(clip("short".into()), "short");
+}
+
+// ---- Lock spec fields -------------------------------------------------------------------
+
+fn spec(value: Value) -> LockSpec {
+    serde_json::from_value(value).expect("valid spec")
+}
+
+fn lock(name: &str, value: Value) -> LockRef {
+    LockRef::lock("prod", name, spec(value))
+}
+
+fn update(patch: Value) -> AdmissionRequest {
+    let mut base = json!({"operation": "UPDATE", "object": {"metadata": {"name": "app-config"}}});
+    for (k, v) in patch.as_object().expect("object") {
+        base[k] = v.clone();
+    }
+    request(base)
+}
+
+fn eviction(name: &str) -> AdmissionRequest {
+    request(json!({
+        "operation": "CREATE", "subResource": "eviction", "name": name,
+        "resource": {"group": "", "version": "v1", "resource": "pods"},
+        "object": {"metadata": {"name": name}}, "oldObject": null,
+    }))
+}
+
+#[test]
+fn operations_delete_only_lets_updates_through_and_counts_evictions_as_deletes() {
+    let delete_only = lock("app-config", json!({"operations": ["DELETE"]}));
+    assert!(
+        run(&update(json!({})), &[delete_only.clone()], &[])
+            .expect("lookup")
+            .allowed()
+    );
+    assert!(
+        !run(&request(json!({})), &[delete_only], &[])
+            .expect("lookup")
+            .allowed()
+    );
+    let pod_lock = lock("evict-me", json!({"operations": ["DELETE"]}));
+    assert!(
+        !run(&eviction("evict-me"), &[pod_lock], &[])
+            .expect("lookup")
+            .allowed()
+    );
+    let update_only = lock("evict-me", json!({"operations": ["UPDATE"]}));
+    assert!(
+        run(&eviction("evict-me"), &[update_only], &[])
+            .expect("lookup")
+            .allowed()
+    );
+}
+
+#[test]
+fn resources_narrow_a_lock_to_some_resources_and_their_subresources() {
+    let deployments = lock(
+        "web",
+        json!({"resources": [{"apiGroups": ["apps"], "resources": ["deployments"]}]}),
+    );
+    let deployment = update(
+        json!({"name": "web", "resource": {"group": "apps", "version": "v1", "resource": "deployments"}}),
+    );
+    let scale = update(
+        json!({"name": "web", "subResource": "scale", "resource": {"group": "apps", "version": "v1", "resource": "deployments"}}),
+    );
+    let service = update(
+        json!({"name": "web", "resource": {"group": "", "version": "v1", "resource": "services"}}),
+    );
+    assert!(
+        !run(&deployment, &[deployments.clone()], &[])
+            .expect("lookup")
+            .allowed()
+    );
+    assert!(
+        !run(&scale, &[deployments.clone()], &[])
+            .expect("lookup")
+            .allowed()
+    );
+    assert!(
+        run(&service, &[deployments], &[])
+            .expect("lookup")
+            .allowed(),
+        "the Service web is free"
+    );
+    let scale_only = lock(
+        "web",
+        json!({"resources": [{"apiGroups": ["*"], "resources": ["deployments/scale"]}]}),
+    );
+    assert!(
+        !run(&scale, &[scale_only.clone()], &[])
+            .expect("lookup")
+            .allowed()
+    );
+    assert!(
+        run(&deployment, &[scale_only], &[])
+            .expect("lookup")
+            .allowed()
+    );
+    let core = lock(
+        "web",
+        json!({"resources": [{"apiGroups": [""], "resources": ["*"]}]}),
+    );
+    assert!(
+        !run(&service, &[core.clone()], &[])
+            .expect("lookup")
+            .allowed()
+    );
+    assert!(run(&deployment, &[core], &[]).expect("lookup").allowed());
+}
+
+#[test]
+fn selector_locks_cover_matching_objects_whatever_their_name() {
+    let freeze = lock(
+        "freeze",
+        json!({"selector": {"matchLabels": {"app": "web"}}, "reason": "release"}),
+    );
+    let labelled = |name: &str, labels: Value| {
+        update(json!({"name": name, "oldObject": {"metadata": {"name": name, "labels": labels}}}))
+    };
+    let verdict = run(
+        &labelled("web-1", json!({"app": "web", "tier": "fe"})),
+        &[freeze.clone()],
+        &[],
+    )
+    .expect("lookup");
+    assert_eq!(
+        verdict.refusal.expect("denied").message,
+        "configmaps \"web-1\" in namespace \"prod\" is locked by Lock prod/freeze: release (to unlock: kubectl delete lock freeze -n prod)"
+    );
+    assert!(
+        run(
+            &labelled("db-1", json!({"app": "db"})),
+            &[freeze.clone()],
+            &[]
+        )
+        .expect("lookup")
+        .allowed()
+    );
+    // The lock's own name is free once it has a selector.
+    assert!(
+        run(&labelled("freeze", json!({})), &[freeze.clone()], &[])
+            .expect("lookup")
+            .allowed()
+    );
+    // Labels are read from the object before the change: relabelling away does not escape.
+    let relabel = update(json!({
+        "name": "web-1",
+        "object": {"metadata": {"name": "web-1", "labels": {"app": "other"}}},
+        "oldObject": {"metadata": {"name": "web-1", "labels": {"app": "web"}}},
+    }));
+    assert!(
+        !run(&relabel, &[freeze.clone()], &[])
+            .expect("lookup")
+            .allowed()
+    );
+    // Evictions carry no pod labels: a selector lock cannot cover them.
+    assert!(
+        run(&eviction("web-1"), &[freeze], &[])
+            .expect("lookup")
+            .allowed()
+    );
+    let expressions = lock(
+        "tiered",
+        json!({"selector": {"matchExpressions": [{"key": "tier", "operator": "In", "values": ["db", "cache"]}]}}),
+    );
+    assert!(
+        !run(
+            &labelled("x", json!({"tier": "cache"})),
+            &[expressions.clone()],
+            &[]
+        )
+        .expect("lookup")
+        .allowed()
+    );
+    assert!(
+        run(&labelled("y", json!({"tier": "fe"})), &[expressions], &[])
+            .expect("lookup")
+            .allowed()
+    );
+}
+
+#[test]
+fn exempt_users_groups_and_service_accounts_pass_with_a_warning() {
+    let held = lock(
+        "app-config",
+        json!({"exempt": {"users": ["alice"], "groups": ["snapshotters"], "serviceAccounts": ["velero/velero"]}}),
+    );
+    for (user, how) in [
+        (json!({"username": "alice", "groups": []}), "user alice"),
+        (
+            json!({"username": "bob", "groups": ["snapshotters"]}),
+            "group snapshotters",
+        ),
+        (
+            json!({"username": "system:serviceaccount:velero:velero", "groups": []}),
+            "service account velero/velero",
+        ),
+    ] {
+        let verdict =
+            run(&request(json!({"userInfo": user})), &[held.clone()], &[]).expect("lookup");
+        assert!(verdict.allowed(), "{how}");
+        assert_eq!(verdict.outcome, Outcome::Warned);
+        assert_eq!(
+            verdict.warnings,
+            [format!(
+                "allowed by exemption: {how} is exempt from Lock prod/app-config"
+            )]
+        );
+        assert_eq!(
+            verdict
+                .audit_annotations
+                .get("exempted-by")
+                .map(String::as_str),
+            Some(format!("Lock prod/app-config ({how})").as_str())
+        );
+    }
+    let others = [
+        json!({"username": "carol", "groups": ["dev"]}),
+        json!({"username": "system:serviceaccount:velero:other", "groups": []}),
+        json!({"username": "velero/velero", "groups": []}),
+    ];
+    for user in others {
+        assert!(
+            !run(&request(json!({"userInfo": user})), &[held.clone()], &[])
+                .expect("lookup")
+                .allowed()
+        );
+    }
+}
+
+#[test]
+fn expired_locks_no_longer_apply_and_say_so() {
+    let expired = lock("app-config", json!({"expiresAt": "2026-11-22T11:00:00Z"}));
+    let verdict = run(&request(json!({})), &[expired], &[]).expect("lookup");
+    assert!(verdict.allowed());
+    assert_eq!(
+        verdict
+            .audit_annotations
+            .get("expired-locks")
+            .map(String::as_str),
+        Some("Lock prod/app-config")
+    );
+    let live = lock("app-config", json!({"expiresAt": "2026-11-22T13:00:00Z"}));
+    assert!(
+        !run(&request(json!({})), &[live], &[])
+            .expect("lookup")
+            .allowed()
+    );
+}
+
+#[test]
+fn warn_mode_allows_with_a_warning_and_an_annotation() {
+    let trial = lock("app-config", json!({"mode": "Warn", "reason": "trying"}));
+    let verdict = run(&request(json!({})), &[trial], &[]).expect("lookup");
+    assert!(verdict.allowed());
+    assert_eq!(verdict.outcome, Outcome::Warned);
+    assert_eq!(
+        verdict.warnings,
+        ["Lock prod/app-config (mode Warn) would refuse this: trying"]
+    );
+    assert_eq!(
+        verdict
+            .audit_annotations
+            .get("warn-locks")
+            .map(String::as_str),
+        Some("Lock prod/app-config")
+    );
+}
+
+#[test]
+fn combinations_take_the_most_restrictive_and_name_every_lock() {
+    // An exempt user on a Warn lock: the exemption speaks, not the warning.
+    let warn_exempt = lock(
+        "app-config",
+        json!({"mode": "Warn", "exempt": {"users": ["alice"]}}),
+    );
+    let verdict = run(&request(json!({})), &[warn_exempt], &[]).expect("lookup");
+    assert!(verdict.allowed());
+    assert!(
+        verdict.warnings[0].starts_with("allowed by exemption: user alice"),
+        "{:?}",
+        verdict.warnings
+    );
+    // An expired selector lock covers nothing.
+    let expired_selector = lock(
+        "freeze",
+        json!({"selector": {"matchLabels": {"app": "web"}}, "expiresAt": "2026-01-01T00:00:00Z"}),
+    );
+    let labelled = update(
+        json!({"oldObject": {"metadata": {"name": "app-config", "labels": {"app": "web"}}}}),
+    );
+    assert!(
+        run(&labelled, &[expired_selector], &[])
+            .expect("lookup")
+            .allowed()
+    );
+    // Several locks: two enforce, one warns, one exempts the user: refused, naming the two.
+    let set = [
+        lock("app-config", json!({"reason": "snapshot"})),
+        lock(
+            "freeze",
+            json!({"selector": {"matchLabels": {"app": "web"}}}),
+        ),
+        lock(
+            "trial",
+            json!({"selector": {"matchLabels": {"app": "web"}}, "mode": "Warn"}),
+        ),
+        lock(
+            "ops",
+            json!({"selector": {"matchLabels": {"app": "web"}}, "exempt": {"users": ["alice"]}}),
+        ),
+    ];
+    let verdict = run(&labelled, &set, &[]).expect("lookup");
+    let refusal = verdict.refusal.as_ref().expect("denied");
+    assert_eq!(
+        refusal.message,
+        "configmaps \"app-config\" in namespace \"prod\" is locked by Lock prod/app-config: snapshot; Lock prod/freeze (to unlock: kubectl delete lock app-config freeze -n prod)"
+    );
+    assert_eq!(
+        verdict.audit_annotations.get("lock").map(String::as_str),
+        Some("Lock prod/app-config, Lock prod/freeze")
+    );
+    assert_eq!(verdict.warnings.len(), 2, "{:?}", verdict.warnings);
+    // A DELETE-only lock and an UPDATE-only lock on an eviction: the DELETE one refuses.
+    let pod_locks = [
+        lock("evict-me", json!({"operations": ["UPDATE"]})),
+        lock("evict-me-too", json!({"operations": ["DELETE"]})),
+    ];
+    assert!(
+        run(&eviction("evict-me"), &pod_locks, &[])
+            .expect("lookup")
+            .allowed()
+    );
+    let both = [lock(
+        "evict-me",
+        json!({"operations": ["DELETE"], "mode": "Warn"}),
+    )];
+    let verdict = run(&eviction("evict-me"), &both, &[]).expect("lookup");
+    assert!(verdict.allowed(), "a Warn lock on an eviction only warns");
+    assert_eq!(verdict.warnings.len(), 1);
+}
+
+#[test]
+fn namespace_deletion_ignores_expired_and_warn_locks() {
+    let req = request(json!({
+        "resource": {"group": "", "version": "v1", "resource": "namespaces"},
+        "name": "doomed", "namespace": "doomed",
+    }));
+    let expired = LockRef::lock(
+        "doomed",
+        "old",
+        spec(json!({"expiresAt": "2026-01-01T00:00:00Z"})),
+    );
+    let warn = LockRef::lock("doomed", "trial", spec(json!({"mode": "Warn"})));
+    let verdict = run(&req, &[expired.clone(), warn.clone()], &[]).expect("lookup");
+    assert!(verdict.allowed());
+    assert_eq!(verdict.warnings.len(), 1);
+    let enforce = LockRef::lock("doomed", "held", LockSpec::default());
+    let verdict = run(&req, &[expired, warn, enforce], &[]).expect("lookup");
+    assert!(
+        verdict
+            .refusal
+            .expect("denied")
+            .message
+            .contains("holds 1 Lock (held)")
+    );
 }

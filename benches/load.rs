@@ -1,2 +1,0 @@
-//! Load benchmark (being written).
-fn main() {}

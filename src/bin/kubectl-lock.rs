@@ -1,0 +1,52 @@
+#![forbid(unsafe_code)]
+//! The `kubectl-lock` binary, also installed as `kubectl-unlock`: parse, run, print. Exit codes:
+//! 0 done, 1 failed, 2 bad command line; every failure is one `error: ...` line on stderr.
+
+use std::process::ExitCode;
+
+use anyhow::Context;
+use kube_object_lock::plugin;
+
+fn main() -> ExitCode {
+    // One crypto provider for the kube client, as in the webhook binary.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let invocation = match plugin::parse(std::env::args_os()) {
+        Ok(invocation) => invocation,
+        // --help and --version
+        Err(e) if !e.use_stderr() => {
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("{}", plugin::one_line(&e));
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime");
+    let result = match runtime {
+        Ok(runtime) => runtime
+            .block_on(plugin::run(invocation))
+            .map_err(anyhow::Error::new),
+        Err(e) => Err(e),
+    };
+    match result {
+        Ok(report) => {
+            print!("{}", report.stdout);
+            for note in report.notes {
+                eprintln!("note: {note}");
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            let message = format!("{e:#}");
+            eprintln!(
+                "error: {}",
+                message.split_whitespace().collect::<Vec<_>>().join(" ")
+            );
+            ExitCode::from(1)
+        }
+    }
+}

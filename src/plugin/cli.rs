@@ -1,0 +1,367 @@
+//! The command lines of `kubectl lock` and `kubectl unlock`.
+//!
+//! Both are one binary: [`parse`] picks the command line by the file name the binary was started
+//! as (`kubectl-unlock` unlocks, any other name locks), so `kubectl-unlock` can be a symlink or a
+//! copy of `kubectl-lock`.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use k8s_openapi::jiff::Timestamp;
+
+/// The file name that makes the binary unlock.
+pub const UNLOCK_BINARY: &str = "kubectl-unlock";
+
+const LOCK_ABOUT: &str = "Lock a Kubernetes object against UPDATE and DELETE.";
+
+const LOCK_LONG_ABOUT: &str = "\
+Lock a Kubernetes object against UPDATE and DELETE.
+
+Creates a Lock named like the object in the object's namespace (a ClusterLock for cluster-scoped
+objects such as Namespaces or ClusterRoles). While it exists, the kube-object-lock admission
+webhook refuses changes to that object. The lock covers the given resource only: locking
+deployment/web does not lock the Service web. `kubectl unlock` deletes the lock.
+
+RESOURCE is what kubectl accepts: a plural (deployments), a singular (deployment), a short name
+(deploy), a kind (Deployment), each optionally with its group (deployments.apps, Deployment.apps)
+and version (deployments.v1.apps).";
+
+const LOCK_EXAMPLES: &str = "\
+Examples:
+  # Lock the Deployment web in namespace prod for two hours, with a reason
+  kubectl lock deploy/web -n prod --for 2h --reason 'release freeze'
+
+  # Refuse deletion only, until a given time; let alice through
+  kubectl lock configmap app-config --operations DELETE --until 2026-11-22T05:00:00Z --exempt-user alice
+
+  # Lock a Namespace (a ClusterLock), warning instead of refusing
+  kubectl lock namespace/prod --warn
+
+  # Lock an object that does not exist yet
+  kubectl lock secret/tls-cert --allow-missing
+
+  # What is locked, here and everywhere
+  kubectl lock list
+  kubectl lock list -A";
+
+const UNLOCK_LONG_ABOUT: &str = "\
+Unlock a Kubernetes object locked with `kubectl lock`.
+
+Deletes the Lock named like the object in the object's namespace (the ClusterLock for
+cluster-scoped objects), if that lock covers the object's resource. Fails when there is no such
+lock. RESOURCE is resolved as `kubectl lock` resolves it.";
+
+const UNLOCK_EXAMPLES: &str = "\
+Examples:
+  kubectl unlock deploy/web -n prod
+  kubectl unlock namespace prod";
+
+/// Where the cluster is, as kubectl's own flags say it.
+#[derive(Clone, Debug, Default, Args)]
+pub struct ConnectionArgs {
+    /// Path to the kubeconfig file [default: KUBECONFIG, else ~/.kube/config, else the
+    /// in-cluster service account].
+    #[arg(long, value_name = "FILE", global = true)]
+    pub kubeconfig: Option<PathBuf>,
+    /// The kubeconfig context to use [default: the current context].
+    #[arg(long, value_name = "NAME", global = true)]
+    pub context: Option<String>,
+    /// The namespace of the object, or of the locks to list [default: the context's namespace,
+    /// else "default"]. Ignored, with a note, for cluster-scoped objects.
+    #[arg(short = 'n', long, value_name = "NAMESPACE", global = true)]
+    pub namespace: Option<String>,
+}
+
+/// `kubectl lock`.
+#[derive(Debug, Parser)]
+#[command(
+    name = "kubectl-lock",
+    bin_name = "kubectl lock",
+    version,
+    about = LOCK_ABOUT,
+    long_about = LOCK_LONG_ABOUT,
+    after_help = LOCK_EXAMPLES,
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true,
+    disable_help_subcommand = true
+)]
+pub struct LockCli {
+    /// `list`, or nothing to lock an object.
+    #[command(subcommand)]
+    pub command: Option<LockCommand>,
+    /// What to lock and how.
+    #[command(flatten)]
+    pub lock: LockArgs,
+    /// Where the cluster is.
+    #[command(flatten)]
+    pub connection: ConnectionArgs,
+}
+
+/// The subcommands of `kubectl lock`.
+#[derive(Debug, Subcommand)]
+pub enum LockCommand {
+    /// List the locks: what each covers, whether its target exists, the time left.
+    ///
+    /// Lists the Locks of the namespace (of every namespace with -A) and every ClusterLock, with
+    /// what each covers, whether its target exists (exists, missing, or - when it cannot be
+    /// told: several resources, a selector), its mode, the time left and the reason.
+    List(ListArgs),
+}
+
+/// Flags of `kubectl lock list`.
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// List the Locks of every namespace, with a NAMESPACE column.
+    #[arg(short = 'A', long, conflicts_with = "namespace")]
+    pub all_namespaces: bool,
+}
+
+/// Flags of `kubectl lock RESOURCE/NAME`.
+#[derive(Debug, Args)]
+pub struct LockArgs {
+    /// The object to lock: RESOURCE/NAME, or RESOURCE NAME.
+    #[arg(value_name = "RESOURCE/NAME", required = true, num_args = 1..=2)]
+    pub target: Vec<String>,
+    /// Why the object is locked; shown to whoever is refused.
+    #[arg(long, value_name = "TEXT")]
+    pub reason: Option<String>,
+    /// Unlock by itself after this long (2h, 30m, 1d 12h, ...).
+    #[arg(long = "for", value_name = "DURATION", value_parser = parse_duration, conflicts_with = "until")]
+    pub duration: Option<Duration>,
+    /// Unlock by itself at this RFC 3339 time (2026-11-22T05:00:00Z); must be in the future.
+    #[arg(long, value_name = "TIME", value_parser = parse_time)]
+    pub until: Option<Timestamp>,
+    /// Lock only these operations (repeat or separate with commas) [default: UPDATE,DELETE].
+    #[arg(
+        long,
+        value_name = "OPERATION",
+        value_enum,
+        value_delimiter = ',',
+        ignore_case = true
+    )]
+    pub operations: Vec<Operation>,
+    /// Let this user change the object anyway; repeat for more users.
+    #[arg(long = "exempt-user", value_name = "USER")]
+    pub exempt_users: Vec<String>,
+    /// Warn instead of refusing: changes go through with a warning (mode Warn).
+    #[arg(long)]
+    pub warn: bool,
+    /// Lock even if the object does not exist (yet); without it a missing object is an error.
+    #[arg(long)]
+    pub allow_missing: bool,
+}
+
+/// An operation a lock can refuse.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, ValueEnum)]
+pub enum Operation {
+    /// Changes to the object.
+    #[value(name = "UPDATE")]
+    Update,
+    /// Deletion of the object.
+    #[value(name = "DELETE")]
+    Delete,
+}
+
+impl Operation {
+    /// The name in a Lock's `spec.operations`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Operation::Update => "UPDATE",
+            Operation::Delete => "DELETE",
+        }
+    }
+}
+
+/// `kubectl unlock`.
+#[derive(Debug, Parser)]
+#[command(
+    name = UNLOCK_BINARY,
+    bin_name = "kubectl unlock",
+    version,
+    about = "Unlock a Kubernetes object locked with `kubectl lock`.",
+    long_about = UNLOCK_LONG_ABOUT,
+    after_help = UNLOCK_EXAMPLES
+)]
+pub struct UnlockCli {
+    /// The object to unlock: RESOURCE/NAME, or RESOURCE NAME.
+    #[arg(value_name = "RESOURCE/NAME", required = true, num_args = 1..=2)]
+    pub target: Vec<String>,
+    /// Where the cluster is.
+    #[command(flatten)]
+    pub connection: ConnectionArgs,
+}
+
+/// What the command line asks for.
+#[derive(Debug)]
+pub enum Invocation {
+    /// `kubectl lock ...` (and `kubectl lock list`).
+    Lock(LockCli),
+    /// `kubectl unlock ...`.
+    Unlock(UnlockCli),
+}
+
+/// Parses the whole command line, `argv[0]` included: `kubectl-unlock` unlocks, anything else
+/// locks. Help and version requests come back as the `clap::Error` that prints them.
+pub fn parse<I, T>(args: I) -> Result<Invocation, clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString>,
+{
+    let args: Vec<OsString> = args.into_iter().map(Into::into).collect();
+    let unlock = args
+        .first()
+        .and_then(|argv0| Path::new(argv0).file_stem())
+        .is_some_and(|stem| stem == UNLOCK_BINARY);
+    if unlock {
+        UnlockCli::try_parse_from(args).map(Invocation::Unlock)
+    } else {
+        LockCli::try_parse_from(args).map(Invocation::Lock)
+    }
+}
+
+/// A usage error as one line: clap's message without the usage and tips that follow it.
+pub fn one_line(error: &clap::Error) -> String {
+    let rendered = error.render().to_string();
+    let line = rendered
+        .lines()
+        .take_while(|line| !line.starts_with("Usage:"))
+        .map(str::trim)
+        .filter(|line| {
+            !line.is_empty()
+                && !line.starts_with("tip:")
+                && !line.starts_with("For more information")
+        })
+        .collect::<Vec<_>>()
+        .join(" ");
+    format!("{line} (see --help)")
+}
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text)
+        .map_err(|e| format!("{e} (expected a duration such as 2h, 30m or 1d 12h)"))
+}
+
+fn parse_time(text: &str) -> Result<Timestamp, String> {
+    text.parse::<Timestamp>()
+        .map_err(|e| format!("{e} (expected an RFC 3339 time such as 2026-11-22T05:00:00Z)"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn lock(args: &[&str]) -> Result<LockCli, clap::Error> {
+        match parse(std::iter::once("kubectl-lock").chain(args.iter().copied()))? {
+            Invocation::Lock(cli) => Ok(cli),
+            Invocation::Unlock(_) => panic!("parsed as unlock"),
+        }
+    }
+
+    #[test]
+    fn the_command_lines_are_consistent() {
+        LockCli::command().debug_assert();
+        UnlockCli::command().debug_assert();
+    }
+
+    #[test]
+    fn argv0_picks_the_command() {
+        let unlock = parse(["/usr/local/bin/kubectl-unlock", "deploy/web"]).expect("parses");
+        assert!(matches!(unlock, Invocation::Unlock(cli) if cli.target == ["deploy/web"]));
+        for argv0 in ["kubectl-lock", "/tmp/kubectl-lock", "anything"] {
+            let lock = parse([argv0, "deploy/web"]).expect("parses");
+            assert!(matches!(lock, Invocation::Lock(_)), "{argv0}");
+        }
+    }
+
+    #[test]
+    fn lock_flags() {
+        let cli = lock(&[
+            "deploy",
+            "web",
+            "-n",
+            "prod",
+            "--for",
+            "1h 30m",
+            "--operations",
+            "delete,UPDATE",
+            "--operations",
+            "DELETE",
+            "--exempt-user",
+            "alice",
+            "--exempt-user",
+            "bob",
+            "--warn",
+        ])
+        .expect("parses");
+        assert!(cli.command.is_none());
+        assert_eq!(cli.lock.target, ["deploy", "web"]);
+        assert_eq!(cli.connection.namespace.as_deref(), Some("prod"));
+        assert_eq!(cli.lock.duration, Some(Duration::from_secs(5400)));
+        assert_eq!(
+            cli.lock.operations,
+            [Operation::Delete, Operation::Update, Operation::Delete]
+        );
+        assert_eq!(cli.lock.exempt_users, ["alice", "bob"]);
+        assert!(cli.lock.warn && !cli.lock.allow_missing);
+    }
+
+    #[test]
+    fn list_takes_the_common_flags() {
+        let cli = lock(&["list", "-A", "--context", "c", "--kubeconfig", "k"]).expect("parses");
+        let Some(LockCommand::List(list)) = cli.command else {
+            panic!("list")
+        };
+        assert!(list.all_namespaces);
+        assert_eq!(cli.connection.context.as_deref(), Some("c"));
+        assert_eq!(cli.connection.kubeconfig, Some(PathBuf::from("k")));
+        // Flags come after `list`, as after a plugin's name in kubectl.
+        let err = lock(&["--context", "c", "list", "-A"]).expect_err("flag first");
+        assert!(one_line(&err).contains("-A"), "{err}");
+        let err = lock(&["list", "-A", "-n", "prod"]).expect_err("both");
+        assert!(one_line(&err).contains("--namespace"), "{err}");
+    }
+
+    #[test]
+    fn flag_errors_are_one_line_naming_the_flag() {
+        for (args, flag) in [
+            (
+                &["deploy/web", "--operations", "CREATE"][..],
+                "--operations",
+            ),
+            (&["deploy/web", "--for", "soon"][..], "--for"),
+            (&["deploy/web", "--until", "tomorrow"][..], "--until"),
+            (
+                &[
+                    "deploy/web",
+                    "--for",
+                    "1h",
+                    "--until",
+                    "2030-01-01T00:00:00Z",
+                ][..],
+                "--until",
+            ),
+            (&["deploy/web", "--bogus"][..], "--bogus"),
+            (&[][..], "RESOURCE/NAME"),
+        ] {
+            let err = lock(args).expect_err("refused");
+            let line = one_line(&err);
+            assert!(line.starts_with("error: "), "{line}");
+            assert!(line.contains(flag), "{args:?}: {line}");
+            assert!(!line.contains('\n') && !line.contains("For more"), "{line}");
+        }
+    }
+
+    #[test]
+    fn help_is_not_an_error() {
+        let err = lock(&["--help"]).expect_err("help");
+        assert!(!err.use_stderr());
+        let text = err.render().to_string();
+        assert!(
+            text.contains("--allow-missing") && text.contains("Examples:"),
+            "{text}"
+        );
+    }
+}

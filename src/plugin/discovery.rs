@@ -1,0 +1,421 @@
+//! Finding the resource a user names, the way kubectl does: through API discovery, by plural,
+//! singular, short name or kind, optionally qualified by group (`deployments.apps`) or version
+//! and group (`deployments.v1.apps`).
+
+use std::collections::BTreeSet;
+
+use futures::future::join_all;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::APIResourceList;
+use kube::api::ApiResource;
+
+use crate::api;
+
+/// One resource type, as discovery describes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ResourceType {
+    /// API group, `""` for the core group.
+    pub group: String,
+    /// The version it was discovered at.
+    pub version: String,
+    /// Whether that version is the group's preferred one.
+    pub preferred: bool,
+    /// Plural resource name (`deployments`).
+    pub plural: String,
+    /// Singular name (`deployment`).
+    pub singular: String,
+    /// Kind (`Deployment`).
+    pub kind: String,
+    /// Short names (`deploy`).
+    pub short_names: Vec<String>,
+    /// Namespaced, or cluster-scoped.
+    pub namespaced: bool,
+}
+
+impl ResourceType {
+    /// What `Api::<DynamicObject>` needs to talk about it.
+    pub fn api_resource(&self) -> ApiResource {
+        let api_version = match self.group.as_str() {
+            "" => self.version.clone(),
+            group => format!("{group}/{}", self.version),
+        };
+        ApiResource {
+            group: self.group.clone(),
+            version: self.version.clone(),
+            api_version,
+            kind: self.kind.clone(),
+            plural: self.plural.clone(),
+        }
+    }
+
+    /// `Lock` or `ClusterLock` themselves.
+    pub fn is_lock(&self) -> bool {
+        self.group == api::GROUP && [api::LOCKS, api::CLUSTER_LOCKS].contains(&self.plural.as_str())
+    }
+
+    /// The resource as kubectl names it in messages: `configmaps`, `deployments.apps`.
+    pub fn qualified(&self) -> String {
+        qualified(&self.group, &self.plural)
+    }
+
+    /// The resource types of one discovery document, subresources left out.
+    pub fn from_list(list: &APIResourceList, preferred: bool) -> Vec<ResourceType> {
+        let (group, version) = match list.group_version.split_once('/') {
+            Some((group, version)) => (group, version),
+            None => ("", list.group_version.as_str()),
+        };
+        list.resources
+            .iter()
+            .filter(|r| !r.name.contains('/'))
+            .map(|r| ResourceType {
+                group: group.to_owned(),
+                version: version.to_owned(),
+                preferred,
+                plural: r.name.clone(),
+                singular: r.singular_name.clone(),
+                kind: r.kind.clone(),
+                short_names: r.short_names.clone().unwrap_or_default(),
+                namespaced: r.namespaced,
+            })
+            .collect()
+    }
+}
+
+/// `plural` in `group` as kubectl writes it: `configmaps`, `deployments.apps`.
+pub fn qualified(group: &str, plural: &str) -> String {
+    match group {
+        "" => plural.to_owned(),
+        group => format!("{plural}.{group}"),
+    }
+}
+
+/// What a user wrote for a resource, split as kubectl splits it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ResourceArg {
+    /// What was written, for messages.
+    pub text: String,
+    /// The resource part, lower-cased (`deploy`, `deployment`).
+    name: String,
+    /// The groups (and versions) it may be qualified with; empty: any group.
+    groups: Vec<(String, Option<String>)>,
+}
+
+impl ResourceArg {
+    /// `deploy` (any group), `deployments.apps`, `deployments.v1.apps` (version v1 of apps, or
+    /// else the group `v1.apps`).
+    pub fn parse(text: &str) -> ResourceArg {
+        let lower = text.to_lowercase();
+        let (name, groups) = match lower.split_once('.') {
+            None => (lower.clone(), vec![]),
+            Some((name, rest)) => {
+                let mut groups = vec![];
+                if let Some((version, group)) = rest.split_once('.')
+                    && looks_like_version(version)
+                {
+                    groups.push((group.to_owned(), Some(version.to_owned())));
+                }
+                groups.push((rest.to_owned(), None));
+                (name.to_owned(), groups)
+            }
+        };
+        ResourceArg {
+            text: text.to_owned(),
+            name,
+            groups,
+        }
+    }
+
+    /// The groups discovery must read to resolve this; `None`: all of them.
+    pub fn groups(&self) -> Option<BTreeSet<String>> {
+        (!self.groups.is_empty()).then(|| self.groups.iter().map(|(g, _)| g.clone()).collect())
+    }
+
+    /// Whether it names a version (`deployments.v1.apps`): discovery must read every version.
+    pub fn has_version(&self) -> bool {
+        self.groups.iter().any(|(_, version)| version.is_some())
+    }
+
+    fn allows(&self, resource: &ResourceType) -> bool {
+        if self.groups.is_empty() {
+            return resource.preferred;
+        }
+        self.groups.iter().any(|(group, version)| {
+            *group == resource.group
+                && version
+                    .as_ref()
+                    .map_or(resource.preferred, |v| *v == resource.version)
+        })
+    }
+}
+
+/// `v1`, `v2beta1`, `v1alpha3`.
+fn looks_like_version(text: &str) -> bool {
+    let Some(rest) = text.strip_prefix('v') else {
+        return false;
+    };
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let (major, level) = match rest.find(|c: char| !c.is_ascii_digit()) {
+        None => return digits(rest),
+        Some(i) => rest.split_at(i),
+    };
+    digits(major)
+        && ["alpha", "beta"]
+            .iter()
+            .any(|l| level.strip_prefix(l).is_some_and(digits))
+}
+
+/// Why a resource could not be resolved.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ResolveError {
+    /// Nothing matches.
+    Unknown,
+    /// Several resources match equally well: their qualified names.
+    Ambiguous(Vec<String>),
+}
+
+/// The resource `arg` names among `types` (core group first, then in discovery order).
+///
+/// Plural, singular and kind match before short names. Of several equal matches the core
+/// group's wins, as built-in resources win in kubectl (`pods` is not `pods.metrics.k8s.io`);
+/// otherwise the name is ambiguous.
+pub fn resolve<'a>(
+    arg: &ResourceArg,
+    types: &'a [ResourceType],
+) -> Result<&'a ResourceType, ResolveError> {
+    let candidates: Vec<&ResourceType> = types.iter().filter(|t| arg.allows(t)).collect();
+    let full = |t: &&ResourceType| {
+        t.plural == arg.name || t.singular == arg.name || t.kind.to_lowercase() == arg.name
+    };
+    let short = |t: &&ResourceType| t.short_names.contains(&arg.name);
+    for tier in [
+        candidates.iter().copied().filter(full).collect::<Vec<_>>(),
+        candidates.iter().copied().filter(short).collect(),
+    ] {
+        match tier[..] {
+            [] => continue,
+            [only] => return Ok(only),
+            _ => {}
+        }
+        let core: Vec<_> = tier.iter().filter(|t| t.group.is_empty()).collect();
+        if let [only] = core[..] {
+            return Ok(only);
+        }
+        let names = tier.iter().map(|t| t.qualified()).collect();
+        return Err(ResolveError::Ambiguous(names));
+    }
+    Err(ResolveError::Unknown)
+}
+
+/// The resource types discovery found, and the group versions it could not read.
+#[derive(Debug, Default)]
+pub struct Discovered {
+    /// Core group first, then the groups in the server's order.
+    pub types: Vec<ResourceType>,
+    /// Each discovery document that could not be read (an aggregated API that is down, say);
+    /// the rest is still usable, as kubectl uses it.
+    pub failures: Vec<DiscoveryFailure>,
+}
+
+/// A discovery document that could not be read.
+#[derive(Debug)]
+pub struct DiscoveryFailure {
+    /// Its group (`""`: core).
+    pub group: String,
+    /// `group/version: error`.
+    pub message: String,
+}
+
+impl Discovered {
+    /// The preferred version of `plural` in `group`.
+    pub fn find(&self, group: &str, plural: &str) -> Option<&ResourceType> {
+        self.types
+            .iter()
+            .find(|t| t.preferred && t.group == group && t.plural == plural)
+    }
+}
+
+/// Reads discovery: every group, or only `groups` (`""` is the core group); each group at its
+/// preferred version, or at every version it serves with `all_versions`.
+pub async fn discover(
+    client: &kube::Client,
+    groups: Option<&BTreeSet<String>>,
+    all_versions: bool,
+) -> Result<Discovered, kube::Error> {
+    let wanted = |group: &str| groups.is_none_or(|g| g.contains(group));
+    let mut documents: Vec<(String, bool)> = vec![];
+    if wanted("") {
+        for (i, version) in client
+            .list_core_api_versions()
+            .await?
+            .versions
+            .iter()
+            .enumerate()
+        {
+            documents.push((version.clone(), i == 0));
+        }
+    }
+    if groups.is_none_or(|g| g.iter().any(|g| !g.is_empty())) {
+        for group in client.list_api_groups().await?.groups {
+            if !wanted(&group.name) {
+                continue;
+            }
+            let preferred = group
+                .preferred_version
+                .as_ref()
+                .or(group.versions.first())
+                .map(|v| v.group_version.clone());
+            for version in &group.versions {
+                let is_preferred = preferred.as_ref() == Some(&version.group_version);
+                if all_versions || is_preferred {
+                    documents.push((version.group_version.clone(), is_preferred));
+                }
+            }
+        }
+    }
+    let lists = join_all(documents.iter().map(|(gv, _)| async move {
+        if gv.contains('/') {
+            client.list_api_group_resources(gv).await
+        } else {
+            client.list_core_api_resources(gv).await
+        }
+    }))
+    .await;
+    let mut discovered = Discovered::default();
+    for ((gv, preferred), list) in documents.iter().zip(lists) {
+        match list {
+            Ok(list) => discovered
+                .types
+                .extend(ResourceType::from_list(&list, *preferred)),
+            Err(e) => discovered.failures.push(DiscoveryFailure {
+                group: gv.split_once('/').map_or("", |(group, _)| group).to_owned(),
+                message: format!("{gv}: {}", super::error::detail(&e)),
+            }),
+        }
+    }
+    Ok(discovered)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resource(group: &str, plural: &str, kind: &str, short: &[&str]) -> ResourceType {
+        ResourceType {
+            group: group.into(),
+            version: "v1".into(),
+            preferred: true,
+            plural: plural.into(),
+            singular: kind.to_lowercase(),
+            kind: kind.into(),
+            short_names: short.iter().map(|s| s.to_string()).collect(),
+            namespaced: true,
+        }
+    }
+
+    fn types() -> Vec<ResourceType> {
+        let mut deployments_v1beta1 = resource("apps", "deployments", "Deployment", &["deploy"]);
+        (deployments_v1beta1.version, deployments_v1beta1.preferred) = ("v1beta1".into(), false);
+        vec![
+            resource("", "configmaps", "ConfigMap", &["cm"]),
+            resource("", "pods", "Pod", &["po"]),
+            resource("", "events", "Event", &["ev"]),
+            resource("apps", "deployments", "Deployment", &["deploy"]),
+            deployments_v1beta1,
+            resource("events.k8s.io", "events", "Event", &["ev"]),
+            resource("metrics.k8s.io", "pods", "PodMetrics", &[]),
+            resource("networking.istio.io", "gateways", "Gateway", &["gw"]),
+            resource("gateway.networking.k8s.io", "gateways", "Gateway", &[]),
+            resource("example.com", "widgets", "Widget", &["cm"]),
+        ]
+    }
+
+    fn resolved(text: &str) -> Result<String, ResolveError> {
+        let types = types();
+        resolve(&ResourceArg::parse(text), &types)
+            .map(|t| format!("{}/{}", t.qualified(), t.version))
+    }
+
+    #[test]
+    fn names_resolve_as_in_kubectl() {
+        for (text, want) in [
+            ("configmaps", "configmaps/v1"),
+            ("configmap", "configmaps/v1"),
+            ("cm", "configmaps/v1"),
+            ("ConfigMap", "configmaps/v1"),
+            ("deployments", "deployments.apps/v1"),
+            ("deploy", "deployments.apps/v1"),
+            ("deployment.apps", "deployments.apps/v1"),
+            ("Deployment.apps", "deployments.apps/v1"),
+            ("deploy.apps", "deployments.apps/v1"),
+            ("deployments.v1beta1.apps", "deployments.apps/v1beta1"),
+            ("deployments.v1.apps", "deployments.apps/v1"),
+            // Built-in resources win over the same name in other groups.
+            ("pods", "pods/v1"),
+            ("events", "events/v1"),
+            ("events.events.k8s.io", "events.events.k8s.io/v1"),
+            (
+                "gateways.networking.istio.io",
+                "gateways.networking.istio.io/v1",
+            ),
+            ("gw", "gateways.networking.istio.io/v1"),
+        ] {
+            assert_eq!(resolved(text).as_deref(), Ok(want), "{text}");
+        }
+    }
+
+    #[test]
+    fn unknown_and_ambiguous_names() {
+        assert_eq!(resolved("widgetz"), Err(ResolveError::Unknown));
+        assert_eq!(
+            resolved("deployments.extensions"),
+            Err(ResolveError::Unknown)
+        );
+        assert_eq!(resolved("deployments.v2.apps"), Err(ResolveError::Unknown));
+        assert_eq!(
+            resolved("gateways"),
+            Err(ResolveError::Ambiguous(vec![
+                "gateways.networking.istio.io".into(),
+                "gateways.gateway.networking.k8s.io".into()
+            ]))
+        );
+    }
+
+    #[test]
+    fn parsing_qualified_names() {
+        let arg = ResourceArg::parse("Deployments.V1.Apps");
+        assert_eq!(arg.name, "deployments");
+        assert_eq!(
+            arg.groups,
+            [("apps".into(), Some("v1".into())), ("v1.apps".into(), None)]
+        );
+        assert_eq!(arg.groups(), Some(["apps".into(), "v1.apps".into()].into()));
+        assert_eq!(ResourceArg::parse("cm").groups(), None);
+        let arg = ResourceArg::parse("locks.objectlock.dev");
+        assert_eq!(arg.groups, [("objectlock.dev".into(), None)]);
+        for v in ["v1", "v2beta1", "v1alpha3", "v10"] {
+            assert!(looks_like_version(v), "{v}");
+        }
+        for v in ["v", "vx", "v1gamma1", "v1beta", "objectlock", "1"] {
+            assert!(!looks_like_version(v), "{v}");
+        }
+    }
+
+    #[test]
+    fn subresources_are_not_resource_types() {
+        let list: APIResourceList = serde_json::from_value(serde_json::json!({
+            "kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "apps/v1",
+            "resources": [
+                { "name": "deployments", "singularName": "deployment", "namespaced": true,
+                  "kind": "Deployment", "verbs": ["get"], "shortNames": ["deploy"] },
+                { "name": "deployments/scale", "singularName": "", "namespaced": true,
+                  "group": "autoscaling", "version": "v1", "kind": "Scale", "verbs": ["get"] }
+            ]
+        }))
+        .expect("an APIResourceList");
+        let types = ResourceType::from_list(&list, true);
+        assert_eq!(types.len(), 1);
+        let t = &types[0];
+        assert_eq!((t.group.as_str(), t.version.as_str()), ("apps", "v1"));
+        assert_eq!(t.api_resource().api_version, "apps/v1");
+        assert_eq!(t.short_names, ["deploy"]);
+    }
+}

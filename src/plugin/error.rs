@@ -1,0 +1,170 @@
+//! Errors of the plugin: each is one line, naming the flag, object or lock concerned.
+
+/// Why `kubectl lock` or `kubectl unlock` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PluginError {
+    /// The kubeconfig could not be read or has no usable context.
+    #[error("cannot load the kubeconfig{path}: {message}")]
+    Kubeconfig {
+        /// `" FILE"` when one was named.
+        path: String,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// No kubeconfig and not in a cluster.
+    #[error("no cluster configured (--kubeconfig, KUBECONFIG, ~/.kube/config or in-cluster): {0}")]
+    NoConfig(String),
+    /// The API server did not answer.
+    #[error("cannot reach the API server at {url}: {detail}")]
+    Unreachable {
+        /// The server of the kubeconfig.
+        url: String,
+        /// The innermost cause (connection refused, certificate, ...).
+        detail: String,
+    },
+    /// The API server refused a request.
+    #[error("{action}: {detail}")]
+    Api {
+        /// What was attempted ("cannot create Lock prod/web").
+        action: String,
+        /// The server's message.
+        detail: String,
+    },
+    /// A value the command line cannot carry out.
+    #[error("{0}")]
+    Usage(String),
+    /// Discovery knows no such resource.
+    #[error("the server doesn't have a resource type \"{resource}\"{hint}")]
+    UnknownResource {
+        /// What the user wrote.
+        resource: String,
+        /// Discovery documents that could not be read, if any.
+        hint: String,
+    },
+    /// Several resources match the name.
+    #[error("resource type \"{resource}\" is ambiguous: it may be {candidates}; name one of them")]
+    Ambiguous {
+        /// What the user wrote.
+        resource: String,
+        /// The qualified names of the matches.
+        candidates: String,
+    },
+    /// Locks are never locked: the webhook lets every change of them through.
+    #[error("{resource} cannot be locked: locks are never locked, so unlocking always works")]
+    LockingALock {
+        /// `locks.objectlock.dev` or `clusterlocks.objectlock.dev`.
+        resource: String,
+    },
+    /// The object to lock does not exist.
+    #[error("{target} does not exist (lock it anyway with --allow-missing)")]
+    TargetMissing {
+        /// `deployments.apps "web" in namespace "prod"`.
+        target: String,
+    },
+    /// A lock with the object's name exists already.
+    #[error("{lock} already exists (see kubectl lock list{scope}; kubectl unlock removes it)")]
+    AlreadyLocked {
+        /// `Lock prod/web`.
+        lock: String,
+        /// ` -n prod`, or empty for a ClusterLock.
+        scope: String,
+    },
+    /// There is no lock to delete.
+    #[error("no lock on {target}{why}")]
+    NoLock {
+        /// `deployments.apps "web" in namespace "prod"`.
+        target: String,
+        /// Why a lock of that name does not count, if there is one.
+        why: String,
+    },
+}
+
+impl PluginError {
+    /// The error for a failed API call: [`PluginError::Unreachable`] when the request never got
+    /// an answer, else [`PluginError::Api`] with the server's message.
+    pub fn api(error: &kube::Error, url: &str, action: impl Into<String>) -> PluginError {
+        match error {
+            kube::Error::HyperError(_) | kube::Error::Service(_) => PluginError::Unreachable {
+                url: url.to_owned(),
+                detail: innermost(error),
+            },
+            _ => PluginError::Api {
+                action: action.into(),
+                detail: detail(error),
+            },
+        }
+    }
+}
+
+/// The status code of an API error response, if the error is one.
+pub fn status_code(error: &kube::Error) -> Option<u16> {
+    match error {
+        kube::Error::Api(status) => Some(status.code),
+        _ => None,
+    }
+}
+
+/// A kube error as one line: the server's message for an error response, else the chain of
+/// causes (kube repeats a cause in its own message; each is written once).
+pub fn detail(error: &kube::Error) -> String {
+    if let kube::Error::Api(status) = error {
+        return match (status.message.as_str(), status.reason.as_str()) {
+            ("", "") => format!("HTTP {}", status.code),
+            ("", reason) => reason.to_owned(),
+            (message, _) => one_line(message),
+        };
+    }
+    let mut line = String::new();
+    let mut cause: Option<&dyn std::error::Error> = Some(error);
+    while let Some(e) = cause {
+        let text = one_line(&e.to_string());
+        if !line.contains(&text) {
+            if !line.is_empty() {
+                line.push_str(": ");
+            }
+            line.push_str(&text);
+        }
+        cause = e.source();
+    }
+    line
+}
+
+/// The deepest cause: "Connection refused (os error 111)" rather than "client error (Connect)".
+fn innermost(error: &kube::Error) -> String {
+    let mut e: &dyn std::error::Error = error;
+    while let Some(source) = e.source() {
+        e = source;
+    }
+    one_line(&e.to_string())
+}
+
+fn one_line(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::core::Status;
+
+    #[test]
+    fn api_errors_carry_the_server_message() {
+        let status = Status::failure("configmaps \"x\" is\nforbidden", "Forbidden").with_code(403);
+        let e = kube::Error::Api(status.boxed());
+        assert_eq!(status_code(&e), Some(403));
+        let err = PluginError::api(&e, "https://k:6443", "cannot get configmaps \"x\"");
+        assert_eq!(
+            err.to_string(),
+            "cannot get configmaps \"x\": configmaps \"x\" is forbidden"
+        );
+        let bare = kube::Error::Api(Status::failure("", "").with_code(500).boxed());
+        assert_eq!(detail(&bare), "HTTP 500");
+    }
+
+    #[test]
+    fn other_errors_are_one_line_without_repeats() {
+        let io = std::io::Error::other("inner\ncause");
+        let e = kube::Error::ReadEvents(io);
+        assert_eq!(detail(&e), "Error reading events stream: inner cause");
+    }
+}

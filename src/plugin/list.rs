@@ -1,0 +1,181 @@
+//! `kubectl lock list`: the Locks of a namespace (or all namespaces) and the ClusterLocks, with
+//! what each covers and whether its target exists.
+
+use std::collections::BTreeSet;
+
+use futures::StreamExt;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DynamicObject, ListParams};
+
+use super::cli::{ConnectionArgs, ListArgs};
+use super::discovery::Discovered;
+use super::error::{detail, status_code};
+use super::{Cluster, PluginError, Report, lock_kind, lock_resource, spec};
+
+/// Target lookups in flight at once.
+const CONCURRENT_LOOKUPS: usize = 8;
+
+/// Lists the locks as a table.
+pub(super) async fn list(
+    connection: &ConnectionArgs,
+    args: &ListArgs,
+) -> Result<Report, PluginError> {
+    let cluster = Cluster::connect(connection).await?;
+    let namespace = (!args.all_namespaces).then(|| cluster.namespace(connection));
+    let mut notes = vec![];
+    let params = ListParams::default();
+    let locks = cluster
+        .api(&lock_resource(true), namespace.as_deref())
+        .list(&params)
+        .await
+        .map_err(|e| match &namespace {
+            Some(ns) => cluster.failed(&e, format!("cannot list Locks in namespace \"{ns}\"")),
+            None => cluster.failed(&e, "cannot list Locks"),
+        })?;
+    // Who may only read one namespace's Locks still gets them listed.
+    let cluster_locks = match cluster.api(&lock_resource(false), None).list(&params).await {
+        Ok(list) => list.items,
+        Err(e) if namespace.is_some() && status_code(&e) == Some(403) => {
+            notes.push(format!("ClusterLocks are not listed: {}", detail(&e)));
+            vec![]
+        }
+        Err(e) => return Err(cluster.failed(&e, "cannot list ClusterLocks")),
+    };
+    let objects: Vec<DynamicObject> = locks.items.into_iter().chain(cluster_locks).collect();
+    if objects.is_empty() {
+        notes.push(match &namespace {
+            Some(ns) => format!("no Locks in namespace \"{ns}\" and no ClusterLocks"),
+            None => "no Locks and no ClusterLocks".to_owned(),
+        });
+        return Ok(Report {
+            stdout: String::new(),
+            notes,
+        });
+    }
+
+    let groups: BTreeSet<String> = objects
+        .iter()
+        .filter_map(|o| spec::single_resource(&o.data["spec"]).map(|(group, _)| group))
+        .collect();
+    let discovered = match groups.is_empty() {
+        true => Discovered::default(),
+        false => cluster.discover(Some(&groups), false).await?,
+    };
+    let targets: Vec<&'static str> = futures::stream::iter(&objects)
+        .map(|o| target_state(&cluster, &discovered, o))
+        .buffered(CONCURRENT_LOOKUPS)
+        .collect()
+        .await;
+
+    let now = Timestamp::now();
+    let mut header = vec![
+        "NAME", "KIND", "COVERS", "TARGET", "MODE", "EXPIRES", "REASON",
+    ];
+    if args.all_namespaces {
+        header.insert(0, "NAMESPACE");
+    }
+    let rows: Vec<Vec<String>> = objects
+        .iter()
+        .zip(targets)
+        .map(|(o, target)| {
+            let spec = &o.data["spec"];
+            let name = o.metadata.name.clone().unwrap_or_default();
+            let namespace = o.metadata.namespace.as_deref();
+            let reason = spec["reason"].as_str().unwrap_or_default();
+            let mut row = vec![
+                spec::describe_covers(&name, spec),
+                target.to_owned(),
+                spec::mode(spec),
+                spec::time_left(spec, now),
+                reason.split_whitespace().collect::<Vec<_>>().join(" "),
+            ];
+            row.insert(0, lock_kind(namespace.is_some()).to_owned());
+            row.insert(0, name);
+            if args.all_namespaces {
+                row.insert(0, namespace.unwrap_or("-").to_owned());
+            }
+            row
+        })
+        .collect();
+    Ok(Report {
+        stdout: table(&header, &rows),
+        notes,
+    })
+}
+
+/// TARGET: `exists` or `missing` when the lock names one object that can be looked up, `-`
+/// when it cannot be told (several resources, a selector, discovery or the lookup failed).
+async fn target_state(
+    cluster: &Cluster,
+    discovered: &Discovered,
+    lock: &DynamicObject,
+) -> &'static str {
+    let Some((group, plural)) = spec::single_resource(&lock.data["spec"]) else {
+        return "-";
+    };
+    let namespace = lock.metadata.namespace.as_deref();
+    let Some(resource) = discovered.find(&group, &plural) else {
+        let unreadable = discovered.failures.iter().any(|f| f.group == group);
+        // Not served at all: no such object can exist.
+        return if unreadable { "-" } else { "missing" };
+    };
+    // A Lock covers namespaced objects only, a ClusterLock cluster-scoped ones only.
+    if resource.namespaced != namespace.is_some() {
+        return "missing";
+    }
+    let name = lock.metadata.name.as_deref().unwrap_or_default();
+    match cluster
+        .api(&resource.api_resource(), namespace)
+        .get(name)
+        .await
+    {
+        Ok(_) => "exists",
+        Err(e) if status_code(&e) == Some(404) => "missing",
+        Err(_) => "-",
+    }
+}
+
+/// Columns separated by three spaces, as kubectl prints them.
+fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let header: Vec<String> = header.iter().map(|h| h.to_string()).collect();
+    let mut out = String::new();
+    for row in std::iter::once(&header).chain(rows) {
+        let mut line = String::new();
+        for (cell, width) in row.iter().zip(&widths) {
+            line.push_str(cell);
+            line.extend(std::iter::repeat_n(' ', width - cell.chars().count() + 3));
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn columns_line_up() {
+        let rows = vec![
+            vec!["web".to_owned(), "Lock".to_owned(), "".to_owned()],
+            vec![
+                "a-long-name".to_owned(),
+                "ClusterLock".to_owned(),
+                "why not".to_owned(),
+            ],
+        ];
+        assert_eq!(
+            table(&["NAME", "KIND", "REASON"], &rows),
+            "NAME          KIND          REASON\n\
+             web           Lock\n\
+             a-long-name   ClusterLock   why not\n"
+        );
+    }
+}

@@ -1,0 +1,179 @@
+//! `kubectl lock RESOURCE/NAME` and `kubectl unlock RESOURCE/NAME`.
+
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DeleteParams, DynamicObject, PostParams, Preconditions};
+
+use super::cli::{ConnectionArgs, LockArgs};
+use super::error::status_code;
+use super::spec::{self, NewSpec};
+use super::{Cluster, PluginError, Report, Target, lock_resource};
+
+/// Creates the lock of the object `args.target` names.
+pub(super) async fn lock(
+    connection: &ConnectionArgs,
+    args: &LockArgs,
+) -> Result<Report, PluginError> {
+    let expires_at = expiry(args, Timestamp::now())?;
+    let mut operations = args.operations.clone();
+    operations.sort();
+    operations.dedup();
+
+    let cluster = Cluster::connect(connection).await?;
+    let mut notes = vec![];
+    let target = Target::resolve(&cluster, connection, &args.target, &mut notes).await?;
+    if !args.allow_missing {
+        let api = cluster.api(&target.resource.api_resource(), target.namespace.as_deref());
+        if let Err(e) = api.get(&target.name).await {
+            return Err(match status_code(&e) {
+                Some(404) => PluginError::TargetMissing {
+                    target: target.to_string(),
+                },
+                _ => cluster.failed(&e, format!("cannot read {target}")),
+            });
+        }
+    }
+
+    let new = NewSpec {
+        group: &target.resource.group,
+        plural: &target.resource.plural,
+        reason: args.reason.as_deref(),
+        operations: &operations,
+        exempt_users: &args.exempt_users,
+        expires_at,
+        warn: args.warn,
+    };
+    let lock = target.lock();
+    let namespaced = lock.namespace.is_some();
+    let mut object = DynamicObject::new(&lock.name, &lock_resource(namespaced))
+        .data(serde_json::json!({ "spec": new.to_json() }));
+    object.metadata.namespace = lock.namespace.clone();
+    if let Err(e) = lock
+        .api(&cluster)
+        .create(&PostParams::default(), &object)
+        .await
+    {
+        return Err(match status_code(&e) {
+            Some(409) => PluginError::AlreadyLocked {
+                scope: (lock.namespace.as_ref())
+                    .map(|ns| format!(" -n {ns}"))
+                    .unwrap_or_default(),
+                lock: lock.to_string(),
+            },
+            _ => cluster.failed(&e, format!("cannot create {lock}")),
+        });
+    }
+    let reason = args
+        .reason
+        .as_ref()
+        .map(|r| format!(": {r}"))
+        .unwrap_or_default();
+    let stdout = format!("locked {target} with {lock} ({}){reason}\n", new.summary());
+    Ok(Report { stdout, notes })
+}
+
+/// `expiresAt` from `--for` (from `now`, whole seconds) or `--until` (in the future).
+fn expiry(args: &LockArgs, now: Timestamp) -> Result<Option<Timestamp>, PluginError> {
+    if let Some(duration) = args.duration {
+        let seconds = i64::try_from(duration.as_secs()).unwrap_or(i64::MAX);
+        let at = (seconds > 0)
+            .then(|| Timestamp::from_second(now.as_second().saturating_add(seconds)).ok())
+            .flatten();
+        return at.map(Some).ok_or_else(|| {
+            PluginError::Usage(format!(
+                "--for {}: must be at least 1s and end before the year 10000",
+                humantime::format_duration(duration)
+            ))
+        });
+    }
+    match args.until {
+        Some(until) if until <= now => Err(PluginError::Usage(format!(
+            "--until {until} is in the past (now is {})",
+            Timestamp::from_second(now.as_second()).unwrap_or(now)
+        ))),
+        until => Ok(until),
+    }
+}
+
+/// Deletes the lock of the object `words` name, if it covers that object.
+pub(super) async fn unlock(
+    connection: &ConnectionArgs,
+    words: &[String],
+) -> Result<Report, PluginError> {
+    let cluster = Cluster::connect(connection).await?;
+    let mut notes = vec![];
+    let target = Target::resolve(&cluster, connection, words, &mut notes).await?;
+    let lock = target.lock();
+    let api = lock.api(&cluster);
+    let no_lock = |why: String| PluginError::NoLock {
+        target: target.to_string(),
+        why,
+    };
+    let existing = match api.get(&lock.name).await {
+        Ok(existing) => existing,
+        Err(e) if status_code(&e) == Some(404) => return Err(no_lock(String::new())),
+        Err(e) => return Err(cluster.failed(&e, format!("cannot read {lock}"))),
+    };
+    let lock_spec = &existing.data["spec"];
+    if !spec::covers(lock_spec, &target.resource.group, &target.resource.plural) {
+        let covered = spec::describe_covers(&lock.name, lock_spec);
+        return Err(no_lock(format!(" ({lock} covers {covered} only)")));
+    }
+    // Delete the lock that was checked, not one created since under the same name.
+    let params = DeleteParams {
+        preconditions: existing.metadata.uid.clone().map(|uid| Preconditions {
+            uid: Some(uid),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(&lock.name, &params).await {
+        Ok(_) => Ok(Report {
+            stdout: format!("unlocked {target} (deleted {lock})\n"),
+            notes,
+        }),
+        Err(e) if status_code(&e) == Some(404) => Err(no_lock(String::new())),
+        Err(e) => Err(cluster.failed(&e, format!("cannot delete {lock}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plugin::cli::{Invocation, parse};
+
+    fn args(flags: &[&str]) -> LockArgs {
+        let argv = ["kubectl-lock", "cm/x"].iter().chain(flags);
+        match parse(argv) {
+            Ok(Invocation::Lock(cli)) => cli.lock,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn expiry_from_for_and_until() {
+        let now: Timestamp = "2026-01-01T00:00:00.75Z".parse().expect("time");
+        assert_eq!(expiry(&args(&[]), now).expect("none"), None);
+        let two_hours = expiry(&args(&["--for", "2h"]), now).expect("valid");
+        assert_eq!(
+            two_hours.map(|t| t.to_string()).as_deref(),
+            Some("2026-01-01T02:00:00Z")
+        );
+        let until = expiry(&args(&["--until", "2026-01-01T07:00:00+02:00"]), now).expect("valid");
+        assert_eq!(
+            until.map(|t| t.to_string()).as_deref(),
+            Some("2026-01-01T05:00:00Z")
+        );
+
+        let past = expiry(&args(&["--until", "2025-12-31T23:00:00Z"]), now).expect_err("past");
+        assert_eq!(
+            past.to_string(),
+            "--until 2025-12-31T23:00:00Z is in the past (now is 2026-01-01T00:00:00Z)"
+        );
+        let zero = expiry(&args(&["--for", "0s"]), now).expect_err("zero");
+        assert!(
+            zero.to_string()
+                .starts_with("--for 0s: must be at least 1s"),
+            "{zero}"
+        );
+    }
+}

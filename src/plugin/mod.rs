@@ -1,0 +1,320 @@
+//! `kubectl lock` and `kubectl unlock`: a kubectl plugin that locks one object by creating its
+//! `Lock` (or `ClusterLock`), unlocks it by deleting that lock, and lists the locks with what
+//! they cover.
+//!
+//! One binary, `kubectl-lock`, also installed as `kubectl-unlock` ([`cli::parse`] tells them
+//! apart by the name it was started as). Resources are resolved through API discovery the way
+//! kubectl resolves them ([`discovery`]). Locks are read and written as `DynamicObject`s in the
+//! wire format of `objectlock.dev/v1alpha1`, so the plugin shares no Rust types with the webhook.
+
+pub mod cli;
+pub mod discovery;
+mod error;
+mod list;
+mod lock;
+mod spec;
+
+use kube::api::{Api, ApiResource, DynamicObject};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+
+use crate::api;
+use cli::ConnectionArgs;
+pub use cli::{Invocation, LockCommand, one_line, parse};
+use discovery::{Discovered, ResolveError, ResourceArg, ResourceType};
+pub use error::PluginError;
+
+/// What a successful command prints.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Report {
+    /// For stdout.
+    pub stdout: String,
+    /// Remarks for stderr, each one line (a `--namespace` that was ignored, an empty list).
+    pub notes: Vec<String>,
+}
+
+/// Runs a parsed command line against the cluster its flags name.
+pub async fn run(invocation: Invocation) -> Result<Report, PluginError> {
+    match invocation {
+        Invocation::Lock(cli) => match cli.command {
+            Some(LockCommand::List(args)) => list::list(&cli.connection, &args).await,
+            None => lock::lock(&cli.connection, &cli.lock).await,
+        },
+        Invocation::Unlock(cli) => lock::unlock(&cli.connection, &cli.target).await,
+    }
+}
+
+/// A client for the cluster named by the flags, the kubeconfig or the in-cluster account.
+struct Cluster {
+    client: kube::Client,
+    /// The API server, for messages.
+    url: String,
+    /// The context's namespace, else `default`.
+    default_namespace: String,
+}
+
+impl Cluster {
+    async fn connect(args: &ConnectionArgs) -> Result<Cluster, PluginError> {
+        let options = KubeConfigOptions {
+            context: args.context.clone(),
+            ..KubeConfigOptions::default()
+        };
+        let kubeconfig_error = |path: Option<&std::path::Path>, message: String| {
+            let path = path
+                .map(|p| format!(" {}", p.display()))
+                .unwrap_or_default();
+            PluginError::Kubeconfig { path, message }
+        };
+        let config = match (&args.kubeconfig, &args.context) {
+            (Some(path), _) => {
+                let kubeconfig = Kubeconfig::read_from(path)
+                    .map_err(|e| kubeconfig_error(Some(path), e.to_string()))?;
+                kube::Config::from_custom_kubeconfig(kubeconfig, &options)
+                    .await
+                    .map_err(|e| kubeconfig_error(Some(path), e.to_string()))?
+            }
+            (None, Some(_)) => kube::Config::from_kubeconfig(&options)
+                .await
+                .map_err(|e| kubeconfig_error(None, e.to_string()))?,
+            (None, None) => kube::Config::infer()
+                .await
+                .map_err(|e| PluginError::NoConfig(e.to_string()))?,
+        };
+        let url = config.cluster_url.to_string();
+        let url = url.strip_suffix('/').unwrap_or(&url).to_owned();
+        let default_namespace = config.default_namespace.clone();
+        let client = kube::Client::try_from(config).map_err(|e| PluginError::Kubeconfig {
+            path: String::new(),
+            message: error::detail(&e),
+        })?;
+        Ok(Cluster {
+            client,
+            url,
+            default_namespace,
+        })
+    }
+
+    /// The namespace the flags name, else the context's.
+    fn namespace(&self, args: &ConnectionArgs) -> String {
+        (args.namespace.clone()).unwrap_or_else(|| self.default_namespace.clone())
+    }
+
+    fn failed(&self, error: &kube::Error, action: impl Into<String>) -> PluginError {
+        PluginError::api(error, &self.url, action)
+    }
+
+    async fn discover(
+        &self,
+        groups: Option<&std::collections::BTreeSet<String>>,
+        all_versions: bool,
+    ) -> Result<Discovered, PluginError> {
+        discovery::discover(&self.client, groups, all_versions)
+            .await
+            .map_err(|e| self.failed(&e, "cannot read the API resources (discovery)"))
+    }
+
+    /// The resource type `arg` names.
+    async fn resolve(&self, arg: &ResourceArg) -> Result<ResourceType, PluginError> {
+        let discovered = self
+            .discover(arg.groups().as_ref(), arg.has_version())
+            .await?;
+        match discovery::resolve(arg, &discovered.types) {
+            Ok(resource) => Ok(resource.clone()),
+            Err(ResolveError::Ambiguous(candidates)) => Err(PluginError::Ambiguous {
+                resource: arg.text.clone(),
+                candidates: candidates.join(", "),
+            }),
+            Err(ResolveError::Unknown) => Err(PluginError::UnknownResource {
+                resource: arg.text.clone(),
+                hint: match discovered.failures.as_slice() {
+                    [] => String::new(),
+                    failures => {
+                        let failures: Vec<_> =
+                            failures.iter().map(|f| f.message.as_str()).collect();
+                        format!(" (discovery failed for {})", failures.join("; "))
+                    }
+                },
+            }),
+        }
+    }
+
+    /// `Api<DynamicObject>` for `resource` in `namespace` (`None`: cluster-scoped).
+    fn api(&self, resource: &ApiResource, namespace: Option<&str>) -> Api<DynamicObject> {
+        match namespace {
+            Some(ns) => Api::namespaced_with(self.client.clone(), ns, resource),
+            None => Api::all_with(self.client.clone(), resource),
+        }
+    }
+}
+
+/// One object: its resource type, name and namespace (`None` when cluster-scoped).
+struct Target {
+    resource: ResourceType,
+    name: String,
+    namespace: Option<String>,
+}
+
+impl Target {
+    /// The object `words` name (`RESOURCE/NAME`, or `RESOURCE NAME`), resolved.
+    async fn resolve(
+        cluster: &Cluster,
+        args: &ConnectionArgs,
+        words: &[String],
+        notes: &mut Vec<String>,
+    ) -> Result<Target, PluginError> {
+        let (resource, name) = parse_target(words)?;
+        let resource = cluster.resolve(&resource).await?;
+        if resource.is_lock() {
+            return Err(PluginError::LockingALock {
+                resource: resource.qualified(),
+            });
+        }
+        let namespace = if resource.namespaced {
+            Some(cluster.namespace(args))
+        } else {
+            if let Some(ns) = &args.namespace {
+                notes.push(format!(
+                    "{} are cluster-scoped: --namespace {ns} is ignored",
+                    resource.qualified()
+                ));
+            }
+            None
+        };
+        Ok(Target {
+            resource,
+            name,
+            namespace,
+        })
+    }
+
+    /// The lock of this object: same name, same namespace.
+    fn lock(&self) -> LockRef {
+        LockRef {
+            name: self.name.clone(),
+            namespace: self.namespace.clone(),
+        }
+    }
+}
+
+/// `deployments.apps "web" in namespace "prod"`, `namespaces "prod"`.
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} \"{}\"", self.resource.qualified(), self.name)?;
+        match &self.namespace {
+            Some(ns) => write!(f, " in namespace \"{ns}\""),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A `Lock` (with a namespace) or a `ClusterLock`.
+struct LockRef {
+    name: String,
+    namespace: Option<String>,
+}
+
+impl LockRef {
+    fn kind(&self) -> &'static str {
+        lock_kind(self.namespace.is_some())
+    }
+
+    fn api(&self, cluster: &Cluster) -> Api<DynamicObject> {
+        cluster.api(
+            &lock_resource(self.namespace.is_some()),
+            self.namespace.as_deref(),
+        )
+    }
+}
+
+/// `Lock prod/web`, `ClusterLock prod`.
+impl std::fmt::Display for LockRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.namespace {
+            Some(ns) => write!(f, "{} {ns}/{}", self.kind(), self.name),
+            None => write!(f, "{} {}", self.kind(), self.name),
+        }
+    }
+}
+
+fn lock_kind(namespaced: bool) -> &'static str {
+    if namespaced { "Lock" } else { "ClusterLock" }
+}
+
+/// The `ApiResource` of `Lock` (namespaced) or `ClusterLock`.
+fn lock_resource(namespaced: bool) -> ApiResource {
+    ApiResource {
+        group: api::GROUP.to_owned(),
+        version: api::VERSION.to_owned(),
+        api_version: api::API_VERSION.to_owned(),
+        kind: lock_kind(namespaced).to_owned(),
+        plural: if namespaced {
+            api::LOCKS
+        } else {
+            api::CLUSTER_LOCKS
+        }
+        .to_owned(),
+    }
+}
+
+/// `RESOURCE/NAME`, or `RESOURCE NAME`.
+fn parse_target(words: &[String]) -> Result<(ResourceArg, String), PluginError> {
+    let (resource, name) = match words {
+        [one] => one.split_once('/').unwrap_or((one, "")),
+        [resource, name] if !resource.contains('/') => (resource.as_str(), name.as_str()),
+        _ => ("", ""),
+    };
+    if resource.is_empty() || name.is_empty() || name.contains('/') {
+        return Err(PluginError::Usage(format!(
+            "expected RESOURCE/NAME or RESOURCE NAME (such as deploy/web), got \"{}\"",
+            words.join(" ")
+        )));
+    }
+    Ok((ResourceArg::parse(resource), name.to_owned()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target(words: &[&str]) -> Result<(String, String), String> {
+        let words: Vec<String> = words.iter().map(|w| w.to_string()).collect();
+        parse_target(&words)
+            .map(|(arg, name)| (arg.text, name))
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn targets() {
+        let ok = |r: &str, n: &str| Ok((r.to_owned(), n.to_owned()));
+        assert_eq!(target(&["deploy/web"]), ok("deploy", "web"));
+        assert_eq!(
+            target(&["Deployment.apps", "web"]),
+            ok("Deployment.apps", "web")
+        );
+        for bad in [
+            &["web"][..],
+            &["deploy/"],
+            &["/web"],
+            &["deploy/web/x"],
+            &["deploy/web", "x"],
+        ] {
+            let err = target(bad).expect_err("refused");
+            assert!(err.starts_with("expected RESOURCE/NAME"), "{err}");
+        }
+    }
+
+    #[test]
+    fn lock_names() {
+        let lock = LockRef {
+            name: "web".into(),
+            namespace: Some("prod".into()),
+        };
+        assert_eq!(lock.to_string(), "Lock prod/web");
+        let cluster = LockRef {
+            name: "prod".into(),
+            namespace: None,
+        };
+        assert_eq!(cluster.to_string(), "ClusterLock prod");
+        assert_eq!(lock_resource(false).plural, api::CLUSTER_LOCKS);
+        assert_eq!(lock_resource(true).api_version, api::API_VERSION);
+    }
+}

@@ -1,0 +1,656 @@
+//! `kubectl lock` / `kubectl unlock` end to end: the real binary as a subprocess, configured by a
+//! kubeconfig file, against the fake API server (discovery, objects and locks on the wire).
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use k8s_openapi::jiff::Timestamp;
+use serde_json::{Value, json};
+use support::fake_apiserver::FakeApiServer;
+
+const LOCK_BIN: &str = env!("CARGO_BIN_EXE_kubectl-lock");
+
+/// A fake cluster with a few objects, a kubeconfig pointing at it (contexts `fake`, namespace
+/// `prod`, the current one; `other`, namespace `staging`), and `kubectl-unlock` as a symlink.
+struct Cluster {
+    api: FakeApiServer,
+    dir: tempfile::TempDir,
+}
+
+/// How a run ended.
+#[derive(Debug)]
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    fn ok(&self) -> &str {
+        assert_eq!(self.code, 0, "{self:?}");
+        &self.stdout
+    }
+
+    /// The one `error: ...` line of a failure with exit code `code`, nothing on stdout.
+    fn error(&self, code: i32) -> &str {
+        assert_eq!(self.code, code, "{self:?}");
+        assert!(self.stdout.is_empty(), "{self:?}");
+        let line = self.stderr.strip_suffix('\n').expect("ends with a newline");
+        assert!(
+            line.starts_with("error: ") && !line.contains('\n'),
+            "{self:?}"
+        );
+        line
+    }
+
+    /// The cells of the table row whose NAME (or NAMESPACE and NAME) is `key`.
+    fn row(&self, key: &[&str]) -> Vec<&str> {
+        let row = self.ok().lines().find_map(|line| {
+            let cells: Vec<&str> = line.split_whitespace().collect();
+            cells.starts_with(key).then_some(cells)
+        });
+        row.unwrap_or_else(|| panic!("no row {key:?} in\n{}", self.stdout))
+    }
+}
+
+impl Cluster {
+    async fn start() -> Cluster {
+        support::init();
+        let api = FakeApiServer::start().await;
+        let meta = |name: &str| json!({ "metadata": { "name": name } });
+        api.add_object("/api/v1/namespaces/prod/configmaps", meta("app-config"));
+        api.add_object("/apis/apps/v1/namespaces/prod/deployments", meta("web"));
+        api.add_object("/api/v1/namespaces/prod/services", meta("web"));
+        api.add_object("/api/v1/namespaces", meta("prod"));
+        api.add_object(
+            "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+            meta("view"),
+        );
+        let dir = tempfile::tempdir().expect("tempdir");
+        // No user: the fake needs no credentials, and kube (as client-go) needs none.
+        let kubeconfig = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: {}\n\
+             contexts:\n- name: fake\n  context:\n    cluster: fake\n    namespace: prod\n\
+             - name: other\n  context:\n    cluster: fake\n    namespace: staging\n\
+             current-context: fake\n",
+            api.url()
+        );
+        std::fs::write(dir.path().join("kubeconfig"), kubeconfig).expect("write kubeconfig");
+        std::os::unix::fs::symlink(LOCK_BIN, dir.path().join("kubectl-unlock")).expect("symlink");
+        Cluster { api, dir }
+    }
+
+    fn kubeconfig(&self) -> PathBuf {
+        self.dir.path().join("kubeconfig")
+    }
+
+    async fn lock(&self, args: &[&str]) -> Run {
+        run(Path::new(LOCK_BIN), args, &self.kubeconfig()).await
+    }
+
+    async fn unlock(&self, args: &[&str]) -> Run {
+        let unlock = self.dir.path().join("kubectl-unlock");
+        run(&unlock, args, &self.kubeconfig()).await
+    }
+
+    /// The requests whose `METHOD /path` starts with `prefix`.
+    fn requests(&self, prefix: &str) -> Vec<String> {
+        let log = self.api.request_log();
+        log.into_iter().filter(|r| r.starts_with(prefix)).collect()
+    }
+}
+
+/// Runs `binary` with `KUBECONFIG` set, as kubectl runs a plugin.
+async fn run(binary: &Path, args: &[&str], kubeconfig: &Path) -> Run {
+    let mut command = Command::new(binary);
+    command
+        .args(args)
+        .env("KUBECONFIG", kubeconfig)
+        .env_remove("KUBE_RS_DEBUG_OVERRIDE_URL")
+        .env_remove("KUBE_RS_DEBUG_IMPERSONATE_USER")
+        .env_remove("KUBE_RS_DEBUG_IMPERSONATE_GROUP");
+    let output = tokio::task::spawn_blocking(move || command.output())
+        .await
+        .expect("join")
+        .expect("the plugin runs");
+    Run {
+        code: output.status.code().expect("exited"),
+        stdout: String::from_utf8(output.stdout).expect("utf-8"),
+        stderr: String::from_utf8(output.stderr).expect("utf-8"),
+    }
+}
+
+fn seconds_from_now(at: &Value) -> i64 {
+    let at: Timestamp = at.as_str().expect("a string").parse().expect("RFC 3339");
+    at.duration_since(Timestamp::now()).as_secs()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn lock_by_short_name_writes_the_spec() {
+    let c = Cluster::start().await;
+    let run = c
+        .lock(&[
+            "deploy/web",
+            "--reason",
+            "release freeze",
+            "--for",
+            "2h",
+            "--operations",
+            "DELETE",
+            "--exempt-user",
+            "alice",
+            "--exempt-user=bob",
+            "--warn",
+        ])
+        .await;
+    let lock = c.api.lock("prod", "web").expect("Lock prod/web");
+    let until = lock["spec"]["expiresAt"].as_str().expect("expiresAt");
+    assert_eq!(
+        run.ok(),
+        format!(
+            "locked deployments.apps \"web\" in namespace \"prod\" with Lock prod/web \
+             (DELETE; warn only; exempt alice, bob; until {until}): release freeze\n"
+        )
+    );
+    assert!(run.stderr.is_empty(), "{run:?}");
+    assert_eq!(lock["apiVersion"], "objectlock.dev/v1alpha1");
+    assert_eq!(lock["kind"], "Lock");
+    let left = seconds_from_now(&lock["spec"]["expiresAt"]);
+    assert!((7190..=7200).contains(&left), "{left}s left");
+    let mut spec = lock["spec"].clone();
+    spec.as_object_mut().expect("object").remove("expiresAt");
+    assert_eq!(
+        spec,
+        json!({
+            "resources": [{ "apiGroups": ["apps"], "resources": ["deployments"] }],
+            "reason": "release freeze",
+            "operations": ["DELETE"],
+            "exempt": { "users": ["alice", "bob"] },
+            "mode": "Warn",
+        })
+    );
+    // It looked the Deployment up before locking it.
+    assert_eq!(
+        c.requests("GET /apis/apps/v1/namespaces/prod/deployments/web")
+            .len(),
+        1
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn lock_by_kind_and_by_group_qualified_name() {
+    let c = Cluster::start().await;
+    let run = c.lock(&["ConfigMap/app-config"]).await;
+    assert_eq!(
+        run.ok(),
+        "locked configmaps \"app-config\" in namespace \"prod\" with Lock prod/app-config \
+         (UPDATE, DELETE)\n"
+    );
+    let lock = c
+        .api
+        .lock("prod", "app-config")
+        .expect("Lock prod/app-config");
+    assert_eq!(
+        lock["spec"],
+        json!({ "resources": [{ "apiGroups": [""], "resources": ["configmaps"] }] })
+    );
+
+    // --kubeconfig and --context instead of KUBECONFIG; -n over the context's namespace.
+    let kubeconfig = c.kubeconfig();
+    let flags = [
+        "--kubeconfig",
+        kubeconfig.to_str().expect("utf-8"),
+        "--context",
+        "other",
+    ];
+    let mut args = vec!["Deployment.apps", "web", "-n", "prod"];
+    args.extend(flags);
+    let run = run_without_env(&args).await;
+    assert!(
+        run.ok()
+            .starts_with("locked deployments.apps \"web\" in namespace \"prod\"")
+    );
+    let lock = c.api.lock("prod", "web").expect("Lock prod/web");
+    assert_eq!(
+        lock["spec"]["resources"],
+        json!([{ "apiGroups": ["apps"], "resources": ["deployments"] }])
+    );
+
+    // The context's namespace is the default: there is no Service web in staging.
+    let mut args = vec!["svc/web"];
+    args.extend(flags);
+    let run = run_without_env(&args).await;
+    assert_eq!(
+        run.error(1),
+        "error: services \"web\" in namespace \"staging\" does not exist \
+         (lock it anyway with --allow-missing)"
+    );
+    // The name of a Lock is the name of its target: Service web cannot get its own.
+    let run = c.lock(&["service/web"]).await;
+    assert_eq!(
+        run.error(1),
+        "error: Lock prod/web already exists (see kubectl lock list -n prod; kubectl unlock \
+         removes it)"
+    );
+    assert_eq!(c.api.lock("prod", "web").expect("still there"), lock);
+}
+
+/// Runs the plugin with only the flags saying where the cluster is.
+async fn run_without_env(args: &[&str]) -> Run {
+    run(
+        Path::new(LOCK_BIN),
+        args,
+        Path::new("/nonexistent/kubeconfig"),
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cluster_scoped_targets_get_a_cluster_lock() {
+    let c = Cluster::start().await;
+    let run = c.lock(&["ns/prod", "--reason", "production"]).await;
+    assert_eq!(
+        run.ok(),
+        "locked namespaces \"prod\" with ClusterLock prod (UPDATE, DELETE): production\n"
+    );
+    let lock = c.api.cluster_lock("prod").expect("ClusterLock prod");
+    assert_eq!(lock["kind"], "ClusterLock");
+    assert_eq!(
+        lock["spec"],
+        json!({ "resources": [{ "apiGroups": [""], "resources": ["namespaces"] }],
+                "reason": "production" })
+    );
+    assert!(c.api.lock("prod", "prod").is_none());
+
+    let run = c
+        .lock(&["clusterroles.rbac.authorization.k8s.io/view", "-n", "prod"])
+        .await;
+    assert_eq!(
+        run.ok(),
+        "locked clusterroles.rbac.authorization.k8s.io \"view\" with ClusterLock view \
+         (UPDATE, DELETE)\n"
+    );
+    assert_eq!(
+        run.stderr,
+        "note: clusterroles.rbac.authorization.k8s.io are cluster-scoped: --namespace prod is \
+         ignored\n"
+    );
+    let lock = c.api.cluster_lock("view").expect("ClusterLock view");
+    assert_eq!(
+        lock["spec"]["resources"],
+        json!([{ "apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles"] }])
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn missing_targets_are_refused_unless_allowed() {
+    let c = Cluster::start().await;
+    let run = c.lock(&["cm/tls-cert"]).await;
+    assert_eq!(
+        run.error(1),
+        "error: configmaps \"tls-cert\" in namespace \"prod\" does not exist \
+         (lock it anyway with --allow-missing)"
+    );
+    assert!(c.api.lock("prod", "tls-cert").is_none());
+    assert!(c.requests("POST").is_empty());
+
+    let until = "2099-01-01T00:00:00Z";
+    let run = c
+        .lock(&["cm/tls-cert", "--allow-missing", "--until", until])
+        .await;
+    assert_eq!(
+        run.ok(),
+        format!(
+            "locked configmaps \"tls-cert\" in namespace \"prod\" with Lock prod/tls-cert \
+             (UPDATE, DELETE; until {until})\n"
+        )
+    );
+    let lock = c.api.lock("prod", "tls-cert").expect("Lock prod/tls-cert");
+    assert_eq!(lock["spec"]["expiresAt"], until);
+    // Only the first run looked the ConfigMap up: --allow-missing does not.
+    assert_eq!(
+        c.requests("GET /api/v1/namespaces/prod/configmaps/tls-cert")
+            .len(),
+        1
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn expiry_flags_are_checked() {
+    let c = Cluster::start().await;
+    let run = c.lock(&["cm/app-config", "--for", "30m"]).await;
+    run.ok();
+    let lock = c
+        .api
+        .lock("prod", "app-config")
+        .expect("Lock prod/app-config");
+    let left = seconds_from_now(&lock["spec"]["expiresAt"]);
+    assert!((1790..=1800).contains(&left), "{left}s left");
+
+    let requests = c.api.request_log().len();
+    let run = c
+        .lock(&["deploy/web", "--until", "2020-01-01T00:00:00Z"])
+        .await;
+    assert!(
+        run.error(1)
+            .starts_with("error: --until 2020-01-01T00:00:00Z is in the past (now is "),
+        "{run:?}"
+    );
+    // Refused before any request.
+    assert_eq!(c.api.request_log().len(), requests);
+    let run = c
+        .lock(&[
+            "deploy/web",
+            "--for",
+            "1h",
+            "--until",
+            "2099-01-01T00:00:00Z",
+        ])
+        .await;
+    assert!(run.error(2).contains("--until"), "{run:?}");
+    let run = c.lock(&["deploy/web", "--until", "tomorrow"]).await;
+    assert!(run.error(2).contains("--until"), "{run:?}");
+    assert!(c.api.lock("prod", "web").is_none());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn list_shows_coverage_targets_and_time_left() {
+    let c = Cluster::start().await;
+    let run = c.lock(&["list"]).await;
+    assert_eq!(run.ok(), "");
+    assert_eq!(
+        run.stderr,
+        "note: no Locks in namespace \"prod\" and no ClusterLocks\n"
+    );
+
+    c.lock(&["deploy/web", "--for", "2h", "--reason", "release freeze"])
+        .await
+        .ok();
+    c.lock(&["cm/gone", "--allow-missing"]).await.ok();
+    c.lock(&["ns/prod"]).await.ok();
+    c.api.create_lock("prod", "app-config", json!({}));
+    let configmaps = json!([{ "apiGroups": [""], "resources": ["configmaps"] }]);
+    c.api.create_lock(
+        "prod",
+        "old",
+        json!({ "resources": configmaps, "expiresAt": "2020-01-01T00:00:00Z" }),
+    );
+    c.api.create_lock(
+        "prod",
+        "by-label",
+        json!({ "selector": { "matchLabels": { "app": "web" } }, "mode": "Warn" }),
+    );
+    c.api
+        .create_lock("staging", "db", json!({ "reason": "migration" }));
+
+    let run = c.lock(&["list"]).await;
+    let lines: Vec<&str> = run.ok().lines().collect();
+    assert_eq!(lines.len(), 7, "{}", run.stdout);
+    let header: Vec<&str> = lines[0].split_whitespace().collect();
+    assert_eq!(
+        header,
+        [
+            "NAME", "KIND", "COVERS", "TARGET", "MODE", "EXPIRES", "REASON"
+        ]
+    );
+    assert_eq!(
+        run.row(&["web"]),
+        [
+            "web",
+            "Lock",
+            "deployments.apps",
+            "exists",
+            "Enforce",
+            "1h59m",
+            "release",
+            "freeze"
+        ]
+    );
+    assert_eq!(
+        run.row(&["gone"]),
+        ["gone", "Lock", "configmaps", "missing", "Enforce", "never"]
+    );
+    assert_eq!(
+        run.row(&["app-config"]),
+        [
+            "app-config",
+            "Lock",
+            "any",
+            "resource",
+            "named",
+            "app-config",
+            "-",
+            "Enforce",
+            "never"
+        ]
+    );
+    assert_eq!(
+        run.row(&["old"]),
+        ["old", "Lock", "configmaps", "missing", "Enforce", "expired"]
+    );
+    assert_eq!(
+        run.row(&["by-label"]),
+        [
+            "by-label", "Lock", "selector", "app=web", "-", "Warn", "never"
+        ]
+    );
+    assert_eq!(
+        run.row(&["prod"]),
+        [
+            "prod",
+            "ClusterLock",
+            "namespaces",
+            "exists",
+            "Enforce",
+            "never"
+        ]
+    );
+    assert!(!run.stdout.contains("db"), "{}", run.stdout);
+
+    let run = c.lock(&["list", "-A"]).await;
+    assert_eq!(run.ok().lines().count(), 8, "{}", run.stdout);
+    assert!(run.stdout.starts_with("NAMESPACE   NAME"), "{}", run.stdout);
+    assert_eq!(
+        run.row(&["staging"]),
+        [
+            "staging",
+            "db",
+            "Lock",
+            "any",
+            "resource",
+            "named",
+            "db",
+            "-",
+            "Enforce",
+            "never",
+            "migration"
+        ]
+    );
+    assert_eq!(run.row(&["prod", "web"])[4], "exists");
+    assert_eq!(
+        run.row(&["-", "prod"]),
+        [
+            "-",
+            "prod",
+            "ClusterLock",
+            "namespaces",
+            "exists",
+            "Enforce",
+            "never"
+        ]
+    );
+
+    let run = c.lock(&["list", "-n", "staging"]).await;
+    assert_eq!(run.ok().lines().count(), 3, "{}", run.stdout);
+    run.row(&["db"]);
+    run.row(&["prod"]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unlock_deletes_the_covering_lock() {
+    let c = Cluster::start().await;
+    c.lock(&["deploy/web"]).await.ok();
+    c.lock(&["namespace", "prod"]).await.ok();
+
+    let run = c.unlock(&["svc/web"]).await;
+    assert_eq!(
+        run.error(1),
+        "error: no lock on services \"web\" in namespace \"prod\" \
+         (Lock prod/web covers deployments.apps only)"
+    );
+    assert!(c.api.lock("prod", "web").is_some());
+
+    let run = c.unlock(&["deployments.apps/web"]).await;
+    assert_eq!(
+        run.ok(),
+        "unlocked deployments.apps \"web\" in namespace \"prod\" (deleted Lock prod/web)\n"
+    );
+    assert!(c.api.lock("prod", "web").is_none());
+    let run = c.unlock(&["deploy", "web"]).await;
+    assert_eq!(
+        run.error(1),
+        "error: no lock on deployments.apps \"web\" in namespace \"prod\""
+    );
+
+    let run = c.unlock(&["ns/prod"]).await;
+    assert_eq!(
+        run.ok(),
+        "unlocked namespaces \"prod\" (deleted ClusterLock prod)\n"
+    );
+    assert!(c.api.cluster_lock("prod").is_none());
+    assert_eq!(
+        c.unlock(&["ns/prod"]).await.error(1),
+        "error: no lock on namespaces \"prod\""
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_input_is_one_line() {
+    let c = Cluster::start().await;
+    assert_eq!(
+        c.lock(&["widgets/x"]).await.error(1),
+        "error: the server doesn't have a resource type \"widgets\""
+    );
+    assert_eq!(
+        c.unlock(&["widgets.example.com/x"]).await.error(1),
+        "error: the server doesn't have a resource type \"widgets.example.com\""
+    );
+    assert_eq!(
+        c.lock(&["lk/x"]).await.error(1),
+        "error: locks.objectlock.dev cannot be locked: locks are never locked, so unlocking \
+         always works"
+    );
+    assert!(
+        c.lock(&["web"])
+            .await
+            .error(1)
+            .starts_with("error: expected RESOURCE/NAME"),
+        "a name without a resource"
+    );
+    for (args, flag) in [
+        (
+            &["deploy/web", "--operations", "CREATE"][..],
+            "--operations",
+        ),
+        (&["deploy/web", "--for", "soon"][..], "--for"),
+        (&["deploy/web", "--bogus"][..], "--bogus"),
+        (&["list", "--reason", "x"][..], "--reason"),
+        (&[][..], "RESOURCE/NAME"),
+    ] {
+        let run = c.lock(args).await;
+        assert!(run.error(2).contains(flag), "{args:?}: {run:?}");
+    }
+    let run = c.unlock(&["deploy/web", "--warn"]).await;
+    assert!(run.error(2).contains("--warn"), "{run:?}");
+    assert!(c.requests("POST").is_empty() && c.requests("DELETE").is_empty());
+
+    let run = run_without_env(&["deploy/web", "--kubeconfig", "/nonexistent/kubeconfig"]).await;
+    assert!(
+        run.error(1)
+            .starts_with("error: cannot load the kubeconfig /nonexistent/kubeconfig: "),
+        "{run:?}"
+    );
+    let kubeconfig = c.kubeconfig();
+    let kubeconfig = kubeconfig.to_str().expect("utf-8");
+    let run = run_without_env(&["list", "--kubeconfig", kubeconfig, "--context", "nope"]).await;
+    assert!(run.error(1).contains("nope"), "{run:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unreachable_api_server_is_one_line() {
+    let c = Cluster::start().await;
+    c.api.stop().await;
+    let expected = format!("error: cannot reach the API server at {}: ", c.api.url());
+    for run in [
+        c.lock(&["deploy/web"]).await,
+        c.lock(&["list", "-A"]).await,
+        c.unlock(&["deploy/web"]).await,
+    ] {
+        assert!(run.error(1).starts_with(&expected), "{run:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn help_explains_the_commands() {
+    let c = Cluster::start().await;
+    let run = c.lock(&["--help"]).await;
+    let help = run.ok();
+    for text in [
+        "kubectl lock",
+        "--allow-missing",
+        "--exempt-user",
+        "Examples:",
+        "ClusterLock",
+    ] {
+        assert!(help.contains(text), "{text}: {help}");
+    }
+    let help = c.lock(&["list", "--help"]).await;
+    assert!(help.ok().contains("--all-namespaces"), "{help:?}");
+    let help = c.unlock(&["--help"]).await;
+    assert!(help.ok().contains("kubectl unlock"), "{help:?}");
+    assert!(c.api.request_log().is_empty());
+}
+
+/// The fake's discovery documents parse as kube's own discovery reads a real server's.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_fake_serves_discovery_as_kube_reads_it() {
+    let c = Cluster::start().await;
+    let discovery = kube::discovery::Discovery::new(c.api.client())
+        .run()
+        .await
+        .expect("discovery runs");
+    let (deployments, caps) = discovery
+        .get("apps")
+        .and_then(|g| g.recommended_kind("Deployment"))
+        .expect("apps/v1 Deployment");
+    assert_eq!(deployments.plural, "deployments");
+    assert_eq!(caps.scope, kube::discovery::Scope::Namespaced);
+    assert!(caps.subresources.iter().any(|(r, _)| r.plural == "scale"));
+    let (namespaces, caps) = discovery
+        .get("")
+        .and_then(|g| g.recommended_kind("Namespace"))
+        .expect("v1 Namespace");
+    assert_eq!(namespaces.plural, "namespaces");
+    assert_eq!(caps.scope, kube::discovery::Scope::Cluster);
+    let (locks, _) = discovery
+        .get("objectlock.dev")
+        .and_then(|g| g.recommended_kind("Lock"))
+        .expect("Lock");
+    assert_eq!(locks.api_version, "objectlock.dev/v1alpha1");
+
+    // Objects of discovered resources: the object, or a NotFound naming it.
+    let ar = deployments;
+    let api: kube::Api<kube::api::DynamicObject> =
+        kube::Api::namespaced_with(c.api.client(), "prod", &ar);
+    let web = api.get("web").await.expect("Deployment web");
+    assert_eq!(web.metadata.namespace.as_deref(), Some("prod"));
+    let Err(kube::Error::Api(status)) = api.get("nope").await else {
+        panic!("404 expected")
+    };
+    assert_eq!(
+        (status.code, status.reason.as_str(), status.message.as_str()),
+        (404, "NotFound", "deployments.apps \"nope\" not found")
+    );
+}
