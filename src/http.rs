@@ -102,31 +102,34 @@ async fn validate(
         Ok(deadline) => deadline,
         Err(message) => return failure(StatusCode::BAD_REQUEST, message),
     };
-    if let Some(length) = headers
+    let declared_length = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok())
-        && length > state.max_body_bytes
-    {
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared_length.is_some_and(|length| length > state.max_body_bytes) {
         return too_large(state.max_body_bytes);
     }
-    let body =
-        match tokio::time::timeout(state.body_timeout, collect(body, state.max_body_bytes)).await {
-            Ok(Ok(body)) => body,
-            Ok(Err(BodyError::TooLarge)) => return too_large(state.max_body_bytes),
-            Ok(Err(BodyError::Read(message))) => {
-                return failure(
-                    StatusCode::BAD_REQUEST,
-                    format!("cannot read body: {message}"),
-                );
-            }
-            Err(_) => {
-                return failure(
-                    StatusCode::REQUEST_TIMEOUT,
-                    format!("body not received within {:?}", state.body_timeout),
-                );
-            }
-        };
+    let body = match tokio::time::timeout(
+        state.body_timeout,
+        collect(body, state.max_body_bytes, declared_length),
+    )
+    .await
+    {
+        Ok(Ok(body)) => body,
+        Ok(Err(BodyError::TooLarge)) => return too_large(state.max_body_bytes),
+        Ok(Err(BodyError::Read(message))) => {
+            return failure(
+                StatusCode::BAD_REQUEST,
+                format!("cannot read body: {message}"),
+            );
+        }
+        Err(_) => {
+            return failure(
+                StatusCode::REQUEST_TIMEOUT,
+                format!("body not received within {:?}", state.body_timeout),
+            );
+        }
+    };
     match state.reviewer.review(&body, deadline).await {
         Ok(answer) => match serde_json::to_vec(&answer.review) {
             Ok(json) => json_response(StatusCode::OK, json),
@@ -162,8 +165,11 @@ enum BodyError {
 async fn collect(
     mut body: impl Stream<Item = Result<impl Buf, warp::Error>> + Unpin,
     limit: u64,
+    declared_length: Option<u64>,
 ) -> Result<Bytes, BodyError> {
-    let mut buf = BytesMut::new();
+    // Sized once from Content-Length (already checked against the limit), not grown in steps.
+    let capacity = declared_length.unwrap_or(0).min(limit);
+    let mut buf = BytesMut::with_capacity(usize::try_from(capacity).unwrap_or(0));
     while let Some(chunk) = body.next().await {
         let mut chunk = chunk.map_err(|e| BodyError::Read(e.to_string()))?;
         if (buf.len() + chunk.remaining()) as u64 > limit {

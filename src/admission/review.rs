@@ -69,18 +69,12 @@ pub fn parse(body: &[u8]) -> Result<ParsedReview, ReviewError> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Err(ReviewError::Empty);
     }
-    let mut de = serde_json::Deserializer::from_slice(body);
-    let review: IncomingReview = serde_path_to_error::deserialize(&mut de).map_err(|e| {
-        let path = e.path().to_string();
-        let inner = e.into_inner();
-        if path == "." || path.is_empty() {
-            ReviewError::Malformed(inner.to_string())
-        } else {
-            ReviewError::Malformed(format!("{path}: {inner}"))
-        }
-    })?;
-    de.end()
-        .map_err(|e| ReviewError::Malformed(e.to_string()))?;
+    // The fast path is plain serde_json; only a body that fails is parsed again to name the
+    // field, since tracking the path costs a third of every parse.
+    let review: IncomingReview = match serde_json::from_slice(body) {
+        Ok(review) => review,
+        Err(_) => return Err(describe_parse_error(body)),
+    };
     if review.kind != "AdmissionReview" {
         return Err(ReviewError::WrongKind(review.kind));
     }
@@ -97,6 +91,26 @@ pub fn parse(body: &[u8]) -> Result<ParsedReview, ReviewError> {
         api_version,
         request,
     })
+}
+
+/// The error of a body that does not parse, naming the field where it went wrong.
+fn describe_parse_error(body: &[u8]) -> ReviewError {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let result: Result<IncomingReview, _> = serde_path_to_error::deserialize(&mut de);
+    let error = match result {
+        Ok(_) => match de.end() {
+            Ok(()) => return ReviewError::Malformed("invalid JSON".to_owned()),
+            Err(e) => return ReviewError::Malformed(e.to_string()),
+        },
+        Err(e) => e,
+    };
+    let path = error.path().to_string();
+    let inner = error.into_inner();
+    if path == "." || path.is_empty() {
+        ReviewError::Malformed(inner.to_string())
+    } else {
+        ReviewError::Malformed(format!("{path}: {inner}"))
+    }
 }
 
 /// The response AdmissionReview for a verdict.
