@@ -9,6 +9,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use http::{Request, Response};
@@ -62,6 +63,11 @@ where
 {
     let acceptor = tls.map(TlsAcceptor::from);
     let graceful = GracefulShutdown::new();
+    let draining = Arc::new(AtomicBool::new(false));
+    let service = CloseWhenDraining {
+        inner: service,
+        draining: draining.clone(),
+    };
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
         let (tcp, peer) = tokio::select! {
@@ -86,6 +92,7 @@ where
                 let _ = tcp.set_nodelay(true);
                 let builder = builder(&limits);
                 let Some(acceptor) = acceptor else {
+                    let builder = builder.http1_only();
                     let conn = builder.serve_connection(TokioIo::new(tcp), service);
                     if let Err(error) = watcher.watch(conn.into_owned()).await {
                         debug!(%error, "connection ended with an error");
@@ -105,6 +112,13 @@ where
                         return;
                     }
                 };
+                // ALPN already chose the protocol: no sniffing read, which has no deadline.
+                let h2 = tls.get_ref().1.alpn_protocol() == Some(&b"h2"[..]);
+                let builder = if h2 {
+                    builder.http2_only()
+                } else {
+                    builder.http1_only()
+                };
                 let conn = builder.serve_connection(TokioIo::new(tls), service);
                 if let Err(error) = watcher.watch(conn.into_owned()).await {
                     debug!(%error, "connection ended with an error");
@@ -114,7 +128,15 @@ where
         );
     }
     drop(listener);
-    match tokio::time::timeout(limits.shutdown_grace, graceful.shutdown()).await {
+    // A client may have just written a request on an idle keep-alive connection: closing it
+    // now would drop that request unanswered (and the API server does not retry a POST). So
+    // keep serving a moment, telling each HTTP/1.1 client to close after its answer, and only
+    // then close what is still idle.
+    draining.store(true, Ordering::SeqCst);
+    let delay = drain_delay(limits.shutdown_grace);
+    tokio::time::sleep(delay).await;
+    let grace = limits.shutdown_grace.saturating_sub(delay);
+    match tokio::time::timeout(grace, graceful.shutdown()).await {
         Ok(()) => {
             info!("all connections drained");
             Drain::Complete
@@ -123,6 +145,55 @@ where
             warn!(grace = ?limits.shutdown_grace, "connections still open after the grace period; closing them");
             Drain::TimedOut
         }
+    }
+}
+
+/// How long connections keep being served after the shutdown signal before idle ones close:
+/// a tenth of the grace, between 100 ms and 2 s.
+fn drain_delay(grace: Duration) -> Duration {
+    (grace / 10)
+        .clamp(Duration::from_millis(100), Duration::from_secs(2))
+        .min(grace)
+}
+
+/// Adds `Connection: close` to HTTP/1.1 answers once the server is draining, so clients stop
+/// reusing the connection instead of sending a request into one about to close.
+#[derive(Clone)]
+struct CloseWhenDraining<S> {
+    inner: S,
+    draining: Arc<AtomicBool>,
+}
+
+impl<S, B> tower_service::Service<Request<Incoming>> for CloseWhenDraining<S>
+where
+    S: tower_service::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>,
+    S::Future: Send + 'static,
+{
+    type Response = Response<B>;
+    type Error = Infallible;
+    type Future = futures::future::BoxFuture<'static, Result<Response<B>, Infallible>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<Incoming>) -> Self::Future {
+        let http1 = request.version() == http::Version::HTTP_11;
+        let draining = self.draining.clone();
+        let answer = self.inner.call(request);
+        Box::pin(async move {
+            let mut response = answer.await?;
+            if http1 && draining.load(Ordering::SeqCst) {
+                response.headers_mut().insert(
+                    http::header::CONNECTION,
+                    http::HeaderValue::from_static("close"),
+                );
+            }
+            Ok(response)
+        })
     }
 }
 

@@ -46,6 +46,10 @@ pub struct Plan {
     /// Measured window.
     pub duration: Duration,
     pub new_connection: bool,
+    /// Slices the window is cut into, alternating between the servers.
+    pub rounds: usize,
+    /// The warm-up also lasts until every body has been sent once.
+    pub full_pass: bool,
 }
 
 /// Where and how to connect.
@@ -162,11 +166,32 @@ pub struct Outcome {
     pub latency: Histogram<u64>,
     /// Distinct error messages (first few).
     pub error_samples: BTreeSet<String>,
-    /// At the start of the measured window, and at its end.
-    pub start: Sample,
-    pub end: Sample,
-    /// Before the warm-up.
+    /// Each measured window: its start and its end (several when runs are merged).
+    pub windows: Vec<(Sample, Sample)>,
+    /// Before the (first) warm-up.
     pub before: Sample,
+}
+
+impl Outcome {
+    /// Adds a later run against the same server.
+    pub fn merge(&mut self, later: Outcome) {
+        self.ok += later.ok;
+        self.errors += later.errors;
+        self.denied += later.denied;
+        self.window += later.window;
+        self.latency
+            .add(&later.latency)
+            .expect("histograms with the same bounds merge");
+        self.error_samples.extend(later.error_samples);
+        self.windows.extend(later.windows);
+    }
+
+    /// The sum over the windows of `end - start` of one counter.
+    pub fn delta(&self, counter: impl Fn(&Sample) -> Option<u64>) -> Option<u64> {
+        self.windows.iter().try_fold(0, |sum, (start, end)| {
+            Some(sum + counter(end)?.saturating_sub(counter(start)?))
+        })
+    }
 }
 
 /// The phases of a run, shared by every connection.
@@ -237,7 +262,11 @@ pub async fn run(
         .collect();
 
     // The warm-up: at least `plan.warmup`, and until every body has been sent once.
-    let pass = bodies.len() as u64;
+    let pass = if plan.full_pass {
+        bodies.len() as u64
+    } else {
+        0
+    };
     let min_end = clock.origin + plan.warmup;
     let max_end = clock.origin + plan.warmup.max(MAX_WARMUP);
     loop {
@@ -262,8 +291,7 @@ pub async fn run(
         warmup: started.duration_since(clock.origin),
         latency: new_histogram(),
         error_samples: BTreeSet::new(),
-        start,
-        end,
+        windows: vec![(start, end)],
         before,
     };
     for worker in workers {

@@ -49,6 +49,11 @@ struct Args {
     /// body has been sent once (one pass over the 10,000 namespaces), at most 60s.
     #[arg(long, default_value = "1s", value_name = "D", value_parser = humantime::parse_duration)]
     warmup: Duration,
+    /// Slices the measured time of each server is cut into, taken in turns by the two servers
+    /// (ABBA order), so that both see the same noise; 1 runs the baseline, then the webhook.
+    #[arg(long, default_value_t = 5, value_name = "N",
+        value_parser = clap::value_parser!(u32).range(1..=100))]
+    rounds: u32,
     /// Scenario to run; repeat or separate with commas.
     #[arg(long, short = 's', value_enum, value_delimiter = ',', default_values_t = [Choice::All])]
     scenario: Vec<Choice>,
@@ -182,6 +187,8 @@ fn run(args: &Args) -> anyhow::Result<()> {
         warmup: args.warmup,
         duration,
         new_connection: false,
+        rounds: args.rounds as usize,
+        full_pass: true,
     };
     report::header(&env, &plan, &chosen);
     let mut results = Vec::new();

@@ -43,8 +43,8 @@ pub fn header(env: &Env, plan: &Plan, chosen: &[Name]) {
         println!("           warning: not under target/release; is this an optimized build?");
     }
     println!(
-        "load:      {} HTTP/1.1 keep-alive connections over TLS, closed loop; warm-up >= {:?} (and one pass over the bodies), then {:?} measured per server",
-        plan.connections, plan.warmup, plan.duration
+        "load:      {} HTTP/1.1 keep-alive connections over TLS, closed loop; warm-up >= {:?} (and one pass over the bodies), then {:?} measured per server in {} turns",
+        plan.connections, plan.warmup, plan.duration, plan.rounds
     );
     let names: Vec<&str> = chosen.iter().map(|n| n.as_str()).collect();
     println!("scenarios: {}", names.join(", "));
@@ -97,10 +97,9 @@ fn row(run: &Run) -> Row {
     let secs = o.window.as_secs_f64();
     let h = &o.latency;
     let ms = |us: u64| us as f64 / 1000.0;
-    let cpu_secs = match (o.start.cpu_ticks, o.end.cpu_ticks) {
-        (Some(a), Some(b)) => Some(b.saturating_sub(a) as f64 / run.ticks_per_second as f64),
-        _ => None,
-    };
+    let cpu_secs = o
+        .delta(|s| s.cpu_ticks)
+        .map(|t| t as f64 / run.ticks_per_second as f64);
     Row {
         rps: o.ok as f64 / secs,
         latency_ms: [
@@ -236,20 +235,14 @@ pub fn summary(results: &[ScenarioResult], cache_ttl: Duration) {
     for result in results {
         for run in [&result.baseline, &result.ours].into_iter().flatten() {
             let o = &run.outcome;
-            let pct = |a: Option<u64>, b: Option<u64>| {
-                a.zip(b).map(|(a, b)| {
-                    b.saturating_sub(a) as f64
-                        / run.ticks_per_second as f64
-                        / o.window.as_secs_f64()
-                        * 100.0
+            let pct = |ticks: Option<u64>| {
+                ticks.map(|t| {
+                    t as f64 / run.ticks_per_second as f64 / o.window.as_secs_f64() * 100.0
                 })
             };
-            let server = pct(o.start.cpu_ticks, o.end.cpu_ticks);
-            let own = pct(o.start.own_cpu_ticks, o.end.own_cpu_ticks);
-            let busy = pct(
-                o.start.machine_ticks.map(|t| t.0),
-                o.end.machine_ticks.map(|t| t.0),
-            );
+            let server = pct(o.delta(|s| s.cpu_ticks));
+            let own = pct(o.delta(|s| s.own_cpu_ticks));
+            let busy = pct(o.delta(|s| s.machine_ticks.map(|t| t.0)));
             let others = match (server, own, busy) {
                 (Some(s), Some(c), Some(b)) => Some((b - s - c).max(0.0)),
                 _ => None,

@@ -104,11 +104,11 @@ pub struct Run {
 /// The fake API server's requests, sorted out.
 #[derive(Debug, Default, Clone)]
 pub struct ApiCalls {
-    /// While the webhook started (the watch's initial lists and watches).
+    /// Until the first warm-up (the watch's initial lists and watches).
     pub startup: Classified,
-    /// During the warm-up.
+    /// During the warm-ups and the other server's turns.
     pub warmup: Classified,
-    /// During the measured window.
+    /// During the measured windows.
     pub window: Classified,
 }
 
@@ -126,6 +126,20 @@ pub struct Classified {
 }
 
 impl Classified {
+    fn add(&mut self, other: Classified) {
+        self.lookup_lists += other.lookup_lists;
+        self.watch_lists += other.watch_lists;
+        self.watches += other.watches;
+        self.other += other.other;
+    }
+
+    fn subtract(&mut self, other: Classified) {
+        self.lookup_lists = self.lookup_lists.saturating_sub(other.lookup_lists);
+        self.watch_lists = self.watch_lists.saturating_sub(other.watch_lists);
+        self.watches = self.watches.saturating_sub(other.watches);
+        self.other = self.other.saturating_sub(other.other);
+    }
+
     pub fn total(&self) -> usize {
         self.lookup_lists + self.watch_lists + self.watches + self.other
     }
@@ -173,7 +187,19 @@ pub struct ScenarioResult {
     pub ours: Option<Run>,
 }
 
-/// Runs one scenario: the baseline, then the webhook.
+/// A server up and ready, and what its run needs.
+struct Running {
+    name: &'static str,
+    process: ServerProcess,
+    target: Arc<Target>,
+    /// The fake API server the webhook reads (none for the baseline).
+    fake: Option<FakeApi>,
+    outcome: Option<Outcome>,
+}
+
+/// Runs one scenario. Both servers are started and left idle between their turns; the measured
+/// window is cut into `plan.rounds` slices, taken in turns (baseline, webhook, webhook,
+/// baseline, ...) so that both see the same noise from whatever else the machine runs.
 pub fn run_scenario(
     runtime: &tokio::runtime::Runtime,
     env: &Env,
@@ -181,70 +207,126 @@ pub fn run_scenario(
     plan: &Plan,
     servers: Servers,
 ) -> anyhow::Result<ScenarioResult> {
-    let plan = Plan {
-        new_connection: scenario.new_connection,
-        ..plan.clone()
-    };
     eprintln!("== {}: {}", scenario.name, scenario.about);
-    let baseline = if servers != Servers::Ours {
-        Some(run_baseline(runtime, env, scenario, &plan).context("baseline")?)
-    } else {
-        None
-    };
-    let ours = if servers != Servers::Baseline {
-        Some(run_ours(runtime, env, scenario, &plan).context("webhook")?)
-    } else {
-        None
-    };
-    Ok(ScenarioResult {
+    let mut running = Vec::new();
+    if servers != Servers::Ours {
+        running.push(start_baseline(runtime, env).context("baseline")?);
+    }
+    if servers != Servers::Baseline {
+        running.push(start_ours(runtime, env, scenario).context("webhook")?);
+    }
+    let rounds = plan.rounds.max(1);
+    let slice = plan.duration / rounds as u32;
+    for round in 0..rounds {
+        let order: Vec<usize> = if round % 2 == 0 {
+            (0..running.len()).collect()
+        } else {
+            (0..running.len()).rev().collect()
+        };
+        for i in order {
+            let server = &mut running[i];
+            let first = server.outcome.is_none();
+            let plan = Plan {
+                duration: slice,
+                // Later turns only open their connections again.
+                warmup: if first {
+                    plan.warmup
+                } else {
+                    Duration::from_millis(200)
+                },
+                full_pass: first,
+                new_connection: scenario.new_connection,
+                ..plan.clone()
+            };
+            let probe = server
+                .process
+                .probe(server.fake.as_ref().map(|f| f.api.clone()));
+            let outcome = runtime.block_on(client::run(
+                server.target.clone(),
+                scenario.bodies.clone(),
+                &plan,
+                probe,
+            ));
+            match &mut server.outcome {
+                Some(total) => total.merge(outcome),
+                None => server.outcome = Some(outcome),
+            }
+        }
+    }
+    let mut result = ScenarioResult {
         name: scenario.name,
         about: scenario.about.clone(),
         expected_denied: scenario.expected_denied,
-        baseline,
-        ours,
-    })
+        baseline: None,
+        ours: None,
+    };
+    for server in running {
+        let peak_rss_kib = server.process.peak_rss_kib();
+        server.process.stop()?;
+        let outcome = server.outcome.expect("every server ran at least once");
+        let api = server.fake.map(|fake| {
+            let log = fake.api.request_log();
+            fake.stop();
+            api_calls(&log, &outcome)
+        });
+        let run = Run {
+            server: server.name,
+            outcome,
+            peak_rss_kib,
+            api,
+            ticks_per_second: env.ticks_per_second,
+        };
+        if server.name == "baseline" {
+            result.baseline = Some(run);
+        } else {
+            result.ours = Some(run);
+        }
+    }
+    Ok(result)
 }
 
-fn run_baseline(
-    runtime: &tokio::runtime::Runtime,
-    env: &Env,
-    scenario: &Scenario,
-    plan: &Plan,
-) -> anyhow::Result<Run> {
+/// Sorts the fake API server's log into start-up, warm-up and measured windows.
+fn api_calls(log: &[String], outcome: &Outcome) -> ApiCalls {
+    let at = |s: &Sample| s.api_requests.unwrap_or(log.len()).min(log.len());
+    let before = at(&outcome.before);
+    let mut window = Classified::default();
+    for (start, end) in &outcome.windows {
+        let (start, end) = (at(start), at(end).max(at(start)));
+        window.add(Classified::of(&log[start..end]));
+    }
+    let last = outcome.windows.last().map_or(before, |(_, end)| at(end));
+    let mut warmup = Classified::of(&log[before..last.max(before)]);
+    warmup.subtract(window);
+    ApiCalls {
+        startup: Classified::of(&log[..before]),
+        warmup,
+        window,
+    }
+}
+
+fn start_baseline(runtime: &tokio::runtime::Runtime, env: &Env) -> anyhow::Result<Running> {
     let addr = free_addr()?;
     let mut command = env.command(&env.bench_bin);
     command.arg("--serve-baseline").arg(addr.to_string());
     command.arg(env.path("tls.crt")).arg(env.path("tls.key"));
-    let server = ServerProcess::spawn(command, "baseline", &env.path("baseline.log"))?;
+    let process = ServerProcess::spawn(command, "baseline", &env.path("baseline.log"))?;
     let target = Arc::new(Target::new(addr, &env.path("ca.crt"))?);
-    runtime.block_on(server.wait_ready(&target, "/"))?;
-    eprintln!(
-        "   baseline (pid {}) ready on {addr}; loading",
-        server.pid()
-    );
-    let outcome = runtime.block_on(client::run(
+    runtime.block_on(process.wait_ready(&target, "/"))?;
+    eprintln!("   baseline (pid {}) ready on {addr}", process.pid());
+    Ok(Running {
+        name: "baseline",
+        process,
         target,
-        scenario.bodies.clone(),
-        plan,
-        server.probe(None),
-    ));
-    let peak_rss_kib = server.peak_rss_kib();
-    server.stop()?;
-    Ok(Run {
-        server: "baseline",
-        outcome,
-        peak_rss_kib,
-        api: None,
-        ticks_per_second: env.ticks_per_second,
+        fake: None,
+        outcome: None,
     })
 }
 
-fn run_ours(
+fn start_ours(
     runtime: &tokio::runtime::Runtime,
     env: &Env,
     scenario: &Scenario,
-    plan: &Plan,
-) -> anyhow::Result<Run> {
+) -> anyhow::Result<Running> {
     let fake = FakeApi::start()?;
     for (namespace, name) in &scenario.locks {
         fake.api
@@ -265,34 +347,17 @@ fn run_ours(
     for (key, value) in &env.server_env {
         command.env(key, value);
     }
-    let server = ServerProcess::spawn(command, "kube-object-lock", &env.path("webhook.log"))?;
+    let process = ServerProcess::spawn(command, "kube-object-lock", &env.path("webhook.log"))?;
     let target = Arc::new(Target::new(addr, &env.path("ca.crt"))?);
     // Ready once the certificate is loaded and the watch has synced.
-    runtime.block_on(server.wait_ready(&target, "/readyz"))?;
-    eprintln!("   webhook (pid {}) ready on {addr}; loading", server.pid());
-    let outcome = runtime.block_on(client::run(
+    runtime.block_on(process.wait_ready(&target, "/readyz"))?;
+    eprintln!("   webhook (pid {}) ready on {addr}", process.pid());
+    Ok(Running {
+        name: "ours",
+        process,
         target,
-        scenario.bodies.clone(),
-        plan,
-        server.probe(Some(fake.api.clone())),
-    ));
-    let peak_rss_kib = server.peak_rss_kib();
-    server.stop()?;
-    let log = fake.api.request_log();
-    let at = |s: &Sample| s.api_requests.unwrap_or(log.len()).min(log.len());
-    let (before, start, end) = (at(&outcome.before), at(&outcome.start), at(&outcome.end));
-    let api = ApiCalls {
-        startup: Classified::of(&log[..before]),
-        warmup: Classified::of(&log[before..start]),
-        window: Classified::of(&log[start..end]),
-    };
-    fake.stop();
-    Ok(Run {
-        server: "ours",
-        outcome,
-        peak_rss_kib,
-        api: Some(api),
-        ticks_per_second: env.ticks_per_second,
+        fake: Some(fake),
+        outcome: None,
     })
 }
 
