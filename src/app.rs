@@ -59,7 +59,7 @@ pub enum StartError {
     #[error(transparent)]
     Tls(#[from] TlsError),
     /// The listen address cannot be bound.
-    #[error("cannot listen on {addr} ({key}): {source}")]
+    #[error("cannot listen on {addr} ({key})")]
     Bind {
         /// The settings key.
         key: &'static str,

@@ -343,6 +343,8 @@ fn start_ours(
     command.arg("--kubeconfig").arg(&kubeconfig);
     // Denials log at info; one line each would measure the terminal.
     command.env("KUBE_OBJECT_LOCK__LOG__LEVEL", "warn");
+    // Any free port: a fixed one may be taken by another process on the machine.
+    command.env("KUBE_OBJECT_LOCK__METRICS__LISTEN", "127.0.0.1:0");
     command.env_remove("RUST_LOG");
     for (key, value) in &env.server_env {
         command.env(key, value);

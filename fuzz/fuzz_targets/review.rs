@@ -44,7 +44,9 @@ static HARNESS: LazyLock<Harness> = LazyLock::new(|| {
 fuzz_target!(|data: &[u8]| {
     let harness = &*HARNESS;
     let parsed = review::parse(data);
-    let answer = harness.runtime.block_on(harness.reviewer.review(data, None));
+    let answer = harness
+        .runtime
+        .block_on(harness.reviewer.review(data, None));
     match (parsed, answer) {
         (Ok(parsed), Ok(answer)) => {
             let response = serde_json::to_value(&answer.review).expect("the answer serializes");
