@@ -294,7 +294,7 @@ fn rule_8_namespace_deletion_is_denied_while_it_holds_locks() {
     assert_eq!(refusal.code, 403);
     assert_eq!(
         refusal.message,
-        "namespaces \"doomed\" still holds 7 Locks (cm-1, cm-2, cm-3, cm-4, cm-5 and 2 more): deleting it would leave it stuck in Terminating at the locked objects (to unlock: kubectl delete locks --all -n doomed)"
+        "deleting namespaces \"doomed\" would delete the objects locked by 7 Locks in it (cm-1, cm-2, cm-3, cm-4, cm-5 and 2 more) (to unlock: kubectl delete locks --all -n doomed)"
     );
     assert_eq!(verdict.locks.len(), 5);
     let one = run(&req, &held[..1], &[]).expect("lookup");
@@ -302,7 +302,7 @@ fn rule_8_namespace_deletion_is_denied_while_it_holds_locks() {
         one.refusal
             .expect("denied")
             .message
-            .contains("holds 1 Lock (cm-1)")
+            .contains("locked by 1 Lock in it (cm-1)")
     );
 }
 
@@ -743,7 +743,7 @@ fn namespace_deletion_ignores_expired_and_warn_locks() {
             .refusal
             .expect("denied")
             .message
-            .contains("holds 1 Lock (held)")
+            .contains("locked by 1 Lock in it (held)")
     );
 }
 
@@ -918,4 +918,104 @@ mod unknown_labels {
             prop_assert_eq!(verdict, Verdict::allow());
         }
     }
+}
+
+/// A Namespace DELETE, by `user`.
+fn namespace_delete(user: Value) -> AdmissionRequest {
+    request(json!({
+        "resource": {"group": "", "version": "v1", "resource": "namespaces"},
+        "name": "doomed", "namespace": "doomed", "userInfo": user,
+        "oldObject": {"metadata": {"name": "doomed"}},
+    }))
+}
+
+#[test]
+fn rule_8_only_locks_that_would_refuse_deleting_their_objects_block_the_namespace() {
+    let alice = json!({"username": "alice", "groups": ["dev"]});
+    let in_doomed = |name: &str, value: Value| LockRef::lock("doomed", name, spec(value));
+    // Each of these would let the namespace controller delete its object.
+    for (why, lock) in [
+        (
+            "UPDATE only",
+            in_doomed("a", json!({"operations": ["UPDATE"]})),
+        ),
+        (
+            "a subresource only",
+            in_doomed(
+                "b",
+                json!({"resources": [{"apiGroups": ["apps"], "resources": ["deployments/scale"]}]}),
+            ),
+        ),
+        (
+            "lock resources only",
+            in_doomed(
+                "c",
+                json!({"resources": [{"apiGroups": ["objectlock.dev"], "resources": ["locks"]}]}),
+            ),
+        ),
+        (
+            "the namespace controller exempt",
+            in_doomed(
+                "d",
+                json!({"exempt": {"serviceAccounts": ["kube-system/namespace-controller"]}}),
+            ),
+        ),
+        (
+            "kube-system service accounts exempt",
+            in_doomed(
+                "e",
+                json!({"exempt": {"groups": ["system:serviceaccounts:kube-system"]}}),
+            ),
+        ),
+    ] {
+        let verdict = run(&namespace_delete(alice.clone()), &[lock.clone()], &[]).expect("lookup");
+        assert!(verdict.allowed(), "{why}: {verdict:?}");
+    }
+    let exempting = in_doomed(
+        "d",
+        json!({"exempt": {"serviceAccounts": ["kube-system/namespace-controller"]}}),
+    );
+    let verdict = run(&namespace_delete(alice.clone()), &[exempting], &[]).expect("lookup");
+    assert_eq!(
+        verdict.warnings,
+        [
+            "Lock doomed/d exempts service account kube-system/namespace-controller: its objects go with the namespace"
+        ]
+    );
+    assert_eq!(
+        verdict
+            .audit_annotations
+            .get("exempted-by")
+            .map(String::as_str),
+        Some("Lock doomed/d (service account kube-system/namespace-controller)")
+    );
+
+    // A lock on deployments still blocks: deleting the namespace deletes every Deployment.
+    let deployments = in_doomed(
+        "web",
+        json!({"resources": [{"apiGroups": ["apps"], "resources": ["deployments"]}], "operations": ["DELETE"]}),
+    );
+    let verdict = run(&namespace_delete(alice.clone()), &[deployments], &[]).expect("lookup");
+    assert_eq!(
+        verdict.refusal.expect("denied").message,
+        "deleting namespaces \"doomed\" would delete the objects locked by 1 Lock in it (web) (to unlock: kubectl delete locks --all -n doomed)"
+    );
+
+    // Exempting the user deleting the namespace is not enough: the namespace controller deletes
+    // the objects, and the lock would refuse it, leaving the namespace Terminating.
+    let alice_may = in_doomed("held", json!({"exempt": {"users": ["alice"]}}));
+    let verdict = run(&namespace_delete(alice), &[alice_may.clone()], &[]).expect("lookup");
+    assert_eq!(
+        verdict.refusal.expect("denied").message,
+        "deleting namespaces \"doomed\" would delete the objects locked by 1 Lock in it (held); user alice is exempt from Lock doomed/held, but the namespace controller, which deletes the objects, is not (to unlock: kubectl delete locks --all -n doomed)"
+    );
+    let bob = json!({"username": "bob", "groups": []});
+    let verdict = run(&namespace_delete(bob), &[alice_may], &[]).expect("lookup");
+    assert!(
+        !verdict
+            .refusal
+            .expect("denied")
+            .message
+            .contains("is exempt"),
+    );
 }
