@@ -125,7 +125,11 @@ fn rule_1_unlocked_objects_and_other_namespaces_are_allowed() {
     );
     // A ClusterLock of the same name does not lock a namespaced object.
     let cluster = LockRef::cluster_lock("app-config", LockSpec::default());
-    assert!(run(&free, &[], &[cluster]).expect("lookup").allowed());
+    assert!(
+        run(&request(json!({})), &[], &[cluster])
+            .expect("lookup")
+            .allowed()
+    );
 }
 
 #[test]
@@ -134,6 +138,15 @@ fn rule_1_cluster_scoped_objects_are_locked_by_cluster_locks() {
         "resource": {"group": "rbac.authorization.k8s.io", "version": "v1", "resource": "clusterroles"},
         "name": "reader", "namespace": null, "operation": "UPDATE",
     }));
+    // Looked up among ClusterLocks: a Lock of the same name in a namespace does not count.
+    assert_eq!(
+        plan(&req),
+        Plan::Lookup(Lookup {
+            scope: String::new(),
+            name: "reader".into(),
+            contents_of: None
+        })
+    );
     let namespaced = LockRef::lock("prod", "reader", LockSpec::default());
     assert!(run(&req, &[namespaced], &[]).expect("lookup").allowed());
     let verdict = run(
@@ -322,12 +335,14 @@ fn rule_8_a_cluster_lock_on_the_namespace_itself_wins() {
         verdict.refusal.expect("denied").message,
         "namespaces \"doomed\" is locked by ClusterLock doomed: tenant (to unlock: kubectl delete clusterlock doomed)"
     );
-    // Namespace updates are plain updates: a Lock inside does not block them.
+    // Namespace updates are plain updates: a Lock inside, even one named like the namespace,
+    // does not block them (the Namespace's own scope is the ClusterLocks, whatever
+    // `request.namespace` says).
     let update = request(json!({
         "resource": {"group": "", "version": "v1", "resource": "namespaces"},
         "name": "doomed", "namespace": "doomed", "operation": "UPDATE",
     }));
-    let inside = LockRef::lock("doomed", "x", LockSpec::default());
+    let inside = LockRef::lock("doomed", "doomed", LockSpec::default());
     assert!(run(&update, &[inside], &[]).expect("lookup").allowed());
 }
 
@@ -702,16 +717,22 @@ fn combinations_take_the_most_restrictive_and_name_every_lock() {
         Some("Lock prod/app-config, Lock prod/freeze")
     );
     assert_eq!(verdict.warnings.len(), 2, "{:?}", verdict.warnings);
-    // A DELETE-only lock and an UPDATE-only lock on an eviction: the DELETE one refuses.
-    let pod_locks = [
-        lock("evict-me", json!({"operations": ["UPDATE"]})),
-        lock("evict-me-too", json!({"operations": ["DELETE"]})),
+    // An UPDATE-only lock and a DELETE-only lock on one DELETE: the DELETE one refuses, alone.
+    let split = [
+        lock("app-config", json!({"operations": ["UPDATE"]})),
+        lock(
+            "freeze",
+            json!({"selector": {"matchLabels": {"app": "web"}}, "operations": ["DELETE"]}),
+        ),
     ];
-    assert!(
-        run(&eviction("evict-me"), &pod_locks, &[])
-            .expect("lookup")
-            .allowed()
+    let delete = request(
+        json!({"oldObject": {"metadata": {"name": "app-config", "labels": {"app": "web"}}}}),
     );
+    let verdict = run(&delete, &split, &[]).expect("lookup");
+    assert_eq!(verdict.locks, ["Lock prod/freeze"]);
+    // And on an UPDATE, the UPDATE one refuses, alone.
+    let verdict = run(&labelled, &split, &[]).expect("lookup");
+    assert_eq!(verdict.locks, ["Lock prod/app-config"]);
     let both = [lock(
         "evict-me",
         json!({"operations": ["DELETE"], "mode": "Warn"}),
