@@ -28,6 +28,17 @@ pub const LOCKS: &str = "locks";
 /// Plural resource name of [`ClusterLock`].
 pub const CLUSTER_LOCKS: &str = "clusterlocks";
 
+/// Namespaces the webhook registration leaves out (`namespaceSelector`): the control plane's
+/// own traffic there must never wait on the webhook. Nothing in them is sent to the webhook, so
+/// a Lock in one of them, or a ClusterLock on one of these Namespaces, is never enforced. The
+/// registration and `kubectl lock` both read this list.
+pub const EXCLUDED_NAMESPACES: [&str; 2] = ["kube-system", "kube-node-lease"];
+
+/// True when nothing in `namespace` (nor the Namespace itself) is sent to the webhook.
+pub fn is_excluded_namespace(namespace: &str) -> bool {
+    EXCLUDED_NAMESPACES.contains(&namespace)
+}
+
 /// Locks the object with the same name in the same namespace: while this Lock exists, UPDATE
 /// and DELETE of that object are refused by the kube-object-lock admission webhook. Delete the
 /// Lock to unlock. Every field is optional; an empty spec locks every UPDATE and DELETE of
@@ -72,7 +83,8 @@ pub struct LockSpec {
     /// Lock every object in the namespace whose labels match (read from the object as it is
     /// before the change), whatever its name; the Lock's own name is then free. Without it the
     /// lock covers the object with the Lock's name. Labels are not sent for evictions and scale
-    /// updates, so a selector lock does not cover those. Must not be empty.
+    /// updates, so a selector lock never covers those, whatever it says (NotIn and
+    /// DoesNotExist included). Must not be empty.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("has(self.matchLabels) && size(self.matchLabels) > 0 || has(self.matchExpressions) && size(self.matchExpressions) > 0").message("an empty selector would lock every object in the namespace: give matchLabels or matchExpressions"))]
     #[x_kube(validation = Rule::new("!has(self.matchExpressions) || self.matchExpressions.all(e, e.operator in ['In', 'NotIn', 'Exists', 'DoesNotExist'])").message("matchExpressions operators are In, NotIn, Exists or DoesNotExist"))]

@@ -2,7 +2,9 @@
 //! configuration) needs to register the webhook, generated from the same types the webhook uses.
 //!
 //! The registration sends exactly what the decision needs: UPDATE and DELETE of everything
-//! (objects, `scale`, `pods/ephemeralcontainers`), CREATE of `pods/eviction`, and through the
+//! (objects, and the subresources that change them: `scale`, `pods/ephemeralcontainers`,
+//! `pods/resize`, `namespaces/finalize`, `certificatesigningrequests/approval`, from
+//! [`crate::admission::subresources`]), CREATE of `pods/eviction`, and through the
 //! cluster-scoped entry DELETE of Namespaces. It never sends the lock resources (unlocking must
 //! not depend on the webhook), leases and events (high-churn traffic), requests from nodes and
 //! from the API server itself, or anything in `kube-system` and `kube-node-lease`: with
@@ -25,6 +27,7 @@ use rustls_pki_types::pem::PemObject;
 use serde::Serialize;
 use serde_json::json;
 
+use crate::admission::subresources;
 use crate::api;
 
 /// Name of the webhook configuration, the ClusterRole and its binding.
@@ -35,8 +38,6 @@ pub const STATIC_NAME: &str = "kube-object-lock.static.k8s.io";
 pub const DEFAULT_URL: &str = "https://127.0.0.1:8443/validate";
 /// Where the API server reads its side of mTLS by default.
 pub const DEFAULT_APISERVER_DIR: &str = "/etc/kubernetes/kube-object-lock";
-/// Namespaces whose objects never go through the webhook.
-pub const EXCLUDED_NAMESPACES: [&str; 2] = ["kube-system", "kube-node-lease"];
 
 /// Why manifests could not be made.
 #[derive(Debug, thiserror::Error)]
@@ -187,13 +188,13 @@ pub fn webhook_configuration(reg: &Registration, name: &str) -> ValidatingWebhoo
     let rule = |operations: &[&str],
                 groups: &[&str],
                 versions: &[&str],
-                resources: &[&str],
+                resources: Vec<String>,
                 scope: &str| {
         RuleWithOperations {
             operations: Some(operations.iter().map(|s| (*s).to_owned()).collect()),
             api_groups: Some(groups.iter().map(|s| (*s).to_owned()).collect()),
             api_versions: Some(versions.iter().map(|s| (*s).to_owned()).collect()),
-            resources: Some(resources.iter().map(|s| (*s).to_owned()).collect()),
+            resources: Some(resources),
             scope: Some(scope.to_owned()),
         }
     };
@@ -214,7 +215,7 @@ pub fn webhook_configuration(reg: &Registration, name: &str) -> ValidatingWebhoo
                 key: "kubernetes.io/metadata.name".to_owned(),
                 operator: "NotIn".to_owned(),
                 values: Some(
-                    EXCLUDED_NAMESPACES
+                    api::EXCLUDED_NAMESPACES
                         .iter()
                         .map(|s| (*s).to_owned())
                         .collect(),
@@ -240,7 +241,7 @@ pub fn webhook_configuration(reg: &Registration, name: &str) -> ValidatingWebhoo
                         &["UPDATE", "DELETE"],
                         &["*"],
                         &["*"],
-                        &["*", "*/scale", "pods/ephemeralcontainers"],
+                        subresources::rule_resources(true),
                         "Namespaced",
                     ),
                     // Eviction deletes the pod without a DELETE reaching admission.
@@ -248,7 +249,7 @@ pub fn webhook_configuration(reg: &Registration, name: &str) -> ValidatingWebhoo
                         &["CREATE"],
                         &[""],
                         &["v1"],
-                        &["pods/eviction"],
+                        vec!["pods/eviction".to_owned()],
                         "Namespaced",
                     ),
                 ],
@@ -260,7 +261,7 @@ pub fn webhook_configuration(reg: &Registration, name: &str) -> ValidatingWebhoo
                     &["UPDATE", "DELETE"],
                     &["*"],
                     &["*"],
-                    &["*", "*/scale"],
+                    subresources::rule_resources(false),
                     "Cluster",
                 )],
             ),
