@@ -348,39 +348,54 @@ impl Webhook {
     }
 }
 
-/// Forwards SIGHUP to the returned receiver, for [`Webhook::run`].
+/// Forwards SIGHUP to the returned receiver, for [`Webhook::run`]. The handler is installed
+/// before this returns: until then a SIGHUP (`systemctl reload` right after start) would end
+/// the process, its default action.
 pub fn reload_signal() -> mpsc::Receiver<()> {
+    use tokio::signal::unix::{SignalKind, signal};
     let (tx, rx) = mpsc::channel(1);
-    tokio::spawn(async move {
-        use tokio::signal::unix::{SignalKind, signal};
-        let mut hup = match signal(SignalKind::hangup()) {
-            Ok(s) => s,
-            Err(e) => {
-                warn!(error = %e, "cannot listen for SIGHUP; certificates still reload on their interval");
-                return;
-            }
-        };
-        while hup.recv().await.is_some() {
-            // A reload already queued covers this one too.
-            let _ = tx.try_send(());
+    match signal(SignalKind::hangup()) {
+        Ok(mut hup) => {
+            tokio::spawn(async move {
+                while hup.recv().await.is_some() {
+                    // A reload already queued covers this one too.
+                    let _ = tx.try_send(());
+                }
+            });
         }
-    });
+        Err(e) => {
+            warn!(error = %e, "cannot listen for SIGHUP; certificates still reload on their interval")
+        }
+    }
     rx
 }
 
-/// Completes on SIGTERM or SIGINT.
-pub async fn shutdown_signal() {
+/// Completes on SIGTERM or SIGINT. The handlers are installed when this is called, not when the
+/// future is first polled: a SIGTERM right after READY=1 must drain, not kill.
+pub fn shutdown_signal() -> impl Future<Output = ()> {
     use tokio::signal::unix::{SignalKind, signal};
-    let mut term = match signal(SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(e) => {
-            warn!(error = %e, "cannot listen for SIGTERM; only SIGINT will stop the server");
-            let _ = tokio::signal::ctrl_c().await;
-            return;
+    let term = signal(SignalKind::terminate());
+    let int = signal(SignalKind::interrupt());
+    async move {
+        match (term, int) {
+            (Ok(mut term), Ok(mut int)) => tokio::select! {
+                _ = term.recv() => info!("SIGTERM received"),
+                _ = int.recv() => info!("SIGINT received"),
+            },
+            (Ok(mut term), Err(e)) => {
+                warn!(error = %e, "cannot listen for SIGINT; only SIGTERM will stop the server");
+                term.recv().await;
+                info!("SIGTERM received");
+            }
+            (Err(e), Ok(mut int)) => {
+                warn!(error = %e, "cannot listen for SIGTERM; only SIGINT will stop the server");
+                int.recv().await;
+                info!("SIGINT received");
+            }
+            (Err(e), Err(_)) => {
+                warn!(error = %e, "cannot listen for SIGTERM or SIGINT");
+                std::future::pending::<()>().await;
+            }
         }
-    };
-    tokio::select! {
-        _ = term.recv() => info!("SIGTERM received"),
-        _ = tokio::signal::ctrl_c() => info!("SIGINT received"),
     }
 }
