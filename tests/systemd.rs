@@ -51,6 +51,18 @@ fn signal(child: &Child, name: &str) {
     assert!(status.success(), "kill -{name}");
 }
 
+fn stop(mut child: Child) -> std::process::ExitStatus {
+    signal(&child, "TERM");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            return status;
+        }
+        assert!(Instant::now() < deadline, "no exit after SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// Receives datagrams until one satisfies `want`; returns it.
 fn recv_until(socket: &UnixDatagram, what: &str, want: impl Fn(&str) -> bool) -> String {
     let mut buf = vec![0u8; 65536];
@@ -66,6 +78,223 @@ fn recv_until(socket: &UnixDatagram, what: &str, want: impl Fn(&str) -> bool) ->
         }
         seen.push(text);
     }
+}
+
+/// Fields of a journal native-protocol datagram: `NAME=value\n`, or `NAME\n` + 64-bit LE length
+/// + bytes + `\n` for values that may hold newlines.
+fn journal_fields(mut data: &[u8]) -> HashMap<String, String> {
+    let mut fields = HashMap::new();
+    while !data.is_empty() {
+        let end = data
+            .iter()
+            .position(|&b| b == b'\n')
+            .expect("a field ends in a newline");
+        let head = &data[..end];
+        if let Some(eq) = head.iter().position(|&b| b == b'=') {
+            fields.insert(
+                String::from_utf8_lossy(&head[..eq]).into_owned(),
+                String::from_utf8_lossy(&head[eq + 1..]).into_owned(),
+            );
+            data = &data[end + 1..];
+        } else {
+            let rest = &data[end + 1..];
+            let len = u64::from_le_bytes(rest[..8].try_into().expect("length")) as usize;
+            fields.insert(
+                String::from_utf8_lossy(head).into_owned(),
+                String::from_utf8_lossy(&rest[8..8 + len]).into_owned(),
+            );
+            data = &rest[8 + len + 1..];
+        }
+    }
+    fields
+}
+
+/// A command running its arguments in a mount namespace whose `/run` is `run`, or why none can be
+/// made here.
+fn with_private_run(run: &Path) -> Result<Command, String> {
+    let probe = Command::new("unshare")
+        .args(["--user", "--map-root-user", "--mount", "true"])
+        .stderr(Stdio::piped())
+        .output()
+        .map_err(|e| format!("unshare: {e}"))?;
+    if !probe.status.success() {
+        return Err(format!(
+            "unshare --user --mount: {}",
+            String::from_utf8_lossy(&probe.stderr).trim()
+        ));
+    }
+    let mut cmd = Command::new("unshare");
+    cmd.args(["--user", "--map-root-user", "--mount", "sh", "-c"])
+        .arg(r#"mount --bind "$0" /run && exec "$@""#)
+        .arg(run)
+        .arg(BIN);
+    Ok(cmd)
+}
+
+#[test]
+fn under_the_journal_levels_become_priorities_and_fields_journal_fields() {
+    let run = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir_all(run.path().join("systemd/journal")).expect("mkdir");
+    let journal = UnixDatagram::bind(run.path().join("systemd/journal/socket")).expect("bind");
+    journal
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    let wrapper = match with_private_run(run.path()) {
+        Ok(cmd) => cmd,
+        Err(why) => {
+            eprintln!("skipped: no private mount namespace for a fake journal ({why})");
+            return;
+        }
+    };
+    let certs = Certs::new();
+    let locks = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        locks.path().join("good.yaml"),
+        lock_yaml(Some("prod"), "web", None),
+    )
+    .expect("write");
+    std::fs::write(locks.path().join("broken.yaml"), "kind: [").expect("write");
+    // stderr is the stream systemd named in JOURNAL_STREAM: `auto` picks the journal.
+    let stderr_path = run.path().join("stderr");
+    let stderr = std::fs::File::create(&stderr_path).expect("stderr file");
+    let meta = stderr.metadata().expect("stat");
+    let mut cmd = serve(wrapper, &certs, locks.path(), free_port());
+    cmd.env("JOURNAL_STREAM", format!("{}:{}", meta.dev(), meta.ino()))
+        .stderr(stderr);
+    let child = cmd.spawn().expect("spawn");
+
+    let mut buf = vec![0u8; 65536];
+    let mut entries = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !entries
+        .iter()
+        .any(|f: &HashMap<String, String>| f.get("MESSAGE").is_some_and(|m| m == "serving"))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no 'serving' entry: {entries:#?}"
+        );
+        let n = journal.recv(&mut buf).expect("a journal entry");
+        if n > 0 {
+            entries.push(journal_fields(&buf[..n]));
+        }
+    }
+    let exit = stop(child);
+    let text = std::fs::read_to_string(&stderr_path).expect("stderr");
+    assert!(exit.success(), "{text}");
+
+    let warning = entries
+        .iter()
+        .find(|f| {
+            f.get("MESSAGE")
+                .is_some_and(|m| m == "lock file not loaded")
+        })
+        .unwrap_or_else(|| panic!("no warning entry: {entries:#?}"));
+    assert_eq!(warning["PRIORITY"], "4", "{warning:#?}");
+    assert!(warning["F_PROBLEM"].contains("broken.yaml"), "{warning:#?}");
+    assert_eq!(warning["SYSLOG_IDENTIFIER"], "kube-object-lock");
+    let serving = entries
+        .iter()
+        .find(|f| f["MESSAGE"] == "serving")
+        .expect("serving");
+    assert_eq!(
+        serving["PRIORITY"], "6",
+        "info is informational: {serving:#?}"
+    );
+    assert!(
+        serving["F_LISTEN"].starts_with("127.0.0.1:"),
+        "{serving:#?}"
+    );
+    assert!(
+        !text.contains("lock file not loaded") && !text.contains("serving"),
+        "events go to the journal only, not also as lines: {text}"
+    );
+}
+
+#[test]
+fn journald_as_the_target_without_a_journal_is_a_start_error() {
+    let run = tempfile::tempdir().expect("tempdir");
+    let wrapper = match with_private_run(run.path()) {
+        Ok(cmd) => cmd,
+        Err(why) => {
+            eprintln!("skipped: no private mount namespace for a missing journal ({why})");
+            return;
+        }
+    };
+    let certs = Certs::new();
+    let locks = tempfile::tempdir().expect("tempdir");
+    let mut cmd = serve(wrapper, &certs, locks.path(), free_port());
+    let out = cmd
+        .env("KUBE_OBJECT_LOCK__LOG__TARGET", "journald")
+        .stderr(Stdio::piped())
+        .output()
+        .expect("run");
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("log.target"), "{text}");
+}
+
+#[test]
+fn outside_the_journal_events_stay_lines_on_stderr() {
+    let certs = Certs::new();
+    let locks = tempfile::tempdir().expect("tempdir");
+    std::fs::write(locks.path().join("broken.yaml"), "kind: [").expect("write");
+    let port = free_port();
+    let mut cmd = serve(Command::new(BIN), &certs, locks.path(), port);
+    // Inherited from a unit, but stderr is a pipe of ours: not the journal.
+    let child = cmd
+        .env("JOURNAL_STREAM", "1:1")
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    // The warning is logged before the listener binds.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "server did not start listening");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    signal(&child, "TERM");
+    let out = child.wait_with_output().expect("output");
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("WARN") && text.contains("lock file not loaded"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_start_error_on_the_journal_stream_carries_the_err_priority() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run = |journal_stream: Option<String>, path: &Path| {
+        let file = std::fs::File::create(path).expect("stderr file");
+        let meta = file.metadata().expect("stat");
+        let mut cmd = Command::new(BIN);
+        cmd.env_remove("JOURNAL_STREAM")
+            .args(["serve", "--listen", "nowhere"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(file);
+        if let Some(value) = journal_stream {
+            cmd.env(
+                "JOURNAL_STREAM",
+                value.replace("DEV:INO", &format!("{}:{}", meta.dev(), meta.ino())),
+            );
+        }
+        let status = cmd.status().expect("run");
+        assert_eq!(status.code(), Some(1));
+        std::fs::read_to_string(path).expect("read")
+    };
+    let journal = run(Some("DEV:INO".to_owned()), &dir.path().join("journal"));
+    assert!(
+        journal.starts_with("<3>kube-object-lock: invalid settings"),
+        "{journal}"
+    );
+    let terminal = run(None, &dir.path().join("terminal"));
+    assert!(
+        terminal.starts_with("kube-object-lock: invalid settings"),
+        "{terminal}"
+    );
 }
 
 #[test]
