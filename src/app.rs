@@ -22,7 +22,7 @@ use crate::metrics::{Metrics, ScopeLabels, SourceMetrics};
 use crate::server::{self, Drain, Limits};
 use crate::settings::Settings;
 use crate::systemd;
-use crate::tls::reload::Reloader;
+use crate::tls::reload::{Reload, Reloader};
 use crate::tls::{self, CertStore, TlsError};
 
 /// A serving certificate closer than this to its end is warned about at start.
@@ -295,7 +295,7 @@ impl Webhook {
             reviewer,
             max_body_bytes: settings.server.max_body_bytes,
             body_timeout: settings.server.body_timeout,
-            health: vec![health.clone()],
+            health: vec![health],
             invalid: metrics.invalid.clone(),
         });
         let limits = Limits {
@@ -324,11 +324,22 @@ impl Webhook {
             }))
         });
         let service = warp::service(crate::http::routes(state));
-        let reloading = tokio::spawn(reloader.run(settings.tls.reload_interval, reload));
-        let watchdog = tokio::spawn(systemd::watchdog(health));
+        let status = Arc::new(systemd::Status::default());
+        let reported = status.clone();
+        let reloading = tokio::spawn(reloader.run(
+            settings.tls.reload_interval,
+            reload,
+            move |outcome| match outcome {
+                Reload::Failed(e) => reported.problem(Some(format!(
+                    "certificate reload failed, still serving the previous certificate: {e}"
+                ))),
+                Reload::Replaced | Reload::Unchanged => reported.problem(None),
+            },
+        ));
+        let watchdog = tokio::spawn(systemd::watchdog());
         let described = source.source.describe();
         info!(listen = %addr, source = %described, "serving");
-        systemd::ready(&format!("serving on {addr}, locks from {described}"));
+        status.ready(&format!("serving on {addr}, locks from {described}"));
         let shutdown = async {
             shutdown.await;
             systemd::stopping();

@@ -80,6 +80,57 @@ fn recv_until(socket: &UnixDatagram, what: &str, want: impl Fn(&str) -> bool) ->
     }
 }
 
+fn status_line(message: &str) -> Option<&str> {
+    message.lines().find_map(|l| l.strip_prefix("STATUS="))
+}
+
+#[test]
+fn a_failed_certificate_reload_shows_in_the_status_line_until_a_good_reload() {
+    let certs = Certs::new();
+    let locks = tempfile::tempdir().expect("tempdir");
+    let port = free_port();
+    let notify_dir = tempfile::tempdir().expect("tempdir");
+    let notify_path = notify_dir.path().join("notify");
+    let notify = UnixDatagram::bind(&notify_path).expect("notify socket");
+    notify
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    let mut cmd = serve(Command::new(BIN), &certs, locks.path(), port);
+    cmd.env("NOTIFY_SOCKET", &notify_path).stderr(Stdio::null());
+    let child = cmd.spawn().expect("spawn");
+
+    let ready = recv_until(&notify, "READY=1", |m| m.contains("READY=1"));
+    let serving = status_line(&ready).expect("STATUS with READY").to_owned();
+    assert!(serving.starts_with("serving on 127.0.0.1:"), "{serving}");
+
+    // A broken certificate: still served the old one, and the status line says so.
+    std::fs::write(certs.path("tls.crt"), "not a certificate").expect("write");
+    signal(&child, "HUP");
+    let failed = recv_until(&notify, "a STATUS naming the failed reload", |m| {
+        status_line(m).is_some_and(|s| s.contains("certificate reload failed"))
+    });
+    let failed = status_line(&failed).expect("STATUS");
+    assert!(failed.starts_with(&serving), "{failed}");
+    assert!(
+        failed.contains("still serving the previous certificate"),
+        "{failed}"
+    );
+    assert!(failed.contains("tls.crt"), "names the file: {failed}");
+
+    // A good pair again: the line is back to what is served.
+    let out = Command::new(BIN)
+        .args(["certs", "--force", "--out"])
+        .arg(certs.dir.path())
+        .output()
+        .expect("certs");
+    assert!(out.status.success(), "{out:?}");
+    signal(&child, "HUP");
+    recv_until(&notify, "the STATUS line restored", |m| {
+        status_line(m) == Some(serving.as_str())
+    });
+    assert!(stop(child).success());
+}
+
 /// Fields of a journal native-protocol datagram: `NAME=value\n`, or `NAME\n` + 64-bit LE length
 /// + bytes + `\n` for values that may hold newlines.
 fn journal_fields(mut data: &[u8]) -> HashMap<String, String> {
