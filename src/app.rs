@@ -22,7 +22,7 @@ use crate::metrics::{Metrics, ScopeLabels, SourceMetrics};
 use crate::server::{self, Drain, Limits};
 use crate::settings::Settings;
 use crate::systemd;
-use crate::tls::reload::Reloader;
+use crate::tls::reload::{Reload, Reloader};
 use crate::tls::{self, CertStore, TlsError};
 
 /// A serving certificate closer than this to its end is warned about at start.
@@ -282,7 +282,7 @@ impl Webhook {
             reviewer,
             max_body_bytes: settings.server.max_body_bytes,
             body_timeout: settings.server.body_timeout,
-            health: vec![health.clone()],
+            health: vec![health],
             invalid: metrics.invalid.clone(),
         });
         let limits = Limits {
@@ -311,11 +311,22 @@ impl Webhook {
             }))
         });
         let service = warp::service(crate::http::routes(state));
-        let reloading = tokio::spawn(reloader.run(settings.tls.reload_interval, reload));
-        let watchdog = tokio::spawn(systemd::watchdog(health));
+        let status = Arc::new(systemd::Status::default());
+        let reported = status.clone();
+        let reloading = tokio::spawn(reloader.run(
+            settings.tls.reload_interval,
+            reload,
+            move |outcome| match outcome {
+                Reload::Failed(e) => reported.problem(Some(format!(
+                    "certificate reload failed, still serving the previous certificate: {e}"
+                ))),
+                Reload::Replaced | Reload::Unchanged => reported.problem(None),
+            },
+        ));
+        let watchdog = tokio::spawn(systemd::watchdog());
         let described = source.source.describe();
         info!(listen = %addr, source = %described, "serving");
-        systemd::ready(&format!("serving on {addr}, locks from {described}"));
+        status.ready(&format!("serving on {addr}, locks from {described}"));
         let shutdown = async {
             shutdown.await;
             systemd::stopping();
@@ -335,39 +346,54 @@ impl Webhook {
     }
 }
 
-/// Forwards SIGHUP to the returned receiver, for [`Webhook::run`].
+/// Forwards SIGHUP to the returned receiver, for [`Webhook::run`]. The handler is installed
+/// before this returns: until then a SIGHUP (`systemctl reload` right after start) would end
+/// the process, its default action.
 pub fn reload_signal() -> mpsc::Receiver<()> {
+    use tokio::signal::unix::{SignalKind, signal};
     let (tx, rx) = mpsc::channel(1);
-    tokio::spawn(async move {
-        use tokio::signal::unix::{SignalKind, signal};
-        let mut hup = match signal(SignalKind::hangup()) {
-            Ok(s) => s,
-            Err(e) => {
-                warn!(error = %e, "cannot listen for SIGHUP; certificates still reload on their interval");
-                return;
-            }
-        };
-        while hup.recv().await.is_some() {
-            // A reload already queued covers this one too.
-            let _ = tx.try_send(());
+    match signal(SignalKind::hangup()) {
+        Ok(mut hup) => {
+            tokio::spawn(async move {
+                while hup.recv().await.is_some() {
+                    // A reload already queued covers this one too.
+                    let _ = tx.try_send(());
+                }
+            });
         }
-    });
+        Err(e) => {
+            warn!(error = %e, "cannot listen for SIGHUP; certificates still reload on their interval")
+        }
+    }
     rx
 }
 
-/// Completes on SIGTERM or SIGINT.
-pub async fn shutdown_signal() {
+/// Completes on SIGTERM or SIGINT. The handlers are installed when this is called, not when the
+/// future is first polled: a SIGTERM right after READY=1 must drain, not kill.
+pub fn shutdown_signal() -> impl Future<Output = ()> {
     use tokio::signal::unix::{SignalKind, signal};
-    let mut term = match signal(SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(e) => {
-            warn!(error = %e, "cannot listen for SIGTERM; only SIGINT will stop the server");
-            let _ = tokio::signal::ctrl_c().await;
-            return;
+    let term = signal(SignalKind::terminate());
+    let int = signal(SignalKind::interrupt());
+    async move {
+        match (term, int) {
+            (Ok(mut term), Ok(mut int)) => tokio::select! {
+                _ = term.recv() => info!("SIGTERM received"),
+                _ = int.recv() => info!("SIGINT received"),
+            },
+            (Ok(mut term), Err(e)) => {
+                warn!(error = %e, "cannot listen for SIGINT; only SIGTERM will stop the server");
+                term.recv().await;
+                info!("SIGTERM received");
+            }
+            (Err(e), Ok(mut int)) => {
+                warn!(error = %e, "cannot listen for SIGTERM; only SIGINT will stop the server");
+                int.recv().await;
+                info!("SIGINT received");
+            }
+            (Err(e), Err(_)) => {
+                warn!(error = %e, "cannot listen for SIGTERM or SIGINT");
+                std::future::pending::<()>().await;
+            }
         }
-    };
-    tokio::select! {
-        _ = term.recv() => info!("SIGTERM received"),
-        _ = tokio::signal::ctrl_c() => info!("SIGINT received"),
     }
 }

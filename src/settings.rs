@@ -158,14 +158,29 @@ pub enum LogFormat {
     Json,
 }
 
+/// Where log events go.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogTarget {
+    /// The journal when stderr is connected to it (systemd's `JOURNAL_STREAM`), else stderr.
+    #[default]
+    Auto,
+    /// The journal's native protocol: levels become priorities, fields become journal fields.
+    Journald,
+    /// Lines on stderr, in `log.format`.
+    Stderr,
+}
+
 /// Logging.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LogSettings {
     /// A tracing filter such as `info` or `kube_object_lock=debug,info`; `RUST_LOG` wins.
     pub level: String,
-    /// `text` or `json`.
+    /// `text` or `json` (stderr only: the journal keeps fields as fields).
     pub format: LogFormat,
+    /// `auto`, `journald` or `stderr`.
+    pub target: LogTarget,
 }
 
 impl Default for Settings {
@@ -250,6 +265,7 @@ impl Default for LogSettings {
         LogSettings {
             level: "info".to_owned(),
             format: LogFormat::Text,
+            target: LogTarget::Auto,
         }
     }
 }
