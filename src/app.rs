@@ -332,11 +332,14 @@ impl Webhook {
         let shutdown = async {
             shutdown.await;
             systemd::stopping();
+            // Both listeners drain at once: stopping takes the longer drain, not their sum.
+            let _ = metrics_stop.send(());
         };
-        let drain = server::serve(listener, Some(tls), service, limits, shutdown).await;
-        let _ = metrics_stop.send(());
+        let mut drain = server::serve(listener, Some(tls), service, limits, shutdown).await;
         if let Some(task) = metrics_task {
-            let _ = task.await;
+            if !matches!(task.await, Ok(Drain::Complete)) {
+                drain = Drain::TimedOut;
+            }
         }
         for task in [Some(reloading), Some(watchdog), source.refresh]
             .into_iter()

@@ -1,0 +1,123 @@
+//! Connections over their whole life: keep-alive between requests, HTTP/2 streams refused
+//! early, the probes on the metrics listener, and how both listeners stop.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kube_object_lock::server::Drain;
+use support::{TestServer, client_tls, fixture};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+use tokio_rustls::client::TlsStream;
+
+/// Far above anything a healthy run needs; reaching it fails the test, it measures nothing.
+const BOUND: Duration = Duration::from_secs(30);
+
+async fn files_server(tune: impl FnOnce(&mut kube_object_lock::settings::Settings)) -> (TestServer, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut settings = kube_object_lock::settings::Settings::default();
+    settings.locks.dir = Some(dir.path().to_owned());
+    let source = kube_object_lock::app::lock_source(&settings, false)
+        .await
+        .expect("files source");
+    (TestServer::start(source, tune).await, dir)
+}
+
+/// A TLS connection speaking HTTP/1.1.
+async fn tls_http1(server: &TestServer) -> TlsStream<TcpStream> {
+    let connector = TlsConnector::from(Arc::new(client_tls(
+        &server.certs.path("ca.crt"),
+        &[b"http/1.1"],
+    )));
+    let tcp = TcpStream::connect(server.addr).await.expect("connect");
+    let name = rustls_pki_types::ServerName::try_from("127.0.0.1").expect("name");
+    connector.connect(name, tcp).await.expect("handshake")
+}
+
+/// Reads one HTTP/1.1 response with a Content-Length body; returns the status line and body.
+async fn read_response(stream: &mut (impl AsyncReadExt + Unpin)) -> (String, Vec<u8>) {
+    let work = async {
+        let mut buf = Vec::new();
+        let mut byte = [0u8; 1];
+        while !buf.ends_with(b"\r\n\r\n") {
+            let n = stream.read(&mut byte).await.expect("read head");
+            assert!(n > 0, "connection closed before the response head: {buf:?}");
+            buf.push(byte[0]);
+        }
+        let head = String::from_utf8(buf).expect("utf-8 head");
+        let length: usize = head
+            .lines()
+            .find_map(|l| {
+                let (name, value) = l.split_once(':')?;
+                name.eq_ignore_ascii_case("content-length")
+                    .then(|| value.trim().parse().expect("length"))
+            })
+            .expect("content-length");
+        let mut body = vec![0; length];
+        stream.read_exact(&mut body).await.expect("read body");
+        (head.lines().next().unwrap_or_default().to_owned(), body)
+    };
+    tokio::time::timeout(BOUND, work)
+        .await
+        .expect("answered in time")
+}
+
+fn post_head(body_len: usize) -> String {
+    format!(
+        "POST /validate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {body_len}\r\n\r\n"
+    )
+}
+
+/// Waits until nothing accepts connections on `addr` any more; panics after [`BOUND`].
+async fn until_refused(addr: SocketAddr) {
+    let deadline = Instant::now() + BOUND;
+    while TcpStream::connect(addr).await.is_ok() {
+        assert!(
+            Instant::now() < deadline,
+            "{addr} still accepts connections {BOUND:?} after the shutdown signal"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The webhook and metrics listeners drain together: while a request still holds the
+/// webhook's drain open, the metrics listener has already stopped accepting. (One after the
+/// other, the metrics listener would keep accepting until the webhook had drained.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_listeners_drain_at_once() {
+    let (mut server, _dir) = files_server(|s| {
+        s.server.shutdown_grace = Duration::from_secs(120);
+        s.server.body_timeout = Duration::from_secs(120);
+    })
+    .await;
+    let metrics = server.metrics_addr.expect("metrics listener");
+    let body = fixture("configmap-create.json");
+    let mut conn = tls_http1(&server).await;
+    conn.write_all(post_head(body.len()).as_bytes())
+        .await
+        .expect("write head");
+    conn.write_all(&body[..10]).await.expect("write some body");
+    conn.flush().await.expect("flush");
+
+    server.signal_stop();
+    until_refused(server.addr).await;
+    until_refused(metrics).await;
+    assert!(
+        !server.finished(),
+        "the webhook drain is still waiting for the request in flight"
+    );
+
+    conn.write_all(&body[10..]).await.expect("write the rest");
+    let (status, answer) = read_response(&mut conn).await;
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+    let answer: serde_json::Value = serde_json::from_slice(&answer).expect("json");
+    assert_eq!(answer["response"]["allowed"], true);
+    let drain = tokio::time::timeout(BOUND, server.stop())
+        .await
+        .expect("stopped");
+    assert_eq!(drain, Drain::Complete);
+}
