@@ -298,11 +298,7 @@ impl Webhook {
             health: vec![health.clone()],
             invalid: metrics.invalid.clone(),
         });
-        let limits = Limits {
-            handshake_timeout: settings.server.handshake_timeout,
-            header_timeout: settings.server.header_timeout,
-            shutdown_grace: settings.server.shutdown_grace,
-        };
+        let limits = Limits::from_settings(&settings.server);
         let (metrics_stop, metrics_stopped) = tokio::sync::oneshot::channel::<()>();
         let metrics_task = metrics_listener.map(|listener| {
             let (lock_source, certs) = (source.source.clone(), certs.clone());

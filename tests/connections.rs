@@ -121,3 +121,134 @@ async fn both_listeners_drain_at_once() {
         .expect("stopped");
     assert_eq!(drain, Drain::Complete);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Keep-alive between requests.
+
+/// Sends a review on `conn` and reads the answer; returns the status line, the response head
+/// and whether the answer says `allowed`.
+async fn review_on(conn: &mut TlsStream<TcpStream>) -> (String, bool) {
+    let body = fixture("configmap-create.json");
+    conn.write_all(post_head(body.len()).as_bytes())
+        .await
+        .expect("write head");
+    conn.write_all(&body).await.expect("write body");
+    conn.flush().await.expect("flush");
+    let (status, answer) = read_response(conn).await;
+    let answer: serde_json::Value = serde_json::from_slice(&answer).expect("json");
+    (status, answer["response"]["allowed"] == true)
+}
+
+/// True when the server has neither closed `conn` nor sent anything on it.
+fn still_open(conn: &mut TlsStream<TcpStream>) -> bool {
+    use futures::FutureExt;
+    let mut byte = [0u8; 1];
+    conn.read(&mut byte).now_or_never().is_none()
+}
+
+/// Reads until the server closes `conn`; panics after [`BOUND`].
+async fn closed_by_server(conn: &mut TlsStream<TcpStream>) {
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(BOUND, conn.read_to_end(&mut rest))
+        .await
+        .expect("the server closed the connection");
+    // A TLS close_notify or a plain close; either way nothing more was sent.
+    assert!(read.is_err() || rest.is_empty(), "{rest:?}");
+}
+
+/// The API server reuses an idle connection for up to 90 s: with the default settings, a
+/// client idle for 15 s (more than `server.header_timeout`) between two requests gets both
+/// answered on the same connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keep_alive_connection_idle_for_15s_is_still_served() {
+    let (server, _dir) = files_server(|_| {}).await;
+    let mut conn = tls_http1(&server).await;
+    let local = conn.get_ref().0.local_addr().expect("local address");
+    let (status, allowed) = review_on(&mut conn).await;
+    assert!(status.starts_with("HTTP/1.1 200") && allowed, "{status}");
+
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    assert!(still_open(&mut conn), "the server closed the idle connection");
+    let (status, allowed) = review_on(&mut conn).await;
+    assert!(status.starts_with("HTTP/1.1 200") && allowed, "{status}");
+    assert_eq!(
+        conn.get_ref().0.local_addr().expect("local address"),
+        local,
+        "answered on the same connection"
+    );
+}
+
+/// A request that has started must still complete its headers within `server.header_timeout`,
+/// however long the idle timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_started_request_keeps_the_header_timeout() {
+    let (server, _dir) = files_server(|s| {
+        s.server.header_timeout = Duration::from_millis(300);
+        s.server.idle_timeout = Duration::from_secs(600);
+    })
+    .await;
+    let mut conn = tls_http1(&server).await;
+    let (status, _) = review_on(&mut conn).await;
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+    // Idle for longer than the header timeout: kept.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(still_open(&mut conn), "an idle connection is kept for server.idle_timeout");
+    // Half a request line, then nothing: cut off.
+    conn.write_all(b"POST /validate HT").await.expect("write");
+    conn.flush().await.expect("flush");
+    closed_by_server(&mut conn).await;
+}
+
+/// An idle connection is closed after `server.idle_timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_connection_is_closed_after_the_idle_timeout() {
+    let (server, _dir) = files_server(|s| {
+        s.server.header_timeout = Duration::from_secs(600);
+        s.server.idle_timeout = Duration::from_millis(300);
+    })
+    .await;
+    let mut conn = tls_http1(&server).await;
+    let (status, _) = review_on(&mut conn).await;
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+    closed_by_server(&mut conn).await;
+}
+
+/// Beyond `server.max_idle_connections`, a connection is told to close with its answer and
+/// closed; the idle ones within the bound stay and keep being served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_are_bounded_in_number() {
+    let (server, _dir) = files_server(|s| s.server.max_idle_connections = 2).await;
+    let mut kept = Vec::new();
+    for _ in 0..2 {
+        let mut conn = tls_http1(&server).await;
+        let (status, _) = review_on(&mut conn).await;
+        assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+        kept.push(conn);
+    }
+    let mut third = tls_http1(&server).await;
+    let body = fixture("configmap-create.json");
+    third
+        .write_all(post_head(body.len()).as_bytes())
+        .await
+        .expect("write");
+    third.write_all(&body).await.expect("write");
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        assert_eq!(third.read(&mut byte).await.expect("read"), 1, "{head:?}");
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert!(head.contains("connection: close"), "{head}");
+    let mut rest = Vec::new();
+    let _ = tokio::time::timeout(BOUND, third.read_to_end(&mut rest))
+        .await
+        .expect("the connection over the bound is closed");
+
+    for conn in &mut kept {
+        assert!(still_open(conn), "an idle connection within the bound was closed");
+        let (status, allowed) = review_on(conn).await;
+        assert!(status.starts_with("HTTP/1.1 200") && allowed, "{status}");
+    }
+}
