@@ -20,15 +20,16 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::{Request, Response};
-use http_body::Body;
+use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
-use tokio::sync::{Notify, watch};
+use tokio::sync::{Notify, oneshot, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
@@ -84,7 +85,7 @@ pub async fn serve<S, B>(
     shutdown: impl Future<Output = ()>,
 ) -> Drain
 where
-    S: tower_service::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+    S: tower_service::Service<Request<RequestBody>, Response = Response<B>, Error = Infallible>
         + Clone
         + Send
         + 'static,
@@ -469,10 +470,121 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Tracked<T> {
     }
 }
 
-/// The service of one connection: tracks requests in the connection's [`Tracker`], and adds
-/// `Connection: close` to HTTP/1.1 answers while the server drains or when no idle slot is
-/// left, so the client stops reusing the connection instead of sending a request into one about
-/// to close.
+/// How much of a request body the service gave up on is still read (and thrown away) on
+/// HTTP/2, and for how long, so that the stream can end without a reset.
+const DRAIN_BYTES: usize = 16 * 1024 * 1024;
+const DRAIN_TIME: Duration = Duration::from_secs(10);
+
+/// The body of a request as the service sees it.
+///
+/// On HTTP/2, a body the service drops before reading it to the end (a request refused early:
+/// wrong content type, too large) is read on and thrown away, up to [`DRAIN_BYTES`] within
+/// [`DRAIN_TIME`], and kept at least until the answer has been sent. Dropping it at once makes
+/// hyper reset the stream with `CANCEL`, racing the answer; even a reset with `NO_ERROR` after
+/// the answer (RFC 9113, 8.1) is reported by some clients (curl 7.x) as a stream error instead
+/// of the 4xx. Drained, the stream ends as any other; only a body beyond the bound is reset,
+/// with `NO_ERROR`.
+pub struct RequestBody {
+    inner: Option<Incoming>,
+    /// Resolves (with an error) once the answer has been sent; set on HTTP/2 only.
+    answered: Option<oneshot::Receiver<()>>,
+}
+
+impl RequestBody {
+    fn new(inner: Incoming, answered: Option<oneshot::Receiver<()>>) -> RequestBody {
+        RequestBody {
+            inner: Some(inner),
+            answered,
+        }
+    }
+}
+
+impl Body for RequestBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        match self.inner.as_mut() {
+            Some(inner) => Pin::new(inner).poll_frame(cx),
+            None => Poll::Ready(None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.as_ref().is_none_or(Body::is_end_stream)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), Body::size_hint)
+    }
+}
+
+impl Drop for RequestBody {
+    fn drop(&mut self) {
+        let (Some(body), Some(answered)) = (self.inner.take(), self.answered.take()) else {
+            return;
+        };
+        if body.is_end_stream() {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(drain(body, answered));
+        }
+    }
+}
+
+/// Reads and discards what is left of `body` (bounded), then drops it once the answer is sent.
+async fn drain(mut body: Incoming, answered: oneshot::Receiver<()>) {
+    use http_body_util::BodyExt;
+    let discard = async {
+        let mut read = 0;
+        while let Some(Ok(frame)) = body.frame().await {
+            read += frame.data_ref().map_or(0, Bytes::len);
+            if read > DRAIN_BYTES {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(DRAIN_TIME, discard).await;
+    let _ = answered.await;
+}
+
+/// A response body that, when dropped (after it has been sent), tells a request body the
+/// service gave up on that the answer is out.
+pub struct AnswerBody<B> {
+    inner: Pin<Box<B>>,
+    _sent: Option<oneshot::Sender<()>>,
+}
+
+impl<B: Body> Body for AnswerBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+        self.inner.as_mut().poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// The service of one connection: tracks requests in the connection's [`Tracker`], drains
+/// refused HTTP/2 request bodies, and adds `Connection: close` to HTTP/1.1 answers while the
+/// server drains or when no idle slot is left, so the client stops reusing the connection
+/// instead of sending a request into one about to close.
 #[derive(Clone)]
 struct ConnService<S> {
     inner: S,
@@ -513,13 +625,13 @@ impl Drop for Answering {
 
 impl<S, B> tower_service::Service<Request<Incoming>> for ConnService<S>
 where
-    S: tower_service::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>,
+    S: tower_service::Service<Request<RequestBody>, Response = Response<B>, Error = Infallible>,
     S::Future: Send + 'static,
     B: Send + 'static,
 {
-    type Response = Response<B>;
+    type Response = Response<AnswerBody<B>>;
     type Error = Infallible;
-    type Future = futures::future::BoxFuture<'static, Result<Response<B>, Infallible>>;
+    type Future = futures::future::BoxFuture<'static, Result<Response<AnswerBody<B>>, Infallible>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         self.inner.poll_ready(cx)
@@ -532,11 +644,22 @@ where
             done: false,
         };
         let http1 = request.version() < http::Version::HTTP_2;
+        let (sent, answered) = if http1 {
+            (None, None)
+        } else {
+            let (sent, answered) = oneshot::channel();
+            (Some(sent), Some(answered))
+        };
+        let request = request.map(|body| RequestBody::new(body, answered));
         let draining = self.draining.clone();
         let answer = self.inner.call(request);
         Box::pin(async move {
-            let mut response = answer.await?;
+            let response = answer.await?;
             let kept_open = answering.answered();
+            let mut response = response.map(|body| AnswerBody {
+                inner: Box::pin(body),
+                _sent: sent,
+            });
             if http1 && (!kept_open || draining.load(Ordering::SeqCst)) {
                 response.headers_mut().insert(
                     http::header::CONNECTION,
