@@ -108,9 +108,15 @@ pub async fn lock_source_with_metrics(
     }
     let config = kube_config(settings).await?;
     info!(cluster = %config.cluster_url, "reading locks from the cluster");
+    let auth = config.auth_info.clone();
     let client = kube::Client::try_from(config).map_err(|e| StartError::Kubeconfig {
-        path: String::new(),
-        message: e.to_string(),
+        path: settings
+            .kube
+            .kubeconfig
+            .as_ref()
+            .map(|path| format!(" {}", path.display()))
+            .unwrap_or_default(),
+        message: tls::identity::explain_kube_error(&auth, &e).unwrap_or_else(|| e.to_string()),
     })?;
     let source = KubeSource::with_metrics(
         client,
@@ -314,7 +320,11 @@ impl Webhook {
                 metrics.certificate_expiry.set(certs.not_after());
                 metrics.encode()
             });
-            let service = warp::service(crate::metrics::routes(render));
+            let probes = crate::http::Probes {
+                health: vec![health.clone()],
+                source: source.source.clone(),
+            };
+            let service = warp::service(crate::metrics::routes(render, probes));
             tokio::spawn(server::serve(listener, None, service, limits, async {
                 let _ = metrics_stopped.await;
             }))

@@ -334,3 +334,67 @@ async fn early_refusals_reach_curl_over_http2_intact() {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// The probes on the metrics listener.
+
+/// Sends a plain HTTP/1.1 GET to `addr` and returns the raw response.
+async fn plain_get(addr: SocketAddr, path: &str) -> String {
+    let mut tcp = TcpStream::connect(addr).await.expect("connect");
+    tcp.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .expect("write");
+    let mut out = String::new();
+    tokio::time::timeout(BOUND, tcp.read_to_string(&mut out))
+        .await
+        .expect("answered in time")
+        .expect("read");
+    out
+}
+
+/// With client certificates required on the webhook port, a plain health check reaches the
+/// probes on the metrics listener (plain HTTP), and only there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probes_are_served_on_the_metrics_listener_without_a_client_certificate() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut settings = kube_object_lock::settings::Settings::default();
+    settings.locks.dir = Some(dir.path().to_owned());
+    let source = kube_object_lock::app::lock_source(&settings, false)
+        .await
+        .expect("files source");
+    let certs = support::Certs::with_client();
+    let client_ca = certs.path("client-ca.crt");
+    let server = TestServer::start_with(certs, source, |s| s.tls.client_ca = Some(client_ca)).await;
+
+    // The webhook port refuses a client without a certificate.
+    let connector = TlsConnector::from(Arc::new(client_tls(
+        &server.certs.path("ca.crt"),
+        &[b"http/1.1"],
+    )));
+    let tcp = TcpStream::connect(server.addr).await.expect("connect");
+    let name = rustls_pki_types::ServerName::try_from("127.0.0.1").expect("name");
+    let refused = async {
+        let mut tls = connector.connect(name, tcp).await?;
+        tls.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await?;
+        let mut out = Vec::new();
+        tls.read_to_end(&mut out).await?;
+        Ok::<_, std::io::Error>(out)
+    }
+    .await;
+    assert!(
+        !matches!(&refused, Ok(out) if out.starts_with(b"HTTP/1.1 200")),
+        "the webhook port answered without a client certificate"
+    );
+
+    let metrics = server.metrics_addr.expect("metrics listener");
+    for path in ["/healthz", "/readyz"] {
+        let reply = plain_get(metrics, path).await;
+        assert!(reply.starts_with("HTTP/1.1 200"), "{path}: {reply}");
+        assert!(reply.ends_with("\r\n\r\nok\n"), "{path}: {reply}");
+    }
+    let reply = plain_get(metrics, "/metrics").await;
+    assert!(reply.contains("kube_object_lock_build_info"), "{reply}");
+    let reply = plain_get(metrics, "/validate").await;
+    assert!(reply.starts_with("HTTP/1.1 404"), "{reply}");
+}
