@@ -342,10 +342,10 @@ impl Webhook {
             let _ = metrics_stop.send(());
         };
         let mut drain = server::serve(listener, Some(tls), service, limits, shutdown).await;
-        if let Some(task) = metrics_task {
-            if !matches!(task.await, Ok(Drain::Complete)) {
-                drain = Drain::TimedOut;
-            }
+        if let Some(task) = metrics_task
+            && !matches!(task.await, Ok(Drain::Complete))
+        {
+            drain = Drain::TimedOut;
         }
         for task in [Some(reloading), Some(watchdog), source.refresh]
             .into_iter()

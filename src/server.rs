@@ -154,7 +154,8 @@ where
                 // ALPN already chose the protocol: no sniffing read, which has no deadline.
                 let h2 = tls.get_ref().1.alpn_protocol() == Some(&b"h2"[..]);
                 let tracker = Arc::new(Tracker::new(limits, idle, h2));
-                let service = TowerToHyperService::new(ConnService::new(service, draining, tracker.clone()));
+                let service =
+                    TowerToHyperService::new(ConnService::new(service, draining, tracker.clone()));
                 let io = TokioIo::new(Tracked::new(tls, tracker.clone()));
                 let builder = if h2 {
                     builder.http2_only()
@@ -406,7 +407,8 @@ impl Tracker {
 
 impl Drop for Tracker {
     fn drop(&mut self) {
-        if let Phase::Idle { slot: true, .. } = *self.phase.lock().unwrap_or_else(|e| e.into_inner())
+        if let Phase::Idle { slot: true, .. } =
+            *self.phase.lock().unwrap_or_else(|e| e.into_inner())
         {
             self.idle.release();
         }

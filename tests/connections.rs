@@ -17,7 +17,9 @@ use tokio_rustls::client::TlsStream;
 /// Far above anything a healthy run needs; reaching it fails the test, it measures nothing.
 const BOUND: Duration = Duration::from_secs(30);
 
-async fn files_server(tune: impl FnOnce(&mut kube_object_lock::settings::Settings)) -> (TestServer, tempfile::TempDir) {
+async fn files_server(
+    tune: impl FnOnce(&mut kube_object_lock::settings::Settings),
+) -> (TestServer, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut settings = kube_object_lock::settings::Settings::default();
     settings.locks.dir = Some(dir.path().to_owned());
@@ -168,7 +170,10 @@ async fn a_keep_alive_connection_idle_for_15s_is_still_served() {
     assert!(status.starts_with("HTTP/1.1 200") && allowed, "{status}");
 
     tokio::time::sleep(Duration::from_secs(15)).await;
-    assert!(still_open(&mut conn), "the server closed the idle connection");
+    assert!(
+        still_open(&mut conn),
+        "the server closed the idle connection"
+    );
     let (status, allowed) = review_on(&mut conn).await;
     assert!(status.starts_with("HTTP/1.1 200") && allowed, "{status}");
     assert_eq!(
@@ -192,7 +197,10 @@ async fn a_started_request_keeps_the_header_timeout() {
     assert!(status.starts_with("HTTP/1.1 200"), "{status}");
     // Idle for longer than the header timeout: kept.
     tokio::time::sleep(Duration::from_secs(1)).await;
-    assert!(still_open(&mut conn), "an idle connection is kept for server.idle_timeout");
+    assert!(
+        still_open(&mut conn),
+        "an idle connection is kept for server.idle_timeout"
+    );
     // Half a request line, then nothing: cut off.
     conn.write_all(b"POST /validate HT").await.expect("write");
     conn.flush().await.expect("flush");
@@ -247,7 +255,10 @@ async fn idle_connections_are_bounded_in_number() {
         .expect("the connection over the bound is closed");
 
     for conn in &mut kept {
-        assert!(still_open(conn), "an idle connection within the bound was closed");
+        assert!(
+            still_open(conn),
+            "an idle connection within the bound was closed"
+        );
         let (status, allowed) = review_on(conn).await;
         assert!(status.starts_with("HTTP/1.1 200") && allowed, "{status}");
     }
@@ -277,7 +288,9 @@ async fn early_refusals_reach_http2_clients_intact() {
         ] {
             let request = http::Request::post(&url)
                 .header("content-type", content_type)
-                .body(http_body_util::Full::new(bytes::Bytes::from(big_body(size))))
+                .body(http_body_util::Full::new(bytes::Bytes::from(big_body(
+                    size,
+                ))))
                 .expect("request");
             let reply = client.send(request).await;
             assert_eq!(reply.version, http::Version::HTTP_2);
@@ -304,8 +317,18 @@ async fn early_refusals_reach_curl_over_http2_intact() {
     let ca = server.certs.path("ca.crt");
     let files = tempfile::tempdir().expect("tempdir");
     let cases = [
-        ("text/plain", 256 * 1024, 400, "content type is \"text/plain\""),
-        ("application/json", 512 * 1024, 413, "larger than the limit of 65536 bytes"),
+        (
+            "text/plain",
+            256 * 1024,
+            400,
+            "content type is \"text/plain\"",
+        ),
+        (
+            "application/json",
+            512 * 1024,
+            413,
+            "larger than the limit of 65536 bytes",
+        ),
     ];
     for (i, (_, size, _, _)) in cases.iter().enumerate() {
         std::fs::write(files.path().join(i.to_string()), big_body(*size)).expect("write");
@@ -315,7 +338,12 @@ async fn early_refusals_reach_curl_over_http2_intact() {
             let out = std::process::Command::new("curl")
                 .args(["-sS", "--http2", "--cacert"])
                 .arg(&ca)
-                .args(["-H", &format!("content-type: {content_type}"), "-H", "Expect:"])
+                .args([
+                    "-H",
+                    &format!("content-type: {content_type}"),
+                    "-H",
+                    "Expect:",
+                ])
                 .arg("--data-binary")
                 .arg(format!("@{}", files.path().join(i.to_string()).display()))
                 .args(["-w", "\n%{http_code} %{http_version}", &url])
@@ -341,9 +369,11 @@ async fn early_refusals_reach_curl_over_http2_intact() {
 /// Sends a plain HTTP/1.1 GET to `addr` and returns the raw response.
 async fn plain_get(addr: SocketAddr, path: &str) -> String {
     let mut tcp = TcpStream::connect(addr).await.expect("connect");
-    tcp.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
-        .await
-        .expect("write");
+    tcp.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .expect("write");
     let mut out = String::new();
     tokio::time::timeout(BOUND, tcp.read_to_string(&mut out))
         .await

@@ -225,8 +225,7 @@ fn write_v1_certificate(dir: &std::path::Path) -> (std::path::PathBuf, std::path
     use base64::Engine;
     use rcgen::SigningKey;
     let key = rcgen::KeyPair::generate().expect("key");
-    let mut params =
-        rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()]).expect("params");
+    let mut params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()]).expect("params");
     params
         .distinguished_name
         .push(rcgen::DnType::CommonName, "kube-object-lock");

@@ -104,7 +104,10 @@ pub fn load_pair(cert: &Path, key: &Path) -> Result<CertifiedKey, TlsError> {
         });
     }
     // rustls would blame the pair ("invalid peer certificate: UnsupportedCertVersion").
-    if let Some(message) = chain.first().and_then(|leaf| identity::version_problem(leaf)) {
+    if let Some(message) = chain
+        .first()
+        .and_then(|leaf| identity::version_problem(leaf))
+    {
         return Err(TlsError::Certificate {
             path: cert.to_owned(),
             message,
