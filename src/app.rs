@@ -108,9 +108,15 @@ pub async fn lock_source_with_metrics(
     }
     let config = kube_config(settings).await?;
     info!(cluster = %config.cluster_url, "reading locks from the cluster");
+    let auth = config.auth_info.clone();
     let client = kube::Client::try_from(config).map_err(|e| StartError::Kubeconfig {
-        path: String::new(),
-        message: e.to_string(),
+        path: settings
+            .kube
+            .kubeconfig
+            .as_ref()
+            .map(|path| format!(" {}", path.display()))
+            .unwrap_or_default(),
+        message: tls::identity::explain_kube_error(&auth, &e).unwrap_or_else(|| e.to_string()),
     })?;
     let source = KubeSource::with_metrics(
         client,
@@ -285,11 +291,7 @@ impl Webhook {
             health: vec![health],
             invalid: metrics.invalid.clone(),
         });
-        let limits = Limits {
-            handshake_timeout: settings.server.handshake_timeout,
-            header_timeout: settings.server.header_timeout,
-            shutdown_grace: settings.server.shutdown_grace,
-        };
+        let limits = Limits::from_settings(&settings.server);
         let (metrics_stop, metrics_stopped) = tokio::sync::oneshot::channel::<()>();
         let metrics_task = metrics_listener.map(|listener| {
             let (lock_source, certs) = (source.source.clone(), certs.clone());
@@ -305,7 +307,11 @@ impl Webhook {
                 metrics.certificate_expiry.set(certs.not_after());
                 metrics.encode()
             });
-            let service = warp::service(crate::metrics::routes(render));
+            let probes = crate::http::Probes {
+                health: vec![health.clone()],
+                source: source.source.clone(),
+            };
+            let service = warp::service(crate::metrics::routes(render, probes));
             tokio::spawn(server::serve(listener, None, service, limits, async {
                 let _ = metrics_stopped.await;
             }))
@@ -330,11 +336,14 @@ impl Webhook {
         let shutdown = async {
             shutdown.await;
             systemd::stopping();
+            // Both listeners drain at once: stopping takes the longer drain, not their sum.
+            let _ = metrics_stop.send(());
         };
-        let drain = server::serve(listener, Some(tls), service, limits, shutdown).await;
-        let _ = metrics_stop.send(());
-        if let Some(task) = metrics_task {
-            let _ = task.await;
+        let mut drain = server::serve(listener, Some(tls), service, limits, shutdown).await;
+        if let Some(task) = metrics_task
+            && !matches!(task.await, Ok(Drain::Complete))
+        {
+            drain = Drain::TimedOut;
         }
         for task in [Some(reloading), Some(watchdog), source.refresh]
             .into_iter()
