@@ -108,15 +108,16 @@ pub async fn lock_source_with_metrics(
     }
     let config = kube_config(settings).await?;
     info!(cluster = %config.cluster_url, "reading locks from the cluster");
-    let auth = config.auth_info.clone();
-    let client = kube::Client::try_from(config).map_err(|e| StartError::Kubeconfig {
-        path: settings
-            .kube
-            .kubeconfig
-            .as_ref()
-            .map(|path| format!(" {}", path.display()))
-            .unwrap_or_default(),
-        message: tls::identity::explain_kube_error(&auth, &e).unwrap_or_else(|| e.to_string()),
+    let client = kubeconfig::client(config, ToString::to_string).map_err(|message| {
+        StartError::Kubeconfig {
+            path: settings
+                .kube
+                .kubeconfig
+                .as_ref()
+                .map(|path| format!(" {}", path.display()))
+                .unwrap_or_default(),
+            message,
+        }
     })?;
     let source = KubeSource::with_metrics(
         client,
@@ -288,7 +289,7 @@ impl Webhook {
             reviewer,
             max_body_bytes: settings.server.max_body_bytes,
             body_timeout: settings.server.body_timeout,
-            health: vec![health],
+            health: vec![health.clone()],
             invalid: metrics.invalid.clone(),
         });
         let limits = Limits::from_settings(&settings.server);
