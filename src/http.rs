@@ -57,16 +57,7 @@ pub fn routes(
         .and(warp::method())
         .and(with_state)
         .map(|method: Method, state: Arc<State>| {
-            let source = state.reviewer.source();
-            let ready = if source.is_ready() {
-                Ok(())
-            } else {
-                Err(format!(
-                    "lock source ({}) has not synced yet",
-                    source.describe()
-                ))
-            };
-            probe(&method, ready)
+            probe(&method, state.reviewer.source().readiness())
         });
     validate
         .or(healthz)

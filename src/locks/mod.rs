@@ -4,13 +4,16 @@
 //! ClusterLocks). Answering per namespace, not per object, lets one LIST (or one file scan)
 //! serve every object in that namespace, and it is all the namespace-deletion rule needs too.
 //!
-//! Two sources answer it: [`kube::KubeSource`] (production: the API server through a
-//! watch-refreshed cache) and [`files::FilesSource`] (a directory of YAML documents, for trying
-//! the service without a cluster and for static locks). Neither knows anything of HTTP or of
-//! the admission decision.
+//! Two sources answer it: [`kube::KubeSource`] (production: an in-memory [`index`] fed by a
+//! watch, with LISTs through a short-lived cache as the fallback while the watch is not healthy)
+//! and [`files::FilesSource`] (a directory of YAML documents, for trying the service without a
+//! cluster and for static locks). Neither knows anything of HTTP or of the admission decision.
 
 pub mod files;
+pub mod index;
 pub mod kube;
+pub mod parse;
+mod watch;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -38,8 +41,15 @@ pub struct LockRef {
     pub namespace: Option<String>,
     /// The Lock's name, which is also the name of the object it locks.
     pub name: String,
-    /// The Lock's spec.
+    /// The Lock's spec. For a Lock whose spec does not parse, the empty spec: it locks every
+    /// UPDATE and DELETE of its name, in Enforce mode (see [`LockRef::problem`]).
     pub spec: LockSpec,
+    /// Why the stored spec could not be read, when it could not (an unknown enum value from a
+    /// newer version, a hand-edited object). Such a lock fails closed for its own name only;
+    /// the refusal carries this as a warning.
+    pub problem: Option<String>,
+    /// `metadata.generation` as the API server reported it (`None` for files and tests).
+    pub generation: Option<i64>,
 }
 
 impl LockRef {
@@ -50,6 +60,8 @@ impl LockRef {
             namespace: Some(namespace.to_owned()),
             name: name.to_owned(),
             spec,
+            problem: None,
+            generation: None,
         }
     }
 
@@ -60,6 +72,8 @@ impl LockRef {
             namespace: None,
             name: name.to_owned(),
             spec,
+            problem: None,
+            generation: None,
         }
     }
 
@@ -169,6 +183,18 @@ pub trait LockSource: Send + Sync + 'static {
     /// True once the source has a complete view (the first watch list synced, the first scan
     /// of the directory done).
     fn is_ready(&self) -> bool;
+
+    /// `Ok` when ready; otherwise why not, for `/readyz`.
+    fn readiness(&self) -> Result<(), String> {
+        if self.is_ready() {
+            Ok(())
+        } else {
+            Err(format!(
+                "lock source ({}) has not synced yet",
+                self.describe()
+            ))
+        }
+    }
 
     /// A short description for logs, e.g. `files in /etc/kube-object-lock/locks`.
     fn describe(&self) -> String;
