@@ -313,7 +313,7 @@ async fn watch_forbidden_falls_back_to_list_and_enforces_within_the_bound() {
     );
     // Watch allowed again: live, and lookups stop LISTing.
     setup.api.clear_watch_fault();
-    setup.wait_lock_watch(WatchState::Live).await;
+    setup.wait_ready().await;
     let lists = setup.namespace_lists();
     for _ in 0..10 {
         assert!(!setup.allowed("configmap-delete-locked.json").await);

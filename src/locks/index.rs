@@ -223,6 +223,7 @@ impl LockIndex {
         }
         let before = set.len();
         set.insert(lock);
+        set.shrink_to_fit();
         published.count += (set.len() - before) as u64;
         published.sets.insert(namespace, Arc::new(set));
         drop(published);
@@ -238,7 +239,9 @@ impl LockIndex {
         if old.get(name).is_none() {
             return;
         }
-        let set: LockSet = old.iter().filter(|l| l.name != name).cloned().collect();
+        let mut set = LockSet::clone(old);
+        set.remove(name);
+        set.shrink_to_fit();
         published.count = published.count.saturating_sub(1);
         if set.is_empty() {
             published.sets.remove(namespace);
@@ -253,7 +256,7 @@ impl LockIndex {
     /// not change keep their `Arc`, so snapshots can tell what really changed.
     pub(crate) fn reset(&self, kind: LockKind, locks: Vec<LockRef>) {
         let count = locks.len() as u64;
-        let mut grouped: HashMap<String, LockSet> = HashMap::new();
+        let mut grouped: HashMap<String, LockSet> = HashMap::with_capacity(locks.len().min(1024));
         for lock in locks {
             let namespace = lock.namespace.clone().unwrap_or_default();
             grouped.entry(namespace).or_default().insert(lock);
@@ -261,7 +264,8 @@ impl LockIndex {
         let mut published = self.write(kind);
         let sets = grouped
             .into_iter()
-            .map(|(namespace, set)| {
+            .map(|(namespace, mut set)| {
+                set.shrink_to_fit();
                 let set = match published.sets.get(&namespace) {
                     Some(old) if **old == set => old.clone(),
                     _ => Arc::new(set),

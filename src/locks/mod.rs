@@ -15,7 +15,6 @@ pub mod kube;
 pub mod parse;
 mod watch;
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
@@ -97,9 +96,13 @@ impl fmt::Display for LockRef {
 }
 
 /// All locks of one namespace (or all ClusterLocks), by name.
+///
+/// A sorted vector sized to fit, not a map: the index holds one per namespace, most with one
+/// or two locks, and a map's nodes would cost kilobytes each.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct LockSet {
-    by_name: BTreeMap<String, LockRef>,
+    /// Sorted by name, names unique.
+    by_name: Vec<LockRef>,
 }
 
 impl LockSet {
@@ -111,17 +114,25 @@ impl LockSet {
 
     /// Adds or replaces the lock with the same name.
     pub fn insert(&mut self, lock: LockRef) {
-        self.by_name.insert(lock.name.clone(), lock);
+        match self.position(&lock.name) {
+            Ok(i) => self.by_name[i] = lock,
+            Err(i) => self.by_name.insert(i, lock),
+        }
+    }
+
+    /// Removes the lock with this name, if any.
+    pub fn remove(&mut self, name: &str) -> Option<LockRef> {
+        self.position(name).ok().map(|i| self.by_name.remove(i))
     }
 
     /// The lock with this name, if any.
     pub fn get(&self, name: &str) -> Option<&LockRef> {
-        self.by_name.get(name)
+        self.position(name).ok().map(|i| &self.by_name[i])
     }
 
     /// All locks, sorted by name.
     pub fn iter(&self) -> impl Iterator<Item = &LockRef> {
-        self.by_name.values()
+        self.by_name.iter()
     }
 
     /// Number of locks.
@@ -133,6 +144,16 @@ impl LockSet {
     pub fn is_empty(&self) -> bool {
         self.by_name.is_empty()
     }
+
+    /// Frees spare capacity (for sets kept long).
+    pub fn shrink_to_fit(&mut self) {
+        self.by_name.shrink_to_fit();
+    }
+
+    fn position(&self, name: &str) -> Result<usize, usize> {
+        self.by_name
+            .binary_search_by(|lock| lock.name.as_str().cmp(name))
+    }
 }
 
 impl FromIterator<LockRef> for LockSet {
@@ -141,6 +162,7 @@ impl FromIterator<LockRef> for LockSet {
         for lock in iter {
             set.insert(lock);
         }
+        set.shrink_to_fit();
         set
     }
 }

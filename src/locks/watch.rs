@@ -239,11 +239,13 @@ impl Writer {
         let started = self.api.watch(&params, version);
         tokio::pin!(started);
         let deadline = tokio::time::Instant::from_std(known_at + self.index.stale_after());
-        let fresh = self
-            .index
-            .health(self.kind)
-            .is_fresh(self.index.stale_after());
-        let result = if fresh {
+        // Trusted until now (live or reconnecting): mark it stale when the bound passes, even if
+        // it already has (the sleep then ends at once).
+        let trusted = matches!(
+            self.index.health(self.kind).state,
+            WatchState::Live | WatchState::Reconnecting
+        );
+        let result = if trusted {
             tokio::select! {
                 result = &mut started => result,
                 () = tokio::time::sleep_until(deadline) => {
@@ -328,7 +330,13 @@ impl Writer {
             .get_or_create(&KindLabels { kind: self.label() })
             .inc();
         let reason = format!("{what} failed: {}", failure.message);
-        warn!(kind = self.label(), error = %failure.message, "lock {what} failed; retrying");
+        // A failure that repeats (an identity that may not watch) is logged once, not per retry.
+        let health = self.index.health(self.kind);
+        if health.state == WatchState::Stale && health.reason.as_deref() == Some(reason.as_str()) {
+            debug!(kind = self.label(), error = %failure.message, "lock {what} failed again; retrying");
+        } else {
+            warn!(kind = self.label(), error = %failure.message, "lock {what} failed; retrying");
+        }
         self.transition(WatchState::Stale, Some(reason));
     }
 
