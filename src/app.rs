@@ -124,6 +124,7 @@ pub async fn lock_source_with_metrics(
         CacheConfig {
             ttl: settings.cache.ttl,
             max_namespaces: settings.cache.max_namespaces,
+            stale_after: settings.kube.stale_after,
         },
         metrics,
     );

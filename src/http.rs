@@ -82,17 +82,7 @@ pub fn probes(
     let readyz = warp::path!("readyz")
         .and(warp::method())
         .and(with_probes)
-        .map(|method: Method, probes: Arc<Probes>| {
-            let ready = if probes.source.is_ready() {
-                Ok(())
-            } else {
-                Err(format!(
-                    "lock source ({}) has not synced yet",
-                    probes.source.describe()
-                ))
-            };
-            probe(&method, ready)
-        });
+        .map(|method: Method, probes: Arc<Probes>| probe(&method, probes.source.readiness()));
     healthz.or(readyz).unify()
 }
 

@@ -4,7 +4,9 @@
 //! Every UPDATE and DELETE in the cluster waits on this webhook, so its latency, its errors and
 //! its cost to the API server must be visible. All names share the `kube_object_lock_` prefix;
 //! label values come from small fixed sets (operations, decisions, verbs), never from object
-//! names or uids, so the series count stays bounded whatever the traffic.
+//! names or uids, so the series count stays bounded whatever the traffic. The one exception is
+//! `unparseable_locks`, which names each Lock whose spec cannot be read: there should be none,
+//! and an operator needs to know which one to fix.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -66,6 +68,26 @@ pub struct ApiLabels {
 pub struct KindLabels {
     /// `Lock` or `ClusterLock`.
     pub kind: &'static str,
+}
+
+/// Labels of the lock source's mode.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModeLabels {
+    /// `Lock` or `ClusterLock`.
+    pub kind: &'static str,
+    /// `watch` (answered from the index) or `fallback` (LIST through the cache).
+    pub mode: &'static str,
+}
+
+/// Labels naming one lock object.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LockLabels {
+    /// `Lock` or `ClusterLock`.
+    pub kind: &'static str,
+    /// The Lock's namespace (empty for a ClusterLock).
+    pub namespace: String,
+    /// The lock's name.
+    pub name: String,
 }
 
 /// Labels naming a cache result.
@@ -139,6 +161,12 @@ pub struct SourceMetrics {
     pub watch_restarts: Family<KindLabels, Counter>,
     /// Watch events received.
     pub watch_events: Family<KindLabels, Counter>,
+    /// 1 for the mode each kind's lookups are in (`watch` or `fallback`), 0 for the other.
+    pub mode: Family<ModeLabels, Gauge>,
+    /// When each kind entered its current mode (Unix time).
+    pub mode_since: Family<KindLabels, Gauge>,
+    /// Locks whose spec cannot be read (each locks its own name, fail closed): 1 per lock.
+    pub unparseable_locks: Family<LockLabels, Gauge>,
 }
 
 /// All metrics and their registry.
@@ -222,6 +250,21 @@ impl Metrics {
             "watch_events",
             "Lock watch events received, by kind",
             source.watch_events.clone(),
+        );
+        registry.register(
+            "lock_source_mode",
+            "1 for the mode lookups of each lock kind are in: watch (from the index) or fallback (LIST through the cache)",
+            source.mode.clone(),
+        );
+        registry.register(
+            "lock_source_mode_since_timestamp_seconds",
+            "When each lock kind entered its current mode (Unix time)",
+            source.mode_since.clone(),
+        );
+        registry.register(
+            "unparseable_locks",
+            "Locks whose spec cannot be read; each locks every UPDATE and DELETE of its own name until fixed",
+            source.unparseable_locks.clone(),
         );
         registry.register("locks", "Locks known, by scope", locks.clone());
         registry.register(

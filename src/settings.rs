@@ -131,13 +131,17 @@ pub struct KubeSettings {
     /// Longest time a lock lookup may take before `on_lookup_error` decides.
     #[serde(with = "humantime_serde")]
     pub lookup_timeout: Duration,
+    /// How long the lock index is trusted while its watch reconnects after a clean end; a watch
+    /// error makes it stale at once. Stale: lookups LIST the API server.
+    #[serde(with = "humantime_serde")]
+    pub stale_after: Duration,
 }
 
-/// The lock cache.
+/// The cache of the fallback path (lookups while the lock index is stale).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct CacheSettings {
-    /// How long a namespace's locks are kept without a watch event.
+    /// How long a namespace's LIST is reused while the index is stale.
     #[serde(with = "humantime_serde")]
     pub ttl: Duration,
     /// How many namespaces are cached at most.
@@ -248,6 +252,7 @@ impl Default for KubeSettings {
             kubeconfig: None,
             context: None,
             lookup_timeout: Duration::from_secs(2),
+            stale_after: Duration::from_secs(3),
         }
     }
 }
@@ -255,7 +260,7 @@ impl Default for KubeSettings {
 impl Default for CacheSettings {
     fn default() -> Self {
         CacheSettings {
-            ttl: Duration::from_secs(30),
+            ttl: Duration::from_secs(2),
             max_namespaces: 10_000,
         }
     }
@@ -410,6 +415,13 @@ impl Settings {
         }
         if self.cache.ttl.is_zero() {
             return fail("cache.ttl", "must be more than 0s");
+        }
+        if !between(
+            self.kube.stale_after,
+            Duration::from_millis(100),
+            Duration::from_secs(60),
+        ) {
+            return fail("kube.stale_after", "must be between 100ms and 60s");
         }
         if self.cache.max_namespaces == 0 {
             return fail("cache.max_namespaces", "must be at least 1");
@@ -594,7 +606,8 @@ mod tests {
         .expect("defaults load");
         assert_eq!(settings, Settings::default());
         assert_eq!(settings.kube.lookup_timeout, Duration::from_secs(2));
-        assert_eq!(settings.cache.ttl, Duration::from_secs(30));
+        assert_eq!(settings.cache.ttl, Duration::from_secs(2));
+        assert_eq!(settings.kube.stale_after, Duration::from_secs(3));
         assert_eq!(settings.on_lookup_error, OnLookupError::Deny);
     }
 

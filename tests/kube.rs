@@ -1,5 +1,10 @@
 //! The Kubernetes lock source against a fake API server speaking the real REST and watch wire
 //! format to a real `kube::Client`, with the real webhook in front, over real HTTPS.
+//!
+//! Staleness cases follow one pattern: a Lock created at time T must be enforced by the first
+//! admission after T + `kube.stale_after` + `cache.ttl`, whatever the watch is going through
+//! (refused, cut, delayed, expired), because lookups then fall back to LIST. The settings are
+//! small and the assertions are about behaviour, never about how fast it happened.
 
 mod support;
 
@@ -9,30 +14,56 @@ use std::time::{Duration, Instant};
 use kube_object_lock::admission::OnLookupError;
 use kube_object_lock::app::Source;
 use kube_object_lock::locks::LockSource;
+use kube_object_lock::locks::index::WatchState;
 use kube_object_lock::locks::kube::{CacheConfig, KubeSource};
 use kube_object_lock::metrics::Metrics;
 use kube_object_lock::settings::Settings;
 use serde_json::{Value, json};
-use support::fake_apiserver::{FakeApiServer, Fault};
+use support::fake_apiserver::{FakeApiServer, Fault, WatchFault};
 use support::{TestServer, fixture, sample};
 
 const NS: &str = "demo-015226";
+/// The LIST path of the fixture namespace's Locks.
+const NS_LOCKS: &str = "/apis/objectlock.dev/v1alpha1/namespaces/demo-015226/locks";
+
+/// `kube.stale_after` and `cache.ttl` of the staleness tests.
+const BOUND: Duration = Duration::from_millis(400);
+const TTL: Duration = Duration::from_millis(300);
 
 struct Setup {
     api: FakeApiServer,
     source: KubeSource,
     server: TestServer,
+    ttl: Duration,
+    stale_after: Duration,
 }
 
+/// A webhook on a fake API server with a long fallback TTL and bound (the watch alone keeps
+/// locks current).
 async fn setup(ttl: Duration, tune: impl FnOnce(&mut Settings)) -> Setup {
+    setup_with(
+        FakeApiServer::start().await,
+        ttl,
+        Duration::from_secs(600),
+        tune,
+    )
+    .await
+}
+
+async fn setup_with(
+    api: FakeApiServer,
+    ttl: Duration,
+    stale_after: Duration,
+    tune: impl FnOnce(&mut Settings),
+) -> Setup {
     support::init();
-    let api = FakeApiServer::start().await;
     let metrics = Arc::new(Metrics::new());
     let source = KubeSource::with_metrics(
         api.client(),
         CacheConfig {
             ttl,
             max_namespaces: 1000,
+            stale_after,
         },
         metrics.source.clone(),
     );
@@ -51,18 +82,28 @@ async fn setup(ttl: Duration, tune: impl FnOnce(&mut Settings)) -> Setup {
         api,
         source,
         server,
+        ttl,
+        stale_after,
     }
+}
+
+/// A fixture with edits applied to its JSON.
+fn edited(fixture_name: &str, edit: impl FnOnce(&mut Value)) -> Vec<u8> {
+    let mut review: Value = serde_json::from_slice(&fixture(fixture_name)).expect("fixture json");
+    edit(&mut review["request"]);
+    serde_json::to_vec(&review).expect("serializes")
 }
 
 impl Setup {
     async fn review(&self, fixture_name: &str) -> Value {
+        self.review_body(fixture(fixture_name)).await
+    }
+
+    async fn review_body(&self, body: Vec<u8>) -> Value {
         let reply = self
             .server
             .http1()
-            .post_json(
-                &self.server.url("/validate?timeout=10s"),
-                fixture(fixture_name),
-            )
+            .post_json(&self.server.url("/validate?timeout=10s"), body)
             .await;
         assert_eq!(reply.status, 200);
         reply.json()["response"].clone()
@@ -80,31 +121,87 @@ impl Setup {
         }
     }
 
+    /// Waits until the Lock watch is in `state`.
+    async fn wait_lock_watch(&self, state: WatchState) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self
+            .source
+            .index()
+            .health(kube_object_lock::locks::LockKind::Lock)
+            .state
+            != state
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the Lock watch never became {state:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
     /// Polls until the review's `allowed` becomes `want`; returns how long that took.
     async fn until_allowed_is(&self, fixture_name: &str, want: bool) -> Duration {
+        self.until_body_allowed_is(|| fixture(fixture_name), want, "")
+            .await
+            .1
+    }
+
+    /// Polls until the answer to `body()` has `allowed == want` and mentions `needle`.
+    async fn until_body_allowed_is(
+        &self,
+        body: impl Fn() -> Vec<u8>,
+        want: bool,
+        needle: &str,
+    ) -> (Value, Duration) {
         let started = Instant::now();
         let deadline = started + Duration::from_secs(10);
         loop {
-            if self.allowed(fixture_name).await == want {
-                return started.elapsed();
+            let answer = self.review_body(body()).await;
+            if answer["allowed"] == want && answer.to_string().contains(needle) {
+                return (answer, started.elapsed());
             }
             assert!(
                 Instant::now() < deadline,
-                "{fixture_name} never became allowed={want}"
+                "never allowed={want} with {needle:?}: {answer}"
             );
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
     }
+
+    /// Creates `locked-a` now (time T) and checks that the first admission after
+    /// T + stale_after + ttl refuses the DELETE of its object because of it.
+    async fn lock_is_enforced_within_the_bound(&self, case: &str) {
+        self.api
+            .create_lock(NS, "locked-a", json!({"reason": case}));
+        tokio::time::sleep(self.stale_after + self.ttl + Duration::from_millis(50)).await;
+        let answer = self.review("configmap-delete-locked.json").await;
+        assert_eq!(answer["allowed"], false, "{case}: {answer}");
+        let message = answer["status"]["message"].as_str().unwrap_or("");
+        assert!(
+            message.contains(&format!("is locked by Lock {NS}/locked-a: {case}")),
+            "{case}: refused by the lock, not by a failed lookup: {message}"
+        );
+    }
+
+    /// Lookups made by the fallback for the fixture namespace so far.
+    fn namespace_lists(&self) -> usize {
+        self.api.list_calls_exact(NS_LOCKS)
+    }
 }
 
 #[tokio::test]
-async fn admissions_in_one_namespace_share_one_list() {
+async fn with_the_watch_live_lookups_make_no_api_requests() {
     let setup = setup(Duration::from_secs(600), |_| {}).await;
     setup
         .api
         .create_lock(NS, "locked-a", json!({"reason": "VM snapshot in progress"}));
+    for i in (0..200).step_by(7) {
+        setup
+            .api
+            .create_lock(&format!("ns-{i}"), "locked-a", json!({}));
+    }
     setup.wait_ready().await;
-    // Concurrent misses for a cold namespace share one LIST.
+    let watch_lists = setup.api.list_calls();
     let client = setup.server.http1();
     let url = setup.server.url("/validate");
     let burst = (0..32).map(|i| {
@@ -121,7 +218,6 @@ async fn admissions_in_one_namespace_share_one_list() {
         .filter(|r| r.json()["response"]["allowed"] == false)
         .count();
     assert_eq!(denied, 16);
-    // And later ones hit the cache.
     for name in [
         "configmap-update-put.json",
         "configmap-update-merge-patch.json",
@@ -133,41 +229,311 @@ async fn admissions_in_one_namespace_share_one_list() {
             setup.review(name).await;
         }
     }
-    let lists = setup.api.list_calls_for(&format!("/namespaces/{NS}/locks"));
-    println!("132 admissions in namespace {NS}: {lists} LIST call(s) to the API server");
-    assert_eq!(lists, 1);
-    // CREATE needs no lookup at all; another namespace costs its own single LIST.
+    // 200 namespaces, every seventh locked: the index knows both kinds of answer.
+    for i in 0..200 {
+        let body = String::from_utf8(fixture("configmap-delete-locked.json"))
+            .expect("utf-8")
+            .replace(NS, &format!("ns-{i}"));
+        let answer = setup.review_body(body.into_bytes()).await;
+        assert_eq!(answer["allowed"], i % 7 != 0, "ns-{i}: {answer}");
+    }
     assert!(setup.allowed("configmap-create.json").await);
     assert!(setup.allowed("deployment-update.json").await);
-    assert!(setup.allowed("deployment-scale-update.json").await);
-    assert_eq!(setup.api.list_calls_for("/namespaces/lock-demo/locks"), 1);
-    assert_eq!(setup.source.metrics().cache_loads.get(), 2);
+    assert!(setup.allowed("clusterrole-update.json").await);
+    let lookups = setup.api.list_calls() - watch_lists;
+    println!("332 admissions over 201 namespaces with the watch live: {lookups} LIST call(s)");
+    assert_eq!(lookups, 0, "{:?}", setup.api.request_log());
+    assert_eq!(setup.source.metrics().cache_loads.get(), 0);
 }
 
 #[tokio::test]
 async fn a_new_lock_is_enforced_without_waiting_for_the_ttl() {
     let setup = setup(Duration::from_secs(600), |_| {}).await;
     setup.wait_ready().await;
-    assert!(
-        setup.allowed("configmap-delete-locked.json").await,
-        "cached as unlocked"
-    );
-    let lists_before = setup.api.list_calls();
+    assert!(setup.allowed("configmap-delete-locked.json").await);
     setup.api.create_lock(NS, "locked-a", json!({}));
     let took = setup
         .until_allowed_is("configmap-delete-locked.json", false)
         .await;
-    println!("lock created -> enforced in {took:?} (cache TTL 600 s)");
-    assert!(
-        setup.api.list_calls() > lists_before,
-        "the namespace was re-read"
-    );
-
+    println!("lock created -> enforced in {took:?} (fallback TTL and bound 600 s)");
     setup.api.delete_lock(NS, "locked-a");
     let took = setup
         .until_allowed_is("configmap-delete-locked.json", true)
         .await;
-    println!("lock deleted -> released in {took:?} (cache TTL 600 s)");
+    println!("lock deleted -> released in {took:?} (fallback TTL and bound 600 s)");
+    assert_eq!(setup.namespace_lists(), 0, "answered from the watch alone");
+}
+
+#[tokio::test]
+async fn steady_state_enforces_a_new_lock_within_the_bound() {
+    let setup = setup_with(FakeApiServer::start().await, TTL, BOUND, |_| {}).await;
+    setup.wait_ready().await;
+    assert!(setup.allowed("configmap-delete-locked.json").await);
+    setup
+        .lock_is_enforced_within_the_bound("steady state")
+        .await;
+    assert_eq!(setup.namespace_lists(), 0);
+}
+
+#[tokio::test]
+async fn watch_forbidden_falls_back_to_list_and_enforces_within_the_bound() {
+    let api = FakeApiServer::start().await;
+    // An identity that may list but not watch.
+    api.set_watch_fault(WatchFault::Status(403));
+    let setup = setup_with(api, TTL, BOUND, |_| {}).await;
+    setup.wait_lock_watch(WatchState::Stale).await;
+    // A cached "no lock" from the fallback...
+    assert!(setup.allowed("configmap-delete-locked.json").await);
+    assert!(setup.namespace_lists() >= 1, "the fallback LISTed");
+    // ...does not outlive the TTL.
+    setup
+        .lock_is_enforced_within_the_bound("watch forbidden")
+        .await;
+    let ready = setup.server.http1().get(&setup.server.url("/readyz")).await;
+    assert_eq!(ready.status, 503);
+    let why = String::from_utf8_lossy(&ready.body).to_string();
+    assert!(
+        why.contains("Lock watch stale") && why.contains("cannot watch"),
+        "{why}"
+    );
+    let text = setup.server.scrape().await;
+    assert_eq!(
+        sample(
+            &text,
+            "kube_object_lock_lock_source_mode{kind=\"Lock\",mode=\"fallback\"}"
+        ),
+        1.0,
+        "{text}"
+    );
+    assert!(
+        sample(
+            &text,
+            "kube_object_lock_lock_source_mode_since_timestamp_seconds{kind=\"Lock\"}"
+        ) > 1.7e9
+    );
+    // Watch allowed again: live, and lookups stop LISTing.
+    setup.api.clear_watch_fault();
+    setup.wait_ready().await;
+    let lists = setup.namespace_lists();
+    for _ in 0..10 {
+        assert!(!setup.allowed("configmap-delete-locked.json").await);
+    }
+    assert_eq!(setup.namespace_lists(), lists);
+    let ready = setup.server.http1().get(&setup.server.url("/readyz")).await;
+    assert_eq!(ready.status, 200);
+}
+
+#[tokio::test]
+async fn a_watch_error_makes_the_index_stale_at_once() {
+    // The bound is far away: only the error itself can make lookups LIST.
+    let setup = setup_with(
+        FakeApiServer::start().await,
+        TTL,
+        Duration::from_secs(600),
+        |_| {},
+    )
+    .await;
+    setup.wait_ready().await;
+    setup.api.set_watch_fault(WatchFault::Status(403));
+    setup.api.drop_watches();
+    setup.wait_lock_watch(WatchState::Stale).await;
+    setup
+        .api
+        .create_lock(NS, "locked-a", json!({"reason": "after the error"}));
+    tokio::time::sleep(TTL + Duration::from_millis(50)).await;
+    let answer = setup.review("configmap-delete-locked.json").await;
+    assert_eq!(answer["allowed"], false, "{answer}");
+    assert!(setup.namespace_lists() >= 1);
+}
+
+#[tokio::test]
+async fn api_server_restart_enforces_within_the_bound() {
+    let setup = setup_with(FakeApiServer::start().await, TTL, BOUND, |_| {}).await;
+    setup.wait_ready().await;
+    assert!(setup.allowed("configmap-delete-locked.json").await);
+    // A restart as a real one goes: watches end, the new server's authorizer refuses the
+    // webhook for a while (403 on LIST and WATCH), then old resourceVersions are gone (410).
+    setup.api.set_fault(Fault::Status(403));
+    setup.api.set_watch_fault(WatchFault::Status(403));
+    setup.api.expire_watches();
+    setup.wait_lock_watch(WatchState::Stale).await;
+    let denied = setup.review("configmap-delete-unlocked.json").await;
+    assert_eq!(
+        denied["status"]["code"], 503,
+        "on_lookup_error=deny meanwhile"
+    );
+    setup.api.clear_fault();
+    setup.api.clear_watch_fault();
+    setup
+        .lock_is_enforced_within_the_bound("api server restart")
+        .await;
+    setup.wait_lock_watch(WatchState::Live).await;
+    assert!(!setup.allowed("configmap-delete-locked.json").await);
+}
+
+#[tokio::test]
+async fn etcd_compaction_enforces_within_the_bound() {
+    let api = FakeApiServer::start().await;
+    // Some history, so that the watch resumes from a real resourceVersion.
+    api.create_lock("elsewhere", "other", json!({}));
+    let setup = setup_with(api, TTL, BOUND, |_| {}).await;
+    setup.wait_ready().await;
+    assert!(setup.allowed("configmap-delete-locked.json").await);
+    let lists = setup.api.list_calls_for("/v1alpha1/locks?");
+    setup.api.expire_watches();
+    setup
+        .lock_is_enforced_within_the_bound("etcd compaction")
+        .await;
+    setup.wait_lock_watch(WatchState::Live).await;
+    assert!(
+        setup.api.list_calls_for("/v1alpha1/locks?") > lists,
+        "the 410 made the watch list again: {:?}",
+        setup.api.request_log()
+    );
+}
+
+#[tokio::test]
+async fn a_proxy_cutting_watches_does_not_stop_enforcement() {
+    let setup = setup_with(FakeApiServer::start().await, TTL, BOUND, |_| {}).await;
+    setup.wait_ready().await;
+    let watches = setup.api.watch_calls();
+    setup
+        .api
+        .set_watch_fault(WatchFault::Cut(Duration::from_millis(50)));
+    setup.api.drop_watches();
+    assert!(setup.allowed("configmap-delete-locked.json").await);
+    setup.lock_is_enforced_within_the_bound("proxy cut").await;
+    setup.api.delete_lock(NS, "locked-a");
+    tokio::time::sleep(BOUND + TTL + Duration::from_millis(50)).await;
+    assert!(
+        setup.allowed("configmap-delete-locked.json").await,
+        "released too"
+    );
+    assert!(
+        setup.api.watch_calls() > watches + 2,
+        "each cut watch was resumed"
+    );
+}
+
+#[tokio::test]
+async fn a_watch_that_does_not_come_back_goes_stale_after_the_bound() {
+    let setup = setup_with(FakeApiServer::start().await, TTL, BOUND, |_| {}).await;
+    setup.wait_ready().await;
+    assert!(setup.allowed("configmap-delete-locked.json").await);
+    // The watch ends cleanly and its resume hangs: no error, only the bound tells.
+    setup
+        .api
+        .set_watch_fault(WatchFault::Delay(Duration::from_secs(30)));
+    setup.api.drop_watches();
+    setup.wait_lock_watch(WatchState::Stale).await;
+    setup
+        .lock_is_enforced_within_the_bound("watch delayed")
+        .await;
+    assert!(setup.namespace_lists() >= 1, "the fallback LISTed");
+    let ready = setup.server.http1().get(&setup.server.url("/readyz")).await;
+    assert_eq!(ready.status, 503);
+}
+
+#[tokio::test]
+async fn a_restarted_webhook_enforces_before_and_after_its_first_sync() {
+    let api = FakeApiServer::start().await;
+    api.create_lock(NS, "locked-b", json!({}));
+    // The watch is slow to start: lookups LIST meanwhile.
+    api.set_watch_fault(WatchFault::Delay(Duration::from_secs(2)));
+    let setup = setup_with(api, TTL, BOUND, |_| {}).await;
+    assert!(!setup.source.is_ready());
+    setup
+        .lock_is_enforced_within_the_bound("webhook restart")
+        .await;
+    setup.api.clear_watch_fault();
+    setup.wait_ready().await;
+    let lists = setup.namespace_lists();
+    assert!(!setup.allowed("configmap-delete-locked.json").await);
+    assert_eq!(
+        setup.namespace_lists(),
+        lists,
+        "answered from the index once synced"
+    );
+}
+
+#[tokio::test]
+async fn an_unreadable_lock_fails_closed_for_its_own_name_only() {
+    for watch in [true, false] {
+        let api = FakeApiServer::start().await;
+        if !watch {
+            api.set_watch_fault(WatchFault::Status(403));
+        }
+        let setup = setup_with(
+            api,
+            Duration::from_millis(100),
+            Duration::from_secs(600),
+            |_| {},
+        )
+        .await;
+        if watch {
+            setup.wait_ready().await;
+        } else {
+            setup.wait_lock_watch(WatchState::Stale).await;
+        }
+        // A value from a newer version: this one cannot read it. It meant "DELETE only".
+        setup.api.create_lock(
+            NS,
+            "locked-a",
+            json!({"mode": "Audit", "operations": ["DELETE"], "reason": "upgrade test"}),
+        );
+        setup
+            .api
+            .create_lock(NS, "locked-b", json!({"operations": ["DELETE"]}));
+        let (answer, _) = setup
+            .until_body_allowed_is(|| fixture("configmap-update-put.json"), false, "")
+            .await;
+        assert_eq!(answer["status"]["code"], 403, "watch={watch}: {answer}");
+        let message = answer["status"]["message"].as_str().unwrap_or("");
+        assert!(
+            message.contains("Lock demo-015226/locked-a: upgrade test"),
+            "{message}"
+        );
+        let warning = answer["warnings"][0].as_str().unwrap_or("");
+        assert!(
+            warning.contains("Lock demo-015226/locked-a: unreadable spec")
+                && warning.contains("spec.mode"),
+            "watch={watch}: {warning}"
+        );
+        // The rest of the namespace works as usual: an unlocked object, and the other Lock
+        // (DELETE only) lets its object be updated.
+        assert!(
+            setup.allowed("configmap-delete-unlocked.json").await,
+            "watch={watch}"
+        );
+        let update_b = edited("configmap-update-put.json", |r| {
+            r["name"] = json!("locked-b");
+        });
+        assert_eq!(
+            setup.review_body(update_b).await["allowed"],
+            true,
+            "watch={watch}"
+        );
+        let delete_b = edited("configmap-delete-locked.json", |r| {
+            r["name"] = json!("locked-b");
+        });
+        assert_eq!(
+            setup.review_body(delete_b).await["allowed"],
+            false,
+            "watch={watch}"
+        );
+        if watch {
+            let series = "kube_object_lock_unparseable_locks{kind=\"Lock\",namespace=\"demo-015226\",name=\"locked-a\"}";
+            assert_eq!(sample(&setup.server.scrape().await, series), 1.0);
+            // Fixed: the metric goes, and the lock means what it says again.
+            setup
+                .api
+                .create_lock(NS, "locked-a", json!({"operations": ["DELETE"]}));
+            setup
+                .until_allowed_is("configmap-update-put.json", true)
+                .await;
+            assert!(!setup.server.scrape().await.contains(series));
+        }
+    }
 }
 
 #[tokio::test]
@@ -249,6 +615,10 @@ async fn api_outage_gives_the_configured_decision_within_the_lookup_timeout() {
     .await;
     setup.api.create_lock(NS, "locked-a", json!({}));
     setup.wait_ready().await;
+    // Lookups reach the API server only while the index is stale.
+    setup.api.set_watch_fault(WatchFault::Status(403));
+    setup.api.drop_watches();
+    setup.wait_lock_watch(WatchState::Stale).await;
 
     for (fault, needle, reason, outcome) in [
         (
@@ -322,11 +692,21 @@ async fn api_outage_gives_the_configured_decision_within_the_lookup_timeout() {
 }
 
 #[tokio::test]
-async fn metrics_count_admissions_cache_and_watch() {
+async fn metrics_count_admissions_and_the_watch() {
     let setup = setup(Duration::from_secs(600), |_| {}).await;
     setup.api.create_lock(NS, "locked-a", json!({}));
     setup.api.create_cluster_lock("lock-demo-reader", json!({}));
     setup.wait_ready().await;
+    // One more through the watch itself.
+    setup.api.create_lock(NS, "locked-b", json!({}));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while setup.source.lock_counts().namespaced < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the watch never delivered locked-b"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     assert!(!setup.allowed("configmap-delete-locked.json").await);
     assert!(setup.allowed("configmap-delete-unlocked.json").await);
     assert!(setup.allowed("configmap-create.json").await);
@@ -345,22 +725,21 @@ async fn metrics_count_admissions_cache_and_watch() {
             1.0,
         ),
         ("kube_object_lock_admission_duration_seconds_count", 3.0),
-        (
-            "kube_object_lock_cache_requests_total{result=\"miss\"}",
-            1.0,
-        ),
-        ("kube_object_lock_cache_requests_total{result=\"hit\"}", 1.0),
-        ("kube_object_lock_cache_loads_total", 1.0),
-        ("kube_object_lock_locks{scope=\"namespaced\"}", 1.0),
+        ("kube_object_lock_cache_loads_total", 0.0),
+        ("kube_object_lock_locks{scope=\"namespaced\"}", 2.0),
         ("kube_object_lock_locks{scope=\"cluster\"}", 1.0),
         (
-            "kube_object_lock_api_requests_total{verb=\"list\",resource=\"locks\",outcome=\"success\"}",
+            "kube_object_lock_lock_source_mode{kind=\"Lock\",mode=\"watch\"}",
             1.0,
+        ),
+        (
+            "kube_object_lock_lock_source_mode{kind=\"ClusterLock\",mode=\"fallback\"}",
+            0.0,
         ),
     ] {
         assert_eq!(sample(&text, series), value, "{series} in\n{text}");
     }
-    assert!(sample(&text, "kube_object_lock_watch_events_total{kind=\"Lock\"}") >= 2.0);
+    assert!(sample(&text, "kube_object_lock_watch_events_total{kind=\"Lock\"}") >= 1.0);
     assert!(
         sample(
             &text,
@@ -392,7 +771,7 @@ async fn on_lookup_error_allow_lets_changes_through_with_a_warning() {
     .await;
     setup.wait_ready().await;
     setup.api.stop().await;
-    tokio::time::sleep(Duration::from_millis(60)).await;
+    setup.wait_lock_watch(WatchState::Stale).await;
     let answer = setup.review("configmap-delete-locked.json").await;
     assert_eq!(answer["allowed"], true);
     let warning = answer["warnings"][0].as_str().unwrap_or("");
@@ -403,7 +782,7 @@ async fn on_lookup_error_allow_lets_changes_through_with_a_warning() {
 }
 
 #[tokio::test]
-async fn readiness_waits_for_the_first_watch_list() {
+async fn readiness_waits_for_the_first_watch() {
     support::init();
     let api = FakeApiServer::start().await;
     let source = KubeSource::new(
@@ -411,6 +790,7 @@ async fn readiness_waits_for_the_first_watch_list() {
         CacheConfig {
             ttl: Duration::from_secs(30),
             max_namespaces: 10,
+            stale_after: Duration::from_secs(3),
         },
     );
     let server = TestServer::start(
@@ -424,7 +804,8 @@ async fn readiness_waits_for_the_first_watch_list() {
     let client = server.http1();
     let ready = client.get(&server.url("/readyz")).await;
     assert_eq!(ready.status, 503);
-    assert!(String::from_utf8_lossy(&ready.body).contains("has not synced"));
+    let why = String::from_utf8_lossy(&ready.body).to_string();
+    assert!(why.contains("Lock watch not_synced"), "{why}");
     assert_eq!(client.get(&server.url("/healthz")).await.status, 200);
     // Lookups work before the watch syncs: they LIST.
     api.create_lock(NS, "locked-a", json!({}));
@@ -444,88 +825,133 @@ async fn readiness_waits_for_the_first_watch_list() {
     watch.abort();
 }
 
+/// Each row first sees its lock refuse a request it must refuse (so the lock is in force, and
+/// not an earlier "no lock" answer), then checks the request it must allow.
 #[tokio::test]
 async fn every_spec_field_works_through_the_api_server() {
     let setup = setup(Duration::from_secs(600), |_| {}).await;
     setup.wait_ready().await;
-    let fixture_name = "configmap-delete-locked.json"; // DELETE of locked-a by kubernetes-admin
-    // (spec, allowed, what the answer must mention)
-    let cases = [
+    // DELETE of locked-a by kubernetes-admin (groups system:masters, system:authenticated).
+    let delete = || fixture("configmap-delete-locked.json");
+    let update = || fixture("configmap-update-put.json");
+    let delete_by_bob = || {
+        edited("configmap-delete-locked.json", |r| {
+            r["userInfo"] = json!({"username": "bob", "groups": ["system:authenticated"]});
+        })
+    };
+    let delete_deployment = || {
+        edited("configmap-delete-locked.json", |r| {
+            let resource = json!({"group": "apps", "version": "v1", "resource": "deployments"});
+            r["resource"] = resource.clone();
+            r["requestResource"] = resource;
+        })
+    };
+    type Body = fn() -> Vec<u8>;
+    // (spec, a request it refuses and what the refusal mentions, a request it allows and what
+    // the answer mentions). Without a refused request the allowed answer itself shows the lock.
+    type Row = (
+        Value,
+        Option<(Body, &'static str)>,
+        Option<(Body, &'static str)>,
+    );
+    let cases: Vec<Row> = vec![
         (
             json!({"mode": "Warn", "reason": "trial"}),
-            true,
-            "(mode Warn) would refuse this: trial",
+            None,
+            Some((delete, "(mode Warn) would refuse this: trial")),
         ),
         (
             json!({"exempt": {"users": ["kubernetes-admin"]}}),
-            true,
-            "allowed by exemption: user kubernetes-admin",
+            Some((delete_by_bob, "is locked by")),
+            Some((delete, "allowed by exemption: user kubernetes-admin")),
         ),
         (
             json!({"exempt": {"groups": ["system:masters"]}}),
-            true,
-            "group system:masters",
+            Some((delete_by_bob, "is locked by")),
+            Some((delete, "group system:masters")),
         ),
-        (json!({"operations": ["UPDATE"]}), true, ""),
+        (
+            json!({"operations": ["UPDATE"]}),
+            Some((update, "is locked by")),
+            Some((delete, "")),
+        ),
         (
             json!({"operations": ["DELETE"], "reason": "keep"}),
-            false,
-            "Lock demo-015226/locked-a: keep",
+            Some((delete, "Lock demo-015226/locked-a: keep")),
+            Some((update, "")),
         ),
         (
             json!({"expiresAt": "2020-01-01T00:00:00Z"}),
-            true,
-            "Lock demo-015226/locked-a",
+            None,
+            Some((delete, "Lock demo-015226/locked-a")),
         ),
         (
             json!({"expiresAt": "2999-01-01T00:00:00Z"}),
-            false,
-            "is locked by",
+            Some((delete, "is locked by")),
+            None,
         ),
         (
             json!({"resources": [{"apiGroups": ["apps"], "resources": ["deployments"]}]}),
-            true,
-            "",
+            Some((delete_deployment, "is locked by")),
+            Some((delete, "")),
         ),
         (
             json!({"resources": [{"apiGroups": [""], "resources": ["configmaps"]}]}),
-            false,
-            "is locked by",
+            Some((delete, "is locked by")),
+            Some((delete_deployment, "")),
         ),
     ];
-    for (spec, allowed, needle) in cases {
+    for (spec, refused, allowed) in cases {
         setup.api.create_lock(NS, "locked-a", spec.clone());
-        let started = Instant::now();
-        let answer = loop {
-            let answer = setup.review(fixture_name).await;
-            // Wait until the answer reflects this spec (the previous one may still be cached).
-            let text = answer.to_string();
-            if answer["allowed"] == allowed && text.contains(needle) {
-                break answer;
+        match (refused, allowed) {
+            (Some((refused, mention)), allowed) => {
+                setup.until_body_allowed_is(refused, false, mention).await;
+                if let Some((allowed, mention)) = allowed {
+                    let answer = setup.review_body(allowed()).await;
+                    assert_eq!(answer["allowed"], true, "{spec}: {answer}");
+                    assert!(answer.to_string().contains(mention), "{spec}: {answer}");
+                }
             }
-            assert!(
-                started.elapsed() < Duration::from_secs(10),
-                "{spec}: {answer}"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        };
-        assert_eq!(answer["allowed"], allowed, "{spec}");
+            (None, Some((allowed, mention))) => {
+                setup.until_body_allowed_is(allowed, true, mention).await;
+            }
+            (None, None) => unreachable!("every row checks something"),
+        }
         setup.api.delete_lock(NS, "locked-a");
-        setup.until_allowed_is(fixture_name, true).await;
+        // Gone from the index before the next row.
+        for body in [delete, update, delete_by_bob, delete_deployment] {
+            setup.until_body_allowed_is(body, true, "").await;
+        }
     }
-    // A selector lock under another name covers objects by their labels. The fixture's
-    // ConfigMap has none: `app=web` does not select it, `app DoesNotExist` does.
+    // A selector lock under another name covers objects by their labels.
+    let labelled = || {
+        edited("configmap-delete-unlocked.json", |r| {
+            r["oldObject"]["metadata"]["labels"] = json!({"app": "web"});
+        })
+    };
     setup.api.create_lock(
         NS,
         "freeze",
         json!({"selector": {"matchLabels": {"app": "web"}}}),
     );
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    assert!(setup.allowed(fixture_name).await, "no labels, not selected");
+    setup
+        .until_body_allowed_is(labelled, false, "Lock demo-015226/freeze")
+        .await;
+    assert!(
+        setup.allowed("configmap-delete-locked.json").await,
+        "no labels, not selected"
+    );
+    assert!(
+        setup.allowed("configmap-delete-unlocked.json").await,
+        "no labels, not selected"
+    );
     setup.api.create_lock(
         NS,
         "freeze",
         json!({"selector": {"matchExpressions": [{"key": "app", "operator": "DoesNotExist"}]}}),
     );
-    setup.until_allowed_is(fixture_name, false).await;
+    setup
+        .until_allowed_is("configmap-delete-locked.json", false)
+        .await;
+    assert_eq!(setup.review_body(labelled()).await["allowed"], true);
 }

@@ -15,7 +15,7 @@ use kube_object_lock::api::LockSpec;
 use kube_object_lock::app::Source;
 use kube_object_lock::locks::{LockRef, StaticSource};
 use serde_json::{Value, json};
-use support::fake_apiserver::{FakeApiServer, Fault};
+use support::fake_apiserver::{FakeApiServer, Fault, WatchFault};
 use support::{Certs, TestServer, client_tls, fixture, lock_yaml};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -606,6 +606,8 @@ async fn a_slow_lock_lookup_across_sigterm_is_answered() {
     support::init();
     let api = FakeApiServer::start().await;
     api.create_lock(NS, LOCKED, json!({"reason": "VM snapshot in progress"}));
+    // With the watch refused, lookups LIST the namespace (the watch-fed index cannot answer).
+    api.set_watch_fault(WatchFault::Status(403));
     let kubeconfig = tempfile::NamedTempFile::new().expect("kubeconfig");
     std::fs::write(
         kubeconfig.path(),
@@ -625,8 +627,8 @@ async fn a_slow_lock_lookup_across_sigterm_is_answered() {
         ],
     )
     .await;
-    // Once the watch has synced, only the lookup below lists locks: a re-list landing in the
-    // middle of it would make it list again.
+    // Once the watch has been refused, only the lookup below lists the namespace's locks (the
+    // watch's own LISTs are cluster-wide).
     let deadline = Instant::now() + HANG;
     loop {
         let mut probe = Conn::open(server.addr, &certs.path("ca.crt")).await;
@@ -635,7 +637,8 @@ async fn a_slow_lock_lookup_across_sigterm_is_answered() {
             .write_all(b"GET /readyz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
             .await
             .expect("write");
-        if probe.read_reply().await.expect("readyz answered").status == 200 {
+        let reply = probe.read_reply().await.expect("readyz answered");
+        if reply.status == 503 && String::from_utf8_lossy(&reply.body).contains("cannot watch") {
             break;
         }
         assert!(Instant::now() < deadline, "never ready:\n{}", server.log());

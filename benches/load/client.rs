@@ -88,7 +88,8 @@ impl Target {
         })
     }
 
-    async fn connect(&self) -> anyhow::Result<SendRequest<Full<Bytes>>> {
+    /// A new keep-alive connection.
+    pub async fn connect(&self) -> anyhow::Result<SendRequest<Full<Bytes>>> {
         let tcp = TcpStream::connect(self.addr).await.context("connect")?;
         tcp.set_nodelay(true).context("TCP_NODELAY")?;
         let tls = self
@@ -123,6 +124,19 @@ impl Target {
         let status = response.status().as_u16();
         response.into_body().collect().await?;
         Ok(status)
+    }
+
+    /// Sends one review on `sender`; true when the answer refuses it.
+    pub async fn denied(
+        &self,
+        sender: &mut SendRequest<Full<Bytes>>,
+        body: Bytes,
+    ) -> anyhow::Result<bool> {
+        sender.ready().await.context("connection")?;
+        let response = sender.send_request(self.request(body)).await?;
+        anyhow::ensure!(response.status() == 200, "HTTP {}", response.status());
+        let body = response.into_body().collect().await?.to_bytes();
+        Ok(contains(&body, br#""allowed":false"#))
     }
 
     fn request(&self, body: Bytes) -> http::Request<Full<Bytes>> {

@@ -95,6 +95,8 @@ enum Choice {
     LargeObject,
     /// The one-namespace reviews, with a new TCP and TLS connection for every request.
     NewConnection,
+    /// Lock-to-enforcement: Locks created one at a time, each until its object is refused.
+    LockToEnforcement,
 }
 
 /// Which servers a run measures.
@@ -123,19 +125,8 @@ fn key_value(text: &str) -> Result<(String, String), String> {
     }
 }
 
-/// The webhook's `cache.ttl`: its default, or the value given with --server-env.
-fn cache_ttl(server_env: &[(String, String)]) -> anyhow::Result<Duration> {
-    match server_env
-        .iter()
-        .rev()
-        .find(|(key, _)| key == "KUBE_OBJECT_LOCK__CACHE__TTL")
-    {
-        Some((key, value)) => {
-            humantime::parse_duration(value).with_context(|| format!("--server-env {key}={value}"))
-        }
-        None => Ok(kube_object_lock::settings::Settings::default().cache.ttl),
-    }
-}
+/// Lock-to-enforcement samples (one Lock each).
+const ENFORCEMENT_SAMPLES: usize = 300;
 
 fn main() -> ExitCode {
     // One crypto provider for everything in this process, as the webhook's own main does.
@@ -199,6 +190,20 @@ fn run(args: &Args) -> anyhow::Result<()> {
         report::scenario(&result);
         results.push(result);
     }
-    report::summary(&results, cache_ttl(&args.server_env)?);
+    let enforcement = if args
+        .scenario
+        .iter()
+        .any(|c| matches!(c, Choice::All | Choice::LockToEnforcement))
+        && args.servers != Servers::Baseline
+    {
+        eprintln!("== lock-to-enforcement: {ENFORCEMENT_SAMPLES} Locks, one at a time");
+        let measured = servers::measure_enforcement(&runtime, &env, ENFORCEMENT_SAMPLES)
+            .context("lock-to-enforcement")?;
+        report::enforcement(&measured);
+        Some(measured)
+    } else {
+        None
+    };
+    report::summary(&results, enforcement.as_ref());
     Ok(())
 }

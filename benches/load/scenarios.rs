@@ -20,6 +20,8 @@ const FIXTURE_NAMESPACE: &str = "demo-015226";
 const OBJECTS: usize = 1_000;
 /// Namespaces of the round-robin scenario (the webhook's default `cache.max_namespaces`).
 pub const NAMESPACES: usize = 10_000;
+/// The object each namespace's Lock holds in `namespaces-10k` (no request names it).
+const HELD: &str = "bench-held";
 /// One request in this many is on a locked object in `locked-1pct`.
 const LOCKED_ONE_IN: usize = 100;
 /// Size of the data value of the large ConfigMap, in object and in oldObject.
@@ -138,7 +140,7 @@ pub fn build(name: Name) -> anyhow::Result<Scenario> {
         Name::Namespaces10k => Scenario {
             name,
             about: format!(
-                "the same reviews over {NAMESPACES} namespaces, round-robin, none locked"
+                "the same reviews over {NAMESPACES} namespaces, round-robin; each namespace holds one Lock ({NAMESPACES} Locks) on another object, so none is denied"
             ),
             bodies: Arc::new(
                 (0..NAMESPACES)
@@ -148,7 +150,9 @@ pub fn build(name: Name) -> anyhow::Result<Scenario> {
                     })
                     .collect::<anyhow::Result<_>>()?,
             ),
-            locks: Vec::new(),
+            locks: (0..NAMESPACES)
+                .map(|i| (namespace(i), HELD.to_owned()))
+                .collect(),
             new_connection: false,
             expected_denied: 0.0,
         },
@@ -187,6 +191,29 @@ pub fn build(name: Name) -> anyhow::Result<Scenario> {
         }
     };
     Ok(scenario)
+}
+
+/// DELETE reviews of `bench-enf-I` in `bench-ns-I` for I in `0..n`: the objects the
+/// lock-to-enforcement measurement locks one by one.
+pub fn enforcement_bodies(n: usize) -> anyhow::Result<Vec<Bytes>> {
+    let template = Template::new(
+        "configmap-delete-locked.json",
+        fixture("configmap-delete-locked.json")?,
+        "locked-a",
+    )?;
+    (0..n)
+        .map(|i| template.instantiate(i, &namespace(i), &enforced_object(i)))
+        .collect()
+}
+
+/// The object of the `i`th lock-to-enforcement sample, in namespace [`namespace`]`(i)`.
+pub fn enforced_object(i: usize) -> String {
+    format!("bench-enf-{i:04}")
+}
+
+/// `bench-ns-NNNNN`.
+pub fn namespace_of(i: usize) -> String {
+    namespace(i)
 }
 
 fn object(i: usize) -> String {

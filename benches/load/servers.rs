@@ -285,6 +285,81 @@ pub fn run_scenario(
     Ok(result)
 }
 
+/// Lock-to-enforcement: how long from the API server acknowledging a Lock's creation to the
+/// first refused admission of its object.
+pub struct Enforcement {
+    /// One per lock, in microseconds.
+    pub latency: hdrhistogram::Histogram<u64>,
+    /// Locks never enforced within [`ENFORCE_TIMEOUT`].
+    pub missed: usize,
+}
+
+/// The longest wait for one lock to be enforced.
+const ENFORCE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Starts the webhook with the watch live, then creates `samples` Locks one at a time, each in
+/// its own namespace, and after each sends the DELETE of its object on a kept connection until
+/// it is refused. The time counted runs from the fake API server storing the Lock (when a real
+/// one acknowledges the create) to the refusal.
+pub fn measure_enforcement(
+    runtime: &tokio::runtime::Runtime,
+    env: &Env,
+    samples: usize,
+) -> anyhow::Result<Enforcement> {
+    let bodies = crate::scenarios::enforcement_bodies(samples)?;
+    let scenario = Scenario {
+        name: crate::scenarios::Name::OneNamespace,
+        about: String::new(),
+        bodies: Arc::new(Vec::new()),
+        locks: Vec::new(),
+        new_connection: false,
+        expected_denied: 0.0,
+    };
+    let server = start_ours(runtime, env, &scenario)?;
+    let fake = server
+        .fake
+        .as_ref()
+        .context("the webhook has a fake API server")?;
+    let mut latency = hdrhistogram::Histogram::<u64>::new(3).context("histogram")?;
+    let mut missed = 0;
+    let measured: anyhow::Result<()> = runtime.block_on(async {
+        let mut sender = server.target.connect().await?;
+        for (i, body) in bodies.into_iter().enumerate() {
+            let namespace = crate::scenarios::namespace_of(i);
+            anyhow::ensure!(
+                !server.target.denied(&mut sender, body.clone()).await?,
+                "{namespace}: refused before its lock exists"
+            );
+            let name = crate::scenarios::enforced_object(i);
+            fake.api.create_lock(
+                &namespace,
+                &name,
+                json!({ "reason": "enforcement benchmark" }),
+            );
+            let created = Instant::now();
+            loop {
+                if server.target.denied(&mut sender, body.clone()).await? {
+                    let us = u64::try_from(created.elapsed().as_micros()).unwrap_or(u64::MAX);
+                    latency.record(us.max(1)).context("record")?;
+                    break;
+                }
+                if created.elapsed() > ENFORCE_TIMEOUT {
+                    missed += 1;
+                    break;
+                }
+            }
+        }
+        Ok(())
+    });
+    let Running { process, fake, .. } = server;
+    process.stop()?;
+    if let Some(fake) = fake {
+        fake.stop();
+    }
+    measured?;
+    Ok(Enforcement { latency, missed })
+}
+
 /// Sorts the fake API server's log into start-up, warm-up and measured windows.
 fn api_calls(log: &[String], outcome: &Outcome) -> ApiCalls {
     let at = |s: &Sample| s.api_requests.unwrap_or(log.len()).min(log.len());

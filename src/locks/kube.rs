@@ -1,70 +1,57 @@
-//! Locks from the API server, through a moka cache kept fresh by a watch.
+//! Locks from the API server: answered from a watch-fed index, with LIST as the fallback.
 //!
-//! The cache is keyed by namespace (`""` for ClusterLocks) and holds all of that namespace's
-//! locks, so one LIST answers every object in it; concurrent misses for one key share that LIST
-//! (moka's `try_get_with`). Entries expire after the TTL and the cache is bounded in namespaces.
+//! While the watch of a kind is healthy ([`LockIndex`]), a lookup is answered from memory: no
+//! API request per admission, however many namespaces there are, and a namespace without Locks
+//! is known to have none. When it is not (not synced yet, failed, or reconnecting for longer
+//! than `stale_after`), the lookup LISTs the namespace through a moka cache with a short TTL
+//! (`cache.ttl`), shared by concurrent lookups of one namespace; when that fails too, the caller's
+//! `on_lookup_error` decides. So no answer rests on lock state older than `stale_after` plus the
+//! TTL.
 //!
-//! The watch makes the TTL a backstop, not the freshness guarantee: every Lock event
-//! invalidates its namespace, and a re-list invalidates everything. A LIST that was already in
-//! flight when an event arrived could still land in the cache after the invalidation and hide
-//! the change for a whole TTL, so each entry remembers the event generation it was loaded at and
-//! a read that finds an entry older than its namespace's last event loads it again.
+//! A fallback answer cached before the index last became fresh is never reused: it could predate
+//! what the watch has shown since. Each entry remembers the index's freshness epoch at the start
+//! of its LIST, and a read that finds an entry from an older epoch loads it again.
 
-use std::collections::HashSet;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use futures::{StreamExt, TryStreamExt};
-use kube::api::{Api, ListParams};
-use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Client, ResourceExt};
+use kube::Client;
+use kube::api::{Api, ApiResource, DynamicObject, ListParams};
 use moka::future::Cache;
-use tracing::{debug, info, warn};
+use tracing::debug;
 
-use super::{LockCounts, LockRef, LockSet, LockSource, LookupError};
+use super::index::LockIndex;
+use super::watch::Writer;
+use super::{LockCounts, LockKind, LockSet, LockSource, LookupError, parse};
 use crate::api::{CLUSTER_LOCKS, ClusterLock, LOCKS, Lock};
-use crate::metrics::{ApiLabels, CacheLabels, KindLabels, SourceMetrics};
+use crate::metrics::{ApiLabels, CacheLabels, SourceMetrics};
 
-/// How many times a read reloads an entry that events keep overtaking before it settles for
-/// the freshest load it has.
+/// How many times a read reloads an entry that keeps landing from an older epoch.
 const MAX_RELOADS: usize = 3;
 
-/// Cache settings.
+/// Settings of the Kubernetes source.
 #[derive(Debug, Clone, Copy)]
 pub struct CacheConfig {
-    /// How long a namespace's locks are served without asking again.
+    /// How long a fallback LIST of a namespace is reused.
     pub ttl: Duration,
-    /// How many namespaces are kept at most.
+    /// How many namespaces the fallback cache keeps at most.
     pub max_namespaces: u64,
+    /// How long the index is trusted while its watch reconnects after a clean end.
+    pub stale_after: Duration,
 }
 
 #[derive(Debug)]
 struct Entry {
     locks: Arc<LockSet>,
-    /// The event generation when the LIST started.
-    generation: u64,
-}
-
-/// What the watch of one kind keeps.
-#[derive(Default)]
-struct KindState {
-    synced: AtomicBool,
-    known: AtomicU64,
+    /// The index's freshness epoch when the LIST started.
+    epoch: u64,
 }
 
 struct Shared {
     client: Client,
+    index: Arc<LockIndex>,
     cache: Cache<String, Arc<Entry>>,
-    /// The generation of the last event per namespace (bounded like the cache).
-    last_event: moka::sync::Cache<String, u64>,
-    /// Bumped on every event.
-    generation: AtomicU64,
-    /// The generation of the last completed re-list.
-    relisted: AtomicU64,
-    locks: KindState,
-    cluster_locks: KindState,
     metrics: SourceMetrics,
 }
 
@@ -75,7 +62,8 @@ pub struct KubeSource {
 }
 
 impl KubeSource {
-    /// A source reading through `client`. Call [`KubeSource::watch`] to keep it fresh.
+    /// A source reading through `client`. Call [`KubeSource::watch`] to feed the index; until
+    /// then every lookup LISTs.
     pub fn new(client: Client, config: CacheConfig) -> Self {
         KubeSource::with_metrics(client, config, SourceMetrics::default())
     }
@@ -86,19 +74,11 @@ impl KubeSource {
             .max_capacity(config.max_namespaces)
             .time_to_live(config.ttl)
             .build();
-        let last_event = moka::sync::Cache::builder()
-            .max_capacity(config.max_namespaces.max(10_000))
-            .time_to_live(config.ttl)
-            .build();
         KubeSource {
             shared: Arc::new(Shared {
                 client,
+                index: Arc::new(LockIndex::new(config.stale_after)),
                 cache,
-                last_event,
-                generation: AtomicU64::new(0),
-                relisted: AtomicU64::new(0),
-                locks: KindState::default(),
-                cluster_locks: KindState::default(),
                 metrics,
             }),
         }
@@ -109,122 +89,45 @@ impl KubeSource {
         &self.shared.metrics
     }
 
-    /// Watches Locks and ClusterLocks until the returned future is dropped, invalidating the
-    /// cache as they change. Errors are logged and retried with backoff, forever.
+    /// The index: which locks this instance knows and enforces, and the watch's health.
+    pub fn index(&self) -> &Arc<LockIndex> {
+        &self.shared.index
+    }
+
+    /// Lists and watches Locks and ClusterLocks into the index until the returned future is
+    /// dropped. Errors are logged and retried with a backoff of at most a second, forever.
     pub fn watch(&self) -> impl Future<Output = ()> + Send + 'static {
-        let locks = self.watch_kind::<Lock>("Lock", |s| &s.locks);
-        let cluster_locks = self.watch_kind::<ClusterLock>("ClusterLock", |s| &s.cluster_locks);
+        let writer = |kind| Writer {
+            api: Writer::api(self.shared.client.clone(), kind),
+            kind,
+            index: self.shared.index.clone(),
+            metrics: self.shared.metrics.clone(),
+        };
+        let locks = writer(LockKind::Lock).run();
+        let cluster_locks = writer(LockKind::ClusterLock).run();
         async move {
             futures::future::join(locks, cluster_locks).await;
         }
     }
 
-    fn watch_kind<K>(
-        &self,
-        kind: &'static str,
-        state: fn(&Shared) -> &KindState,
-    ) -> impl Future<Output = ()> + Send + 'static
-    where
-        K: kube::Resource<DynamicType = ()>
-            + Clone
-            + std::fmt::Debug
-            + serde::de::DeserializeOwned
-            + Send
-            + Sync
-            + 'static,
-    {
-        // Lock is namespaced; Api::all lists it across namespaces, as it does ClusterLocks.
-        let api: Api<K> = Api::all(self.shared.client.clone());
-        let shared = self.shared.clone();
-        async move {
-            let label = KindLabels { kind };
-            let mut stream = watcher(api, watcher::Config::default())
-                .default_backoff()
-                .boxed();
-            // Names of the locks in force, and of those being re-listed.
-            let mut known: HashSet<String> = HashSet::new();
-            let mut listing: HashSet<String> = HashSet::new();
-            loop {
-                let event = match stream.try_next().await {
-                    Ok(Some(event)) => event,
-                    Ok(None) => {
-                        warn!(%kind, "lock watch ended");
-                        return;
-                    }
-                    Err(error) => {
-                        shared.metrics.watch_restarts.get_or_create(&label).inc();
-                        warn!(%kind, %error, "lock watch failed; retrying with backoff");
-                        // Keep polling: the backoff stream restarts the watch.
-                        continue;
-                    }
-                };
-                shared.metrics.watch_events.get_or_create(&label).inc();
-                match &event {
-                    watcher::Event::Apply(obj) => {
-                        known.insert(key(obj));
-                        shared
-                            .invalidate(&obj.namespace().unwrap_or_default())
-                            .await;
-                        debug!(%kind, name = %obj.name_any(), "lock applied; namespace invalidated");
-                    }
-                    watcher::Event::Delete(obj) => {
-                        known.remove(&key(obj));
-                        shared
-                            .invalidate(&obj.namespace().unwrap_or_default())
-                            .await;
-                        debug!(%kind, name = %obj.name_any(), "lock deleted; namespace invalidated");
-                    }
-                    watcher::Event::Init => listing.clear(),
-                    watcher::Event::InitApply(obj) => {
-                        listing.insert(key(obj));
-                    }
-                    watcher::Event::InitDone => {
-                        known = std::mem::take(&mut listing);
-                        // Events may have been missed while the watch was down: forget everything.
-                        let generation = shared.generation.fetch_add(1, Ordering::SeqCst) + 1;
-                        shared.relisted.store(generation, Ordering::SeqCst);
-                        shared.cache.invalidate_all();
-                        if state(&shared).synced.swap(true, Ordering::SeqCst) {
-                            shared.metrics.watch_restarts.get_or_create(&label).inc();
-                            info!(%kind, locks = known.len(), "lock watch re-listed; cache cleared");
-                        } else {
-                            info!(%kind, locks = known.len(), "lock watch synced");
-                        }
-                    }
-                }
-                state(&shared)
-                    .known
-                    .store(known.len() as u64, Ordering::Relaxed);
-            }
-        }
-    }
-
     async fn load(shared: Arc<Shared>, namespace: String) -> Result<Arc<Entry>, LookupError> {
-        let generation = shared.generation.load(Ordering::SeqCst);
+        let epoch = shared.index.stale_epoch();
         shared.metrics.cache_loads.inc();
-        let client = shared.client.clone();
-        let params = ListParams::default();
-        let (resource, listed) = if namespace.is_empty() {
-            let listed = Api::<ClusterLock>::all(client)
-                .list(&params)
-                .await
-                .map(|list| {
-                    list.items
-                        .into_iter()
-                        .map(|l| LockRef::cluster_lock(&l.name_any(), l.spec.into()))
-                        .collect::<LockSet>()
-                });
-            (CLUSTER_LOCKS, listed)
+        let (kind, resource, api) = if namespace.is_empty() {
+            let ar = ApiResource::erase::<ClusterLock>(&());
+            let api = Api::<DynamicObject>::all_with(shared.client.clone(), &ar);
+            (LockKind::ClusterLock, CLUSTER_LOCKS, api)
         } else {
-            let api = Api::<Lock>::namespaced(client, &namespace);
-            let listed = api.list(&params).await.map(|list| {
-                list.items
-                    .into_iter()
-                    .map(|l| LockRef::lock(&namespace, &l.name_any(), l.spec))
-                    .collect::<LockSet>()
-            });
-            (LOCKS, listed)
+            let ar = ApiResource::erase::<Lock>(&());
+            let api = Api::<DynamicObject>::namespaced_with(shared.client.clone(), &namespace, &ar);
+            (LockKind::Lock, LOCKS, api)
         };
+        let listed = api.list(&ListParams::default()).await.map(|list| {
+            list.items
+                .iter()
+                .filter_map(|object| parse::lock_ref(kind, object))
+                .collect::<LockSet>()
+        });
         let outcome = match &listed {
             Ok(_) => "success",
             Err(kube::Error::Api(s)) if s.code == 403 => "forbidden",
@@ -239,33 +142,50 @@ impl KubeSource {
         };
         shared.metrics.api_requests.get_or_create(&labels).inc();
         let set = listed.map_err(|e| lookup_error(resource, &namespace, e))?;
-        debug!(%namespace, locks = set.len(), "loaded locks");
+        debug!(%namespace, locks = set.len(), "listed locks (fallback)");
         Ok(Arc::new(Entry {
             locks: if set.is_empty() {
                 LockSet::empty()
             } else {
                 Arc::new(set)
             },
-            generation,
+            epoch,
         }))
+    }
+
+    /// A lookup while the index cannot answer: LIST through the cache.
+    async fn fallback(&self, namespace: String) -> Result<Arc<LockSet>, LookupError> {
+        let shared = &self.shared;
+        let current = |entry: &Entry| entry.epoch == shared.index.stale_epoch();
+        if let Some(entry) = shared.cache.get(&namespace).await
+            && current(&entry)
+        {
+            shared.count("hit");
+            return Ok(entry.locks.clone());
+        }
+        shared.count("miss");
+        for _ in 0..MAX_RELOADS {
+            let entry = shared
+                .cache
+                .try_get_with(
+                    namespace.clone(),
+                    KubeSource::load(shared.clone(), namespace.clone()),
+                )
+                .await
+                .map_err(|e| (*e).clone())?;
+            if current(&entry) {
+                return Ok(entry.locks.clone());
+            }
+            shared.cache.invalidate(&namespace).await;
+        }
+        // The index keeps changing state under the loads: serve a load that is fresh as of now.
+        KubeSource::load(shared.clone(), namespace)
+            .await
+            .map(|e| e.locks.clone())
     }
 }
 
 impl Shared {
-    /// Marks `namespace` changed: drops its entry, and makes any LIST already in flight for it
-    /// count as stale when it lands.
-    async fn invalidate(&self, namespace: &str) {
-        let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
-        self.last_event.insert(namespace.to_owned(), generation);
-        self.cache.invalidate(namespace).await;
-    }
-
-    fn is_current(&self, namespace: &str, entry: &Entry) -> bool {
-        let last_event = self.last_event.get(namespace).unwrap_or(0);
-        let relisted = self.relisted.load(Ordering::SeqCst);
-        entry.generation >= last_event.max(relisted)
-    }
-
     fn count(&self, result: &'static str) {
         self.metrics
             .cache_requests
@@ -276,40 +196,39 @@ impl Shared {
 
 impl LockSource for KubeSource {
     fn locks(&self, namespace: &str) -> BoxFuture<'_, Result<Arc<LockSet>, LookupError>> {
-        let namespace = namespace.to_owned();
-        Box::pin(async move {
-            let shared = &self.shared;
-            if let Some(entry) = shared.cache.get(&namespace).await
-                && shared.is_current(&namespace, &entry)
-            {
-                shared.count("hit");
-                return Ok(entry.locks.clone());
-            }
-            shared.count("miss");
-            for _ in 0..MAX_RELOADS {
-                let entry = shared
-                    .cache
-                    .try_get_with(
-                        namespace.clone(),
-                        KubeSource::load(shared.clone(), namespace.clone()),
-                    )
-                    .await
-                    .map_err(|e| (*e).clone())?;
-                if shared.is_current(&namespace, &entry) {
-                    return Ok(entry.locks.clone());
-                }
-                shared.cache.invalidate(&namespace).await;
-            }
-            // Events keep overtaking the loads: serve a load that is fresh as of now.
-            KubeSource::load(shared.clone(), namespace)
-                .await
-                .map(|e| e.locks.clone())
-        })
+        if let Some(set) = self.shared.index.get(namespace) {
+            return Box::pin(std::future::ready(Ok(set)));
+        }
+        Box::pin(self.fallback(namespace.to_owned()))
     }
 
     fn is_ready(&self) -> bool {
-        self.shared.locks.synced.load(Ordering::SeqCst)
-            && self.shared.cluster_locks.synced.load(Ordering::SeqCst)
+        self.shared.index.is_fresh()
+    }
+
+    fn readiness(&self) -> Result<(), String> {
+        if self.is_ready() {
+            return Ok(());
+        }
+        let mut why = Vec::new();
+        for (label, kind) in [
+            ("Lock", LockKind::Lock),
+            ("ClusterLock", LockKind::ClusterLock),
+        ] {
+            let health = self.shared.index.health(kind);
+            if !health.is_fresh(self.shared.index.stale_after()) {
+                why.push(format!(
+                    "{label} watch {} for {:.1?}{}",
+                    health.state.as_str(),
+                    health.since.elapsed(),
+                    health.reason.map(|r| format!(" ({r})")).unwrap_or_default()
+                ));
+            }
+        }
+        Err(format!(
+            "lock index is stale, lookups LIST the API server: {}",
+            why.join("; ")
+        ))
     }
 
     fn describe(&self) -> String {
@@ -317,16 +236,8 @@ impl LockSource for KubeSource {
     }
 
     fn lock_counts(&self) -> LockCounts {
-        LockCounts {
-            namespaced: self.shared.locks.known.load(Ordering::Relaxed),
-            cluster: self.shared.cluster_locks.known.load(Ordering::Relaxed),
-        }
+        self.shared.index.counts()
     }
-}
-
-/// `namespace/name` of a lock.
-fn key<K: ResourceExt>(obj: &K) -> String {
-    format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any())
 }
 
 fn lookup_error(resource: &'static str, namespace: &str, error: kube::Error) -> LookupError {

@@ -4,15 +4,17 @@
 //! ClusterLocks). Answering per namespace, not per object, lets one LIST (or one file scan)
 //! serve every object in that namespace, and it is all the namespace-deletion rule needs too.
 //!
-//! Two sources answer it: [`kube::KubeSource`] (production: the API server through a
-//! watch-refreshed cache) and [`files::FilesSource`] (a directory of YAML documents, for trying
-//! the service without a cluster and for static locks). Neither knows anything of HTTP or of
-//! the admission decision.
+//! Two sources answer it: [`kube::KubeSource`] (production: an in-memory [`index`] fed by a
+//! watch, with LISTs through a short-lived cache as the fallback while the watch is not healthy)
+//! and [`files::FilesSource`] (a directory of YAML documents, for trying the service without a
+//! cluster and for static locks). Neither knows anything of HTTP or of the admission decision.
 
 pub mod files;
+pub mod index;
 pub mod kube;
+pub mod parse;
+mod watch;
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
@@ -38,8 +40,15 @@ pub struct LockRef {
     pub namespace: Option<String>,
     /// The Lock's name, which is also the name of the object it locks.
     pub name: String,
-    /// The Lock's spec.
+    /// The Lock's spec. For a Lock whose spec does not parse, the empty spec: it locks every
+    /// UPDATE and DELETE of its name, in Enforce mode (see [`LockRef::problem`]).
     pub spec: LockSpec,
+    /// Why the stored spec could not be read, when it could not (an unknown enum value from a
+    /// newer version, a hand-edited object). Such a lock fails closed for its own name only;
+    /// the refusal carries this as a warning.
+    pub problem: Option<String>,
+    /// `metadata.generation` as the API server reported it (`None` for files and tests).
+    pub generation: Option<i64>,
 }
 
 impl LockRef {
@@ -50,6 +59,8 @@ impl LockRef {
             namespace: Some(namespace.to_owned()),
             name: name.to_owned(),
             spec,
+            problem: None,
+            generation: None,
         }
     }
 
@@ -60,6 +71,8 @@ impl LockRef {
             namespace: None,
             name: name.to_owned(),
             spec,
+            problem: None,
+            generation: None,
         }
     }
 
@@ -83,9 +96,13 @@ impl fmt::Display for LockRef {
 }
 
 /// All locks of one namespace (or all ClusterLocks), by name.
+///
+/// A sorted vector sized to fit, not a map: the index holds one per namespace, most with one
+/// or two locks, and a map's nodes would cost kilobytes each.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct LockSet {
-    by_name: BTreeMap<String, LockRef>,
+    /// Sorted by name, names unique.
+    by_name: Vec<LockRef>,
 }
 
 impl LockSet {
@@ -97,17 +114,25 @@ impl LockSet {
 
     /// Adds or replaces the lock with the same name.
     pub fn insert(&mut self, lock: LockRef) {
-        self.by_name.insert(lock.name.clone(), lock);
+        match self.position(&lock.name) {
+            Ok(i) => self.by_name[i] = lock,
+            Err(i) => self.by_name.insert(i, lock),
+        }
+    }
+
+    /// Removes the lock with this name, if any.
+    pub fn remove(&mut self, name: &str) -> Option<LockRef> {
+        self.position(name).ok().map(|i| self.by_name.remove(i))
     }
 
     /// The lock with this name, if any.
     pub fn get(&self, name: &str) -> Option<&LockRef> {
-        self.by_name.get(name)
+        self.position(name).ok().map(|i| &self.by_name[i])
     }
 
     /// All locks, sorted by name.
     pub fn iter(&self) -> impl Iterator<Item = &LockRef> {
-        self.by_name.values()
+        self.by_name.iter()
     }
 
     /// Number of locks.
@@ -119,6 +144,16 @@ impl LockSet {
     pub fn is_empty(&self) -> bool {
         self.by_name.is_empty()
     }
+
+    /// Frees spare capacity (for sets kept long).
+    pub fn shrink_to_fit(&mut self) {
+        self.by_name.shrink_to_fit();
+    }
+
+    fn position(&self, name: &str) -> Result<usize, usize> {
+        self.by_name
+            .binary_search_by(|lock| lock.name.as_str().cmp(name))
+    }
 }
 
 impl FromIterator<LockRef> for LockSet {
@@ -127,6 +162,7 @@ impl FromIterator<LockRef> for LockSet {
         for lock in iter {
             set.insert(lock);
         }
+        set.shrink_to_fit();
         set
     }
 }
@@ -169,6 +205,18 @@ pub trait LockSource: Send + Sync + 'static {
     /// True once the source has a complete view (the first watch list synced, the first scan
     /// of the directory done).
     fn is_ready(&self) -> bool;
+
+    /// `Ok` when ready; otherwise why not, for `/readyz`.
+    fn readiness(&self) -> Result<(), String> {
+        if self.is_ready() {
+            Ok(())
+        } else {
+            Err(format!(
+                "lock source ({}) has not synced yet",
+                self.describe()
+            ))
+        }
+    }
 
     /// A short description for logs, e.g. `files in /etc/kube-object-lock/locks`.
     fn describe(&self) -> String;

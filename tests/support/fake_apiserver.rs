@@ -13,6 +13,8 @@
 //! - One global, etcd-like resourceVersion counter; every change is kept as a watch event.
 //! - A watch from a resourceVersion older than the last [`FakeApiServer::compact`] gets HTTP 200
 //!   and then an `ERROR` event carrying a 410 `Expired` Status, as a real server sends it.
+//! - Watch faults ([`WatchFault`]) while LIST works: refused (403), delayed, cut after a while;
+//!   and [`FakeApiServer::expire_watches`] (410 on every resume).
 //! - Errors are `Status` objects with real reasons and messages (NotFound, Forbidden, ...).
 //! - `fieldSelector` (`metadata.name`, `metadata.namespace`) and `labelSelector` equality terms
 //!   (`k=v`, `k==v`, `k!=v`, `k`, `!k`); other selector syntax is answered 400, never ignored.
@@ -59,6 +61,19 @@ pub enum Fault {
     Status(u16),
     /// Sleep this long, then answer normally.
     Delay(Duration),
+}
+
+/// A fault injected into WATCH requests (never into LIST or GET), as a restarting API server,
+/// an identity without `watch`, or a proxy in front of the API server produce them.
+#[derive(Clone, Debug)]
+pub enum WatchFault {
+    /// Refuse every WATCH with a `Status` of this HTTP code (403: may list but not watch).
+    Status(u16),
+    /// Hold every WATCH this long before answering (an API server that is slow to serve it).
+    Delay(Duration),
+    /// End every watch stream this long after it started, as a proxy that cuts long requests
+    /// does (the client sees the stream end; kube treats an abrupt EOF the same way).
+    Cut(Duration),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -111,6 +126,7 @@ struct State {
     drop_generation: u64,
     stopped: bool,
     fault: Option<Fault>,
+    watch_fault: Option<WatchFault>,
     /// Objects other than locks, by their path (`/api/v1/namespaces/prod/configmaps/web`).
     others: BTreeMap<String, Value>,
     log: Vec<String>,
@@ -306,6 +322,35 @@ impl FakeApiServer {
         self.state().fault = None;
     }
 
+    /// Injects `fault` into every later WATCH until [`FakeApiServer::clear_watch_fault`].
+    /// Open streams go on (call [`FakeApiServer::drop_watches`] to end them).
+    pub fn set_watch_fault(&self, fault: WatchFault) {
+        self.state().watch_fault = Some(fault);
+    }
+
+    /// Ends the fault set by [`FakeApiServer::set_watch_fault`].
+    pub fn clear_watch_fault(&self) {
+        self.state().watch_fault = None;
+    }
+
+    /// Expires every watch, as an etcd compaction under an API server restart does: history is
+    /// compacted and open streams end, so every resume gets an `ERROR` 410 event and the client
+    /// must list again.
+    pub fn expire_watches(&self) {
+        self.compact();
+        self.drop_watches();
+    }
+
+    /// LIST requests whose path is exactly `path` (any query), e.g.
+    /// `/apis/objectlock.dev/v1alpha1/namespaces/prod/locks`.
+    pub fn list_calls_exact(&self, path: &str) -> usize {
+        self.state()
+            .lists
+            .iter()
+            .filter(|p| p.split('?').next() == Some(path))
+            .count()
+    }
+
     /// Ends every open watch stream now, cleanly, as a server-side watch timeout does.
     pub fn drop_watches(&self) {
         self.state().drop_generation += 1;
@@ -411,7 +456,18 @@ impl FakeApiServer {
         };
         let watching = matches!(query.get("watch").map(String::as_str), Some("true" | "1"));
         let answer = match (&method, &route.name) {
-            (&Method::GET, None) if watching => return Ok(self.watch(route, query)),
+            (&Method::GET, None) if watching => {
+                let fault = self.state().watch_fault.clone();
+                match fault {
+                    Some(WatchFault::Status(code)) => {
+                        self.state().watches += 1;
+                        return Ok(reply_status(watch_fault_status(code, &route)));
+                    }
+                    Some(WatchFault::Delay(delay)) => tokio::time::sleep(delay).await,
+                    _ => {}
+                }
+                return Ok(self.watch(route, query));
+            }
             (&Method::GET, name) => {
                 if name.is_none() {
                     self.state().lists.push(target);
@@ -560,11 +616,15 @@ impl FakeApiServer {
             .get("timeoutSeconds")
             .and_then(|t| t.parse().ok())
             .unwrap_or(1800);
+        let mut deadline = Instant::now() + Duration::from_secs(timeout);
+        if let Some(WatchFault::Cut(after)) = st.watch_fault {
+            deadline = deadline.min(Instant::now() + after);
+        }
         let cursor = Cursor {
             server: self.clone(),
             generation: st.drop_generation,
             changes: self.inner.changed.subscribe(),
-            deadline: Instant::now() + Duration::from_secs(timeout),
+            deadline,
             route,
             query,
             since,
@@ -998,6 +1058,23 @@ fn fault_status(code: u16, route: &Route) -> Value {
             status(code, &msg, json!({ "causes": [{ "message": cause }] }))
         }
     }
+}
+
+/// The Status a real server sends for `code` on a WATCH of this collection.
+fn watch_fault_status(code: u16, route: &Route) -> Value {
+    if code != 403 {
+        return fault_status(code, route);
+    }
+    let plural = route.res.plural();
+    let scope = match &route.ns {
+        Some(ns) => format!("in the namespace \"{ns}\""),
+        None => "at the cluster scope".to_string(),
+    };
+    let msg = format!(
+        "{plural}.{GROUP} is forbidden: User \"{FAKE_USER}\" cannot watch resource \"{plural}\" \
+         in API group \"{GROUP}\" {scope}"
+    );
+    status(403, &msg, details(route.res, ""))
 }
 
 fn reply_status(status: Value) -> Response<Body> {

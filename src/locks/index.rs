@@ -1,0 +1,432 @@
+//! The lock index: every Lock and ClusterLock the watch delivered, by namespace, with the
+//! watch's health published next to it.
+//!
+//! One writer per kind (the watch task of [`super::watch`]) applies events, deletions and whole
+//! re-lists; each namespace's locks are an immutable [`LockSet`] shared with `Arc`, replaced as a
+//! whole when it changes, so a reader takes a read lock only long enough to clone an `Arc` and
+//! never does I/O or waits on the network. A namespace that is not in the index has no Locks:
+//! once the index is synced, that is an answer, not a miss.
+//!
+//! Health is data: each kind's state ([`WatchState`]) and since when, published under the same
+//! lock as the lock sets, so a reader sees the locks and whether to trust them together. The
+//! index answers only while the watch of the kind is live, or reconnecting after a clean end
+//! for less than `stale_after`; otherwise the caller must ask the API server.
+//!
+//! Whoever needs to know which locks this instance enforces (a status writer) takes a
+//! [`LockIndex::snapshot`] and waits on [`LockIndex::subscribe`] for the next change.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::{Duration, Instant, SystemTime};
+
+use super::{LockCounts, LockKind, LockRef, LockSet};
+
+/// What the watch of one kind is doing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WatchState {
+    /// Nothing listed yet: the index knows nothing.
+    NotSynced,
+    /// Listed, and a watch stream is open: the index is current.
+    Live,
+    /// The watch stream ended cleanly (server timeout, a proxy closing it) and is being resumed
+    /// from where it stopped; the index is trusted for at most `stale_after`.
+    Reconnecting,
+    /// The watch failed (or did not come back within `stale_after`): lookups ask the API server
+    /// until a fresh list and watch succeed.
+    Stale,
+}
+
+impl WatchState {
+    /// `not_synced`, `live`, `reconnecting` or `stale`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WatchState::NotSynced => "not_synced",
+            WatchState::Live => "live",
+            WatchState::Reconnecting => "reconnecting",
+            WatchState::Stale => "stale",
+        }
+    }
+}
+
+/// The health of one kind's watch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Health {
+    /// The state.
+    pub state: WatchState,
+    /// When the state began (monotonic, for the staleness bound).
+    pub since: Instant,
+    /// When the state began (wall clock, for metrics and status).
+    pub since_wall: SystemTime,
+    /// Why, when the state is not `Live` (the last error).
+    pub reason: Option<String>,
+}
+
+impl Health {
+    fn new(state: WatchState, reason: Option<String>) -> Health {
+        Health {
+            state,
+            since: Instant::now(),
+            since_wall: SystemTime::now(),
+            reason,
+        }
+    }
+
+    /// True when the index may answer: live, or reconnecting for at most `stale_after`.
+    pub fn is_fresh(&self, stale_after: Duration) -> bool {
+        match self.state {
+            WatchState::Live => true,
+            WatchState::Reconnecting => self.since.elapsed() <= stale_after,
+            WatchState::NotSynced | WatchState::Stale => false,
+        }
+    }
+}
+
+/// One kind's published state.
+#[derive(Clone, Debug)]
+struct Published {
+    health: Health,
+    /// By namespace (`""` for ClusterLocks); namespaces without locks are absent.
+    sets: HashMap<String, Arc<LockSet>>,
+    count: u64,
+}
+
+impl Default for Published {
+    fn default() -> Self {
+        Published {
+            health: Health::new(WatchState::NotSynced, Some("not listed yet".into())),
+            sets: HashMap::new(),
+            count: 0,
+        }
+    }
+}
+
+/// What the index holds at one moment, for a status writer or a test.
+#[derive(Clone, Debug)]
+pub struct IndexSnapshot {
+    /// Health of the Lock watch.
+    pub locks: Health,
+    /// Health of the ClusterLock watch.
+    pub cluster_locks: Health,
+    /// Lock sets by namespace (`""` holds the ClusterLocks).
+    pub sets: HashMap<String, Arc<LockSet>>,
+    /// The change counter this snapshot reflects (see [`LockIndex::subscribe`]).
+    pub version: u64,
+}
+
+/// The index. Share it with `Arc`; see the module docs.
+#[derive(Debug)]
+pub struct LockIndex {
+    locks: RwLock<Published>,
+    cluster_locks: RwLock<Published>,
+    stale_after: Duration,
+    /// Bumped each time a kind becomes fresh: fallback answers cached before are never reused
+    /// when the index stops being fresh again (they may predate what the watch had shown).
+    stale_epoch: AtomicU64,
+    changes: tokio::sync::watch::Sender<u64>,
+}
+
+impl LockIndex {
+    /// An empty, not yet synced index that trusts a reconnecting watch for `stale_after`.
+    pub fn new(stale_after: Duration) -> LockIndex {
+        LockIndex {
+            locks: RwLock::default(),
+            cluster_locks: RwLock::default(),
+            stale_after,
+            stale_epoch: AtomicU64::new(0),
+            changes: tokio::sync::watch::channel(0).0,
+        }
+    }
+
+    /// The staleness bound.
+    pub fn stale_after(&self) -> Duration {
+        self.stale_after
+    }
+
+    /// The locks of `namespace` (`""`: ClusterLocks) when the index may answer; `None` when the
+    /// API server must be asked.
+    pub fn get(&self, namespace: &str) -> Option<Arc<LockSet>> {
+        let kind = if namespace.is_empty() {
+            LockKind::ClusterLock
+        } else {
+            LockKind::Lock
+        };
+        let published = self.read(kind);
+        if !published.health.is_fresh(self.stale_after) {
+            return None;
+        }
+        Some(
+            published
+                .sets
+                .get(namespace)
+                .cloned()
+                .unwrap_or_else(LockSet::empty),
+        )
+    }
+
+    /// The health of one kind's watch.
+    pub fn health(&self, kind: LockKind) -> Health {
+        self.read(kind).health.clone()
+    }
+
+    /// True when both kinds may be answered from the index.
+    pub fn is_fresh(&self) -> bool {
+        [LockKind::Lock, LockKind::ClusterLock]
+            .into_iter()
+            .all(|kind| self.read(kind).health.is_fresh(self.stale_after))
+    }
+
+    /// Locks known by scope.
+    pub fn counts(&self) -> LockCounts {
+        LockCounts {
+            namespaced: self.read(LockKind::Lock).count,
+            cluster: self.read(LockKind::ClusterLock).count,
+        }
+    }
+
+    /// Everything the index holds now.
+    pub fn snapshot(&self) -> IndexSnapshot {
+        let version = *self.changes.borrow();
+        let locks = self.read(LockKind::Lock);
+        let cluster = self.read(LockKind::ClusterLock);
+        let mut sets = locks.sets.clone();
+        sets.extend(cluster.sets.iter().map(|(k, v)| (k.clone(), v.clone())));
+        IndexSnapshot {
+            locks: locks.health.clone(),
+            cluster_locks: cluster.health.clone(),
+            sets,
+            version,
+        }
+    }
+
+    /// A receiver that changes whenever a lock or a watch state changes.
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+
+    /// Bumped each time a kind becomes fresh.
+    pub(crate) fn stale_epoch(&self) -> u64 {
+        self.stale_epoch.load(Ordering::SeqCst)
+    }
+
+    /// Adds or replaces one lock (writer only).
+    pub(crate) fn apply(&self, kind: LockKind, lock: LockRef) {
+        let namespace = lock.namespace.clone().unwrap_or_default();
+        let mut published = self.write(kind);
+        let mut set = published
+            .sets
+            .get(&namespace)
+            .map(|s| LockSet::clone(s))
+            .unwrap_or_default();
+        if set.get(&lock.name) == Some(&lock) {
+            return;
+        }
+        let before = set.len();
+        set.insert(lock);
+        set.shrink_to_fit();
+        published.count += (set.len() - before) as u64;
+        published.sets.insert(namespace, Arc::new(set));
+        drop(published);
+        self.changed();
+    }
+
+    /// Removes one lock (writer only).
+    pub(crate) fn delete(&self, kind: LockKind, namespace: &str, name: &str) {
+        let mut published = self.write(kind);
+        let Some(old) = published.sets.get(namespace) else {
+            return;
+        };
+        if old.get(name).is_none() {
+            return;
+        }
+        let mut set = LockSet::clone(old);
+        set.remove(name);
+        set.shrink_to_fit();
+        published.count = published.count.saturating_sub(1);
+        if set.is_empty() {
+            published.sets.remove(namespace);
+        } else {
+            published.sets.insert(namespace.to_owned(), Arc::new(set));
+        }
+        drop(published);
+        self.changed();
+    }
+
+    /// Replaces every lock of `kind` with a fresh list (writer only). Namespaces whose locks did
+    /// not change keep their `Arc`, so snapshots can tell what really changed.
+    pub(crate) fn reset(&self, kind: LockKind, locks: Vec<LockRef>) {
+        let count = locks.len() as u64;
+        let mut grouped: HashMap<String, LockSet> = HashMap::with_capacity(locks.len().min(1024));
+        for lock in locks {
+            let namespace = lock.namespace.clone().unwrap_or_default();
+            grouped.entry(namespace).or_default().insert(lock);
+        }
+        let mut published = self.write(kind);
+        let sets = grouped
+            .into_iter()
+            .map(|(namespace, mut set)| {
+                set.shrink_to_fit();
+                let set = match published.sets.get(&namespace) {
+                    Some(old) if **old == set => old.clone(),
+                    _ => Arc::new(set),
+                };
+                (namespace, set)
+            })
+            .collect();
+        published.sets = sets;
+        published.count = count;
+        drop(published);
+        self.changed();
+    }
+
+    /// Sets the watch state of `kind`; returns the previous health when the state changed.
+    pub(crate) fn set_state(
+        &self,
+        kind: LockKind,
+        state: WatchState,
+        reason: Option<String>,
+    ) -> Option<Health> {
+        let mut published = self.write(kind);
+        let was_fresh = published.health.is_fresh(self.stale_after);
+        if published.health.state == state {
+            if state != WatchState::Live {
+                published.health.reason = reason;
+            }
+            return None;
+        }
+        let previous = std::mem::replace(&mut published.health, Health::new(state, reason));
+        if !was_fresh && published.health.is_fresh(self.stale_after) {
+            self.stale_epoch.fetch_add(1, Ordering::SeqCst);
+        }
+        drop(published);
+        self.changed();
+        Some(previous)
+    }
+
+    fn changed(&self) {
+        self.changes.send_modify(|v| *v += 1);
+    }
+
+    fn read(&self, kind: LockKind) -> RwLockReadGuard<'_, Published> {
+        // A writer never panics while holding the lock; recover the data if one ever did.
+        self.slot(kind)
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn write(&self, kind: LockKind) -> RwLockWriteGuard<'_, Published> {
+        self.slot(kind)
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn slot(&self, kind: LockKind) -> &RwLock<Published> {
+        match kind {
+            LockKind::Lock => &self.locks,
+            LockKind::ClusterLock => &self.cluster_locks,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::LockSpec;
+
+    fn lock(ns: &str, name: &str) -> LockRef {
+        LockRef::lock(ns, name, LockSpec::default())
+    }
+
+    fn live(index: &LockIndex) {
+        for kind in [LockKind::Lock, LockKind::ClusterLock] {
+            index.set_state(kind, WatchState::Live, None);
+        }
+    }
+
+    #[test]
+    fn answers_only_once_synced_and_live() {
+        let index = LockIndex::new(Duration::from_secs(60));
+        assert_eq!(index.get("prod"), None, "not synced: ask the API server");
+        index.reset(LockKind::Lock, vec![lock("prod", "a")]);
+        index.reset(LockKind::ClusterLock, vec![]);
+        assert_eq!(index.get("prod"), None, "listed but no watch yet");
+        live(&index);
+        assert_eq!(index.get("prod").map(|s| s.len()), Some(1));
+        assert_eq!(
+            index.get("other").map(|s| s.len()),
+            Some(0),
+            "a namespace without Locks is known to have none"
+        );
+        assert_eq!(index.get("").map(|s| s.len()), Some(0));
+        index.set_state(LockKind::Lock, WatchState::Stale, Some("403".into()));
+        assert_eq!(index.get("prod"), None, "a failed watch is stale at once");
+        assert!(index.get("").is_some(), "ClusterLocks have their own watch");
+        assert!(!index.is_fresh());
+    }
+
+    #[test]
+    fn a_reconnecting_watch_is_trusted_for_the_bound_only() {
+        let index = LockIndex::new(Duration::from_millis(0));
+        index.reset(LockKind::Lock, vec![lock("prod", "a")]);
+        live(&index);
+        index.set_state(LockKind::Lock, WatchState::Reconnecting, None);
+        std::thread::sleep(Duration::from_millis(2));
+        assert_eq!(index.get("prod"), None);
+        let index = LockIndex::new(Duration::from_secs(3600));
+        index.reset(LockKind::Lock, vec![lock("prod", "a")]);
+        live(&index);
+        index.set_state(LockKind::Lock, WatchState::Reconnecting, None);
+        assert!(index.get("prod").is_some());
+    }
+
+    #[test]
+    fn events_and_resets_replace_whole_sets() {
+        let index = LockIndex::new(Duration::from_secs(60));
+        live(&index);
+        index.reset(
+            LockKind::Lock,
+            vec![lock("prod", "a"), lock("prod", "b"), lock("dev", "c")],
+        );
+        let before = index.get("prod").expect("fresh");
+        index.apply(LockKind::Lock, lock("prod", "d"));
+        assert_eq!(before.len(), 2, "readers keep the set they took");
+        assert_eq!(index.get("prod").map(|s| s.len()), Some(3));
+        index.delete(LockKind::Lock, "dev", "c");
+        assert_eq!(index.get("dev").map(|s| s.len()), Some(0));
+        assert_eq!(index.counts().namespaced, 3);
+        let dev_before = index.snapshot();
+        assert!(
+            !dev_before.sets.contains_key("dev"),
+            "empty namespaces are dropped"
+        );
+        let prod = index.get("prod").expect("fresh");
+        index.reset(
+            LockKind::Lock,
+            vec![lock("prod", "a"), lock("prod", "b"), lock("prod", "d")],
+        );
+        assert!(
+            Arc::ptr_eq(&prod, &index.get("prod").expect("fresh")),
+            "an unchanged namespace keeps its set"
+        );
+    }
+
+    #[test]
+    fn subscribers_see_changes_and_freshness_bumps_the_epoch() {
+        let index = LockIndex::new(Duration::from_secs(60));
+        let mut changes = index.subscribe();
+        changes.borrow_and_update();
+        live(&index);
+        assert!(changes.has_changed().unwrap_or(false));
+        let epoch = index.stale_epoch();
+        index.set_state(LockKind::ClusterLock, WatchState::Stale, None);
+        index.set_state(LockKind::ClusterLock, WatchState::Live, None);
+        assert_eq!(index.stale_epoch(), epoch + 1);
+        index.set_state(LockKind::ClusterLock, WatchState::Stale, None);
+        assert_eq!(index.snapshot().cluster_locks.state, WatchState::Stale);
+        assert_eq!(
+            index.set_state(LockKind::ClusterLock, WatchState::Stale, None),
+            None,
+            "no transition"
+        );
+    }
+}

@@ -1,0 +1,148 @@
+//! Lock objects as the API server stores them (raw JSON) into [`LockRef`]s, one object at a time.
+//!
+//! Parsing each object on its own, instead of a whole typed LIST, is what keeps one bad Lock from
+//! breaking its namespace: a Lock whose spec this version cannot read (an enum value from a newer
+//! version during an upgrade, a hand-edited object, a field that fails the CRD's own checks)
+//! still locks the object of its name, for every operation, in Enforce mode: it fails closed for
+//! that one name, and every other Lock of the namespace works as usual. The problem travels with
+//! the lock ([`LockRef::problem`]) so that the refusal, the log and a metric can name it.
+
+use kube::api::DynamicObject;
+use serde_json::Value;
+
+use super::{LockKind, LockRef};
+use crate::api::LockSpec;
+
+/// The lock an object stands for; `None` only for an object without a name (never served by a
+/// real API server). Never fails on the spec: see the module docs.
+pub fn lock_ref(kind: LockKind, object: &DynamicObject) -> Option<LockRef> {
+    let name = object.metadata.name.as_deref()?;
+    let mut lock = match kind {
+        LockKind::Lock => LockRef::lock(
+            object.metadata.namespace.as_deref().unwrap_or_default(),
+            name,
+            LockSpec::default(),
+        ),
+        LockKind::ClusterLock => LockRef::cluster_lock(name, LockSpec::default()),
+    };
+    lock.generation = object.metadata.generation;
+    match spec(object.data.get("spec")) {
+        Ok(spec) => lock.spec = spec,
+        Err((problem, reason)) => {
+            lock.spec.reason = reason;
+            lock.problem = Some(problem);
+        }
+    }
+    Some(lock)
+}
+
+/// The spec, or what is wrong with it and the reason it gives (kept for the refusal message).
+fn spec(raw: Option<&Value>) -> Result<LockSpec, (String, Option<String>)> {
+    let Some(raw) = raw.filter(|v| !v.is_null()) else {
+        return Ok(LockSpec::default());
+    };
+    let reason = || raw.get("reason").and_then(Value::as_str).map(str::to_owned);
+    let spec: LockSpec = serde_path_to_error::deserialize(raw).map_err(|e| {
+        let path = e.path().to_string();
+        let path = if path == "." {
+            "spec".to_owned()
+        } else {
+            format!("spec.{path}")
+        };
+        (format!("{path}: {}", e.into_inner()), reason())
+    })?;
+    spec.validate()
+        .map_err(|e| (format!("spec.{e}"), reason()))?;
+    Ok(spec)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{LockMode, LockOperation};
+    use serde_json::json;
+
+    fn object(namespace: Option<&str>, name: &str, spec: Value) -> DynamicObject {
+        let mut metadata = json!({"name": name, "generation": 3});
+        if let Some(ns) = namespace {
+            metadata["namespace"] = json!(ns);
+        }
+        serde_json::from_value(json!({
+            "apiVersion": "objectlock.dev/v1alpha1",
+            "kind": "Lock",
+            "metadata": metadata,
+            "spec": spec,
+        }))
+        .expect("a dynamic object")
+    }
+
+    #[test]
+    fn a_valid_spec_is_read_with_its_generation() {
+        let obj = object(
+            Some("prod"),
+            "web",
+            json!({"operations": ["DELETE"], "mode": "Warn"}),
+        );
+        let lock = lock_ref(LockKind::Lock, &obj).expect("named");
+        assert_eq!(lock.namespace.as_deref(), Some("prod"));
+        assert_eq!(lock.spec.operations(), [LockOperation::Delete]);
+        assert_eq!(lock.spec.mode, Some(LockMode::Warn));
+        assert_eq!(lock.generation, Some(3));
+        assert_eq!(lock.problem, None);
+    }
+
+    #[test]
+    fn an_unreadable_spec_locks_everything_of_its_name_and_says_why() {
+        for (spec, field) in [
+            (
+                json!({"mode": "Audit", "operations": ["DELETE"], "reason": "freeze"}),
+                "spec.mode",
+            ),
+            (
+                json!({"operations": "DELETE", "reason": "freeze"}),
+                "spec.operations",
+            ),
+            (
+                json!({"operations": [], "reason": "freeze"}),
+                "spec.operations",
+            ),
+            (
+                json!({"selector": {"matchLabels": {}}, "reason": "freeze"}),
+                "spec.selector",
+            ),
+            (
+                json!({"expiresAt": "tomorrow", "reason": "freeze"}),
+                "spec.expiresAt",
+            ),
+        ] {
+            let lock = lock_ref(LockKind::Lock, &object(Some("prod"), "web", spec.clone()))
+                .expect("named");
+            let problem = lock.problem.clone().unwrap_or_default();
+            assert!(problem.starts_with(field), "{spec}: {problem}");
+            // Fail closed: the empty spec (both operations, every resource, Enforce, no
+            // selector, no expiry), keeping the reason for the message.
+            assert_eq!(
+                lock.spec,
+                LockSpec {
+                    reason: Some("freeze".into()),
+                    ..LockSpec::default()
+                },
+                "{spec}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_missing_or_null_spec_is_the_empty_spec() {
+        let mut obj = object(None, "kube-system", json!(null));
+        let lock = lock_ref(LockKind::ClusterLock, &obj).expect("named");
+        assert_eq!(
+            (lock.spec.clone(), lock.problem.clone()),
+            (LockSpec::default(), None)
+        );
+        obj.data = json!({});
+        let lock = lock_ref(LockKind::ClusterLock, &obj).expect("named");
+        assert_eq!(lock.namespace, None);
+        assert_eq!(lock.problem, None);
+    }
+}

@@ -1,0 +1,414 @@
+//! The single writer of the [`LockIndex`] for one lock kind: list, then watch, forever.
+//!
+//! This is the informer loop (client-go's reflector, kube-runtime's `watcher`) written out,
+//! because the index must know what the watcher hides: whether a watch stream is actually open.
+//! `watcher` reports a completed list but not that the watch after it started, so with an
+//! identity that may list but not watch it looks synced between two errors. Here:
+//!
+//! - a LIST (paged, one consistent snapshot) replaces the kind's locks in the index; objects are
+//!   read raw and parsed one by one ([`super::parse`]), so one bad Lock never fails the list;
+//! - the index is `Live` once a WATCH from the list's resourceVersion has been answered 200;
+//! - a watch that ends cleanly (server timeout, a proxy cutting a long request) is resumed from
+//!   the last resourceVersion at once; the index stays trusted meanwhile, for at most
+//!   `stale_after`, after which it is marked `Stale` even if the resume is still hanging;
+//! - any error (LIST or WATCH refused, 410 Gone, a broken stream) marks it `Stale` at once: lookups
+//!   go to the API server until the watch is back. A resume is tried only while what the index
+//!   holds is younger than `stale_after`; otherwise the kind is listed again, so the index never
+//!   goes live holding state older than the bound;
+//! - retries back off from 50 ms to at most 1 s (jittered), so a restarted API server is
+//!   watched again within about a second of answering.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use futures::{StreamExt, TryStreamExt};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, WatchEvent, WatchParams};
+use kube::runtime::utils::Backoff;
+use kube::runtime::watcher::ExponentialBackoff;
+use tracing::{debug, info, warn};
+
+use super::index::{LockIndex, WatchState};
+use super::parse;
+use super::{LockKind, LockRef};
+use crate::metrics::{KindLabels, LockLabels, ModeLabels, SourceMetrics};
+
+/// Objects per LIST page (client-go's default).
+const PAGE_SIZE: u32 = 500;
+/// The server ends each watch after this long; it is then resumed, which also bounds how long a
+/// silently dead connection can pass for a live one (plus [`IDLE_MARGIN`]).
+const WATCH_TIMEOUT_SECS: u32 = 290;
+/// How long past the server's timeout a silent stream is given before it is dropped.
+const IDLE_MARGIN: Duration = Duration::from_secs(5);
+/// A watch that lived at least this long resets the backoff.
+const HEALTHY_FOR: Duration = Duration::from_secs(1);
+/// Retry delays: from 50 ms, doubling, at most 1 s.
+const MIN_DELAY: Duration = Duration::from_millis(50);
+const MAX_DELAY: Duration = Duration::from_secs(1);
+
+/// The watch loop of one kind.
+pub(super) struct Writer {
+    pub api: Api<DynamicObject>,
+    pub kind: LockKind,
+    pub index: Arc<LockIndex>,
+    pub metrics: SourceMetrics,
+}
+
+/// Why a list or watch ended.
+struct Failure {
+    message: String,
+    /// 410 Gone: the resourceVersion is too old; only a new list helps.
+    expired: bool,
+}
+
+impl Failure {
+    fn from_kube(error: &kube::Error) -> Failure {
+        Failure {
+            message: error.to_string(),
+            expired: matches!(error, kube::Error::Api(s) if s.code == 410),
+        }
+    }
+}
+
+impl Writer {
+    /// The API of one lock kind, read as raw objects.
+    pub fn api(client: kube::Client, kind: LockKind) -> Api<DynamicObject> {
+        let resource = match kind {
+            LockKind::Lock => ApiResource::erase::<crate::api::Lock>(&()),
+            LockKind::ClusterLock => ApiResource::erase::<crate::api::ClusterLock>(&()),
+        };
+        // Lock is namespaced; `all` lists it across namespaces, as it does ClusterLocks.
+        Api::all_with(client, &resource)
+    }
+
+    fn label(&self) -> &'static str {
+        match self.kind {
+            LockKind::Lock => "Lock",
+            LockKind::ClusterLock => "ClusterLock",
+        }
+    }
+
+    /// Runs until dropped.
+    pub async fn run(self) {
+        let mut backoff = ExponentialBackoff::from(
+            backon::ExponentialBuilder::default()
+                .with_min_delay(MIN_DELAY)
+                .with_max_delay(MAX_DELAY)
+                .with_factor(2.0)
+                .with_jitter()
+                .without_max_times(),
+        );
+        self.publish_mode(WatchState::NotSynced);
+        // Names of locks whose spec does not parse, for the metric.
+        let mut unparseable: HashSet<(String, String)> = HashSet::new();
+        // The resourceVersion to resume from, and until when the index was known complete.
+        let mut resume: Option<(String, Instant)> = None;
+        loop {
+            let (version, known_at) = match resume.take() {
+                Some((version, known_at)) if known_at.elapsed() <= self.index.stale_after() => {
+                    (version, known_at)
+                }
+                _ => match self.list(&mut unparseable).await {
+                    Ok(version) => (version, Instant::now()),
+                    Err(failure) => {
+                        self.failed("list", &failure);
+                        tokio::time::sleep(backoff.next().unwrap_or(MAX_DELAY)).await;
+                        continue;
+                    }
+                },
+            };
+            let stream = match self.start_watch(&version, known_at).await {
+                Ok(stream) => stream,
+                Err(failure) => {
+                    self.failed("watch", &failure);
+                    if !failure.expired {
+                        resume = Some((version, known_at));
+                    }
+                    tokio::time::sleep(backoff.next().unwrap_or(MAX_DELAY)).await;
+                    continue;
+                }
+            };
+            // The watch may have come back after the bound: its catch-up would then serve old
+            // state for a moment. List again instead.
+            if known_at.elapsed() > self.index.stale_after() {
+                continue;
+            }
+            self.transition(WatchState::Live, None);
+            let opened = Instant::now();
+            let (version, ended) = self.follow(stream, version, &mut unparseable).await;
+            match ended {
+                None => {
+                    // A clean end: resume at once (the index stays trusted for the bound).
+                    self.transition(
+                        WatchState::Reconnecting,
+                        Some("watch ended; resuming".into()),
+                    );
+                    resume = Some((version, Instant::now()));
+                    if opened.elapsed() >= HEALTHY_FOR {
+                        backoff.reset();
+                    } else {
+                        tokio::time::sleep(backoff.next().unwrap_or(MAX_DELAY)).await;
+                    }
+                }
+                Some(failure) => {
+                    self.failed("watch", &failure);
+                    if !failure.expired {
+                        resume = Some((version, Instant::now()));
+                    }
+                    if opened.elapsed() >= HEALTHY_FOR {
+                        backoff.reset();
+                    }
+                    tokio::time::sleep(backoff.next().unwrap_or(MAX_DELAY)).await;
+                }
+            }
+        }
+    }
+
+    /// Lists every lock of the kind (paged, one snapshot) into the index; returns its
+    /// resourceVersion.
+    async fn list(&self, unparseable: &mut HashSet<(String, String)>) -> Result<String, Failure> {
+        let mut locks: Vec<LockRef> = Vec::new();
+        let mut params = ListParams::default().limit(PAGE_SIZE);
+        let version = loop {
+            let page = self
+                .api
+                .list(&params)
+                .await
+                .map_err(|e| Failure::from_kube(&e))?;
+            locks.extend(
+                page.items
+                    .iter()
+                    .filter_map(|object| parse::lock_ref(self.kind, object)),
+            );
+            match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                Some(token) => params = params.continue_token(&token),
+                None => break page.metadata.resource_version.unwrap_or_default(),
+            }
+        };
+        if version.is_empty() {
+            return Err(Failure {
+                message: "the list carries no resourceVersion".into(),
+                expired: true,
+            });
+        }
+        let broken: HashSet<(String, String)> = locks
+            .iter()
+            .filter(|l| l.problem.is_some())
+            .map(|l| (l.namespace.clone().unwrap_or_default(), l.name.clone()))
+            .collect();
+        for gone in unparseable.difference(&broken) {
+            self.forget_unparseable(gone);
+        }
+        for lock in locks.iter().filter(|l| l.problem.is_some()) {
+            let key = (
+                lock.namespace.clone().unwrap_or_default(),
+                lock.name.clone(),
+            );
+            if !unparseable.contains(&key) {
+                self.report_unparseable(lock);
+            }
+        }
+        *unparseable = broken;
+        let count = locks.len();
+        let first = self.index.health(self.kind).state == WatchState::NotSynced;
+        self.index.reset(self.kind, locks);
+        if first {
+            info!(kind = self.label(), locks = count, "lock index listed");
+        } else {
+            self.metrics
+                .watch_restarts
+                .get_or_create(&KindLabels { kind: self.label() })
+                .inc();
+            info!(
+                kind = self.label(),
+                locks = count,
+                "lock index listed again"
+            );
+        }
+        Ok(version)
+    }
+
+    /// Starts a watch; marks the index stale if that takes longer than the bound allows.
+    async fn start_watch(
+        &self,
+        version: &str,
+        known_at: Instant,
+    ) -> Result<futures::stream::BoxStream<'static, kube::Result<WatchEvent<DynamicObject>>>, Failure>
+    {
+        let params = WatchParams::default().timeout(WATCH_TIMEOUT_SECS);
+        let started = self.api.watch(&params, version);
+        tokio::pin!(started);
+        let deadline = tokio::time::Instant::from_std(known_at + self.index.stale_after());
+        // Trusted until now (live or reconnecting): mark it stale when the bound passes, even if
+        // it already has (the sleep then ends at once).
+        let trusted = matches!(
+            self.index.health(self.kind).state,
+            WatchState::Live | WatchState::Reconnecting
+        );
+        let result = if trusted {
+            tokio::select! {
+                result = &mut started => result,
+                () = tokio::time::sleep_until(deadline) => {
+                    self.transition(WatchState::Stale, Some("the watch did not come back within kube.stale_after".into()));
+                    started.await
+                }
+            }
+        } else {
+            started.await
+        };
+        result
+            .map(|s| s.boxed())
+            .map_err(|e| Failure::from_kube(&e))
+    }
+
+    /// Applies events until the stream ends (`None`) or fails; returns the last resourceVersion.
+    async fn follow(
+        &self,
+        mut stream: futures::stream::BoxStream<'static, kube::Result<WatchEvent<DynamicObject>>>,
+        mut version: String,
+        unparseable: &mut HashSet<(String, String)>,
+    ) -> (String, Option<Failure>) {
+        let idle = Duration::from_secs(u64::from(WATCH_TIMEOUT_SECS)) + IDLE_MARGIN;
+        let label = KindLabels { kind: self.label() };
+        loop {
+            let event = match tokio::time::timeout(idle, stream.try_next()).await {
+                Err(_) | Ok(Ok(None)) => return (version, None),
+                Ok(Err(error)) => return (version, Some(Failure::from_kube(&error))),
+                Ok(Ok(Some(event))) => event,
+            };
+            self.metrics.watch_events.get_or_create(&label).inc();
+            match event {
+                WatchEvent::Added(object) | WatchEvent::Modified(object) => {
+                    if let Some(v) = object.metadata.resource_version.clone() {
+                        version = v;
+                    }
+                    let Some(lock) = parse::lock_ref(self.kind, &object) else {
+                        continue;
+                    };
+                    let key = (
+                        lock.namespace.clone().unwrap_or_default(),
+                        lock.name.clone(),
+                    );
+                    if lock.problem.is_some() {
+                        if unparseable.insert(key) {
+                            self.report_unparseable(&lock);
+                        }
+                    } else if unparseable.remove(&key) {
+                        self.forget_unparseable(&key);
+                    }
+                    debug!(kind = self.label(), lock = %lock, "lock applied");
+                    self.index.apply(self.kind, lock);
+                }
+                WatchEvent::Deleted(object) => {
+                    if let Some(v) = object.metadata.resource_version.clone() {
+                        version = v;
+                    }
+                    let namespace = object.metadata.namespace.clone().unwrap_or_default();
+                    let name = object.metadata.name.clone().unwrap_or_default();
+                    let key = (namespace, name);
+                    if unparseable.remove(&key) {
+                        self.forget_unparseable(&key);
+                    }
+                    debug!(kind = self.label(), namespace = %key.0, name = %key.1, "lock deleted");
+                    self.index.delete(self.kind, &key.0, &key.1);
+                }
+                WatchEvent::Bookmark(bookmark) => version = bookmark.metadata.resource_version,
+                WatchEvent::Error(status) => {
+                    let failure = Failure {
+                        message: format!("{} ({}): {}", status.code, status.reason, status.message),
+                        expired: status.code == 410,
+                    };
+                    return (version, Some(failure));
+                }
+            }
+        }
+    }
+
+    fn failed(&self, what: &str, failure: &Failure) {
+        self.metrics
+            .watch_restarts
+            .get_or_create(&KindLabels { kind: self.label() })
+            .inc();
+        let reason = format!("{what} failed: {}", failure.message);
+        // A failure that repeats (an identity that may not watch) is logged once, not per retry.
+        let health = self.index.health(self.kind);
+        if health.state == WatchState::Stale && health.reason.as_deref() == Some(reason.as_str()) {
+            debug!(kind = self.label(), error = %failure.message, "lock {what} failed again; retrying");
+        } else {
+            warn!(kind = self.label(), error = %failure.message, "lock {what} failed; retrying");
+        }
+        self.transition(WatchState::Stale, Some(reason));
+    }
+
+    /// Sets the state; logs and publishes the mode when lookups change between the index and
+    /// the API server.
+    fn transition(&self, state: WatchState, reason: Option<String>) {
+        let Some(previous) = self.index.set_state(self.kind, state, reason.clone()) else {
+            return;
+        };
+        let was_watch = matches!(previous.state, WatchState::Live | WatchState::Reconnecting);
+        let is_watch = matches!(state, WatchState::Live | WatchState::Reconnecting);
+        if was_watch == is_watch {
+            return;
+        }
+        self.publish_mode(state);
+        let stale_after = self.index.stale_after();
+        if is_watch {
+            info!(
+                kind = self.label(),
+                "lock index live: lookups answered from the watch"
+            );
+        } else {
+            warn!(
+                kind = self.label(),
+                reason = reason.as_deref().unwrap_or("-"),
+                ?stale_after,
+                "lock index stale: lookups LIST the API server until the watch is back"
+            );
+        }
+    }
+
+    fn publish_mode(&self, state: WatchState) {
+        let watch = matches!(state, WatchState::Live | WatchState::Reconnecting);
+        for (mode, on) in [("watch", watch), ("fallback", !watch)] {
+            self.metrics
+                .mode
+                .get_or_create(&ModeLabels {
+                    kind: self.label(),
+                    mode,
+                })
+                .set(i64::from(on));
+        }
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+        self.metrics
+            .mode_since
+            .get_or_create(&KindLabels { kind: self.label() })
+            .set(now);
+    }
+
+    fn report_unparseable(&self, lock: &LockRef) {
+        warn!(
+            lock = %lock,
+            problem = lock.problem.as_deref().unwrap_or("-"),
+            "lock spec cannot be read; it locks every UPDATE and DELETE of its name until fixed"
+        );
+        self.metrics
+            .unparseable_locks
+            .get_or_create(&LockLabels {
+                kind: self.label(),
+                namespace: lock.namespace.clone().unwrap_or_default(),
+                name: lock.name.clone(),
+            })
+            .set(1);
+    }
+
+    fn forget_unparseable(&self, (namespace, name): &(String, String)) {
+        self.metrics.unparseable_locks.remove(&LockLabels {
+            kind: self.label(),
+            namespace: namespace.clone(),
+            name: name.clone(),
+        });
+    }
+}
