@@ -80,9 +80,14 @@ impl Config {
             },
         };
 
+        // The local control plane's own kubectl first when it is the cluster: kubectl supports
+        // one minor version of skew, and the one on PATH may be older.
+        let local_kubectl = Harness::detect(&kubeconfig)
+            .map(|h| h.dir.join("bin/kubectl"))
+            .filter(|p| p.is_file());
         let kubectl_bin = match var("KOL_E2E_KUBECTL") {
             Some(bin) => PathBuf::from(bin),
-            None => match on_path("kubectl").or_else(|| {
+            None => match local_kubectl.or_else(|| on_path("kubectl")).or_else(|| {
                 harness_dir()
                     .map(|d| d.join("bin/kubectl"))
                     .filter(|p| p.is_file())

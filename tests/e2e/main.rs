@@ -13,7 +13,8 @@
 //!   exists. Neither, or no answer on `/readyz`: one line `e2e: skipped: <reason>`, and a pass.
 //! - `KOL_E2E_BIN_DIR`: take `kube-object-lock` and `kubectl-lock` from there (e.g.
 //!   `target/release`) instead of the binaries cargo built for this test.
-//! - `KOL_E2E_KUBECTL`: the kubectl binary (else `kubectl` on PATH, else the control plane's).
+//! - `KOL_E2E_KUBECTL`: the kubectl binary (else the local control plane's when that is the
+//!   cluster, else `kubectl` on PATH, else the control plane's).
 //! - `KOL_E2E_WEBHOOK=external`: a webhook is already running and registered (the kind setup);
 //!   only the lock checks run.
 //! - `KOL_E2E_TRIES`: lock-to-enforcement samples (default 20). `KOL_E2E_JOBS`: scenarios run at
