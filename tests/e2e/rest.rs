@@ -12,7 +12,7 @@ use serde_json::Value;
 /// A client and the runtime that drives it (the scenarios are plain threads).
 pub struct Rest {
     client: kube::Client,
-    rt: tokio::runtime::Runtime,
+    rt: std::sync::Arc<tokio::runtime::Runtime>,
 }
 
 /// An answer.
@@ -107,7 +107,23 @@ impl Rest {
             config.default_retry = false;
             anyhow::Ok(kube::Client::try_from(config)?)
         })?;
-        Ok(Rest { client, rt })
+        Ok(Rest {
+            client,
+            rt: std::sync::Arc::new(rt),
+        })
+    }
+
+    /// Runs `future` on the suite's runtime.
+    pub fn block_on<F: std::future::Future>(&self, future: F) -> F::Output {
+        self.rt.block_on(future)
+    }
+
+    /// The same calls through another client (another server), on the same runtime.
+    pub fn with_client(&self, client: kube::Client) -> Rest {
+        Rest {
+            client,
+            rt: self.rt.clone(),
+        }
     }
 
     /// Sends `method path` with an optional body (`content_type` applies to it).

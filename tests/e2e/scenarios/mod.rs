@@ -3,6 +3,7 @@
 mod cluster_locks;
 mod collections;
 mod excluded;
+mod fake_parity;
 mod latency;
 mod lookup_error;
 mod mtls;
@@ -47,6 +48,7 @@ pub fn all() -> Vec<Scenario> {
         parallel("combining", spec::combining),
         parallel("plugin", plugin::run),
         parallel("excluded-namespaces", excluded::run),
+        parallel("fake-parity", fake_parity::run),
         // Alone, so that its figures are not those of a loaded machine.
         alone("latency", latency::run),
         alone("apiserver-restart", restart::run),
