@@ -423,7 +423,8 @@ fn setup(cfg: Config) -> std::result::Result<Result<Env, Skip>, (anyhow::Error, 
         "{:06x}",
         (u64::from(std::process::id()) ^ now_nanos() ^ (now_nanos() >> 24)) & 0xff_ffff
     );
-    let cleanup_kubectl = (cfg.mode == WebhookMode::Own).then(|| cfg.kubectl.clone());
+    let cleanup_kubectl = cfg.kubectl.clone();
+    let own = cfg.mode == WebhookMode::Own;
     let dir = std::env::temp_dir().join(format!("kol-e2e-{run}"));
     let files = Files { dir: dir.clone() };
     let fail = |e: anyhow::Error| (e, Some(dir.clone()));
@@ -594,13 +595,22 @@ fn setup(cfg: Config) -> std::result::Result<Result<Env, Skip>, (anyhow::Error, 
         Ok(result) => Ok(result),
         Err(e) => {
             // Leave the cluster as it was: no registration pointing at a stopped webhook.
-            if let Some(k) = &cleanup_kubectl {
-                if let Ok(Some(url)) = webhook::registered_url(k) {
-                    if url == webhook::URL {
-                        let _ = cleanup_registration(k);
-                    }
-                }
+            let k = &cleanup_kubectl;
+            if own
+                && let Ok(Some(url)) = webhook::registered_url(k)
+                && url == webhook::URL
+            {
+                let _ = cleanup_registration(k);
             }
+            let system_ns = format!("kol-e2e-{run}");
+            k.run(&["delete", "locks", "--all", "-n", &system_ns, "--wait=false"]);
+            k.run(&[
+                "delete",
+                "namespace",
+                &system_ns,
+                "--wait=false",
+                "--ignore-not-found",
+            ]);
             let log = webhook::tail(&dir.join("serve.log"), 20);
             let e = if log.is_empty() {
                 e
@@ -652,10 +662,10 @@ fn teardown(env: &Env) -> Result<()> {
                 "kube-object-lock",
             ]);
         }
-        if let Some(serve) = env.serve.lock().ok().and_then(|mut s| s.take()) {
-            if let Err(e) = serve.stop() {
-                errors.push(format!("{e:#}"));
-            }
+        if let Some(serve) = env.serve.lock().ok().and_then(|mut s| s.take())
+            && let Err(e) = serve.stop()
+        {
+            errors.push(format!("{e:#}"));
         }
         let args = env.apiserver_args.lock().ok().and_then(|mut a| a.take());
         if let (Some(_), Some(harness)) = (args, &env.cfg.harness) {
@@ -678,6 +688,16 @@ fn teardown(env: &Env) -> Result<()> {
     ]);
     if !out.ok() {
         errors.push(out.stderr);
+    }
+    // ClusterLocks the plugin made carry no label: by name.
+    let prefix = format!("clusterlock.objectlock.dev/kol-e2e-{}", env.run);
+    let cluster_locks = k.run(&["get", "clusterlocks", "-o", "name"]);
+    for name in cluster_locks
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with(&prefix))
+    {
+        k.run(&["delete", name, "--ignore-not-found"]);
     }
     let namespaces = k.run(&["get", "namespaces", "-l", &selector, "-o", "name"]);
     for ns in namespaces.stdout.lines() {

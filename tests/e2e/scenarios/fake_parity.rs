@@ -165,7 +165,11 @@ pub fn run(ctx: &Ctx) -> Result<()> {
         &r2,
         &f2,
     );
-    let (r, f) = pair.both("GET", "/apis/objectlock.dev/v1alpha1/locks", None)?;
+    let (r, f) = pair.both(
+        "GET",
+        &format!("/apis/objectlock.dev/v1alpha1/locks?fieldSelector=metadata.namespace%3D{ns}"),
+        None,
+    )?;
     pair.same_at(
         "LIST all namespaces",
         &["/kind", "/items/0/metadata/namespace"],

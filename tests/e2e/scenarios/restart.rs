@@ -64,10 +64,8 @@ pub fn run(ctx: &Ctx) -> Result<()> {
         }
         for l in late.iter_mut() {
             match l.created {
-                None if ready.elapsed() >= l.at => {
-                    if ctx.lock(&ns, &l.name, json!({})).is_ok() {
-                        l.created = Some((ready.elapsed(), Instant::now()));
-                    }
+                None if ready.elapsed() >= l.at && ctx.lock(&ns, &l.name, json!({})).is_ok() => {
+                    l.created = Some((ready.elapsed(), Instant::now()));
                 }
                 Some((_, acked)) if l.enforced.is_none() => match rest.probe_update(&l.path) {
                     Ok(r) if r.code == 403 => l.enforced = Some(acked.elapsed()),
