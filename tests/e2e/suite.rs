@@ -70,17 +70,46 @@ pub struct Env {
 impl Env {
     /// Restarts the local control plane, its API server with the AdmissionConfiguration of
     /// `manifests apiserver` (it then presents the client certificate of `certs --client` to
-    /// the webhook); the flag is removed again at the end of the run.
+    /// the webhook) and an audit log of ConfigMap writes ([`Env::audit_log`]); the flags are
+    /// removed again at the end of the run.
     pub fn restart_apiserver(&self) -> Result<Duration> {
         let Some(harness) = &self.cfg.harness else {
             bail!("not the local control plane");
         };
         let config = webhook::apiserver_files(&self.cfg.server_bin, &self.files)?;
-        let args = format!("--admission-control-config-file={}", config.display());
+        let policy = self.files.dir.join("audit-policy.yaml");
+        std::fs::write(
+            &policy,
+            "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n  resources: [{group: \"\", resources: [configmaps]}]\n- level: None\n",
+        )?;
+        let args = format!(
+            "--admission-control-config-file={} --audit-policy-file={} --audit-log-path={}",
+            config.display(),
+            policy.display(),
+            self.audit_log().display()
+        );
         if let Ok(mut a) = self.apiserver_args.lock() {
             *a = Some(args.clone());
         }
         harness.restart(&args)
+    }
+
+    /// The API server's audit log once [`Env::restart_apiserver`] ran.
+    pub fn audit_log(&self) -> PathBuf {
+        self.files.dir.join("audit.log")
+    }
+
+    /// Restarts the API server unless this run did already.
+    pub fn restarted(&self) -> Result<Option<Duration>> {
+        if self
+            .apiserver_args
+            .lock()
+            .map(|a| a.is_some())
+            .unwrap_or(false)
+        {
+            return Ok(None);
+        }
+        self.restart_apiserver().map(Some)
     }
 
     /// Skips unless the suite runs the webhook and the cluster is the local control plane.

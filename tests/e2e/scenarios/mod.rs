@@ -1,5 +1,6 @@
 //! The scenarios, one module per README promise group. Each creates its own namespaces.
 
+mod audit;
 mod cluster_locks;
 mod collections;
 mod excluded;
@@ -52,6 +53,7 @@ pub fn all() -> Vec<Scenario> {
         // Alone, so that its figures are not those of a loaded machine.
         alone("latency", latency::run),
         alone("apiserver-restart", restart::run),
+        alone("audit", audit::run),
         alone("mtls", mtls::run),
         alone("lookup-error", lookup_error::run),
     ]

@@ -16,13 +16,7 @@ use crate::webhook::{Serve, URL};
 pub fn run(ctx: &Ctx) -> Result<()> {
     let env = ctx.env;
     env.needs_local()?;
-    if env
-        .apiserver_args
-        .lock()
-        .map(|a| a.is_none())
-        .unwrap_or(true)
-    {
-        let took = env.restart_apiserver()?;
+    if let Some(took) = env.restarted()? {
         ctx.note(format!(
             "API server restarted with the AdmissionConfiguration in {:.1}s",
             took.as_secs_f64()
