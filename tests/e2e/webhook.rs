@@ -47,6 +47,11 @@ pub struct Serve {
 impl Serve {
     /// Starts `serve` on [`PORT`]; with `client_ca`, client certificates are required (mTLS).
     pub fn start(bin: &Path, files: &Files, client_ca: bool) -> Result<Serve> {
+        // Else the readiness check below would take the other process for ours.
+        ensure!(
+            std::net::TcpStream::connect(("127.0.0.1", PORT)).is_err(),
+            "127.0.0.1:{PORT} is in use by another process (an earlier run's webhook?)"
+        );
         let log = File::options()
             .create(true)
             .append(true)
