@@ -42,6 +42,7 @@ impl Files {
 /// A running `kube-object-lock serve`.
 pub struct Serve {
     child: Child,
+    client_ca: bool,
 }
 
 impl Serve {
@@ -88,7 +89,7 @@ impl Serve {
                 bail!("serve exited ({status}): {}", tail(&files.log(), 20));
             }
             if std::net::TcpStream::connect(("127.0.0.1", PORT)).is_ok() {
-                return Ok(Serve { child });
+                return Ok(Serve { child, client_ca });
             }
             ensure!(
                 Instant::now() < deadline,
@@ -97,6 +98,13 @@ impl Serve {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// Stopped, then started again with the same settings.
+    pub fn restart(self, bin: &Path, files: &Files) -> Result<Serve> {
+        let client_ca = self.client_ca;
+        self.stop()?;
+        Serve::start(bin, files, client_ca)
     }
 
     /// SIGTERM, then up to 10 s for the drain; SIGKILL after.

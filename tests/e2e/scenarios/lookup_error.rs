@@ -1,5 +1,10 @@
 //! Rule 10: when the webhook may not read Locks (its RBAC binding removed), `on_lookup_error =
 //! deny` refuses with 503 and says the lock state could not be read.
+//!
+//! An established watch outlives the removal of its permission (the API server authorizes a
+//! request when it starts), so a running webhook keeps a live index and goes on answering from
+//! it. The webhook is restarted after the binding is removed: it can then neither list nor
+//! watch, which is the state the rule is about.
 
 use std::time::{Duration, Instant};
 
@@ -20,7 +25,7 @@ pub fn run(ctx: &Ctx) -> Result<()> {
     let path = format!("/api/v1/namespaces/{ns}/configmaps/x");
     ctx.k(&["delete", "clusterrolebinding", "kube-object-lock"])
         .check()?;
-    let result = check(ctx, n, &path);
+    let result = restart_webhook(ctx).and_then(|()| check(ctx, n, &path));
     // Bind it again, as the README's registration step does. Updates of the objects that
     // exist (CRDs, ClusterRole) are themselves refused while the webhook cannot read
     // ClusterLocks; the binding is a CREATE, never sent, so it goes through.
@@ -49,6 +54,19 @@ pub fn run(ctx: &Ctx) -> Result<()> {
         took.as_secs_f64()
     ));
     result
+}
+
+fn restart_webhook(ctx: &Ctx) -> Result<()> {
+    let mut slot = ctx
+        .env
+        .serve
+        .lock()
+        .map_err(|_| anyhow::anyhow!("the webhook's slot is poisoned"))?;
+    let serve = slot
+        .take()
+        .ok_or_else(|| anyhow::anyhow!("the suite's webhook is not running"))?;
+    *slot = Some(serve.restart(&ctx.env.cfg.server_bin, &ctx.env.files)?);
+    Ok(())
 }
 
 fn check(ctx: &Ctx, n: &str, path: &str) -> Result<()> {

@@ -36,8 +36,10 @@ pub fn run(ctx: &Ctx) -> Result<()> {
     ctx.lock(&locked_ns, "x", json!({"reason": "keep"}))?;
     ctx.update_enforced(&format!("/api/v1/namespaces/{locked_ns}/configmaps/x"))?;
     let out = ctx.k(&["delete", "namespace", &locked_ns, "--wait=false"]);
-    // The wording may change; what it must say: which namespace, which lock.
-    out.refused(&format!("{CLUSTER_DENIAL}namespaces \"{locked_ns}\""))?;
+    // What it must say: which namespace, that its locked objects would go, which lock.
+    out.refused(&format!(
+        "{CLUSTER_DENIAL}deleting namespaces \"{locked_ns}\" would delete the objects locked by"
+    ))?;
     ensure!(
         out.stderr.contains("(x") || out.stderr.contains("/x"),
         "the refusal does not name the Lock x: {}",
