@@ -14,6 +14,7 @@ pub mod app;
 pub mod cli;
 pub mod events;
 pub mod http;
+pub mod kubeconfig;
 pub mod locks;
 pub mod metrics;
 pub mod plugin;

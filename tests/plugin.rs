@@ -654,3 +654,48 @@ async fn the_fake_serves_discovery_as_kube_reads_it() {
         (404, "NotFound", "deployments.apps \"nope\" not found")
     );
 }
+
+/// A lock means to the plugin what it means to the webhook: a rule with an empty list covers
+/// nothing there, so it is no lock on anything here either; a spec that is not a lock spec is
+/// listed as unknown.
+#[tokio::test(flavor = "multi_thread")]
+async fn specs_are_read_as_the_webhook_reads_them() {
+    let c = Cluster::start().await;
+    c.api.create_lock(
+        "prod",
+        "app-config",
+        json!({ "resources": [{ "apiGroups": [], "resources": ["configmaps"] }] }),
+    );
+    let run = c.unlock(&["cm/app-config"]).await;
+    assert_eq!(
+        run.error(1),
+        "error: no lock on configmaps \"app-config\" in namespace \"prod\" \
+         (Lock prod/app-config covers no resource)"
+    );
+    assert!(c.api.lock("prod", "app-config").is_some());
+
+    c.api.create_lock("prod", "odd", json!({ "mode": "Audit" }));
+    let run = c.lock(&["list"]).await;
+    assert_eq!(
+        run.row(&["odd"]),
+        ["odd", "Lock", "?", "-", "?", "?"],
+        "{run:?}"
+    );
+    assert_eq!(
+        run.row(&["app-config"]),
+        [
+            "app-config",
+            "Lock",
+            "no",
+            "resource",
+            "-",
+            "Enforce",
+            "never"
+        ]
+    );
+    assert!(
+        run.stderr
+            .starts_with("note: Lock prod/odd has a spec that is not a lock spec: "),
+        "{run:?}"
+    );
+}
