@@ -11,7 +11,7 @@ use super::cli::{ConnectionArgs, ListArgs};
 use super::discovery::Discovered;
 use super::error::{detail, status_code};
 use super::{Cluster, PluginError, Report, lock_kind, lock_resource, spec};
-use crate::api::LockSpec;
+use crate::api::{self, LockSpec};
 
 /// Target lookups in flight at once.
 const CONCURRENT_LOOKUPS: usize = 8;
@@ -103,7 +103,10 @@ pub(super) async fn list(
                 Some(spec) => vec![
                     spec::describe_covers(&name, spec),
                     target.to_owned(),
-                    spec::mode(spec).to_owned(),
+                    match unenforced(o, spec) {
+                        true => UNENFORCED.to_owned(),
+                        false => spec::mode(spec).to_owned(),
+                    },
                     spec::time_left(spec, now),
                     (spec.reason.as_deref().unwrap_or_default())
                         .split_whitespace()
@@ -120,10 +123,37 @@ pub(super) async fn list(
             row
         })
         .collect();
+    let marked = objects
+        .iter()
+        .zip(&specs)
+        .any(|(o, spec)| spec.as_ref().is_some_and(|spec| unenforced(o, spec)));
+    if marked {
+        notes.push(format!(
+            "locks marked {UNENFORCED} are never enforced: the webhook registration leaves out {}",
+            api::EXCLUDED_NAMESPACES.join(" and ")
+        ));
+    }
     Ok(Report {
         stdout: table(&header, &rows),
         notes,
     })
+}
+
+/// The MODE of a lock the webhook never hears of.
+const UNENFORCED: &str = "unenforced";
+
+/// A Lock in a namespace the registration leaves out, or a ClusterLock that can only cover one
+/// of those Namespaces.
+fn unenforced(lock: &DynamicObject, spec: &LockSpec) -> bool {
+    match lock.metadata.namespace.as_deref() {
+        Some(ns) => api::is_excluded_namespace(ns),
+        None => {
+            let name = lock.metadata.name.as_deref().unwrap_or_default();
+            api::is_excluded_namespace(name)
+                && spec::single_resource(spec)
+                    .is_some_and(|(g, r)| g.is_empty() && r == "namespaces")
+        }
+    }
 }
 
 /// TARGET: `exists` or `missing` when the lock names one object that can be looked up, `-`

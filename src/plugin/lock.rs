@@ -21,6 +21,13 @@ pub(super) async fn lock(
     let cluster = Cluster::connect(connection).await?;
     let mut notes = vec![];
     let target = Target::resolve(&cluster, connection, &args.target, &mut notes).await?;
+    if let Some(why) = target.unenforced() {
+        let lock = target.lock().to_string();
+        if !args.force_unenforced {
+            return Err(PluginError::Unenforced { lock, why });
+        }
+        notes.push(format!("{lock} is not enforced: {why}"));
+    }
     if !args.allow_missing {
         let api = cluster.api(&target.resource.api_resource(), target.namespace.as_deref());
         if let Err(e) = api.get(&target.name).await {

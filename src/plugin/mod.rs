@@ -176,6 +176,18 @@ impl Target {
         })
     }
 
+    /// Why a lock on this object is never enforced: it is in (or is) a namespace that the
+    /// webhook registration leaves out.
+    fn unenforced(&self) -> Option<String> {
+        let is_namespace = self.resource.group.is_empty() && self.resource.plural == "namespaces";
+        let namespace = match &self.namespace {
+            Some(ns) => ns,
+            None if is_namespace => &self.name,
+            None => return None,
+        };
+        api::is_excluded_namespace(namespace).then(|| unenforced_because(namespace))
+    }
+
     /// The lock of this object: same name, same namespace.
     fn lock(&self) -> LockRef {
         LockRef {
@@ -223,6 +235,14 @@ impl std::fmt::Display for LockRef {
             None => write!(f, "{} {}", self.kind(), self.name),
         }
     }
+}
+
+/// Why nothing in `namespace` is enforced.
+fn unenforced_because(namespace: &str) -> String {
+    format!(
+        "the webhook registration leaves out namespace \"{namespace}\" (nothing in {} is sent to the webhook)",
+        api::EXCLUDED_NAMESPACES.join(" or ")
+    )
 }
 
 fn lock_kind(namespaced: bool) -> &'static str {
