@@ -41,12 +41,6 @@ use tracing::{debug, info, warn};
 
 use crate::api::{self, Enforcer, LockCondition, LockMode, LockSpec, LockStatus};
 
-/// Namespaces the webhook registration leaves out: a Lock there is never enforced.
-///
-/// The same list as the registration's `namespaceSelector`
-/// ([`crate::cli::manifests::EXCLUDED_NAMESPACES`]).
-pub const EXCLUDED_NAMESPACES: [&str; 2] = crate::cli::manifests::EXCLUDED_NAMESPACES;
-
 /// The condition type written by every instance.
 pub const CONDITION: &str = "Enforced";
 /// Prefix of each instance's field manager.
@@ -157,10 +151,18 @@ pub enum Enforcement {
 impl Enforcement {
     /// How `lock` stands at `now`.
     pub fn of(lock: &KnownLock, now: Timestamp) -> Enforcement {
-        if let Some(ns) = &lock.key.namespace
-            && EXCLUDED_NAMESPACES.contains(&ns.as_str())
-        {
-            return Enforcement::NotSent(ns.clone());
+        // Nothing in the namespaces the registration leaves out reaches the webhook, nor do
+        // those Namespaces themselves.
+        match &lock.key.namespace {
+            Some(ns) if api::is_excluded_namespace(ns) => {
+                return Enforcement::NotSent(ns.clone());
+            }
+            None if api::is_excluded_namespace(&lock.key.name)
+                && lock.spec.as_ref().is_ok_and(covers_only_namespaces) =>
+            {
+                return Enforcement::NotSent(lock.key.name.clone());
+            }
+            _ => {}
         }
         match &lock.spec {
             Err(why) => Enforcement::EnforcingUnparsed(why.clone()),
@@ -216,6 +218,14 @@ impl Enforcement {
             message,
             observed_generation: Some(generation),
         }
+    }
+}
+
+/// A spec whose resources are exactly the core group's `namespaces`.
+fn covers_only_namespaces(spec: &LockSpec) -> bool {
+    match spec.resources.as_deref() {
+        Some([rule]) => rule.api_groups == [""] && rule.resources == ["namespaces"],
+        _ => false,
     }
 }
 

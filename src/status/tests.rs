@@ -94,7 +94,22 @@ fn locks_that_are_not_enforced_say_why() {
         assert_eq!(want.conditions[0].reason, reason);
         assert!(!want.conditions[0].message.is_empty());
     }
-    // Not yet expired: enforced; a ClusterLock is never in an excluded namespace.
+    // A ClusterLock on the Namespace kube-system: that Namespace is not sent either.
+    let mut namespace = lock(
+        None,
+        serde_json::json!({"resources": [{"apiGroups": [""], "resources": ["namespaces"]}]}),
+    );
+    namespace.key.name = "kube-system".into();
+    assert_eq!(
+        desired(&namespace, true, "cp-1", now()).conditions[0].reason,
+        "NotSentToWebhook"
+    );
+    namespace.spec = Ok(LockSpec::default());
+    assert!(
+        desired(&namespace, true, "cp-1", now()).entry.is_some(),
+        "may cover other kinds"
+    );
+    // Not yet expired: enforced.
     let later = lock(
         None,
         serde_json::json!({"expiresAt": "2026-11-22T13:00:00Z"}),
