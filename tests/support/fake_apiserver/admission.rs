@@ -3,7 +3,7 @@
 //! (`dryRun: true`), and turns a refusal into the Status kube-apiserver returns
 //! (`admission webhook "NAME" denied the request: MESSAGE`, with the webhook's code).
 //!
-//! Nothing is stored: only `dryRun=All` is accepted (a real write of these objects is still
+//! Nothing is stored: only dry runs are accepted (a real write of these objects is still
 //! answered 405). Without a registered webhook the dry run is allowed, as it is when the
 //! registration does not send the request. [`FakeApiServer::deny_first`] plays another
 //! webhook that refuses before ours is asked.
@@ -32,11 +32,23 @@ pub struct AdmissionState {
     pub deny_first: Option<String>,
 }
 
-/// Whether this request is a dry-run write the module answers.
+/// Whether this request is a write of a seeded object the module answers: a DELETE (whose
+/// `dryRun` may be in the query or, as kube-rs sends it, in the DeleteOptions body), or a PATCH
+/// with `?dryRun=All`.
 pub fn handles(method: &Method, path: &str, query: &Query) -> bool {
-    (method == Method::DELETE || method == Method::PATCH)
-        && query.get("dryRun").is_some_and(|d| d == "All")
+    let dry_query = query.get("dryRun").is_some_and(|d| d == "All");
+    (method == Method::DELETE || (method == Method::PATCH && dry_query))
         && ObjectRoute::parse(path).is_some_and(|r| r.entry().is_some())
+}
+
+/// `dryRun: ["All"]` in the query or in a DeleteOptions body.
+fn is_dry_run(query: &Query, body: &Bytes) -> bool {
+    let in_body = serde_json::from_slice::<Value>(body).is_ok_and(|options| {
+        options["dryRun"]
+            .as_array()
+            .is_some_and(|d| d.iter().any(|v| v == "All"))
+    });
+    in_body || query.get("dryRun").is_some_and(|d| d == "All")
 }
 
 impl FakeApiServer {
@@ -57,9 +69,13 @@ impl FakeApiServer {
         &self,
         method: &Method,
         path: &str,
+        query: &Query,
         content_type: &str,
         body: &Bytes,
     ) -> Result<(u16, Value), Value> {
+        if !is_dry_run(query, body) {
+            return Err(status(405, super::NOT_ALLOWED, json!({})));
+        }
         let route = ObjectRoute::parse(path).expect("checked by handles");
         let entry = route.entry().expect("checked by handles");
         let current = self.state().others.get(&super::decode(path)).cloned();

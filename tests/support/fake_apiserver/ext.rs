@@ -84,7 +84,9 @@ impl FakeApiServer {
             .map(|b| b.to_bytes())
             .unwrap_or_default();
         if super::admission::handles(&method, &path, query) {
-            let answer = self.dry_run(&method, &path, &content_type, &body).await;
+            let answer = self
+                .dry_run(&method, &path, query, &content_type, &body)
+                .await;
             return answer.map_or_else(reply_status, |(code, obj)| reply(code, obj));
         }
         if query.contains_key("dryRun") {
