@@ -608,6 +608,8 @@ pub async fn run(
             .buffer_unordered(CONCURRENT_WRITES)
             .collect()
             .await;
+        // One line per pass, not per lock: a missing permission fails every lock at once.
+        let (mut failed, mut first_failure) = (0usize, String::new());
         for (lock, want, result) in results {
             let outcome = match &result {
                 Ok(_) => "success",
@@ -633,8 +635,13 @@ pub async fn run(
                     let delay = Duration::from_millis(500)
                         .saturating_mul(1 << attempts.min(6))
                         .min(MAX_RETRY);
-                    warn!(lock = %lock.key, %error, attempts, retry_in = ?delay,
-                        "cannot write lock status (needs patch on locks/status and clusterlocks/status)");
+                    failed += 1;
+                    if failed == 1 {
+                        first_failure = format!(
+                            "{}: {error} (attempt {attempts}, next in {delay:?})",
+                            lock.key
+                        );
+                    }
                     retries.insert(
                         lock.key.clone(),
                         Retry {
@@ -644,6 +651,10 @@ pub async fn run(
                     );
                 }
             }
+        }
+        if failed > 0 {
+            warn!(failed, first = %first_failure,
+                "cannot write lock status (the webhook's identity needs patch on locks/status and clusterlocks/status); retrying with backoff");
         }
         // Sleep until the snapshot changes, a retry is due, or an enforced lock expires.
         let next_retry = retries.values().map(|r| r.at).min();

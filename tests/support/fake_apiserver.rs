@@ -21,7 +21,6 @@
 //!   resources with their short names, scopes and verbs, and some subresources).
 //! - Other objects, seeded with [`FakeApiServer::add_object`] and answered by GET of one object
 //!   (200, or a 404 `NotFound` Status naming it); only the resources in [`DISCOVERY`].
-//!
 //! - The locks' `status` subresource: GET, and PATCH as server-side apply with per-manager
 //!   field ownership, list-map merging, conflicts and `force` (module `ssa`); writes to the main
 //!   resource keep the status and a create drops it, as for a CRD with a status subresource.
@@ -30,10 +29,11 @@
 //! - Dry-run DELETE and merge PATCH of the seeded objects, sent through a registered validating
 //!   webhook over HTTPS as real AdmissionReviews (module `admission`).
 //!
-//! What it does not fake: TLS, authentication, aggregated discovery, LIST or changes of other
-//! objects, PUT, PATCH other than apply on status and merge on events, `dryRun` (answered 400), admission and schema
-//! validation, `generateName`, periodic watch bookmarks, protobuf, HTTP/2, and the few seconds a
-//! real server waits before answering "Too large resource version".
+//! What it does not fake: TLS, authentication, aggregated discovery, LIST or real writes of
+//! other objects, PUT, other PATCH types, `dryRun` elsewhere (answered 400), admission of the
+//! lock resources, schema validation, managedFields of the main resource, `generateName`,
+//! periodic watch bookmarks, protobuf, HTTP/2, and the few seconds a real server waits before
+//! answering "Too large resource version".
 #![allow(dead_code)] // each test binary uses a different part of this module
 
 // Explicit paths: this file is also included by the load benchmark through `#[path]`.
