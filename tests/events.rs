@@ -302,22 +302,35 @@ async fn the_webhook_writes_status_and_events_and_withdraws_on_stop() {
         |c| *c == 1,
     )
     .await;
-    let reply = server
-        .http1()
-        .post_json(
-            &server.url("/validate"),
-            fixture("configmap-delete-locked.json"),
-        )
-        .await;
-    assert_eq!(reply.json()["response"]["allowed"], false);
+    let status_writes = || {
+        let log = api.request_log();
+        let write = |r: &&String| r.starts_with("PATCH ") && r.contains("/locks/locked-a/status");
+        log.iter().filter(write).count()
+    };
+    let before = status_writes();
+    for _ in 0..20 {
+        let reply = server
+            .http1()
+            .post_json(
+                &server.url("/validate"),
+                fixture("configmap-delete-locked.json"),
+            )
+            .await;
+        assert_eq!(reply.json()["response"]["allowed"], false);
+    }
     until("the refusal's event", || api.events().len(), |n| *n == 1).await;
+    assert_eq!(
+        status_writes(),
+        before,
+        "admissions never write lock status"
+    );
     let scraped = server.scrape().await;
     assert_eq!(
         support::sample(
             &scraped,
             "kube_object_lock_refusal_events_total{reason=\"Blocked\"}"
         ),
-        1.0,
+        20.0,
         "{scraped}"
     );
     assert!(
