@@ -24,7 +24,7 @@ use crate::server::{self, Drain, Limits};
 use crate::settings::Settings;
 use crate::status::Reporting;
 use crate::systemd;
-use crate::tls::reload::Reloader;
+use crate::tls::reload::{Reload, Reloader};
 use crate::tls::{self, CertStore, TlsError};
 
 /// A serving certificate closer than this to its end is warned about at start.
@@ -82,12 +82,12 @@ const REPORTING_GRACE: Duration = Duration::from_secs(2);
 async fn reporting(settings: &Settings, metrics: &Metrics) -> Result<Reporting, StartError> {
     let instance =
         crate::status::instance_name(&settings.instance.name).map_err(StartError::Instance)?;
-    let client = kube::Client::try_from(kube_config(settings).await?).map_err(|e| {
-        StartError::Kubeconfig {
+    let client = kubeconfig::client(kube_config(settings).await?, ToString::to_string).map_err(
+        |message| StartError::Kubeconfig {
             path: String::new(),
-            message: e.to_string(),
-        }
-    })?;
+            message,
+        },
+    )?;
     info!(%instance, "writing lock status and refusal events as this instance");
     Ok(Reporting::start(
         client,
@@ -134,9 +134,16 @@ pub async fn lock_source_with_metrics(
     }
     let config = kube_config(settings).await?;
     info!(cluster = %config.cluster_url, "reading locks from the cluster");
-    let client = kube::Client::try_from(config).map_err(|e| StartError::Kubeconfig {
-        path: String::new(),
-        message: e.to_string(),
+    let client = kubeconfig::client(config, ToString::to_string).map_err(|message| {
+        StartError::Kubeconfig {
+            path: settings
+                .kube
+                .kubeconfig
+                .as_ref()
+                .map(|path| format!(" {}", path.display()))
+                .unwrap_or_default(),
+            message,
+        }
     })?;
     let source = KubeSource::with_metrics(
         client,
@@ -329,11 +336,7 @@ impl Webhook {
             health: vec![health.clone()],
             invalid: metrics.invalid.clone(),
         });
-        let limits = Limits {
-            handshake_timeout: settings.server.handshake_timeout,
-            header_timeout: settings.server.header_timeout,
-            shutdown_grace: settings.server.shutdown_grace,
-        };
+        let limits = Limits::from_settings(&settings.server);
         let (metrics_stop, metrics_stopped) = tokio::sync::oneshot::channel::<()>();
         let metrics_task = metrics_listener.map(|listener| {
             let (lock_source, certs) = (source.source.clone(), certs.clone());
@@ -349,25 +352,43 @@ impl Webhook {
                 metrics.certificate_expiry.set(certs.not_after());
                 metrics.encode()
             });
-            let service = warp::service(crate::metrics::routes(render));
+            let probes = crate::http::Probes {
+                health: vec![health.clone()],
+                source: source.source.clone(),
+            };
+            let service = warp::service(crate::metrics::routes(render, probes));
             tokio::spawn(server::serve(listener, None, service, limits, async {
                 let _ = metrics_stopped.await;
             }))
         });
         let service = warp::service(crate::http::routes(state));
-        let reloading = tokio::spawn(reloader.run(settings.tls.reload_interval, reload));
-        let watchdog = tokio::spawn(systemd::watchdog(health));
+        let status = Arc::new(systemd::Status::default());
+        let reported = status.clone();
+        let reloading = tokio::spawn(reloader.run(
+            settings.tls.reload_interval,
+            reload,
+            move |outcome| match outcome {
+                Reload::Failed(e) => reported.problem(Some(format!(
+                    "certificate reload failed, still serving the previous certificate: {e}"
+                ))),
+                Reload::Replaced | Reload::Unchanged => reported.problem(None),
+            },
+        ));
+        let watchdog = tokio::spawn(systemd::watchdog());
         let described = source.source.describe();
         info!(listen = %addr, source = %described, "serving");
-        systemd::ready(&format!("serving on {addr}, locks from {described}"));
+        status.ready(&format!("serving on {addr}, locks from {described}"));
         let shutdown = async {
             shutdown.await;
             systemd::stopping();
+            // Both listeners drain at once: stopping takes the longer drain, not their sum.
+            let _ = metrics_stop.send(());
         };
-        let drain = server::serve(listener, Some(tls), service, limits, shutdown).await;
-        let _ = metrics_stop.send(());
-        if let Some(task) = metrics_task {
-            let _ = task.await;
+        let mut drain = server::serve(listener, Some(tls), service, limits, shutdown).await;
+        if let Some(task) = metrics_task
+            && !matches!(task.await, Ok(Drain::Complete))
+        {
+            drain = Drain::TimedOut;
         }
         if let Some(reporting) = reporting {
             reporting.stop(REPORTING_GRACE).await;
@@ -382,39 +403,54 @@ impl Webhook {
     }
 }
 
-/// Forwards SIGHUP to the returned receiver, for [`Webhook::run`].
+/// Forwards SIGHUP to the returned receiver, for [`Webhook::run`]. The handler is installed
+/// before this returns: until then a SIGHUP (`systemctl reload` right after start) would end
+/// the process, its default action.
 pub fn reload_signal() -> mpsc::Receiver<()> {
+    use tokio::signal::unix::{SignalKind, signal};
     let (tx, rx) = mpsc::channel(1);
-    tokio::spawn(async move {
-        use tokio::signal::unix::{SignalKind, signal};
-        let mut hup = match signal(SignalKind::hangup()) {
-            Ok(s) => s,
-            Err(e) => {
-                warn!(error = %e, "cannot listen for SIGHUP; certificates still reload on their interval");
-                return;
-            }
-        };
-        while hup.recv().await.is_some() {
-            // A reload already queued covers this one too.
-            let _ = tx.try_send(());
+    match signal(SignalKind::hangup()) {
+        Ok(mut hup) => {
+            tokio::spawn(async move {
+                while hup.recv().await.is_some() {
+                    // A reload already queued covers this one too.
+                    let _ = tx.try_send(());
+                }
+            });
         }
-    });
+        Err(e) => {
+            warn!(error = %e, "cannot listen for SIGHUP; certificates still reload on their interval")
+        }
+    }
     rx
 }
 
-/// Completes on SIGTERM or SIGINT.
-pub async fn shutdown_signal() {
+/// Completes on SIGTERM or SIGINT. The handlers are installed when this is called, not when the
+/// future is first polled: a SIGTERM right after READY=1 must drain, not kill.
+pub fn shutdown_signal() -> impl Future<Output = ()> {
     use tokio::signal::unix::{SignalKind, signal};
-    let mut term = match signal(SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(e) => {
-            warn!(error = %e, "cannot listen for SIGTERM; only SIGINT will stop the server");
-            let _ = tokio::signal::ctrl_c().await;
-            return;
+    let term = signal(SignalKind::terminate());
+    let int = signal(SignalKind::interrupt());
+    async move {
+        match (term, int) {
+            (Ok(mut term), Ok(mut int)) => tokio::select! {
+                _ = term.recv() => info!("SIGTERM received"),
+                _ = int.recv() => info!("SIGINT received"),
+            },
+            (Ok(mut term), Err(e)) => {
+                warn!(error = %e, "cannot listen for SIGINT; only SIGTERM will stop the server");
+                term.recv().await;
+                info!("SIGTERM received");
+            }
+            (Err(e), Ok(mut int)) => {
+                warn!(error = %e, "cannot listen for SIGTERM; only SIGINT will stop the server");
+                int.recv().await;
+                info!("SIGINT received");
+            }
+            (Err(e), Err(_)) => {
+                warn!(error = %e, "cannot listen for SIGTERM or SIGINT");
+                std::future::pending::<()>().await;
+            }
         }
-    };
-    tokio::select! {
-        _ = term.recv() => info!("SIGTERM received"),
-        _ = tokio::signal::ctrl_c() => info!("SIGINT received"),
     }
 }

@@ -3,7 +3,9 @@
 //! Anything the webhook cannot answer with an AdmissionReview (wrong method or path, wrong
 //! content type, a body too large, too slow, empty or not an AdmissionReview) gets a 4xx with a
 //! Kubernetes `Status` JSON body saying what is wrong, never a panic or a hang. The routes know
-//! nothing of TLS or sockets; [`crate::server`] serves them.
+//! nothing of TLS or sockets; [`crate::server`] serves them. The probes are also served on the
+//! metrics listener ([`probes`]): with client certificates required on the webhook port, a
+//! plain health check could not reach them there.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -16,9 +18,19 @@ use warp::Filter;
 use warp::reply::Response;
 
 use crate::admission::Reviewer;
+use crate::locks::LockSource;
 
 /// A liveness check: `Err` says why the process is unhealthy.
 pub type HealthCheck = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+
+/// What `/healthz` and `/readyz` look at.
+#[derive(Clone)]
+pub struct Probes {
+    /// Liveness checks behind `/healthz`.
+    pub health: Vec<HealthCheck>,
+    /// The lock source, ready once synced (`/readyz`).
+    pub source: Arc<dyn LockSource>,
+}
 
 /// What the routes need.
 pub struct State {
@@ -38,6 +50,10 @@ pub struct State {
 pub fn routes(
     state: Arc<State>,
 ) -> impl Filter<Extract = (Response,), Error = Infallible> + Clone + Send + Sync + 'static {
+    let probes = probes(Probes {
+        health: state.health.clone(),
+        source: state.reviewer.source().clone(),
+    });
     let with_state = warp::any().map(move || state.clone());
     let query = warp::query::raw().or(warp::any().map(String::new)).unify();
     let validate = warp::path!("validate")
@@ -45,36 +61,39 @@ pub fn routes(
         .and(warp::header::headers_cloned())
         .and(query)
         .and(warp::body::stream())
-        .and(with_state.clone())
+        .and(with_state)
         .then(validate);
+    validate.or(probes).unify().recover(rejection).unify()
+}
+
+/// `GET /healthz` (the process is healthy) and `GET /readyz` (the lock source has synced);
+/// other paths are rejected, for the caller to answer.
+pub fn probes(
+    probes: Probes,
+) -> impl Filter<Extract = (Response,), Error = warp::Rejection> + Clone + Send + Sync + 'static {
+    let probes = Arc::new(probes);
+    let with_probes = warp::any().map(move || probes.clone());
     let healthz = warp::path!("healthz")
         .and(warp::method())
-        .and(with_state.clone())
-        .map(|method: Method, state: Arc<State>| {
-            probe(&method, state.health.iter().try_for_each(|check| check()))
+        .and(with_probes.clone())
+        .map(|method: Method, probes: Arc<Probes>| {
+            probe(&method, probes.health.iter().try_for_each(|check| check()))
         });
     let readyz = warp::path!("readyz")
         .and(warp::method())
-        .and(with_state)
-        .map(|method: Method, state: Arc<State>| {
-            let source = state.reviewer.source();
-            let ready = if source.is_ready() {
+        .and(with_probes)
+        .map(|method: Method, probes: Arc<Probes>| {
+            let ready = if probes.source.is_ready() {
                 Ok(())
             } else {
                 Err(format!(
                     "lock source ({}) has not synced yet",
-                    source.describe()
+                    probes.source.describe()
                 ))
             };
             probe(&method, ready)
         });
-    validate
-        .or(healthz)
-        .unify()
-        .or(readyz)
-        .unify()
-        .recover(rejection)
-        .unify()
+    healthz.or(readyz).unify()
 }
 
 async fn validate(

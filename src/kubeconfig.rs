@@ -57,6 +57,19 @@ pub async fn load(
     }
 }
 
+/// The client for `config`. A refused client certificate is explained by naming the
+/// certificate (kube reports every such refusal as "invalid private key"); any other error
+/// is written by `describe`.
+pub fn client(
+    config: kube::Config,
+    describe: impl Fn(&kube::Error) -> String,
+) -> Result<kube::Client, String> {
+    let auth = config.auth_info.clone();
+    kube::Client::try_from(config).map_err(|e| {
+        crate::tls::identity::explain_kube_error(&auth, &e).unwrap_or_else(|| describe(&e))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Parser;
 use kube_object_lock::cli::{Cli, Command, certs};
-use kube_object_lock::settings::{LogFormat, Settings};
+use kube_object_lock::settings::{LogFormat, LogSettings, LogTarget, Settings};
 use kube_object_lock::{api, app, cli, server, telemetry};
 
 fn main() -> ExitCode {
@@ -52,7 +52,12 @@ async fn run(cli: Cli) -> ExitCode {
                 Ok(s) => s,
                 Err(e) => return fail(2, e.into()),
             };
-            let _ = telemetry::init("warn", LogFormat::Text);
+            // A command's output: always stderr, whatever the settings say.
+            let _ = telemetry::init(&LogSettings {
+                level: "warn".to_owned(),
+                format: LogFormat::Text,
+                target: LogTarget::Stderr,
+            });
             match cli::check::check(&settings, &args.review).await {
                 Ok(result) => {
                     println!("{}", result.response);
@@ -70,7 +75,7 @@ async fn run(cli: Cli) -> ExitCode {
 
 async fn serve(args: &cli::ServeArgs) -> anyhow::Result<ExitCode> {
     let settings = Settings::load(&args.layers()).context("invalid settings")?;
-    telemetry::init(&settings.log.level, settings.log.format)?;
+    telemetry::init(&settings.log)?;
     let webhook = app::Webhook::bind(settings)
         .await
         .context("cannot start the webhook")?;
@@ -139,6 +144,12 @@ fn write_certs(args: &cli::CertsArgs) -> anyhow::Result<()> {
 }
 
 fn fail(code: u8, error: anyhow::Error) -> ExitCode {
-    eprintln!("kube-object-lock: {error:#}");
+    // On a journal stream, `<3>` makes this line's priority err (`journalctl -p err`).
+    let priority = if telemetry::stderr_is_journal() {
+        "<3>"
+    } else {
+        ""
+    };
+    eprintln!("{priority}kube-object-lock: {error:#}");
     ExitCode::from(code)
 }

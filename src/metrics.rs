@@ -1,4 +1,5 @@
-//! Prometheus metrics, served in the text format on a separate plain-HTTP listener.
+//! Prometheus metrics, served in the text format on a separate plain-HTTP listener (with the
+//! health and readiness probes).
 //!
 //! Every UPDATE and DELETE in the cluster waits on this webhook, so its latency, its errors and
 //! its cost to the API server must be visible. All names share the `kube_object_lock_` prefix;
@@ -252,9 +253,12 @@ impl Metrics {
     }
 }
 
-/// `GET /metrics`; `render` produces the body (refreshing scrape-time gauges first).
+/// `GET /metrics`; `render` produces the body (refreshing scrape-time gauges first). The
+/// probes are served here too: plain HTTP, so a health check needs no client certificate when
+/// the webhook port requires one.
 pub fn routes(
     render: Arc<dyn Fn() -> String + Send + Sync>,
+    probes: crate::http::Probes,
 ) -> impl warp::Filter<Extract = (warp::reply::Response,), Error = std::convert::Infallible>
 + Clone
 + Send
@@ -271,10 +275,12 @@ pub fn routes(
             )
             .into_response()
         })
+        .or(crate::http::probes(probes))
+        .unify()
         .recover(|_| async {
             Ok::<_, std::convert::Infallible>(
                 warp::reply::with_status(
-                    "only GET /metrics is served here\n",
+                    "only GET /metrics, /healthz and /readyz are served here\n",
                     warp::http::StatusCode::NOT_FOUND,
                 )
                 .into_response(),

@@ -84,9 +84,17 @@ pub struct ServerSettings {
     /// Longest TLS handshake.
     #[serde(with = "humantime_serde")]
     pub handshake_timeout: Duration,
-    /// Longest wait for a request's headers (HTTP/1.1), idle keep-alive included.
+    /// Longest wait for a request's headers (HTTP/1.1), from its first byte (for a connection's
+    /// first request, from the handshake).
     #[serde(with = "humantime_serde")]
     pub header_timeout: Duration,
+    /// Longest time a keep-alive connection may stay idle between requests; above the API
+    /// server's own 90 s, so it is always the API server that gives up an idle connection.
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    /// Most idle keep-alive connections kept at once; beyond, a connection is closed after its
+    /// answer (with `Connection: close`), so idle connections cannot exhaust the server.
+    pub max_idle_connections: usize,
     /// Longest wait for a request's body.
     #[serde(with = "humantime_serde")]
     pub body_timeout: Duration,
@@ -168,14 +176,29 @@ pub enum LogFormat {
     Json,
 }
 
+/// Where log events go.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogTarget {
+    /// The journal when stderr is connected to it (systemd's `JOURNAL_STREAM`), else stderr.
+    #[default]
+    Auto,
+    /// The journal's native protocol: levels become priorities, fields become journal fields.
+    Journald,
+    /// Lines on stderr, in `log.format`.
+    Stderr,
+}
+
 /// Logging.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LogSettings {
     /// A tracing filter such as `info` or `kube_object_lock=debug,info`; `RUST_LOG` wins.
     pub level: String,
-    /// `text` or `json`.
+    /// `text` or `json` (stderr only: the journal keeps fields as fields).
     pub format: LogFormat,
+    /// `auto`, `journald` or `stderr`.
+    pub target: LogTarget,
 }
 
 impl Default for Settings {
@@ -201,6 +224,8 @@ impl Default for ServerSettings {
             listen: SocketAddr::from(([127, 0, 0, 1], 8443)),
             handshake_timeout: Duration::from_secs(10),
             header_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(120),
+            max_idle_connections: 100,
             body_timeout: Duration::from_secs(10),
             max_body_bytes: 8 * 1024 * 1024,
             shutdown_grace: Duration::from_secs(20),
@@ -261,6 +286,7 @@ impl Default for LogSettings {
         LogSettings {
             level: "info".to_owned(),
             format: LogFormat::Text,
+            target: LogTarget::Auto,
         }
     }
 }
@@ -405,6 +431,7 @@ impl Settings {
         for (key, value) in [
             ("server.handshake_timeout", self.server.handshake_timeout),
             ("server.header_timeout", self.server.header_timeout),
+            ("server.idle_timeout", self.server.idle_timeout),
             ("server.body_timeout", self.server.body_timeout),
             ("locks.poll_interval", self.locks.poll_interval),
             ("tls.reload_interval", self.tls.reload_interval),

@@ -1,21 +1,66 @@
-//! Talking to systemd (`Type=notify`): READY once serving, STATUS lines, STOPPING on shutdown,
-//! and watchdog pings while the runtime runs.
+//! Talking to systemd (`Type=notify`): READY once serving, a STATUS line that says what is
+//! served and what is wrong, STOPPING on shutdown, and watchdog pings while the runtime runs.
 //!
 //! READY is sent as soon as the listener serves, never after the API server answers: the
 //! webhook answers from LISTs while its watch syncs, and a unit stuck in "activating" because
 //! the API server is slow would only delay the control plane. Outside systemd (no
 //! `NOTIFY_SOCKET`) every call is a no-op.
 
+use std::sync::Mutex;
 use std::time::Duration;
 
 use sd_notify::NotifyState;
-use tracing::{debug, warn};
+use tracing::debug;
 
-use crate::http::HealthCheck;
+/// The STATUS= line `systemctl status` shows: what is served, then the current problem if any
+/// (a failed certificate reload), so the line never claims all is well while it is not.
+#[derive(Debug, Default)]
+pub struct Status {
+    line: Mutex<StatusLine>,
+}
 
-/// READY=1 with a status line.
-pub fn ready(status: &str) {
-    send(&[NotifyState::Ready, NotifyState::Status(status)]);
+#[derive(Debug, Default)]
+struct StatusLine {
+    serving: String,
+    problem: Option<String>,
+    sent: Option<String>,
+}
+
+impl StatusLine {
+    fn render(&self) -> String {
+        match &self.problem {
+            None => self.serving.clone(),
+            Some(problem) if self.serving.is_empty() => problem.clone(),
+            Some(problem) => format!("{}; {problem}", self.serving),
+        }
+    }
+}
+
+impl Status {
+    /// READY=1 with `serving` (what the service does) as the status line.
+    pub fn ready(&self, serving: &str) {
+        let mut line = self.line.lock().unwrap_or_else(|e| e.into_inner());
+        line.serving = serving.to_owned();
+        let text = line.render();
+        send(&[NotifyState::Ready, NotifyState::Status(&text)]);
+        line.sent = Some(text);
+    }
+
+    /// Sets or clears the problem; a changed line is sent at once.
+    pub fn problem(&self, problem: Option<String>) {
+        let mut line = self.line.lock().unwrap_or_else(|e| e.into_inner());
+        line.problem = problem;
+        let text = line.render();
+        if line.sent.as_deref() != Some(text.as_str()) {
+            send(&[NotifyState::Status(&text)]);
+            line.sent = Some(text);
+        }
+    }
+
+    /// The line as it reads now.
+    pub fn line(&self) -> String {
+        self.line.lock().unwrap_or_else(|e| e.into_inner()).render()
+    }
 }
 
 /// STOPPING=1.
@@ -28,31 +73,17 @@ pub fn stopping() {
 
 /// Pings the watchdog at half its period; returns at once when the unit has no `WatchdogSec=`.
 ///
-/// The pings prove the runtime is alive, nothing more. A failing `health` check (a certificate
-/// rotation that keeps failing) is reported in STATUS= but does not stop the pings: the running
-/// process still serves its last good certificate, while a restart would refuse the bad files
-/// and crash-loop, failing every write under `failurePolicy: Fail`.
-pub async fn watchdog(health: HealthCheck) {
+/// The pings prove the runtime is alive, nothing more. A failing certificate rotation shows in
+/// the STATUS line ([`Status::problem`]) but does not stop the pings: the running process still
+/// serves its last good certificate, while a restart would refuse the bad files and
+/// crash-loop, failing every write under `failurePolicy: Fail`.
+pub async fn watchdog() {
     let Some(period) = sd_notify::watchdog_enabled() else {
         return;
     };
     let mut ticker = tokio::time::interval((period / 2).max(Duration::from_millis(100)));
-    let mut failing = false;
     loop {
         ticker.tick().await;
-        match health() {
-            Ok(()) if failing => {
-                send(&[NotifyState::Status("healthy again")]);
-                failing = false;
-            }
-            Ok(()) => {}
-            Err(why) if !failing => {
-                warn!(%why, "unhealthy");
-                send(&[NotifyState::Status(&format!("unhealthy: {why}"))]);
-                failing = true;
-            }
-            Err(_) => {}
-        }
         send(&[NotifyState::Watchdog]);
     }
 }
@@ -60,5 +91,33 @@ pub async fn watchdog(health: HealthCheck) {
 fn send(states: &[NotifyState<'_>]) {
     if let Err(e) = sd_notify::notify(states) {
         debug!(error = %e, "cannot notify systemd");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_line_carries_the_problem_until_it_is_cleared() {
+        let status = Status::default();
+        status.ready("serving on 127.0.0.1:8443");
+        assert_eq!(status.line(), "serving on 127.0.0.1:8443");
+        status.problem(Some("certificate reload failed".to_owned()));
+        assert_eq!(
+            status.line(),
+            "serving on 127.0.0.1:8443; certificate reload failed"
+        );
+        status.problem(None);
+        assert_eq!(status.line(), "serving on 127.0.0.1:8443");
+    }
+
+    #[test]
+    fn a_problem_before_ready_is_kept() {
+        let status = Status::default();
+        status.problem(Some("certificate reload failed".to_owned()));
+        assert_eq!(status.line(), "certificate reload failed");
+        status.ready("serving");
+        assert_eq!(status.line(), "serving; certificate reload failed");
     }
 }

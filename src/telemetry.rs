@@ -1,41 +1,173 @@
-//! Logging: tracing-subscriber to stderr, as text or JSON.
+//! Logging: to the journal under systemd, else to stderr as text or JSON.
 //!
-//! Under systemd, stderr goes to the journal, which adds its own timestamps; JSON is for log
-//! shippers. `RUST_LOG` overrides the configured level so an operator can turn on debug for
-//! one run without editing the config file.
+//! Lines written to stderr reach the journal too, but all at one priority (info), so
+//! `journalctl -p warning` would never show a failing certificate reload. When stderr is the
+//! journal (systemd sets `JOURNAL_STREAM` to its device and inode) or `log.target = "journald"`,
+//! events go through the journal's native protocol instead: each level becomes the entry's
+//! `PRIORITY`, each field a journal field (`F_` + upper case: `F_ERROR`, `F_NAMESPACE`). Anywhere else
+//! (a terminal, a container, a pipe) the output is the lines it always was. `RUST_LOG` overrides
+//! the configured level so an operator can turn on debug for one run without editing the file.
 
+use std::os::unix::fs::MetadataExt;
+
+use tracing_journald::{Priority, PriorityMappings};
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::prelude::*;
 
-use crate::settings::LogFormat;
+use crate::settings::{LogFormat, LogSettings, LogTarget};
 
 /// Why logging could not start.
 #[derive(Debug, thiserror::Error)]
-#[error("invalid log filter {filter:?}: {message}")]
-pub struct TelemetryError {
-    filter: String,
-    message: String,
+pub enum TelemetryError {
+    /// `log.level` or `RUST_LOG` is not a filter.
+    #[error("invalid log filter {filter:?}: {message}")]
+    Filter {
+        /// The filter as given.
+        filter: String,
+        /// The parser's complaint.
+        message: String,
+    },
+    /// `log.target = "journald"` but the journal's socket cannot be used.
+    #[error(
+        "log.target is \"journald\" but the journal cannot be reached ({0}); use \"auto\" or \"stderr\""
+    )]
+    Journald(std::io::Error),
 }
 
-/// Installs the global subscriber. Call once, first thing.
-pub fn init(level: &str, format: LogFormat) -> Result<(), TelemetryError> {
+/// Where events go, decided once at start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sink {
+    /// The journal's native protocol.
+    Journald,
+    /// Lines on stderr.
+    Stderr,
+}
+
+/// Picks the sink: `auto` means the journal exactly when `journal_stream` (the value of
+/// `JOURNAL_STREAM`, `DEVICE:INODE`) names `stderr` (its device and inode). systemd sets the
+/// variable for a service whose output goes to the journal; a child process whose stderr was
+/// redirected inherits the variable but not the stream, so the match is what counts.
+pub fn choose(target: LogTarget, journal_stream: Option<&str>, stderr: Option<(u64, u64)>) -> Sink {
+    match target {
+        LogTarget::Journald => Sink::Journald,
+        LogTarget::Stderr => Sink::Stderr,
+        LogTarget::Auto => {
+            let named = journal_stream.and_then(|value| {
+                let (dev, ino) = value.split_once(':')?;
+                Some((dev.trim().parse().ok()?, ino.trim().parse().ok()?))
+            });
+            match (named, stderr) {
+                (Some(named), Some(actual)) if named == actual => Sink::Journald,
+                _ => Sink::Stderr,
+            }
+        }
+    }
+}
+
+/// Whether stderr is the journal (systemd's `JOURNAL_STREAM` names it), so that a line written
+/// there may start with a `<N>` priority prefix.
+pub fn stderr_is_journal() -> bool {
+    let journal_stream = std::env::var("JOURNAL_STREAM").ok();
+    choose(
+        LogTarget::Auto,
+        journal_stream.as_deref(),
+        stderr_identity(),
+    ) == Sink::Journald
+}
+
+/// Device and inode of this process's stderr, as `JOURNAL_STREAM` would name them.
+fn stderr_identity() -> Option<(u64, u64)> {
+    use std::os::fd::AsFd;
+    let fd = std::io::stderr().as_fd().try_clone_to_owned().ok()?;
+    let meta = std::fs::File::from(fd).metadata().ok()?;
+    Some((meta.dev(), meta.ino()))
+}
+
+/// The journal layer: a tracing level is the syslog priority of the same name (the crate's
+/// default would log `info` as notice and `debug` as info).
+fn journald_layer() -> std::io::Result<tracing_journald::Layer> {
+    Ok(
+        tracing_journald::layer()?.with_priority_mappings(PriorityMappings {
+            error: Priority::Error,
+            warn: Priority::Warning,
+            info: Priority::Informational,
+            debug: Priority::Debug,
+            trace: Priority::Debug,
+        }),
+    )
+}
+
+/// Installs the global subscriber. Call once, first thing. Returns where events go.
+pub fn init(log: &LogSettings) -> Result<Sink, TelemetryError> {
     let filter = match std::env::var("RUST_LOG") {
         Ok(from_env) if !from_env.is_empty() => from_env,
-        _ => level.to_owned(),
+        _ => log.level.clone(),
     };
     let env_filter = EnvFilter::builder()
         .parse(&filter)
-        .map_err(|e| TelemetryError {
+        .map_err(|e| TelemetryError::Filter {
             filter: filter.clone(),
             message: e.to_string(),
         })?;
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(env_filter)
-        .with_writer(std::io::stderr);
-    let result = match format {
-        LogFormat::Text => builder.with_ansi(false).try_init(),
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    let journal_stream = std::env::var("JOURNAL_STREAM").ok();
+    let sink = choose(log.target, journal_stream.as_deref(), stderr_identity());
+    let registry = tracing_subscriber::registry().with(env_filter);
+    let mut fallback = None;
+    if sink == Sink::Journald {
+        match journald_layer() {
+            // A second init (tests) keeps the first subscriber; that is fine.
+            Ok(layer) => {
+                let _ = registry.with(layer).try_init();
+                return Ok(Sink::Journald);
+            }
+            Err(e) if log.target == LogTarget::Journald => return Err(TelemetryError::Journald(e)),
+            Err(e) => fallback = Some(e),
+        }
+    }
+    let stderr = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let _ = match log.format {
+        LogFormat::Text => registry.with(stderr.with_ansi(false)).try_init(),
+        LogFormat::Json => registry.with(stderr.json().flatten_event(true)).try_init(),
     };
-    // A second init (tests) keeps the first subscriber; that is fine.
-    let _ = result;
-    Ok(())
+    if let Some(e) = fallback {
+        tracing::warn!(error = %e, "stderr is the journal but its socket cannot be used; logging lines to stderr");
+    }
+    Ok(Sink::Stderr)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_picks_the_journal_only_when_stderr_is_the_named_stream() {
+        let auto = LogTarget::Auto;
+        assert_eq!(
+            choose(auto, Some("8:1234"), Some((8, 1234))),
+            Sink::Journald
+        );
+        // Inherited by a process whose stderr goes elsewhere.
+        assert_eq!(choose(auto, Some("8:1234"), Some((8, 99))), Sink::Stderr);
+        assert_eq!(choose(auto, Some("9:1234"), Some((8, 1234))), Sink::Stderr);
+        assert_eq!(choose(auto, None, Some((8, 1234))), Sink::Stderr);
+        assert_eq!(choose(auto, Some("garbage"), Some((8, 1234))), Sink::Stderr);
+        assert_eq!(choose(auto, Some(""), None), Sink::Stderr);
+        assert_eq!(choose(auto, Some("8:1234"), None), Sink::Stderr);
+    }
+
+    #[test]
+    fn an_explicit_target_wins() {
+        assert_eq!(choose(LogTarget::Journald, None, None), Sink::Journald);
+        assert_eq!(
+            choose(LogTarget::Stderr, Some("8:1234"), Some((8, 1234))),
+            Sink::Stderr
+        );
+    }
+
+    #[test]
+    fn stderr_identity_is_the_device_and_inode_of_fd_2() {
+        let (dev, ino) = stderr_identity().expect("stderr is open under the test harness");
+        let meta = std::fs::metadata("/proc/self/fd/2").expect("fd 2");
+        assert_eq!((dev, ino), (meta.dev(), meta.ino()));
+    }
 }

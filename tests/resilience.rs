@@ -819,11 +819,12 @@ async fn idle_connections_do_not_stop_other_clients_being_served() {
     assert_eq!(open, 270, "idle connections were closed early");
 }
 
-/// A server with 300 ms handshake and header timeouts.
+/// A server with 300 ms handshake, header and idle timeouts.
 async fn impatient_server() -> TestServer {
     TestServer::start(static_source(), |s| {
         s.server.handshake_timeout = Duration::from_millis(300);
         s.server.header_timeout = Duration::from_millis(300);
+        s.server.idle_timeout = Duration::from_millis(300);
     })
     .await
 }

@@ -184,3 +184,143 @@ async fn client_certificates_are_required_when_a_client_ca_is_set() {
     let refused = handshake(&server, foreign).await;
     assert!(refused.is_err(), "foreign client certificate: refused");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Version 1 certificates (no extensions), as `openssl x509 -req` makes without `-extfile`.
+
+/// One DER element at the start of `der`: (tag, header length, total length).
+fn der_element(der: &[u8]) -> (u8, usize, usize) {
+    let (length, header) = if der[1] < 0x80 {
+        (usize::from(der[1]), 2)
+    } else {
+        let n = usize::from(der[1] & 0x7f);
+        let length = der[2..2 + n]
+            .iter()
+            .fold(0usize, |acc, b| acc << 8 | usize::from(*b));
+        (length, 2 + n)
+    };
+    (der[0], header, header + length)
+}
+
+fn der_wrap(tag: u8, content: &[u8]) -> Vec<u8> {
+    let mut out = vec![tag];
+    let length = content.len();
+    if length < 0x80 {
+        out.push(length as u8);
+    } else {
+        let bytes: Vec<u8> = length
+            .to_be_bytes()
+            .into_iter()
+            .skip_while(|b| *b == 0)
+            .collect();
+        out.push(0x80 | bytes.len() as u8);
+        out.extend(bytes);
+    }
+    out.extend_from_slice(content);
+    out
+}
+
+/// Writes a self-signed X.509 version 1 certificate and its key as PEM files in `dir`.
+fn write_v1_certificate(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    use base64::Engine;
+    use rcgen::SigningKey;
+    let key = rcgen::KeyPair::generate().expect("key");
+    let mut params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()]).expect("params");
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "kube-object-lock");
+    let v3 = params.self_signed(&key).expect("certificate");
+    let der = v3.der().as_ref();
+    // Certificate ::= SEQUENCE { tbsCertificate, signatureAlgorithm, signature }
+    let (_, header, _) = der_element(der);
+    let certificate = &der[header..];
+    let (_, tbs_header, tbs_end) = der_element(certificate);
+    let (_, _, algorithm_end) = der_element(&certificate[tbs_end..]);
+    let algorithm = &certificate[tbs_end..tbs_end + algorithm_end];
+    // Drop [0] version and [3] extensions: what is left is a version 1 TBSCertificate.
+    let mut fields = Vec::new();
+    let mut rest = &certificate[tbs_header..tbs_end];
+    while !rest.is_empty() {
+        let (tag, _, end) = der_element(rest);
+        if tag != 0xa0 && tag != 0xa3 {
+            fields.extend_from_slice(&rest[..end]);
+        }
+        rest = &rest[end..];
+    }
+    let tbs = der_wrap(0x30, &fields);
+    let mut signature = vec![0];
+    signature.extend(key.sign(&tbs).expect("sign"));
+    let v1 = der_wrap(
+        0x30,
+        &[tbs, algorithm.to_vec(), der_wrap(0x03, &signature)].concat(),
+    );
+    let (_, parsed) = x509_parser::parse_x509_certificate(&v1).expect("a certificate");
+    assert_eq!(parsed.version().0, 0, "version 1");
+    let b64 = base64::engine::general_purpose::STANDARD.encode(&v1);
+    let lines: Vec<&str> = b64
+        .as_bytes()
+        .chunks(64)
+        .map(|c| std::str::from_utf8(c).expect("ascii"))
+        .collect();
+    let pem = format!(
+        "-----BEGIN CERTIFICATE-----\n{}\n-----END CERTIFICATE-----\n",
+        lines.join("\n")
+    );
+    let (cert, key_file) = (dir.join("v1.crt"), dir.join("v1.key"));
+    std::fs::write(&cert, pem).expect("write certificate");
+    std::fs::write(&key_file, key.serialize_pem()).expect("write key");
+    (cert, key_file)
+}
+
+/// A kubeconfig whose client certificate is version 1: the error names the certificate and
+/// what to do, not "invalid private key: invalid peer certificate: UnsupportedCertVersion".
+#[tokio::test]
+async fn a_version_1_client_certificate_in_the_kubeconfig_is_named() {
+    support::init();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (cert, key) = write_v1_certificate(dir.path());
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:1\n    insecure-skip-tls-verify: true\nusers:\n- name: u\n  user:\n    client-certificate: {}\n    client-key: {}\ncontexts:\n- name: x\n  context: {{cluster: c, user: u}}\ncurrent-context: x\n",
+            cert.display(),
+            key.display()
+        ),
+    )
+    .expect("write kubeconfig");
+    let mut settings = kube_object_lock::settings::Settings::default();
+    settings.kube.kubeconfig = Some(kubeconfig.clone());
+    let error = match kube_object_lock::app::lock_source(&settings, false).await {
+        Ok(_) => panic!("a version 1 client certificate was accepted"),
+        Err(error) => error.to_string(),
+    };
+    assert!(
+        error.starts_with(&format!(
+            "cannot use kubeconfig {}: the client certificate (client-certificate {}) is an X.509 version 1 certificate",
+            kubeconfig.display(),
+            cert.display()
+        )),
+        "{error}"
+    );
+    assert!(!error.contains("private key"), "{error}");
+}
+
+/// The same for the serving certificate: the file is named, the pair is not blamed.
+#[test]
+fn a_version_1_serving_certificate_is_named() {
+    support::init();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (cert, key) = write_v1_certificate(dir.path());
+    let error = kube_object_lock::tls::load_pair(&cert, &key)
+        .expect_err("a version 1 certificate")
+        .to_string();
+    assert!(
+        error.starts_with(&format!(
+            "certificate {} is an X.509 version 1 certificate",
+            cert.display()
+        )),
+        "{error}"
+    );
+    assert!(!error.contains("peer"), "{error}");
+}

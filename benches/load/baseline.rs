@@ -35,12 +35,7 @@ pub fn serve(addr: &str, cert: &str, key: &str) -> anyhow::Result<()> {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .with_context(|| format!("bind {addr}"))?;
-        let defaults = Settings::default().server;
-        let limits = Limits {
-            handshake_timeout: defaults.handshake_timeout,
-            header_timeout: defaults.header_timeout,
-            shutdown_grace: defaults.shutdown_grace,
-        };
+        let limits = Limits::from_settings(&Settings::default().server);
         let route = warp::any().and(warp::body::stream()).then(drain_and_answer);
         server::serve(
             listener,

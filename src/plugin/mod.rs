@@ -74,9 +74,11 @@ impl Cluster {
         let url = config.cluster_url.to_string();
         let url = url.strip_suffix('/').unwrap_or(&url).to_owned();
         let default_namespace = config.default_namespace.clone();
-        let client = kube::Client::try_from(config).map_err(|e| PluginError::Kubeconfig {
-            path: String::new(),
-            message: error::detail(&e),
+        let client = kubeconfig::client(config, error::detail).map_err(|message| {
+            PluginError::Kubeconfig {
+                path: String::new(),
+                message,
+            }
         })?;
         Ok(Cluster {
             client,

@@ -8,6 +8,7 @@
 //! ALPN offers `h2` and `http/1.1`: the API server only speaks HTTP/1.1 to webhooks and fails
 //! the handshake if its protocol is missing from our list. Exactly one crypto provider, ring.
 
+pub mod identity;
 pub mod reload;
 
 use std::net::IpAddr;
@@ -33,6 +34,14 @@ pub enum TlsError {
         /// The file.
         path: PathBuf,
         /// What went wrong.
+        message: String,
+    },
+    /// The certificate is of a kind that cannot be used (an X.509 version 1 certificate).
+    #[error("certificate {path} {message}")]
+    Certificate {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong, worded to follow the path.
         message: String,
     },
     /// The key is not usable or does not belong to the certificate.
@@ -92,6 +101,16 @@ pub fn load_pair(cert: &Path, key: &Path) -> Result<CertifiedKey, TlsError> {
             what: "certificate",
             path: cert.to_owned(),
             message: "no CERTIFICATE block found".to_owned(),
+        });
+    }
+    // rustls would blame the pair ("invalid peer certificate: UnsupportedCertVersion").
+    if let Some(message) = chain
+        .first()
+        .and_then(|leaf| identity::version_problem(leaf))
+    {
+        return Err(TlsError::Certificate {
+            path: cert.to_owned(),
+            message,
         });
     }
     let private = PrivateKeyDer::from_pem_file(key).map_err(|e| TlsError::Read {

@@ -80,7 +80,12 @@ impl Reloader {
             Err(e) => Reload::Failed(e),
         };
         match &outcome {
-            Reload::Unchanged => {}
+            // The files hold what is served again (a bad rotation undone): nothing is failing.
+            Reload::Unchanged => {
+                if self.failures.swap(0, Ordering::SeqCst) > 0 {
+                    info!(cert = %self.cert.display(), "the certificate files match the served pair again");
+                }
+            }
             Reload::Replaced => {
                 self.failures.store(0, Ordering::SeqCst);
                 info!(cert = %self.cert.display(), "serving certificate reloaded");
@@ -110,12 +115,15 @@ impl Reloader {
         }
     }
 
-    /// Polls every `interval`, and at once whenever `nudge` yields (SIGHUP), until dropped.
+    /// Polls every `interval`, and at once whenever `nudge` yields (SIGHUP), until dropped;
+    /// `report` sees every outcome (the systemd status line follows failures and recoveries).
     pub async fn run(
         self: Arc<Self>,
         interval: Duration,
         mut nudge: tokio::sync::mpsc::Receiver<()>,
+        report: impl Fn(&Reload) + Send + Sync + 'static,
     ) {
+        let report = Arc::new(report);
         let mut ticker = tokio::time::interval(interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         ticker.tick().await;
@@ -124,8 +132,8 @@ impl Reloader {
                 _ = ticker.tick() => {}
                 Some(()) = nudge.recv() => info!("reloading the serving certificate (SIGHUP)"),
             }
-            let this = self.clone();
-            if let Err(e) = tokio::task::spawn_blocking(move || this.reload()).await {
+            let (this, report) = (self.clone(), report.clone());
+            if let Err(e) = tokio::task::spawn_blocking(move || report(&this.reload())).await {
                 error!(error = %e, "certificate reload task failed");
             }
         }
@@ -185,5 +193,25 @@ mod tests {
         pair(dir.path());
         assert!(matches!(reloader.reload(), Reload::Replaced));
         assert!(reloader.health().is_ok(), "a good reload heals");
+    }
+
+    #[test]
+    fn putting_the_served_files_back_heals() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        pair(dir.path());
+        let cert = dir.path().join("tls.crt");
+        let key = dir.path().join("tls.key");
+        let store = CertStore::new(load_pair(&cert, &key).expect("pair"));
+        let reloader = Reloader::new(cert.clone(), key.clone(), store.clone(), 1);
+        let good = std::fs::read(&cert).expect("read");
+        std::fs::write(&cert, "garbage").expect("write");
+        assert!(matches!(reloader.reload(), Reload::Failed(_)));
+        assert!(reloader.health().is_err());
+        std::fs::write(&cert, good).expect("write");
+        assert!(matches!(reloader.reload(), Reload::Unchanged));
+        assert!(
+            reloader.health().is_ok(),
+            "the served pair is on disk again"
+        );
     }
 }

@@ -177,6 +177,18 @@ impl TestServer {
         HttpsClient::new(&self.certs.path("ca.crt"), Protocol::Http2)
     }
 
+    /// Signals shutdown without waiting for the drain ([`TestServer::stop`] waits).
+    pub fn signal_stop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+    }
+
+    /// True once the server has stopped (drain finished).
+    pub fn finished(&self) -> bool {
+        self.handle.as_ref().is_none_or(JoinHandle::is_finished)
+    }
+
     /// Signals shutdown and waits for the drain.
     pub async fn stop(mut self) -> Drain {
         if let Some(tx) = self.shutdown.take() {
