@@ -52,7 +52,9 @@ pub fn is_excluded_namespace(namespace: &str) -> bool {
     shortname = "lk",
     category = "objectlocks",
     derive = "PartialEq",
+    status = "LockStatus",
     doc = "Locks the namespaced object of the same name in the same namespace against UPDATE and DELETE.",
+    printcolumn = r#"{"name":"Enforced","type":"integer","jsonPath":".status.enforcedCount","description":"How many kube-object-lock instances enforce the lock (entries in status.enforcedBy); empty until one has seen it"}"#,
     printcolumn = r#"{"name":"Mode","type":"string","jsonPath":".spec.mode","description":"Enforce (refuse) or Warn (allow with a warning); empty means Enforce"}"#,
     printcolumn = r#"{"name":"Expires","type":"string","jsonPath":".spec.expiresAt","description":"When the lock stops applying (RFC 3339); empty means never"}"#,
     printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".spec.reason","description":"Why the object is locked"}"#,
@@ -256,7 +258,9 @@ pub struct Exemptions {
     shortname = "clk",
     category = "objectlocks",
     derive = "PartialEq",
+    status = "LockStatus",
     doc = "Locks the cluster-scoped object of the same name against UPDATE and DELETE.",
+    printcolumn = r#"{"name":"Enforced","type":"integer","jsonPath":".status.enforcedCount","description":"How many kube-object-lock instances enforce the lock (entries in status.enforcedBy); empty until one has seen it"}"#,
     printcolumn = r#"{"name":"Mode","type":"string","jsonPath":".spec.mode","description":"Enforce (refuse) or Warn (allow with a warning); empty means Enforce"}"#,
     printcolumn = r#"{"name":"Expires","type":"string","jsonPath":".spec.expiresAt","description":"When the lock stops applying (RFC 3339); empty means never"}"#,
     printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".spec.reason","description":"Why the object is locked"}"#,
@@ -272,6 +276,67 @@ impl From<ClusterLockSpec> for LockSpec {
     fn from(spec: ClusterLockSpec) -> Self {
         spec.lock
     }
+}
+
+/// What the kube-object-lock instances report about a Lock or ClusterLock.
+///
+/// Each instance writes only its own entry of `enforcedBy` (server-side apply, field manager
+/// `kube-object-lock/<instance>`), so instances never overwrite each other. `enforcedCount` and
+/// `conditions` are written by every instance with the same value, computed from what the lock
+/// says and from `enforcedBy` as the instance last saw it.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LockStatus {
+    /// The instances enforcing this lock now: one entry per instance, written by that instance.
+    /// An instance withdraws its entry when the lock stops applying (expired, Warn mode) or when
+    /// it can no longer read the locks reliably. An instance that crashed keeps its entry until
+    /// it runs again.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["instance"]))]
+    pub enforced_by: Vec<Enforcer>,
+
+    /// The number of entries in enforcedBy, for `kubectl get locks` (a printer column cannot
+    /// count a list).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enforced_count: Option<i64>,
+
+    /// Why the lock is or is not enforced: type Enforced, status True or False, with a reason
+    /// (Enforcing, Expired, WarnMode, NotSentToWebhook).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<LockCondition>,
+}
+
+/// One kube-object-lock instance enforcing a lock.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Enforcer {
+    /// The instance's name (setting `instance.name`, by default its host name).
+    pub instance: String,
+    /// The lock's metadata.generation the instance enforces.
+    pub observed_generation: i64,
+    /// Since when the instance enforces the lock.
+    pub since: Time,
+}
+
+/// A condition of a lock. It carries no lastTransitionTime: every instance writes the same
+/// condition, and a time would differ from one instance to the next.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LockCondition {
+    /// The condition's type: Enforced.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// True, False or Unknown.
+    pub status: String,
+    /// Why, in one CamelCase word: Enforcing, Expired, WarnMode, NotSentToWebhook.
+    pub reason: String,
+    /// Why, for people.
+    #[serde(default)]
+    pub message: String,
+    /// The lock's metadata.generation the condition was computed from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
 }
 
 /// The two CRDs, ready to apply: `spec` is optional and defaults to `{}`.
@@ -374,7 +439,22 @@ mod tests {
                 .flatten()
                 .map(|c| c.name.as_str())
                 .collect();
-            assert_eq!(columns, ["Mode", "Expires", "Reason", "Age"]);
+            assert_eq!(columns, ["Enforced", "Mode", "Expires", "Reason", "Age"]);
+            assert!(
+                crd.spec.versions[0]
+                    .subresources
+                    .as_ref()
+                    .is_some_and(|s| s.status.is_some()),
+                "status is a subresource, so status writes need their own permission"
+            );
+            let status = &schema(crd).properties.as_ref().expect("properties")["status"];
+            let enforced_by = &status.properties.as_ref().expect("status fields")["enforcedBy"];
+            let keys = serde_json::to_value(enforced_by).expect("serializes");
+            assert_eq!(keys["x-kubernetes-list-type"], "map");
+            assert_eq!(
+                keys["x-kubernetes-list-map-keys"],
+                serde_json::json!(["instance"])
+            );
         }
     }
 

@@ -7,6 +7,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
@@ -21,6 +22,7 @@ use crate::locks::kube::{CacheConfig, KubeSource};
 use crate::metrics::{Metrics, ScopeLabels, SourceMetrics};
 use crate::server::{self, Drain, Limits};
 use crate::settings::Settings;
+use crate::status::Reporting;
 use crate::systemd;
 use crate::tls::reload::{Reload, Reloader};
 use crate::tls::{self, CertStore, TlsError};
@@ -58,6 +60,9 @@ pub enum StartError {
     /// The certificate cannot be used.
     #[error(transparent)]
     Tls(#[from] TlsError),
+    /// The instance name cannot be used.
+    #[error("instance.name: {0}")]
+    Instance(String),
     /// The listen address cannot be bound.
     #[error("cannot listen on {addr} ({key})")]
     Bind {
@@ -68,6 +73,27 @@ pub enum StartError {
         /// The I/O error.
         source: std::io::Error,
     },
+}
+
+/// How long withdrawing from lock status and writing the last events may delay the exit.
+const REPORTING_GRACE: Duration = Duration::from_secs(2);
+
+/// The status and event writers for the cluster named by `settings`.
+async fn reporting(settings: &Settings, metrics: &Metrics) -> Result<Reporting, StartError> {
+    let instance =
+        crate::status::instance_name(&settings.instance.name).map_err(StartError::Instance)?;
+    let client = kubeconfig::client(kube_config(settings).await?, ToString::to_string).map_err(
+        |message| StartError::Kubeconfig {
+            path: String::new(),
+            message,
+        },
+    )?;
+    info!(%instance, "writing lock status and refusal events as this instance");
+    Ok(Reporting::start(
+        client,
+        instance,
+        metrics.enforcement.clone(),
+    ))
 }
 
 /// A lock source and the task keeping it fresh.
@@ -162,6 +188,7 @@ pub struct Webhook {
     settings: Settings,
     metrics: Arc<Metrics>,
     metrics_listener: Option<TcpListener>,
+    reporting: Option<Reporting>,
 }
 
 impl Webhook {
@@ -175,7 +202,19 @@ impl Webhook {
         tls::check_covers_url(&tls::load_pair(cert, key)?, &settings.webhook.url)?;
         let metrics = Arc::new(Metrics::new());
         let source = lock_source_with_metrics(&settings, true, metrics.source.clone()).await?;
-        Webhook::bind_with_source(settings, source, metrics).await
+        let mut webhook =
+            Webhook::bind_with_source(settings.clone(), source, metrics.clone()).await?;
+        // Lock status and events exist only in a cluster.
+        if settings.locks.dir.is_none() {
+            webhook.reporting = Some(reporting(&settings, &metrics).await?);
+        }
+        Ok(webhook)
+    }
+
+    /// Writes lock status and refusal events through `reporting` (see [`crate::status`]).
+    pub fn with_reporting(mut self, reporting: Reporting) -> Self {
+        self.reporting = Some(reporting);
+        self
     }
 
     /// Like [`Webhook::bind`], with a lock source built by the caller (counting, if it counts,
@@ -234,6 +273,7 @@ impl Webhook {
             settings,
             metrics,
             metrics_listener,
+            reporting: None,
         })
     }
 
@@ -278,12 +318,16 @@ impl Webhook {
             settings,
             metrics,
             metrics_listener,
+            reporting,
         } = self;
-        let reviewer = Reviewer::with_metrics(
+        let mut reviewer = Reviewer::with_metrics(
             source.source.clone(),
             settings.review_policy(),
             metrics.admission.clone(),
         );
+        if let Some(reporting) = &reporting {
+            reviewer = reviewer.with_events(reporting.events.clone());
+        }
         let checked = reloader.clone();
         let health: crate::http::HealthCheck = Arc::new(move || checked.health());
         let state = Arc::new(crate::http::State {
@@ -346,6 +390,9 @@ impl Webhook {
             && !matches!(task.await, Ok(Drain::Complete))
         {
             drain = Drain::TimedOut;
+        }
+        if let Some(reporting) = reporting {
+            reporting.stop(REPORTING_GRACE).await;
         }
         for task in [Some(reloading), Some(watchdog), source.refresh]
             .into_iter()

@@ -183,6 +183,8 @@ pub struct Metrics {
     pub certificate_expiry: Gauge,
     /// Requests refused before admission (not an AdmissionReview).
     pub invalid: Counter,
+    /// Lock status writes and refusal events.
+    pub enforcement: crate::status::EnforcementMetrics,
 }
 
 impl Default for Metrics {
@@ -273,7 +275,9 @@ impl Metrics {
             certificate_expiry.clone(),
         );
         registry.register("build_info", "Build information", build);
+        let enforcement = crate::status::EnforcementMetrics::registered(&mut registry);
         Metrics {
+            enforcement,
             registry,
             admission,
             source,

@@ -40,6 +40,16 @@ pub struct Settings {
     pub log: LogSettings,
     /// The Prometheus endpoint.
     pub metrics: MetricsSettings,
+    /// This instance, as lock status and events name it.
+    pub instance: InstanceSettings,
+}
+
+/// This instance, as lock status and events name it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct InstanceSettings {
+    /// Unique, stable name of this instance; empty = the host name.
+    pub name: String,
 }
 
 /// The Prometheus endpoint.
@@ -207,6 +217,7 @@ impl Default for Settings {
             locks: LocksSettings::default(),
             log: LogSettings::default(),
             metrics: MetricsSettings::default(),
+            instance: InstanceSettings::default(),
         }
     }
 }
@@ -446,6 +457,11 @@ impl Settings {
                 "metrics.listen",
                 "must be an address like 127.0.0.1:9464, or empty to turn metrics off",
             );
+        }
+        if !self.instance.name.is_empty()
+            && let Err(message) = crate::status::check_instance_name(&self.instance.name)
+        {
+            return fail("instance.name", &message);
         }
         if self.tls.max_reload_failures == 0 {
             return fail("tls.max_reload_failures", "must be at least 1");

@@ -86,8 +86,15 @@ impl Cluster {
         self.dir.path().join("kubeconfig")
     }
 
+    /// `kubectl lock ARGS`, not waiting for a webhook (there is none here; `tests/confirm.rs`
+    /// runs one) unless the arguments say how to wait.
     async fn lock(&self, args: &[&str]) -> Run {
-        run(Path::new(LOCK_BIN), args, &self.kubeconfig()).await
+        let mut args = args.to_vec();
+        let says = |flag: &str| args.iter().any(|a| a.starts_with(flag));
+        if args.first() != Some(&"list") && !says("--wait") && !says("--timeout") {
+            args.push("--wait=false");
+        }
+        run(Path::new(LOCK_BIN), &args, &self.kubeconfig()).await
     }
 
     async fn unlock(&self, args: &[&str]) -> Run {
@@ -205,7 +212,7 @@ async fn lock_by_kind_and_by_group_qualified_name() {
         "--context",
         "other",
     ];
-    let mut args = vec!["Deployment.apps", "web", "-n", "prod"];
+    let mut args = vec!["Deployment.apps", "web", "-n", "prod", "--wait=false"];
     args.extend(flags);
     let run = run_without_env(&args).await;
     assert!(
@@ -392,7 +399,7 @@ async fn list_shows_coverage_targets_and_time_left() {
     assert_eq!(
         header,
         [
-            "NAME", "KIND", "COVERS", "TARGET", "MODE", "EXPIRES", "REASON"
+            "NAME", "KIND", "COVERS", "TARGET", "MODE", "ENFORCED", "BLOCKED", "EXPIRES", "REASON"
         ]
     );
     assert_eq!(
@@ -403,6 +410,8 @@ async fn list_shows_coverage_targets_and_time_left() {
             "deployments.apps",
             "exists",
             "Enforce",
+            "-",
+            "0",
             "1h59m",
             "release",
             "freeze"
@@ -410,7 +419,16 @@ async fn list_shows_coverage_targets_and_time_left() {
     );
     assert_eq!(
         run.row(&["gone"]),
-        ["gone", "Lock", "configmaps", "missing", "Enforce", "never"]
+        [
+            "gone",
+            "Lock",
+            "configmaps",
+            "missing",
+            "Enforce",
+            "-",
+            "0",
+            "never"
+        ]
     );
     assert_eq!(
         run.row(&["app-config"]),
@@ -423,17 +441,28 @@ async fn list_shows_coverage_targets_and_time_left() {
             "app-config",
             "-",
             "Enforce",
+            "-",
+            "0",
             "never"
         ]
     );
     assert_eq!(
         run.row(&["old"]),
-        ["old", "Lock", "configmaps", "missing", "Enforce", "expired"]
+        [
+            "old",
+            "Lock",
+            "configmaps",
+            "missing",
+            "Enforce",
+            "-",
+            "0",
+            "expired"
+        ]
     );
     assert_eq!(
         run.row(&["by-label"]),
         [
-            "by-label", "Lock", "selector", "app=web", "-", "Warn", "never"
+            "by-label", "Lock", "selector", "app=web", "-", "Warn", "-", "0", "never"
         ]
     );
     assert_eq!(
@@ -444,6 +473,8 @@ async fn list_shows_coverage_targets_and_time_left() {
             "namespaces",
             "exists",
             "Enforce",
+            "-",
+            "0",
             "never"
         ]
     );
@@ -464,6 +495,8 @@ async fn list_shows_coverage_targets_and_time_left() {
             "db",
             "-",
             "Enforce",
+            "-",
+            "0",
             "never",
             "migration"
         ]
@@ -478,6 +511,8 @@ async fn list_shows_coverage_targets_and_time_left() {
             "namespaces",
             "exists",
             "Enforce",
+            "-",
+            "0",
             "never"
         ]
     );
@@ -678,7 +713,7 @@ async fn specs_are_read_as_the_webhook_reads_them() {
     let run = c.lock(&["list"]).await;
     assert_eq!(
         run.row(&["odd"]),
-        ["odd", "Lock", "?", "-", "?", "?"],
+        ["odd", "Lock", "?", "-", "?", "-", "0", "?"],
         "{run:?}"
     );
     assert_eq!(
@@ -690,6 +725,8 @@ async fn specs_are_read_as_the_webhook_reads_them() {
             "resource",
             "-",
             "Enforce",
+            "-",
+            "0",
             "never"
         ]
     );
@@ -759,6 +796,8 @@ async fn locks_the_webhook_never_sees_are_refused_or_marked() {
             "configmaps",
             "missing",
             "unenforced",
+            "-",
+            "0",
             "never"
         ]
     );

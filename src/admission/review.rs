@@ -18,6 +18,7 @@ use tracing::{debug, info, warn};
 
 use super::decide::{self, OnLookupError, Outcome, Plan, Verdict};
 use super::request::{ADMISSION_V1, ADMISSION_V1BETA1, AdmissionRequest};
+use crate::events::EventSink;
 use crate::locks::{LockSet, LockSource, LookupError};
 use crate::metrics::{AdmissionMetrics, Decision, LookupErrorLabels};
 
@@ -150,6 +151,7 @@ pub struct Reviewer {
     source: Arc<dyn LockSource>,
     policy: ReviewPolicy,
     metrics: AdmissionMetrics,
+    events: Option<EventSink>,
 }
 
 /// A review's answer, and what it was, for logs and metrics.
@@ -177,7 +179,14 @@ impl Reviewer {
             source,
             policy,
             metrics,
+            events: None,
         }
+    }
+
+    /// Records refusals (and Warn-mode matches) as Kubernetes Events through `sink`.
+    pub fn with_events(mut self, sink: EventSink) -> Self {
+        self.events = Some(sink);
+        self
     }
 
     /// The lock source, for readiness.
@@ -211,7 +220,17 @@ impl Reviewer {
                 let timeout = self.lookup_timeout(deadline);
                 match self.read(&lookup, timeout).await {
                     Ok((scope, contents)) => {
-                        decide::decide(req, &lookup, &scope, contents.as_deref(), Timestamp::now())
+                        let verdict = decide::decide(
+                            req,
+                            &lookup,
+                            &scope,
+                            contents.as_deref(),
+                            Timestamp::now(),
+                        );
+                        if let Some(events) = &self.events {
+                            events.record_verdict(req, &verdict, &scope, contents.as_deref());
+                        }
+                        verdict
                     }
                     Err(error) => {
                         warn!(uid = %req.uid, operation = req.operation.as_str(), resource = %req.resource_path(),

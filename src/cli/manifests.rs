@@ -208,7 +208,8 @@ pub fn webhook_configuration(reg: &Registration, name: &str) -> ValidatingWebhoo
         },
         failure_policy: Some(reg.failure_policy.as_str().to_owned()),
         match_policy: Some("Equivalent".to_owned()),
-        side_effects: "None".to_owned(),
+        // Refusals are recorded as Events, except for dry runs.
+        side_effects: "NoneOnDryRun".to_owned(),
         timeout_seconds: Some(reg.timeout_seconds),
         namespace_selector: Some(LabelSelector {
             match_expressions: Some(vec![LabelSelectorRequirement {
@@ -295,7 +296,8 @@ fn match_conditions() -> Vec<MatchCondition> {
     .collect()
 }
 
-/// The ClusterRole (read the locks, nothing else) and its binding to the webhook's identity.
+/// The ClusterRole (read the locks, write their status, record refusal events; nothing else) and
+/// its binding to the webhook's identity.
 pub fn rbac(identity: &Identity) -> (ClusterRole, ClusterRoleBinding) {
     let meta = || ObjectMeta {
         name: Some(NAME.to_owned()),
@@ -304,12 +306,31 @@ pub fn rbac(identity: &Identity) -> (ClusterRole, ClusterRoleBinding) {
     };
     let role = ClusterRole {
         metadata: meta(),
-        rules: Some(vec![PolicyRule {
-            api_groups: Some(vec![api::GROUP.to_owned()]),
-            resources: Some(vec![api::LOCKS.to_owned(), api::CLUSTER_LOCKS.to_owned()]),
-            verbs: ["get", "list", "watch"].map(str::to_owned).to_vec(),
-            ..PolicyRule::default()
-        }]),
+        rules: Some(vec![
+            PolicyRule {
+                api_groups: Some(vec![api::GROUP.to_owned()]),
+                resources: Some(vec![api::LOCKS.to_owned(), api::CLUSTER_LOCKS.to_owned()]),
+                verbs: ["get", "list", "watch"].map(str::to_owned).to_vec(),
+                ..PolicyRule::default()
+            },
+            // Each instance records in a lock's status that it enforces it.
+            PolicyRule {
+                api_groups: Some(vec![api::GROUP.to_owned()]),
+                resources: Some(vec![
+                    format!("{}/status", api::LOCKS),
+                    format!("{}/status", api::CLUSTER_LOCKS),
+                ]),
+                verbs: vec!["patch".to_owned()],
+                ..PolicyRule::default()
+            },
+            // Refusals are recorded as Events regarding the lock (a series: create, then patch).
+            PolicyRule {
+                api_groups: Some(vec!["events.k8s.io".to_owned()]),
+                resources: Some(vec!["events".to_owned()]),
+                verbs: ["create", "patch"].map(str::to_owned).to_vec(),
+                ..PolicyRule::default()
+            },
+        ]),
         aggregation_rule: None,
     };
     let subject = match identity {

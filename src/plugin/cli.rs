@@ -42,6 +42,9 @@ Examples:
   # Lock an object that does not exist yet
   kubectl lock secret/tls-cert --allow-missing
 
+  # Do not wait for the webhook to confirm the lock (by default up to 10s)
+  kubectl lock deploy/web --wait=false
+
   # What is locked, here and everywhere
   kubectl lock list
   kubectl lock list -A";
@@ -155,6 +158,15 @@ pub struct LockArgs {
     /// kube-node-lease), where it is never enforced; without it such a lock is refused.
     #[arg(long)]
     pub force_unenforced: bool,
+    /// Wait until the lock is in force: an instance of the webhook reports it in the lock's
+    /// status and a server-side dry run of the guarded operation is refused by it.
+    /// --wait=false returns as soon as the Lock exists.
+    #[arg(long, value_name = "BOOL", default_value_t = true, num_args = 0..=1,
+        default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub wait: bool,
+    /// How long to wait for the lock to be in force (30s, 1m); then exit 1, leaving the Lock.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "10s")]
+    pub timeout: Duration,
 }
 
 /// An operation a lock can refuse.
@@ -310,6 +322,14 @@ mod tests {
         );
         assert_eq!(cli.lock.exempt_users, ["alice", "bob"]);
         assert!(cli.lock.warn && !cli.lock.allow_missing);
+        assert!(cli.lock.wait, "waits by default");
+        assert_eq!(cli.lock.timeout, Duration::from_secs(10));
+        let quick = lock(&["deploy/web", "--wait=false", "--timeout", "1m"]).expect("parses");
+        assert!(!quick.lock.wait);
+        assert_eq!(quick.lock.timeout, Duration::from_secs(60));
+        assert!(lock(&["deploy/web", "--wait"]).expect("parses").lock.wait);
+        let err = lock(&["deploy/web", "--timeout", "soon"]).expect_err("bad timeout");
+        assert!(one_line(&err).contains("--timeout"), "{err}");
     }
 
     #[test]

@@ -3,6 +3,9 @@
 /// Why `kubectl lock` or `kubectl unlock` failed.
 #[derive(Debug, thiserror::Error)]
 pub enum PluginError {
+    /// The lock was created but is not confirmed in force.
+    #[error(transparent)]
+    NotInForce(#[from] NotInForce),
     /// The kubeconfig could not be read or has no usable context.
     #[error("cannot load the kubeconfig{path}: {message}")]
     Kubeconfig {
@@ -85,6 +88,20 @@ pub enum PluginError {
         /// Why a lock of that name does not count, if there is one.
         why: String,
     },
+}
+
+/// The lock was created, but nothing shows it in force.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{lock} was created but is not in force{waited} (it stays; kubectl unlock removes it): {reason}"
+)]
+pub struct NotInForce {
+    /// `Lock prod/web`.
+    pub lock: String,
+    /// ` after 10s`, or empty when it can never be.
+    pub waited: String,
+    /// Why: no instance has seen it, it is not sent to the webhook, another webhook...
+    pub reason: String,
 }
 
 impl PluginError {

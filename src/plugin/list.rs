@@ -10,7 +10,7 @@ use kube::api::{DynamicObject, ListParams};
 use super::cli::{ConnectionArgs, ListArgs};
 use super::discovery::Discovered;
 use super::error::{detail, status_code};
-use super::{Cluster, PluginError, Report, lock_kind, lock_resource, spec};
+use super::{Cluster, PluginError, Report, activity, lock_kind, lock_resource, spec};
 use crate::api::{self, LockSpec};
 
 /// Target lookups in flight at once.
@@ -85,9 +85,11 @@ pub(super) async fn list(
         .collect()
         .await;
 
+    let blocked = blocked(&cluster, namespace.as_deref(), &mut notes).await;
+
     let now = Timestamp::now();
     let mut header = vec![
-        "NAME", "KIND", "COVERS", "TARGET", "MODE", "EXPIRES", "REASON",
+        "NAME", "KIND", "COVERS", "TARGET", "MODE", "ENFORCED", "BLOCKED", "EXPIRES", "REASON",
     ];
     if args.all_namespaces {
         header.insert(0, "NAMESPACE");
@@ -107,13 +109,23 @@ pub(super) async fn list(
                         true => UNENFORCED.to_owned(),
                         false => spec::mode(spec).to_owned(),
                     },
+                    activity::enforced(o),
+                    blocked.as_ref().map_or("-".to_owned(), |b| b.of(o)),
                     spec::time_left(spec, now),
                     (spec.reason.as_deref().unwrap_or_default())
                         .split_whitespace()
                         .collect::<Vec<_>>()
                         .join(" "),
                 ],
-                None => ["?", "-", "?", "?", ""].map(str::to_owned).to_vec(),
+                None => vec![
+                    "?".to_owned(),
+                    "-".to_owned(),
+                    "?".to_owned(),
+                    activity::enforced(o),
+                    blocked.as_ref().map_or("-".to_owned(), |b| b.of(o)),
+                    "?".to_owned(),
+                    String::new(),
+                ],
             };
             row.insert(0, lock_kind(namespace.is_some()).to_owned());
             row.insert(0, name);
@@ -137,6 +149,35 @@ pub(super) async fn list(
         stdout: table(&header, &rows),
         notes,
     })
+}
+
+/// Refusals recorded for the locks listed: the events of `namespace` (all when `None`), and of
+/// `default`, where the events of ClusterLocks are. `None` (with a note) when they cannot be read.
+async fn blocked(
+    cluster: &Cluster,
+    namespace: Option<&str>,
+    notes: &mut Vec<String>,
+) -> Option<activity::Blocked> {
+    let mut namespaces = vec![namespace];
+    if namespace.is_some_and(|ns| ns != "default") {
+        namespaces.push(Some("default"));
+    }
+    let mut total = activity::Blocked::default();
+    for ns in namespaces {
+        match activity::Blocked::read(&cluster.client, ns).await {
+            Ok(found) => total.merge(found),
+            Err(e) => {
+                notes.push(format!(
+                    "BLOCKED is not shown: cannot list events.events.k8s.io{}: {}",
+                    ns.map(|ns| format!(" in namespace \"{ns}\""))
+                        .unwrap_or_default(),
+                    detail(&e)
+                ));
+                return None;
+            }
+        }
+    }
+    Some(total)
 }
 
 /// The MODE of a lock the webhook never hears of.

@@ -3,7 +3,8 @@
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, DynamicObject, PostParams, Preconditions};
 
-use super::cli::{ConnectionArgs, LockArgs};
+use super::cli::{ConnectionArgs, LockArgs, Operation};
+use super::confirm::{self, Probe};
 use super::error::status_code;
 use super::spec::{self, NewSpec};
 use super::{Cluster, PluginError, Report, Target, lock_resource};
@@ -75,7 +76,25 @@ pub(super) async fn lock(
         .as_ref()
         .map(|r| format!(": {r}"))
         .unwrap_or_default();
-    let stdout = format!("locked {target} with {lock} ({}){reason}\n", new.summary());
+    // An unenforced lock (--force-unenforced) can never be confirmed: do not wait for it.
+    let confirmed = match args.wait && target.unenforced().is_none() {
+        false => String::new(),
+        true => {
+            let probe = match (args.warn, args.allow_missing, operations.as_slice()) {
+                (true, _, _) => Probe::None,
+                // Missing objects are found out by the dry run (404).
+                (_, _, [Operation::Update]) => Probe::Update,
+                _ => Probe::Delete,
+            };
+            confirm::confirm(&cluster, &target, &lock, probe, args.timeout)
+                .await?
+                .suffix()
+        }
+    };
+    let stdout = format!(
+        "locked {target} with {lock} ({}){reason}{confirmed}\n",
+        new.summary()
+    );
     Ok(Report { stdout, notes })
 }
 

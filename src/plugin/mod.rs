@@ -9,7 +9,9 @@
 //! a spec covers is the decision's own [`crate::admission::decide::covers_resource`]: a lock
 //! means the same to the plugin as to the webhook.
 
+mod activity;
 pub mod cli;
+mod confirm;
 pub mod discovery;
 mod error;
 mod list;

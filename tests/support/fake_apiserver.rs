@@ -23,12 +23,28 @@
 //!   resources with their short names, scopes and verbs, and some subresources).
 //! - Other objects, seeded with [`FakeApiServer::add_object`] and answered by GET of one object
 //!   (200, or a 404 `NotFound` Status naming it); only the resources in [`DISCOVERY`].
+//! - The locks' `status` subresource: GET, and PATCH as server-side apply with per-manager
+//!   field ownership, list-map merging, conflicts and `force` (module `ssa`); writes to the main
+//!   resource keep the status and a create drops it, as for a CRD with a status subresource.
+//! - `events.k8s.io/v1` Events: create, merge patch, get, list with field selectors, validated
+//!   as kube-apiserver validates them (module `ext`).
+//! - Dry-run DELETE and merge PATCH of the seeded objects, sent through a registered validating
+//!   webhook over HTTPS as real AdmissionReviews (module `admission`).
 //!
-//! What it does not fake: TLS, authentication, aggregated discovery, LIST or changes of other
-//! objects, PUT/PATCH, status subresources, `dryRun` (answered 400), admission and schema
-//! validation, `generateName`, periodic watch bookmarks, protobuf, HTTP/2, and the few seconds a
-//! real server waits before answering "Too large resource version".
+//! What it does not fake: TLS, authentication, aggregated discovery, LIST or real writes of
+//! other objects, PUT, other PATCH types, `dryRun` elsewhere (answered 400), admission of the
+//! lock resources, schema validation, managedFields of the main resource, `generateName`,
+//! periodic watch bookmarks, protobuf, HTTP/2, and the few seconds a real server waits before
+//! answering "Too large resource version".
 #![allow(dead_code)] // each test binary uses a different part of this module
+
+// Explicit paths: this file is also included by the load benchmark through `#[path]`.
+#[path = "fake_apiserver/admission.rs"]
+mod admission;
+#[path = "fake_apiserver/ext.rs"]
+mod ext;
+#[path = "fake_apiserver/ssa.rs"]
+mod ssa;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::convert::Infallible;
@@ -132,6 +148,10 @@ struct State {
     log: Vec<String>,
     lists: Vec<String>,
     watches: usize,
+    /// Status field managers and events.
+    ext: ext::ExtState,
+    /// The webhook dry-run writes are sent to.
+    admission: admission::AdmissionState,
 }
 
 impl State {
@@ -395,12 +415,20 @@ impl FakeApiServer {
             return Err(status(409, &msg, details(res, &name)));
         }
         let spec_changed = old.as_ref().is_some_and(|old| old["spec"] != body["spec"]);
+        // The status belongs to its subresource: a write of the object never changes it.
+        match old.as_ref().and_then(|old| old.get("status")) {
+            Some(status) => body["status"] = status.clone(),
+            None => _ = body.as_object_mut().map(|b| b.remove("status")),
+        }
         let meta = &mut body["metadata"];
         meta["name"] = json!(name);
         if res == Res::Lock {
             meta["namespace"] = json!(ns);
         }
         if let Some(old) = &old {
+            if let Some(managed) = old["metadata"].get("managedFields") {
+                meta["managedFields"] = managed.clone();
+            }
             meta["uid"] = old["metadata"]["uid"].clone();
             meta["creationTimestamp"] = old["metadata"]["creationTimestamp"].clone();
             let generation = old["metadata"]["generation"].as_u64().unwrap_or(1);
@@ -423,6 +451,7 @@ impl FakeApiServer {
     /// Removes an object: DELETED, carrying the deletion's resourceVersion (as etcd does).
     fn remove(&self, key: Key) -> Option<Value> {
         let mut st = self.state();
+        st.ext.managed.remove(&key);
         let object = st.objects.get(&key).cloned()?;
         let object = st.emit("DELETED", key, object);
         drop(st);
@@ -439,6 +468,9 @@ impl FakeApiServer {
             .map(|kv| kv.split_once('=').unwrap_or((kv, "")))
             .map(|(k, v)| (decode(&k.replace('+', " ")), decode(&v.replace('+', " "))))
             .collect();
+        if ext::handles(&method, uri.path(), &query) {
+            return Ok(self.handle_ext(req, &query).await);
+        }
         if method == Method::GET
             && let Some(list) = discovery(uri.path())
         {
@@ -1019,6 +1051,7 @@ fn status(code: u16, message: &str, details: Value) -> Value {
         405 => "MethodNotAllowed",
         409 => "AlreadyExists",
         410 => "Expired",
+        415 => "UnsupportedMediaType",
         422 => "Invalid",
         429 => "TooManyRequests",
         503 => "ServiceUnavailable",

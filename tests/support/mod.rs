@@ -105,6 +105,17 @@ impl TestServer {
         metrics: Arc<Metrics>,
         tune: impl FnOnce(&mut Settings),
     ) -> TestServer {
+        TestServer::start_reporting(certs, source, metrics, None, tune).await
+    }
+
+    /// Like [`TestServer::start_full`], writing lock status and events through `reporting`.
+    pub async fn start_reporting(
+        certs: Certs,
+        source: Source,
+        metrics: Arc<Metrics>,
+        reporting: Option<kube_object_lock::status::Reporting>,
+        tune: impl FnOnce(&mut Settings),
+    ) -> TestServer {
         init();
         let mut settings = Settings::default();
         settings.server.listen = "127.0.0.1:0".parse().expect("addr");
@@ -112,9 +123,12 @@ impl TestServer {
         settings.tls.key = Some(certs.path("tls.key"));
         settings.metrics.listen = "127.0.0.1:0".to_owned();
         tune(&mut settings);
-        let webhook = Webhook::bind_with_source(settings, source, metrics)
+        let mut webhook = Webhook::bind_with_source(settings, source, metrics)
             .await
             .expect("webhook binds");
+        if let Some(reporting) = reporting {
+            webhook = webhook.with_reporting(reporting);
+        }
         let addr = webhook.local_addr();
         let metrics_addr = webhook.metrics_addr();
         let (tx, rx) = oneshot::channel::<()>();

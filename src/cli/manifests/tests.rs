@@ -47,7 +47,10 @@ fn the_webhook_sends_what_the_decision_needs_and_nothing_it_must_not() {
             Some(std::fs::read(example_ca()).expect("ca"))
         );
         assert_eq!(hook.admission_review_versions, ["v1"]);
-        assert_eq!(hook.side_effects, "None");
+        assert_eq!(
+            hook.side_effects, "NoneOnDryRun",
+            "events are not written for dry runs"
+        );
         assert_eq!(hook.failure_policy.as_deref(), Some("Fail"));
         assert_eq!(hook.timeout_seconds, Some(5));
         let selector = hook
@@ -99,11 +102,31 @@ fn the_webhook_sends_what_the_decision_needs_and_nothing_it_must_not() {
 }
 
 #[test]
-fn rbac_reads_locks_and_nothing_else() {
+fn rbac_reads_locks_writes_their_status_and_events_and_nothing_else() {
     let (role, binding) = rbac(&Identity::service_account("kol/webhook").expect("sa"));
     let rules = role.rules.expect("rules");
-    assert_eq!(rules.len(), 1);
+    assert_eq!(rules.len(), 3);
     assert_eq!(rules[0].verbs, ["get", "list", "watch"]);
+    // Status: patch only, on the status subresources only.
+    assert_eq!(rules[1].verbs, ["patch"]);
+    assert_eq!(
+        rules[1].resources.as_deref(),
+        Some(&["locks/status".to_owned(), "clusterlocks/status".to_owned()][..])
+    );
+    assert_eq!(
+        rules[1].api_groups.as_deref(),
+        Some(&["objectlock.dev".to_owned()][..])
+    );
+    // Events: create and patch in events.k8s.io, nothing else.
+    assert_eq!(rules[2].verbs, ["create", "patch"]);
+    assert_eq!(
+        rules[2].api_groups.as_deref(),
+        Some(&["events.k8s.io".to_owned()][..])
+    );
+    assert_eq!(
+        rules[2].resources.as_deref(),
+        Some(&["events".to_owned()][..])
+    );
     assert_eq!(
         rules[0].api_groups.as_deref(),
         Some(&["objectlock.dev".to_owned()][..])

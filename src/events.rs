@@ -1,0 +1,443 @@
+//! Refusals leave a trace: every refused request becomes a Kubernetes Event regarding the Lock
+//! that refused it (reason `Blocked`; `WouldBlock` for a Warn-mode lock), which `kubectl
+//! describe lock` shows and `kubectl lock list` counts.
+//!
+//! The admission path only hands a record to a bounded queue ([`EventSink::record`] never
+//! waits): a full queue drops the record and counts it, so writing events can neither delay nor
+//! change an answer. A background task ([`run`]) turns records into event series the way
+//! client-go's event recorder does (events.k8s.io/v1: one Event per lock, reason and message,
+//! then `series.count` and `series.lastObservedTime` patched as the same thing happens again),
+//! with one difference that matters under load: it writes at most once per lock per
+//! `min_interval`, so a client retrying in a tight loop costs one write every few seconds while
+//! the count keeps growing. (kube-runtime's `Recorder` writes once per call, which is why it is
+//! not used here.) A write that fails is retried on the next turn, at most three times, then
+//! counted and given up.
+//!
+//! Dry runs are not recorded: `kubectl lock` confirms a lock with one, and the registration
+//! promises no side effects on dry runs (`sideEffects: NoneOnDryRun`).
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::api::events::v1::{Event, EventSeries};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+use tracing::{debug, warn};
+
+use crate::admission::decide::{Outcome, Verdict};
+use crate::admission::request::AdmissionRequest;
+use crate::api;
+use crate::locks::{LockRef, LockSet};
+use crate::status::{
+    DropLabels, EnforcementMetrics, EventLabels, EventWriteLabels, LockKey, LockSnapshot,
+};
+
+/// `reportingController` of every event.
+pub const REPORTING_CONTROLLER: &str = "objectlock.dev/kube-object-lock";
+/// Reason of a refusal by an Enforce lock.
+pub const BLOCKED: &str = "Blocked";
+/// Reason of a change a Warn-mode lock would have refused.
+pub const WOULD_BLOCK: &str = "WouldBlock";
+/// A series idle this long is finished; the next refusal starts a new Event (as client-go).
+const SERIES_IDLE: Duration = Duration::from_secs(6 * 60);
+/// Failed writes of one series before its pending count is given up.
+const MAX_FAILURES: u32 = 3;
+/// How often pending counts are looked at.
+const TICK: Duration = Duration::from_millis(200);
+/// An Event's note is at most 1 KiB.
+const MAX_NOTE_BYTES: usize = 1024;
+
+/// What kind of trace a refusal leaves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Reason {
+    /// Refused by an Enforce lock.
+    Blocked,
+    /// Allowed with a warning by a Warn-mode lock.
+    WouldBlock,
+}
+
+impl Reason {
+    /// The Event's reason.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Blocked => BLOCKED,
+            Reason::WouldBlock => WOULD_BLOCK,
+        }
+    }
+}
+
+/// One refused (or Warn-mode) request, as the event writer needs it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    /// The lock that refused it.
+    pub lock: LockKey,
+    /// Blocked or WouldBlock.
+    pub reason: Reason,
+    /// `UPDATE`, `DELETE`, or `CREATE` (of `pods/eviction`).
+    pub operation: &'static str,
+    /// The Event's message: who did what to which object.
+    pub note: String,
+}
+
+/// The admission path's end of the event queue. Cloning shares the queue.
+#[derive(Clone, Debug)]
+pub struct EventSink {
+    tx: mpsc::Sender<Refusal>,
+    metrics: EnforcementMetrics,
+}
+
+impl EventSink {
+    /// A queue of `capacity` records and its receiving end, for [`run`].
+    pub fn channel(
+        capacity: usize,
+        metrics: EnforcementMetrics,
+    ) -> (EventSink, mpsc::Receiver<Refusal>) {
+        let (tx, rx) = mpsc::channel(capacity.max(1));
+        (EventSink { tx, metrics }, rx)
+    }
+
+    /// Queues `refusal` without waiting; a full queue drops it and counts the drop.
+    pub fn record(&self, refusal: Refusal) {
+        let reason = refusal.reason.as_str();
+        match self.tx.try_send(refusal) {
+            Ok(()) => self
+                .metrics
+                .refusal_events
+                .get_or_create(&EventLabels { reason })
+                .inc(),
+            Err(_) => self
+                .metrics
+                .refusal_events_dropped
+                .get_or_create(&DropLabels {
+                    cause: "queue_full",
+                })
+                .inc(),
+        };
+    }
+
+    /// Records what `verdict` says about `req`: a Blocked refusal for each lock that refused it,
+    /// a WouldBlock for each Warn-mode lock that would have. `scope` and `contents` are the lock
+    /// sets the verdict was decided from. Dry runs are skipped.
+    pub fn record_verdict(
+        &self,
+        req: &AdmissionRequest,
+        verdict: &Verdict,
+        scope: &LockSet,
+        contents: Option<&LockSet>,
+    ) {
+        if req.dry_run == Some(true) {
+            return;
+        }
+        for (lock, reason) in refusing_locks(verdict, scope, contents) {
+            self.record(refusal(req, lock, reason));
+        }
+    }
+}
+
+/// The locks a verdict names as refusing (Blocked) or warning (WouldBlock), found by name in
+/// the sets it was decided from.
+pub fn refusing_locks<'a>(
+    verdict: &Verdict,
+    scope: &'a LockSet,
+    contents: Option<&'a LockSet>,
+) -> Vec<(&'a LockRef, Reason)> {
+    let mut found = vec![];
+    let sets = || std::iter::once(scope).chain(contents);
+    if verdict.outcome == Outcome::Denied {
+        for lock in sets().flat_map(LockSet::iter) {
+            if verdict.locks.iter().any(|l| *l == lock.to_string()) {
+                found.push((lock, Reason::Blocked));
+            }
+        }
+    }
+    if let Some(warned) = verdict.audit_annotations.get("warn-locks") {
+        let names: Vec<&str> = warned.split(", ").collect();
+        for lock in scope.iter() {
+            if names.contains(&lock.to_string().as_str()) {
+                found.push((lock, Reason::WouldBlock));
+            }
+        }
+    }
+    found
+}
+
+fn refusal(req: &AdmissionRequest, lock: &LockRef, reason: Reason) -> Refusal {
+    let operation = req.operation.as_str();
+    let mut what = format!("{operation} of {}", req.resource_path());
+    what.push_str(&format!(" \"{}\"", req.object_name().unwrap_or_default()));
+    if let Some(ns) = req.object_namespace() {
+        what.push_str(&format!(" in namespace \"{ns}\""));
+    }
+    let user = &req.user_info.username;
+    let note = match reason {
+        Reason::Blocked => format!("{what} by {user} refused"),
+        Reason::WouldBlock => format!("{what} by {user} allowed with a warning (mode Warn)"),
+    };
+    Refusal {
+        lock: LockKey {
+            namespace: lock.namespace.clone(),
+            name: lock.name.clone(),
+        },
+        reason,
+        operation,
+        note: clip(note),
+    }
+}
+
+fn clip(mut text: String) -> String {
+    if text.len() > MAX_NOTE_BYTES {
+        let mut cut = MAX_NOTE_BYTES - 3;
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        text.truncate(cut);
+        text.push('…');
+    }
+    text
+}
+
+/// How the event writer behaves.
+#[derive(Clone, Debug)]
+pub struct WriterConfig {
+    /// This instance's name (`reportingInstance`).
+    pub instance: String,
+    /// At most one write per lock this often.
+    pub min_interval: Duration,
+    /// Series kept at once; refusals that would start one more are dropped and counted.
+    pub max_series: usize,
+}
+
+impl WriterConfig {
+    /// Five seconds between writes per lock, 4096 series.
+    pub fn new(instance: String) -> WriterConfig {
+        WriterConfig {
+            instance,
+            min_interval: Duration::from_secs(5),
+            max_series: 4096,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+struct SeriesKey {
+    lock: LockKey,
+    reason: Reason,
+    note: String,
+}
+
+#[derive(Debug)]
+struct Series {
+    operation: &'static str,
+    /// The Event once created.
+    event: Option<Event>,
+    /// Occurrences seen, and as last written.
+    count: i32,
+    written: i32,
+    last_observed: Timestamp,
+    failures: u32,
+}
+
+/// Writes the queued refusals as event series until the queue closes. `locks` gives the uid
+/// of each lock (so that `kubectl describe` finds its events).
+pub async fn run(
+    client: kube::Client,
+    config: WriterConfig,
+    mut queue: mpsc::Receiver<Refusal>,
+    locks: watch::Receiver<LockSnapshot>,
+    metrics: EnforcementMetrics,
+) {
+    let mut series: BTreeMap<SeriesKey, Series> = BTreeMap::new();
+    let mut last_write: HashMap<LockKey, Instant> = HashMap::new();
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut open = true;
+    while open || series.values().any(|s| s.count > s.written) {
+        tokio::select! {
+            received = queue.recv(), if open => match received {
+                Some(refusal) => add(&mut series, refusal, config.max_series, &metrics),
+                None => open = false,
+            },
+            _ = tick.tick() => {
+                flush(&client, &config, &mut series, &mut last_write, &locks, &metrics, open).await;
+            }
+        }
+    }
+}
+
+fn add(
+    series: &mut BTreeMap<SeriesKey, Series>,
+    refusal: Refusal,
+    max_series: usize,
+    metrics: &EnforcementMetrics,
+) {
+    let key = SeriesKey {
+        lock: refusal.lock,
+        reason: refusal.reason,
+        note: refusal.note,
+    };
+    let now = Timestamp::now();
+    if let Some(s) = series.get_mut(&key) {
+        s.count = s.count.saturating_add(1);
+        s.last_observed = now;
+        return;
+    }
+    if series.len() >= max_series {
+        metrics
+            .refusal_events_dropped
+            .get_or_create(&DropLabels {
+                cause: "series_limit",
+            })
+            .inc();
+        return;
+    }
+    series.insert(
+        key,
+        Series {
+            operation: refusal.operation,
+            event: None,
+            count: 1,
+            written: 0,
+            last_observed: now,
+            failures: 0,
+        },
+    );
+}
+
+/// One write per lock whose interval has passed: its oldest pending series. `rate_limited`:
+/// false once the queue is closed (shutting down), to write what is left at once.
+async fn flush(
+    client: &kube::Client,
+    config: &WriterConfig,
+    series: &mut BTreeMap<SeriesKey, Series>,
+    last_write: &mut HashMap<LockKey, Instant>,
+    locks: &watch::Receiver<LockSnapshot>,
+    metrics: &EnforcementMetrics,
+    rate_limited: bool,
+) {
+    let now = Timestamp::now();
+    let clock = Instant::now();
+    // Finished series go: memory stays bounded by what happened in the last few minutes.
+    series.retain(|_, s| {
+        s.count > s.written || now.duration_since(s.last_observed).unsigned_abs() < SERIES_IDLE
+    });
+    last_write.retain(|_, at| clock.duration_since(*at) < config.min_interval);
+    let mut due: Vec<SeriesKey> = vec![];
+    for (key, s) in series.iter() {
+        let lock_free = !rate_limited || !last_write.contains_key(&key.lock);
+        if s.count > s.written && lock_free && !due.iter().any(|d| d.lock == key.lock) {
+            due.push(key.clone());
+        }
+    }
+    for key in due {
+        last_write.insert(key.lock.clone(), clock);
+        let Some(s) = series.get_mut(&key) else {
+            continue;
+        };
+        let uid = locks.borrow().locks.get(&key.lock).map(|l| l.uid.clone());
+        let (verb, result) = write(client, config, &key, s, uid).await;
+        let outcome = if result.is_ok() { "success" } else { "failure" };
+        metrics
+            .event_writes
+            .get_or_create(&EventWriteLabels { verb, outcome })
+            .inc();
+        match result {
+            Ok(event) => {
+                debug!(lock = %key.lock, reason = key.reason.as_str(), count = s.count, "refusal event written");
+                s.event = Some(event);
+                s.written = s.count;
+                s.failures = 0;
+            }
+            Err(error) => {
+                s.failures += 1;
+                // The Event was deleted (events live an hour): start a new one.
+                if matches!(&error, kube::Error::Api(e) if e.code == 404) {
+                    s.event = None;
+                    s.written = 0;
+                }
+                warn!(lock = %key.lock, %error, failures = s.failures,
+                    "cannot write refusal event (needs create and patch on events.events.k8s.io)");
+                if s.failures >= MAX_FAILURES {
+                    let lost = u64::try_from(s.count - s.written).unwrap_or(0);
+                    metrics
+                        .refusal_events_dropped
+                        .get_or_create(&DropLabels {
+                            cause: "write_failed",
+                        })
+                        .inc_by(lost);
+                    series.remove(&key);
+                }
+            }
+        }
+    }
+}
+
+/// Creates the series' Event, or patches its count.
+async fn write(
+    client: &kube::Client,
+    config: &WriterConfig,
+    key: &SeriesKey,
+    s: &Series,
+    uid: Option<String>,
+) -> (&'static str, Result<Event, kube::Error>) {
+    let namespace = key
+        .lock
+        .namespace
+        .clone()
+        .unwrap_or_else(|| "default".to_owned());
+    let api: Api<Event> = Api::namespaced(client.clone(), &namespace);
+    let series = (s.count >= 2).then_some(EventSeries {
+        count: s.count,
+        last_observed_time: MicroTime(s.last_observed),
+    });
+    match &s.event {
+        Some(event) => {
+            let name = event.metadata.name.clone().unwrap_or_default();
+            let patch = serde_json::json!({ "series": series });
+            let result = api
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await;
+            ("patch", result)
+        }
+        None => {
+            let now = Timestamp::now();
+            let event = Event {
+                metadata: ObjectMeta {
+                    name: Some(format!("{}.{:x}", key.lock.name, now.as_nanosecond())),
+                    namespace: Some(namespace.clone()),
+                    ..ObjectMeta::default()
+                },
+                event_time: Some(MicroTime(now)),
+                action: Some(s.operation.to_owned()),
+                reason: Some(key.reason.as_str().to_owned()),
+                note: Some(key.note.clone()),
+                type_: Some(
+                    match key.reason {
+                        Reason::Blocked => "Warning",
+                        Reason::WouldBlock => "Normal",
+                    }
+                    .to_owned(),
+                ),
+                regarding: Some(ObjectReference {
+                    api_version: Some(api::API_VERSION.to_owned()),
+                    kind: Some(key.lock.kind().to_owned()),
+                    name: Some(key.lock.name.clone()),
+                    namespace: key.lock.namespace.clone(),
+                    uid: uid.filter(|u| !u.is_empty()),
+                    ..ObjectReference::default()
+                }),
+                reporting_controller: Some(REPORTING_CONTROLLER.to_owned()),
+                reporting_instance: Some(config.instance.clone()),
+                series,
+                ..Event::default()
+            };
+            ("create", api.create(&PostParams::default(), &event).await)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,196 @@
+use super::*;
+use crate::admission::decide::{self, Plan};
+use crate::api::LockSpec;
+use serde_json::json;
+
+fn request(patch: serde_json::Value) -> AdmissionRequest {
+    let mut base = json!({
+        "uid": "u-1",
+        "resource": {"group": "", "version": "v1", "resource": "configmaps"},
+        "name": "app-config",
+        "namespace": "prod",
+        "operation": "DELETE",
+        "userInfo": {"username": "alice", "groups": ["dev"]},
+        "oldObject": {"metadata": {"name": "app-config", "namespace": "prod"}},
+    });
+    for (k, v) in patch.as_object().expect("object") {
+        base[k] = v.clone();
+    }
+    serde_json::from_value(base).expect("valid request")
+}
+
+fn verdict(req: &AdmissionRequest, set: &LockSet) -> Verdict {
+    let Plan::Lookup(lookup) = decide::plan(req) else {
+        panic!("needs a lookup")
+    };
+    decide::decide(req, &lookup, set, None, Timestamp::now())
+}
+
+fn spec(value: serde_json::Value) -> LockSpec {
+    serde_json::from_value(value).expect("spec")
+}
+
+fn drain(rx: &mut mpsc::Receiver<Refusal>) -> Vec<Refusal> {
+    let mut out = vec![];
+    while let Ok(r) = rx.try_recv() {
+        out.push(r);
+    }
+    out
+}
+
+#[test]
+fn a_refusal_is_recorded_against_the_lock_that_refused() {
+    let set: LockSet = [
+        LockRef::lock("prod", "app-config", spec(json!({"reason": "freeze"}))),
+        LockRef::lock("prod", "other", LockSpec::default()),
+    ]
+    .into_iter()
+    .collect();
+    let metrics = EnforcementMetrics::default();
+    let (sink, mut rx) = EventSink::channel(8, metrics.clone());
+    let req = request(json!({}));
+    sink.record_verdict(&req, &verdict(&req, &set), &set, None);
+    let recorded = drain(&mut rx);
+    assert_eq!(
+        recorded,
+        [Refusal {
+            lock: LockKey {
+                namespace: Some("prod".into()),
+                name: "app-config".into()
+            },
+            reason: Reason::Blocked,
+            operation: "DELETE",
+            note: "DELETE of configmaps \"app-config\" in namespace \"prod\" by alice refused"
+                .into(),
+        }]
+    );
+    let labels = EventLabels { reason: BLOCKED };
+    assert_eq!(metrics.refusal_events.get_or_create(&labels).get(), 1);
+
+    // Allowed: nothing recorded.
+    let free = request(json!({"name": "free", "oldObject": {"metadata": {"name": "free"}}}));
+    sink.record_verdict(&free, &verdict(&free, &set), &set, None);
+    assert!(drain(&mut rx).is_empty());
+}
+
+#[test]
+fn warn_mode_locks_record_would_block_and_dry_runs_nothing() {
+    let set: LockSet = [LockRef::lock(
+        "prod",
+        "app-config",
+        spec(json!({"mode": "Warn"})),
+    )]
+    .into_iter()
+    .collect();
+    let (sink, mut rx) = EventSink::channel(8, EnforcementMetrics::default());
+    let req = request(json!({"operation": "UPDATE", "userInfo": {"username": "bob"}}));
+    sink.record_verdict(&req, &verdict(&req, &set), &set, None);
+    let recorded = drain(&mut rx);
+    assert_eq!(recorded.len(), 1);
+    assert_eq!(recorded[0].reason, Reason::WouldBlock);
+    assert_eq!(recorded[0].operation, "UPDATE");
+    assert!(
+        recorded[0].note.contains("by bob allowed with a warning"),
+        "{}",
+        recorded[0].note
+    );
+
+    let dry = request(json!({"dryRun": true}));
+    let enforce: LockSet = [LockRef::lock("prod", "app-config", LockSpec::default())]
+        .into_iter()
+        .collect();
+    let refused = verdict(&dry, &enforce);
+    assert!(
+        !refused.allowed(),
+        "a dry run is refused like the real thing"
+    );
+    sink.record_verdict(&dry, &refused, &enforce, None);
+    assert!(drain(&mut rx).is_empty(), "but leaves no event");
+}
+
+#[test]
+fn namespace_deletion_is_recorded_on_the_locks_inside() {
+    let contents: LockSet = [LockRef::lock("prod", "a", LockSpec::default())]
+        .into_iter()
+        .collect();
+    let req = request(json!({
+        "resource": {"group": "", "version": "v1", "resource": "namespaces"},
+        "name": "prod", "namespace": "prod",
+        "oldObject": {"metadata": {"name": "prod"}},
+    }));
+    let Plan::Lookup(lookup) = decide::plan(&req) else {
+        panic!("lookup")
+    };
+    let cluster = LockSet::default();
+    let refused = decide::decide(&req, &lookup, &cluster, Some(&contents), Timestamp::now());
+    let found = refusing_locks(&refused, &cluster, Some(&contents));
+    assert_eq!(found.len(), 1);
+    assert_eq!(
+        (found[0].0.name.as_str(), found[0].1),
+        ("a", Reason::Blocked)
+    );
+}
+
+#[test]
+fn a_full_queue_drops_and_counts_without_waiting() {
+    let metrics = EnforcementMetrics::default();
+    let (sink, mut rx) = EventSink::channel(2, metrics.clone());
+    let refusal = Refusal {
+        lock: LockKey {
+            namespace: None,
+            name: "n".into(),
+        },
+        reason: Reason::Blocked,
+        operation: "DELETE",
+        note: "x".into(),
+    };
+    for _ in 0..5 {
+        sink.record(refusal.clone());
+    }
+    assert_eq!(drain(&mut rx).len(), 2);
+    let dropped = DropLabels {
+        cause: "queue_full",
+    };
+    assert_eq!(
+        metrics.refusal_events_dropped.get_or_create(&dropped).get(),
+        3
+    );
+}
+
+#[test]
+fn repeats_grow_one_series_and_new_series_are_bounded() {
+    let metrics = EnforcementMetrics::default();
+    let mut series = BTreeMap::new();
+    let refusal = |note: &str| Refusal {
+        lock: LockKey {
+            namespace: Some("prod".into()),
+            name: "web".into(),
+        },
+        reason: Reason::Blocked,
+        operation: "DELETE",
+        note: note.into(),
+    };
+    for _ in 0..10 {
+        add(&mut series, refusal("a"), 2, &metrics);
+    }
+    add(&mut series, refusal("b"), 2, &metrics);
+    add(&mut series, refusal("c"), 2, &metrics);
+    assert_eq!(series.len(), 2);
+    let counts: Vec<i32> = series.values().map(|s| s.count).collect();
+    assert_eq!(counts, [10, 1]);
+    let dropped = DropLabels {
+        cause: "series_limit",
+    };
+    assert_eq!(
+        metrics.refusal_events_dropped.get_or_create(&dropped).get(),
+        1
+    );
+}
+
+#[test]
+fn notes_fit_an_event() {
+    let long = clip("é".repeat(2000));
+    assert!(long.len() <= MAX_NOTE_BYTES, "{}", long.len());
+    assert!(long.ends_with('…'));
+    assert_eq!(clip("short".into()), "short");
+}

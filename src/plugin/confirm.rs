@@ -1,0 +1,340 @@
+//! `kubectl lock` waits until the new lock is in force, and says so only then.
+//!
+//! A Lock object proves nothing by existing: the webhook may be down, may not have seen it yet,
+//! or may never be sent the object's requests. So after creating it the plugin checks two
+//! things, again and again until they hold or the time is up:
+//! 1. the lock's status names an instance enforcing it (`status.enforcedBy`, for the lock's
+//!    current generation): some webhook has seen it;
+//! 2. a server-side dry run of the guarded operation on the object (DELETE, or an UPDATE for an
+//!    UPDATE-only lock) is refused by this lock: the API server sends such requests to a webhook
+//!    that enforces it. Dry runs are not recorded as refusals.
+//!
+//! A Warn-mode lock refuses nothing: it is confirmed once an instance reports it (condition
+//! `Enforced`, reason `WarnMode`). A lock on an object that does not exist yet
+//! (`--allow-missing`) cannot be tried: it is confirmed by its status alone, and says so.
+
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams};
+use serde_json::{Value, json};
+
+use super::error::{NotInForce, detail, status_code};
+use super::{Cluster, LockRef, PluginError, Target};
+
+/// How often the status is read and the dry run tried.
+const POLL: Duration = Duration::from_millis(250);
+/// The annotation a dry-run UPDATE sets (never stored).
+pub const PROBE_ANNOTATION: &str = "objectlock.dev/lock-check";
+
+/// The operation whose dry run must be refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Probe {
+    /// DELETE the object.
+    Delete,
+    /// UPDATE it (an annotation, in a dry run).
+    Update,
+    /// Nothing to try: a Warn-mode lock, or no object (`--allow-missing`).
+    None,
+}
+
+/// How a lock was confirmed.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Confirmed {
+    /// Refused a dry run; enforced by this many instances.
+    Enforced(usize),
+    /// Enforced by this many instances; the object does not exist, so no dry run was tried.
+    EnforcedUntried(usize),
+    /// A Warn-mode lock an instance has seen.
+    Warned,
+}
+
+impl Confirmed {
+    /// ` (enforced by 2)`, for the `locked ...` line.
+    pub fn suffix(&self) -> String {
+        match self {
+            Confirmed::Enforced(n) => format!(" (enforced by {n})"),
+            Confirmed::EnforcedUntried(n) => {
+                format!(" (enforced by {n}; not tried: the object does not exist)")
+            }
+            Confirmed::Warned => {
+                " (seen by the webhook; mode Warn: changes are allowed with a warning)".to_owned()
+            }
+        }
+    }
+}
+
+/// Why a lock is not (yet) confirmed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum Pending {
+    /// No status entry yet.
+    NoInstance,
+    /// The lock's namespace is left out of the registration.
+    NotSent(String),
+    /// Enforced, yet the dry run was allowed.
+    DryRunAllowed(usize),
+    /// Another webhook refused the dry run first.
+    OtherWebhook(String),
+    /// The dry run could not be made (RBAC, an error).
+    CannotTry(String),
+}
+
+impl std::fmt::Display for Pending {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Pending::NoInstance => write!(
+                f,
+                "no kube-object-lock instance has reported it as enforced (status.enforcedBy is empty): is the webhook running, and may it patch locks/status?"
+            ),
+            Pending::NotSent(why) => write!(f, "the webhook is never sent its objects: {why}"),
+            Pending::DryRunAllowed(n) => write!(
+                f,
+                "{n} instance(s) enforce it, but a dry run of the guarded operation was allowed: the namespace or resource is not sent to the webhook (check the ValidatingWebhookConfiguration), or the API server that answered calls an instance that has not seen the lock"
+            ),
+            Pending::OtherWebhook(message) => write!(
+                f,
+                "another admission webhook refused the dry run first, so it cannot show this lock: {message}"
+            ),
+            Pending::CannotTry(message) => write!(f, "the dry run could not be made: {message}"),
+        }
+    }
+}
+
+/// Waits up to `timeout` for `lock` to be in force on `target`.
+pub(super) async fn confirm(
+    cluster: &Cluster,
+    target: &Target,
+    lock: &LockRef,
+    probe: Probe,
+    timeout: Duration,
+) -> Result<Confirmed, PluginError> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let pending = match lock.api(cluster).get(&lock.name).await {
+            Ok(object) => match assess(&object, probe) {
+                Assessment::Done(confirmed) => return Ok(confirmed),
+                Assessment::Fatal(why) => return Err(not_in_force(lock, None, &why)),
+                Assessment::Pending(why) => why,
+                Assessment::Try(instances) => match try_refusal(cluster, target, lock, probe).await
+                {
+                    Tried::Refused => return Ok(Confirmed::Enforced(instances)),
+                    Tried::Missing => return Ok(Confirmed::EnforcedUntried(instances)),
+                    Tried::Allowed => Pending::DryRunAllowed(instances),
+                    Tried::Other(why) => why,
+                },
+            },
+            Err(e) if status_code(&e) == Some(404) => {
+                return Err(PluginError::Api {
+                    action: format!("{lock} was deleted while waiting for it to be in force"),
+                    detail: detail(&e),
+                });
+            }
+            Err(e) => Pending::CannotTry(format!("cannot read {lock}: {}", detail(&e))),
+        };
+        let now = tokio::time::Instant::now();
+        if now >= deadline {
+            return Err(not_in_force(lock, Some(timeout), &pending));
+        }
+        tokio::time::sleep(POLL.min(deadline - now)).await;
+    }
+}
+
+fn not_in_force(lock: &LockRef, waited: Option<Duration>, why: &Pending) -> PluginError {
+    PluginError::from(NotInForce {
+        lock: lock.to_string(),
+        waited: waited
+            .map(|w| format!(" after {}", humantime::format_duration(w)))
+            .unwrap_or_default(),
+        reason: why.to_string(),
+    })
+}
+
+/// What the lock's status says.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Assessment {
+    Done(Confirmed),
+    Fatal(Pending),
+    Pending(Pending),
+    /// Enforced by this many instances: try the dry run.
+    Try(usize),
+}
+
+/// Reads the status of `object` (a Lock or ClusterLock as the API server returns it).
+pub(super) fn assess(object: &DynamicObject, probe: Probe) -> Assessment {
+    let generation = object.metadata.generation.unwrap_or(0);
+    let status = &object.data["status"];
+    let conditions = status["conditions"].as_array().cloned().unwrap_or_default();
+    let enforced = conditions.iter().find(|c| c["type"] == "Enforced");
+    let reason = enforced.and_then(|c| c["reason"].as_str()).unwrap_or("");
+    if reason == "NotSentToWebhook" {
+        let message = enforced.and_then(|c| c["message"].as_str()).unwrap_or("");
+        return Assessment::Fatal(Pending::NotSent(message.to_owned()));
+    }
+    let current = |v: &Value| v["observedGeneration"].as_i64().unwrap_or(0) >= generation;
+    let instances = status["enforcedBy"]
+        .as_array()
+        .map(|entries| entries.iter().filter(|e| current(e)).count())
+        .unwrap_or(0);
+    if probe == Probe::None
+        && instances == 0
+        && reason == "WarnMode"
+        && enforced.is_some_and(current)
+    {
+        return Assessment::Done(Confirmed::Warned);
+    }
+    match (instances, probe) {
+        (0, _) => Assessment::Pending(Pending::NoInstance),
+        (n, Probe::None) => Assessment::Done(Confirmed::EnforcedUntried(n)),
+        (n, _) => Assessment::Try(n),
+    }
+}
+
+enum Tried {
+    Refused,
+    Missing,
+    Allowed,
+    Other(Pending),
+}
+
+/// Dry-runs the guarded operation on the target; `Refused` only when this lock refused it.
+async fn try_refusal(cluster: &Cluster, target: &Target, lock: &LockRef, probe: Probe) -> Tried {
+    let api = cluster.api(&target.resource.api_resource(), target.namespace.as_deref());
+    let result = match probe {
+        Probe::Delete => {
+            let params = DeleteParams {
+                dry_run: true,
+                ..DeleteParams::default()
+            };
+            api.delete(&target.name, &params).await.map(|_| ())
+        }
+        _ => {
+            let params = PatchParams {
+                dry_run: true,
+                ..PatchParams::default()
+            };
+            let patch = json!({ "metadata": { "annotations": {
+                PROBE_ANNOTATION: Timestamp::now().to_string() } } });
+            api.patch(&target.name, &params, &Patch::Merge(&patch))
+                .await
+                .map(|_| ())
+        }
+    };
+    match result {
+        Ok(()) => Tried::Allowed,
+        Err(e) => classify(&e, lock),
+    }
+}
+
+fn classify(error: &kube::Error, lock: &LockRef) -> Tried {
+    let message = detail(error);
+    match status_code(error) {
+        Some(404) => Tried::Missing,
+        _ if names_lock(&message, &lock.to_string()) => Tried::Refused,
+        _ if message.starts_with("admission webhook ") => {
+            Tried::Other(Pending::OtherWebhook(message))
+        }
+        _ => Tried::Other(Pending::CannotTry(message)),
+    }
+}
+
+/// Whether a refusal lists `lock` (`... is locked by Lock prod/web: reason; Lock prod/b (to
+/// unlock ...)`): as a whole name, not as the start of a longer one.
+fn names_lock(message: &str, lock: &str) -> bool {
+    let Some((_, listed)) = message.split_once(" is locked by ") else {
+        return false;
+    };
+    listed.match_indices(lock).any(|(at, _)| {
+        let before = &listed[..at];
+        let after = listed[at + lock.len()..].chars().next();
+        (before.is_empty() || before.ends_with("; "))
+            && after.is_none_or(|c| matches!(c, ':' | ';' | ' '))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn object(generation: i64, status: Value) -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "objectlock.dev/v1alpha1", "kind": "Lock",
+            "metadata": {"name": "web", "namespace": "prod", "generation": generation},
+            "spec": {}, "status": status,
+        }))
+        .expect("an object")
+    }
+
+    #[test]
+    fn status_decides_whether_to_try() {
+        let entry = |g: i64| json!({"instance": "cp-1", "observedGeneration": g, "since": "2026-01-01T00:00:00Z"});
+        assert_eq!(
+            assess(&object(2, json!(null)), Probe::Delete),
+            Assessment::Pending(Pending::NoInstance)
+        );
+        assert_eq!(
+            assess(&object(2, json!({"enforcedBy": [entry(1)]})), Probe::Delete),
+            Assessment::Pending(Pending::NoInstance),
+            "an entry for an older generation does not count"
+        );
+        assert_eq!(
+            assess(
+                &object(2, json!({"enforcedBy": [entry(2), entry(3)]})),
+                Probe::Update
+            ),
+            Assessment::Try(2)
+        );
+        assert_eq!(
+            assess(&object(2, json!({"enforcedBy": [entry(2)]})), Probe::None),
+            Assessment::Done(Confirmed::EnforcedUntried(1))
+        );
+        let warn = json!({"conditions": [{"type": "Enforced", "status": "False", "reason": "WarnMode", "message": "m", "observedGeneration": 2}]});
+        assert_eq!(
+            assess(&object(2, warn), Probe::None),
+            Assessment::Done(Confirmed::Warned)
+        );
+        let excluded = json!({"conditions": [{"type": "Enforced", "status": "False", "reason": "NotSentToWebhook", "message": "namespace kube-system is left out"}]});
+        assert_eq!(
+            assess(&object(1, excluded), Probe::Delete),
+            Assessment::Fatal(Pending::NotSent("namespace kube-system is left out".into()))
+        );
+    }
+
+    #[test]
+    fn only_a_refusal_by_this_lock_confirms() {
+        let lock = LockRef {
+            name: "web".into(),
+            namespace: Some("prod".into()),
+        };
+        let refused = |message: &str| {
+            kube::Error::Api(Box::new(
+                kube::core::Status::failure(message, "Forbidden").with_code(403),
+            ))
+        };
+        let ours = refused(
+            "admission webhook \"namespaced.objectlock.dev\" denied the request: configmaps \"web\" in namespace \"prod\" is locked by Lock prod/web: freeze (to unlock: kubectl delete lock web -n prod)",
+        );
+        assert!(matches!(classify(&ours, &lock), Tried::Refused));
+        let both = refused(
+            "admission webhook \"namespaced.objectlock.dev\" denied the request: configmaps \"web\" in namespace \"prod\" is locked by Lock prod/a: x; Lock prod/web (to unlock: kubectl delete lock a web -n prod)",
+        );
+        assert!(matches!(classify(&both, &lock), Tried::Refused));
+        let other_lock = refused(
+            "admission webhook \"namespaced.objectlock.dev\" denied the request: configmaps \"web\" in namespace \"prod\" is locked by Lock prod/web-selector",
+        );
+        assert!(matches!(
+            classify(&other_lock, &lock),
+            Tried::Other(Pending::OtherWebhook(_))
+        ));
+        let other = refused("admission webhook \"policy.example.com\" denied the request: no");
+        assert!(
+            matches!(classify(&other, &lock), Tried::Other(Pending::OtherWebhook(m)) if m.contains("policy.example.com"))
+        );
+        let rbac = refused(
+            "configmaps \"web\" is forbidden: User \"bob\" cannot delete resource \"configmaps\"",
+        );
+        assert!(matches!(
+            classify(&rbac, &lock),
+            Tried::Other(Pending::CannotTry(_))
+        ));
+    }
+}

@@ -1,0 +1,166 @@
+//! A [`LockSnapshot`] feed from a watch on Locks and ClusterLocks.
+//!
+//! Objects are read as `DynamicObject`s and each spec is parsed on its own, so one lock this
+//! version cannot parse is reported as such instead of breaking the feed. The feed is healthy
+//! once both kinds are listed and until a watch fails; a failed watch is started over with a
+//! fresh list (so health comes back only with a complete, current view), after a delay that
+//! starts at 100 ms and is capped at 2 s.
+//!
+//! This is a stand-in: a lock index fed by the same watch can publish the same snapshot, and
+//! then this second watch goes away.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{StreamExt, TryStreamExt};
+use kube::api::{Api, DynamicObject};
+use kube::runtime::watcher;
+use tokio::sync::watch;
+use tracing::{debug, warn};
+
+use super::{KnownLock, LockKey, LockSnapshot};
+use crate::api::{LockSpec, LockStatus};
+
+const FIRST_RETRY: Duration = Duration::from_millis(100);
+const MAX_RETRY: Duration = Duration::from_secs(2);
+
+/// Starts watching: the receiver sees a new snapshot on every change; the future runs the
+/// watches until dropped.
+pub fn watch_locks(
+    client: kube::Client,
+) -> (
+    watch::Receiver<LockSnapshot>,
+    impl Future<Output = ()> + Send + 'static,
+) {
+    let (tx, rx) = watch::channel(LockSnapshot::default());
+    let tx = Arc::new(tx);
+    let namespaced = LockKey {
+        namespace: Some(String::new()),
+        name: String::new(),
+    };
+    let cluster = LockKey {
+        namespace: None,
+        name: String::new(),
+    };
+    let state = Arc::new(std::sync::Mutex::new(FeedState::default()));
+    let run = {
+        let locks = watch_kind(client.clone(), namespaced, 0, tx.clone(), state.clone());
+        let cluster_locks = watch_kind(client, cluster, 1, tx, state);
+        async move {
+            futures::future::join(locks, cluster_locks).await;
+        }
+    };
+    (rx, run)
+}
+
+#[derive(Default)]
+struct FeedState {
+    locks: BTreeMap<LockKey, KnownLock>,
+    /// Per kind (Lock, ClusterLock): listed, and not failing since.
+    healthy: [bool; 2],
+}
+
+impl FeedState {
+    fn publish(&self, tx: &watch::Sender<LockSnapshot>) {
+        tx.send_replace(LockSnapshot {
+            healthy: self.healthy.iter().all(|h| *h),
+            locks: Arc::new(self.locks.clone()),
+        });
+    }
+}
+
+async fn watch_kind(
+    client: kube::Client,
+    kind: LockKey,
+    slot: usize,
+    tx: Arc<watch::Sender<LockSnapshot>>,
+    state: Arc<std::sync::Mutex<FeedState>>,
+) {
+    let resource = kind.api_resource();
+    let api: Api<DynamicObject> = Api::all_with(client, &resource);
+    let is_kind = |key: &LockKey| key.namespace.is_some() == kind.namespace.is_some();
+    let mut delay = FIRST_RETRY;
+    loop {
+        let mut stream = watcher(api.clone(), watcher::Config::default()).boxed();
+        let mut listing: BTreeMap<LockKey, KnownLock> = BTreeMap::new();
+        loop {
+            let event = match stream.try_next().await {
+                Ok(Some(event)) => event,
+                Ok(None) => break,
+                Err(error) => {
+                    warn!(kind = %resource.kind, %error, retry_in = ?delay, "lock status feed: watch failed; listing again");
+                    break;
+                }
+            };
+            let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
+            match event {
+                // A list in progress is published whole, at its end: copying the map per item
+                // would cost O(n²).
+                watcher::Event::Init => {
+                    listing.clear();
+                    continue;
+                }
+                watcher::Event::InitApply(obj) => {
+                    if let Some(lock) = known(obj, kind.namespace.is_some()) {
+                        listing.insert(lock.key.clone(), lock);
+                    }
+                    continue;
+                }
+                watcher::Event::InitDone => {
+                    st.locks.retain(|key, _| !is_kind(key));
+                    st.locks.append(&mut listing);
+                    st.healthy[slot] = true;
+                    delay = FIRST_RETRY;
+                    debug!(kind = %resource.kind, "lock status feed listed");
+                }
+                watcher::Event::Apply(obj) => {
+                    if let Some(lock) = known(obj, kind.namespace.is_some()) {
+                        st.locks.insert(lock.key.clone(), lock);
+                    }
+                }
+                watcher::Event::Delete(obj) => {
+                    if let Some(lock) = known(obj, kind.namespace.is_some()) {
+                        st.locks.remove(&lock.key);
+                    }
+                }
+            }
+            st.publish(&tx);
+        }
+        {
+            let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
+            st.healthy[slot] = false;
+            st.publish(&tx);
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(MAX_RETRY);
+    }
+}
+
+/// A lock as the status writer needs it; `None` for an object without a name.
+pub fn known(obj: DynamicObject, namespaced: bool) -> Option<KnownLock> {
+    let name = obj.metadata.name.clone()?;
+    let namespace = if namespaced {
+        Some(obj.metadata.namespace.clone()?)
+    } else {
+        None
+    };
+    let spec = match obj.data.get("spec") {
+        None | Some(serde_json::Value::Null) => Ok(LockSpec::default()),
+        Some(spec) => serde_json::from_value::<LockSpec>(spec.clone()).map_err(|e| e.to_string()),
+    };
+    // A status this version cannot read is treated as empty: the writer then writes its part.
+    let status = obj
+        .data
+        .get("status")
+        .and_then(|s| serde_json::from_value::<LockStatus>(s.clone()).ok())
+        .unwrap_or_default();
+    Some(KnownLock {
+        key: LockKey { namespace, name },
+        uid: obj.metadata.uid.clone().unwrap_or_default(),
+        generation: obj.metadata.generation.unwrap_or(0),
+        resource_version: obj.metadata.resource_version.clone().unwrap_or_default(),
+        spec,
+        status,
+    })
+}

@@ -1,0 +1,717 @@
+//! Lock status: each running instance records, in the status of every Lock and ClusterLock, that
+//! it enforces it (or why it does not).
+//!
+//! A holder of a lock cannot see the webhook; the status is how it learns that the lock is in
+//! force. Every instance writes with server-side apply under its own field manager
+//! (`kube-object-lock/<instance>`), to the `status` subresource only:
+//! - its own entry of `status.enforcedBy` (a list keyed by instance name, so instances never
+//!   overwrite each other), with the generation it enforces and since when;
+//! - `status.enforcedCount`, the number of entries, for the `ENFORCED` printer column (a
+//!   printer column shows only the first match of a JSONPath, so it cannot count a list). Every
+//!   instance computes it from the list as it last saw it and writes it with `force`; they agree
+//!   once the list settles;
+//! - the condition `Enforced` (True/Enforcing, or False with Expired, WarnMode or
+//!   NotSentToWebhook). Every instance writes the same condition, so it carries no time.
+//!
+//! Writes happen only when the result changes (a lock appears, changes generation, expires,
+//! the source turns unhealthy...), never per admission. While the lock source is unhealthy the
+//! instance withdraws its entries: it cannot vouch for locks it may not see.
+//!
+//! The input is deliberately simple: a [`tokio::sync::watch`] channel of [`LockSnapshot`]s, the
+//! locks known and whether that knowledge is current. [`feed`] provides one from a watch on the
+//! lock resources; any lock index that can publish the same snapshot can replace it.
+
+pub mod feed;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+use crate::api::{self, Enforcer, LockCondition, LockMode, LockSpec, LockStatus};
+
+/// The condition type written by every instance.
+pub const CONDITION: &str = "Enforced";
+/// Prefix of each instance's field manager.
+pub const FIELD_MANAGER_PREFIX: &str = "kube-object-lock/";
+/// Writes in flight at once.
+const CONCURRENT_WRITES: usize = 8;
+/// Longest wait between retries of a failed write.
+const MAX_RETRY: Duration = Duration::from_secs(30);
+/// Longest instance name: it is part of a field manager (at most 128 characters).
+pub const MAX_INSTANCE_NAME: usize = 100;
+
+/// A Lock (`namespace: Some`) or ClusterLock (`None`), by name.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LockKey {
+    /// The Lock's namespace; `None` for a ClusterLock.
+    pub namespace: Option<String>,
+    /// The lock's name.
+    pub name: String,
+}
+
+impl LockKey {
+    /// `Lock` or `ClusterLock`.
+    pub fn kind(&self) -> &'static str {
+        if self.namespace.is_some() {
+            "Lock"
+        } else {
+            "ClusterLock"
+        }
+    }
+
+    /// The `ApiResource` of the lock's kind.
+    pub fn api_resource(&self) -> ApiResource {
+        let namespaced = self.namespace.is_some();
+        ApiResource {
+            group: api::GROUP.to_owned(),
+            version: api::VERSION.to_owned(),
+            api_version: api::API_VERSION.to_owned(),
+            kind: self.kind().to_owned(),
+            plural: if namespaced {
+                api::LOCKS
+            } else {
+                api::CLUSTER_LOCKS
+            }
+            .to_owned(),
+        }
+    }
+
+    /// An `Api` for the lock's kind, in its namespace.
+    pub fn api(&self, client: kube::Client) -> Api<DynamicObject> {
+        match &self.namespace {
+            Some(ns) => Api::namespaced_with(client, ns, &self.api_resource()),
+            None => Api::all_with(client, &self.api_resource()),
+        }
+    }
+}
+
+impl std::fmt::Display for LockKey {
+    /// `Lock prod/web`, `ClusterLock prod`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.namespace {
+            Some(ns) => write!(f, "Lock {ns}/{}", self.name),
+            None => write!(f, "ClusterLock {}", self.name),
+        }
+    }
+}
+
+/// One lock as the lock source last saw it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KnownLock {
+    /// Which lock.
+    pub key: LockKey,
+    /// `metadata.uid` (events name it, so that `kubectl describe` finds them).
+    pub uid: String,
+    /// `metadata.generation`.
+    pub generation: i64,
+    /// `metadata.resourceVersion`.
+    pub resource_version: String,
+    /// The spec, or why it does not parse as this version's spec.
+    pub spec: Result<LockSpec, String>,
+    /// The status as last seen (every instance's entries).
+    pub status: LockStatus,
+}
+
+/// The locks known, and whether that knowledge is current.
+#[derive(Clone, Debug, Default)]
+pub struct LockSnapshot {
+    /// True while the source has a complete, current view (synced, watch not failing).
+    pub healthy: bool,
+    /// Every known lock.
+    pub locks: Arc<BTreeMap<LockKey, KnownLock>>,
+}
+
+/// Why a lock is or is not enforced, as this instance sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Enforcement {
+    /// Refuses changes to its object.
+    Enforcing,
+    /// The spec does not parse; the lock's name is locked for every operation (fail closed).
+    EnforcingUnparsed(String),
+    /// `expiresAt` has passed.
+    Expired(Timestamp),
+    /// Mode Warn: changes are allowed with a warning.
+    WarnMode,
+    /// The namespace is left out of the webhook registration.
+    NotSent(String),
+}
+
+impl Enforcement {
+    /// How `lock` stands at `now`.
+    pub fn of(lock: &KnownLock, now: Timestamp) -> Enforcement {
+        // Nothing in the namespaces the registration leaves out reaches the webhook, nor do
+        // those Namespaces themselves.
+        match &lock.key.namespace {
+            Some(ns) if api::is_excluded_namespace(ns) => {
+                return Enforcement::NotSent(ns.clone());
+            }
+            None if api::is_excluded_namespace(&lock.key.name)
+                && lock.spec.as_ref().is_ok_and(covers_only_namespaces) =>
+            {
+                return Enforcement::NotSent(lock.key.name.clone());
+            }
+            _ => {}
+        }
+        match &lock.spec {
+            Err(why) => Enforcement::EnforcingUnparsed(why.clone()),
+            Ok(spec) => match &spec.expires_at {
+                Some(at) if at.0 <= now => Enforcement::Expired(at.0),
+                _ if spec.mode == Some(LockMode::Warn) => Enforcement::WarnMode,
+                _ => Enforcement::Enforcing,
+            },
+        }
+    }
+
+    /// Whether the webhook refuses changes because of the lock.
+    pub fn is_enforced(&self) -> bool {
+        matches!(
+            self,
+            Enforcement::Enforcing | Enforcement::EnforcingUnparsed(_)
+        )
+    }
+
+    /// The `Enforced` condition saying so.
+    pub fn condition(&self, generation: i64) -> LockCondition {
+        let (status, reason, message) = match self {
+            Enforcement::Enforcing => (
+                "True",
+                "Enforcing",
+                "UPDATE and DELETE of the locked object are refused; status.enforcedBy lists the instances".to_owned(),
+            ),
+            Enforcement::EnforcingUnparsed(why) => (
+                "True",
+                "Unparseable",
+                format!("the spec does not parse ({why}): every operation on objects of the lock's name is refused"),
+            ),
+            Enforcement::Expired(at) => (
+                "False",
+                "Expired",
+                format!("expiresAt {at} has passed; the lock no longer applies (delete it, or move expiresAt)"),
+            ),
+            Enforcement::WarnMode => (
+                "False",
+                "WarnMode",
+                "mode Warn: changes are allowed with a warning, not refused".to_owned(),
+            ),
+            Enforcement::NotSent(ns) => (
+                "False",
+                "NotSentToWebhook",
+                format!("namespace {ns} is left out of the webhook registration: its objects never reach the webhook"),
+            ),
+        };
+        LockCondition {
+            type_: CONDITION.to_owned(),
+            status: status.to_owned(),
+            reason: reason.to_owned(),
+            message,
+            observed_generation: Some(generation),
+        }
+    }
+}
+
+/// A spec whose resources are exactly the core group's `namespaces`.
+fn covers_only_namespaces(spec: &LockSpec) -> bool {
+    match spec.resources.as_deref() {
+        Some([rule]) => rule.api_groups == [""] && rule.resources == ["namespaces"],
+        _ => false,
+    }
+}
+
+/// What this instance wants a lock's status to say.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Desired {
+    /// Its own `enforcedBy` entry, if it enforces the lock.
+    pub entry: Option<Enforcer>,
+    /// `enforcedCount`: the other instances' entries plus its own.
+    pub count: i64,
+    /// The conditions it asserts (none while unhealthy).
+    pub conditions: Vec<LockCondition>,
+}
+
+impl Desired {
+    /// The server-side apply configuration of the status.
+    pub fn apply_config(&self, key: &LockKey) -> serde_json::Value {
+        let mut metadata = serde_json::json!({ "name": key.name });
+        if let Some(ns) = &key.namespace {
+            metadata["namespace"] = serde_json::json!(ns);
+        }
+        let mut status = serde_json::json!({ "enforcedCount": self.count });
+        // An empty list would claim the list itself; leave out what this instance does not own.
+        if let Some(entry) = &self.entry {
+            status["enforcedBy"] = serde_json::json!([entry]);
+        }
+        if !self.conditions.is_empty() {
+            status["conditions"] = serde_json::json!(self.conditions);
+        }
+        serde_json::json!({
+            "apiVersion": api::API_VERSION,
+            "kind": key.kind(),
+            "metadata": metadata,
+            "status": status,
+        })
+    }
+
+    /// The same, ignoring `since` (which only the first write sets).
+    fn same_as(&self, other: &Desired) -> bool {
+        let generation = |d: &Desired| d.entry.as_ref().map(|e| e.observed_generation);
+        generation(self) == generation(other)
+            && self.count == other.count
+            && self.conditions == other.conditions
+    }
+}
+
+/// What `instance` wants `lock`'s status to say at `now`; `healthy` is the source's health.
+pub fn desired(lock: &KnownLock, healthy: bool, instance: &str, now: Timestamp) -> Desired {
+    let others = lock
+        .status
+        .enforced_by
+        .iter()
+        .filter(|e| e.instance != instance)
+        .count();
+    if !healthy {
+        return Desired {
+            entry: None,
+            count: others as i64,
+            conditions: vec![],
+        };
+    }
+    let enforcement = Enforcement::of(lock, now);
+    let entry = enforcement.is_enforced().then(|| {
+        let since = lock
+            .status
+            .enforced_by
+            .iter()
+            .find(|e| e.instance == instance)
+            .map_or(Time(now), |e| e.since.clone());
+        Enforcer {
+            instance: instance.to_owned(),
+            observed_generation: lock.generation,
+            since,
+        }
+    });
+    Desired {
+        count: (others + usize::from(entry.is_some())) as i64,
+        entry,
+        conditions: vec![enforcement.condition(lock.generation)],
+    }
+}
+
+/// Whether the status as seen differs from what this instance wants, in the parts it writes:
+/// its own entry, the count, and (unless it wrote them already) the conditions.
+fn needs_write(
+    lock: &KnownLock,
+    desired: &Desired,
+    instance: &str,
+    applied: Option<&Applied>,
+) -> bool {
+    if let Some(applied) = applied
+        && applied.desired.same_as(desired)
+        && applied.awaiting_echo()
+    {
+        // Our write landed but the watch has not shown it yet: what it shows is older.
+        return false;
+    }
+    let mine = lock
+        .status
+        .enforced_by
+        .iter()
+        .find(|e| e.instance == instance)
+        .map(|e| e.observed_generation);
+    if mine != desired.entry.as_ref().map(|e| e.observed_generation) {
+        return true;
+    }
+    if lock.status.enforced_count != Some(desired.count) {
+        return true;
+    }
+    match applied {
+        // Conditions are shared: rewrite them only when ours change, so that two instances
+        // that disagree (during an upgrade) do not take turns forever.
+        Some(applied) => applied.desired.conditions != desired.conditions,
+        None => desired
+            .conditions
+            .iter()
+            .any(|c| !lock.status.conditions.contains(c)),
+    }
+}
+
+/// A write this instance made.
+#[derive(Debug)]
+struct Applied {
+    desired: Desired,
+    /// The lock's resourceVersion after the write.
+    version: String,
+    /// When the write was answered.
+    at: Instant,
+    /// Whether the watch has shown that resourceVersion: from then on, what it shows is newer.
+    echoed: bool,
+}
+
+impl Applied {
+    fn new(desired: Desired, version: String) -> Applied {
+        Applied {
+            desired,
+            version,
+            at: Instant::now(),
+            echoed: false,
+        }
+    }
+
+    /// Still waiting for the watch to show the write (for a few seconds at most: a re-list
+    /// may skip that exact version).
+    fn awaiting_echo(&self) -> bool {
+        !self.echoed && self.at.elapsed() < ECHO_WAIT
+    }
+}
+
+/// How long a write's echo is waited for before what the watch shows is trusted again.
+const ECHO_WAIT: Duration = Duration::from_secs(5);
+
+/// A failed write waiting for its retry.
+#[derive(Debug)]
+struct Retry {
+    at: Instant,
+    attempts: u32,
+}
+
+/// Labels of status writes.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    /// `success`, or the failure (`forbidden`, `not_found`, `conflict`, `error`).
+    pub outcome: &'static str,
+}
+
+/// Labels of refusal events.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EventLabels {
+    /// `Blocked` or `WouldBlock`.
+    pub reason: &'static str,
+}
+
+/// Labels of refusal events that were not written.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DropLabels {
+    /// `queue_full`, `series_limit` or `write_failed`.
+    pub cause: &'static str,
+}
+
+/// Labels of event API writes.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EventWriteLabels {
+    /// `create` or `patch`.
+    pub verb: &'static str,
+    /// `success` or `failure`.
+    pub outcome: &'static str,
+}
+
+/// Metrics of lock status and refusal events.
+#[derive(Clone, Debug, Default)]
+pub struct EnforcementMetrics {
+    /// Status writes, by outcome.
+    pub status_writes: Family<OutcomeLabels, Counter>,
+    /// Refusals handed to the event writer, by reason.
+    pub refusal_events: Family<EventLabels, Counter>,
+    /// Refusals that never made it into an event, by cause.
+    pub refusal_events_dropped: Family<DropLabels, Counter>,
+    /// Event API writes, by verb and outcome.
+    pub event_writes: Family<EventWriteLabels, Counter>,
+}
+
+impl EnforcementMetrics {
+    /// Registers every metric in `registry`.
+    pub fn registered(registry: &mut Registry) -> EnforcementMetrics {
+        let metrics = EnforcementMetrics::default();
+        registry.register(
+            "status_writes",
+            "Lock status writes (server-side apply of this instance's entry), by outcome",
+            metrics.status_writes.clone(),
+        );
+        registry.register(
+            "refusal_events",
+            "Refusals (Blocked) and Warn-mode matches (WouldBlock) queued for a Kubernetes Event",
+            metrics.refusal_events.clone(),
+        );
+        registry.register(
+            "refusal_events_dropped",
+            "Refusals left out of events, by cause (queue_full, series_limit, write_failed)",
+            metrics.refusal_events_dropped.clone(),
+        );
+        registry.register(
+            "event_writes",
+            "Kubernetes Event writes (create a series, patch its count), by verb and outcome",
+            metrics.event_writes.clone(),
+        );
+        metrics
+    }
+}
+
+/// This instance's name: `configured` if set, else the host name.
+pub fn instance_name(configured: &str) -> Result<String, String> {
+    let name = if configured.is_empty() {
+        hostname::get()
+            .map_err(|e| format!("cannot read the host name ({e}); set instance.name"))?
+            .to_string_lossy()
+            .into_owned()
+    } else {
+        configured.to_owned()
+    };
+    check_instance_name(&name)?;
+    Ok(name)
+}
+
+/// An instance name is a list key and part of a field manager: printable, at most 100 characters.
+pub fn check_instance_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.chars().count() > MAX_INSTANCE_NAME {
+        return Err(format!(
+            "must be 1 to {MAX_INSTANCE_NAME} characters (got {:?})",
+            name
+        ));
+    }
+    if name.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        return Err(format!(
+            "must not contain spaces or control characters (got {name:?})"
+        ));
+    }
+    Ok(())
+}
+
+/// The status writer and the event writer of one instance, fed by one lock watch.
+pub struct Reporting {
+    /// The admission path's end of the event queue.
+    pub events: crate::events::EventSink,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    status: tokio::task::JoinHandle<()>,
+    writer: tokio::task::JoinHandle<()>,
+    feed: tokio::task::JoinHandle<()>,
+}
+
+impl Reporting {
+    /// Starts the lock watch ([`feed`]), the status writer ([`run`]) and the event writer
+    /// ([`crate::events::run`]) for `instance`.
+    pub fn start(client: kube::Client, instance: String, metrics: EnforcementMetrics) -> Reporting {
+        let (snapshots, feed) = feed::watch_locks(client.clone());
+        let (events, queue) = crate::events::EventSink::channel(EVENT_QUEUE, metrics.clone());
+        let (stop, stopped) = tokio::sync::oneshot::channel();
+        let writer = tokio::spawn(crate::events::run(
+            client.clone(),
+            crate::events::WriterConfig::new(instance.clone()),
+            queue,
+            snapshots.clone(),
+            metrics.clone(),
+        ));
+        let status = tokio::spawn(run(client, instance, snapshots, metrics, async {
+            let _ = stopped.await;
+        }));
+        Reporting {
+            events,
+            stop: Some(stop),
+            status,
+            writer,
+            feed: tokio::spawn(feed),
+        }
+    }
+
+    /// Withdraws this instance from the status of the locks and writes the pending events,
+    /// within `grace`; the rest is abandoned.
+    pub async fn stop(mut self, grace: Duration) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        // The queue closes when the last sink (the reviewer's) is gone.
+        drop(self.events);
+        let work = async {
+            let _ = (&mut self.status).await;
+            let _ = (&mut self.writer).await;
+        };
+        if tokio::time::timeout(grace, work).await.is_err() {
+            warn!(
+                ?grace,
+                "lock status and events not fully written at shutdown"
+            );
+        }
+        for task in [&self.status, &self.writer, &self.feed] {
+            task.abort();
+        }
+    }
+}
+
+/// Refusals queued for events at most; more are dropped (and counted) until the writer catches up.
+const EVENT_QUEUE: usize = 4096;
+
+/// Keeps this instance's part of every lock's status in line with `snapshots` until `stop`
+/// completes, then withdraws it (as when the source is unhealthy) and returns.
+pub async fn run(
+    client: kube::Client,
+    instance: String,
+    mut snapshots: watch::Receiver<LockSnapshot>,
+    metrics: EnforcementMetrics,
+    stop: impl Future<Output = ()>,
+) {
+    let mut stop = std::pin::pin!(stop);
+    let mut stopping = false;
+    let manager = format!("{FIELD_MANAGER_PREFIX}{instance}");
+    let mut applied: HashMap<LockKey, Applied> = HashMap::new();
+    let mut retries: HashMap<LockKey, Retry> = HashMap::new();
+    let mut was_healthy = None;
+    loop {
+        let mut snapshot = snapshots.borrow_and_update().clone();
+        if stopping {
+            snapshot.healthy = false;
+        }
+        if was_healthy != Some(snapshot.healthy) {
+            info!(%instance, healthy = snapshot.healthy, locks = snapshot.locks.len(),
+                "lock status: {}", if snapshot.healthy { "marking locks enforced" } else { "lock source unhealthy; withdrawing this instance from lock status" });
+            was_healthy = Some(snapshot.healthy);
+        }
+        let now = Timestamp::now();
+        let clock = Instant::now();
+        applied.retain(|key, _| snapshot.locks.contains_key(key));
+        for (key, write) in applied.iter_mut() {
+            if snapshot
+                .locks
+                .get(key)
+                .is_some_and(|l| l.resource_version == write.version)
+            {
+                write.echoed = true;
+            }
+        }
+        retries.retain(|key, _| snapshot.locks.contains_key(key));
+        let writes: Vec<_> = snapshot
+            .locks
+            .values()
+            .filter(|lock| retries.get(&lock.key).is_none_or(|r| r.at <= clock))
+            .filter_map(|lock| {
+                let want = desired(lock, snapshot.healthy, &instance, now);
+                needs_write(lock, &want, &instance, applied.get(&lock.key))
+                    .then(|| (lock.clone(), want))
+            })
+            .map(|(lock, want)| {
+                let (client, manager) = (client.clone(), manager.clone());
+                async move {
+                    let result = write(client, &manager, &lock, &want).await;
+                    (lock, want, result)
+                }
+            })
+            .collect();
+        let results: Vec<_> = futures::stream::iter(writes)
+            .buffer_unordered(CONCURRENT_WRITES)
+            .collect()
+            .await;
+        // One line per pass, not per lock: a missing permission fails every lock at once.
+        let (mut failed, mut first_failure) = (0usize, String::new());
+        for (lock, want, result) in results {
+            let outcome = match &result {
+                Ok(_) => "success",
+                Err(kube::Error::Api(s)) if s.code == 403 => "forbidden",
+                Err(kube::Error::Api(s)) if s.code == 404 => "not_found",
+                Err(kube::Error::Api(s)) if s.code == 409 => "conflict",
+                Err(_) => "error",
+            };
+            metrics
+                .status_writes
+                .get_or_create(&OutcomeLabels { outcome })
+                .inc();
+            match result {
+                Ok(version) => {
+                    debug!(lock = %lock.key, enforced = want.entry.is_some(), count = want.count, "lock status written");
+                    retries.remove(&lock.key);
+                    applied.insert(lock.key.clone(), Applied::new(want, version));
+                }
+                // Deleted meanwhile: the watch will drop it.
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(error) => {
+                    let attempts = retries.get(&lock.key).map_or(1, |r| r.attempts + 1);
+                    let delay = Duration::from_millis(500)
+                        .saturating_mul(1 << attempts.min(6))
+                        .min(MAX_RETRY);
+                    failed += 1;
+                    if failed == 1 {
+                        first_failure = format!(
+                            "{}: {error} (attempt {attempts}, next in {delay:?})",
+                            lock.key
+                        );
+                    }
+                    retries.insert(
+                        lock.key.clone(),
+                        Retry {
+                            at: Instant::now() + delay,
+                            attempts,
+                        },
+                    );
+                }
+            }
+        }
+        if failed > 0 {
+            warn!(failed, first = %first_failure,
+                "cannot write lock status (the webhook's identity needs patch on locks/status and clusterlocks/status); retrying with backoff");
+        }
+        // Sleep until the snapshot changes, a retry is due, or an enforced lock expires.
+        let next_retry = retries.values().map(|r| r.at).min();
+        let next_expiry = snapshot
+            .locks
+            .values()
+            .filter_map(|l| l.spec.as_ref().ok()?.expires_at.as_ref().map(|t| t.0))
+            .filter(|at| *at > now)
+            .min()
+            .map(|at| {
+                let wait = at.duration_since(Timestamp::now()).unsigned_abs();
+                Instant::now() + wait + Duration::from_millis(1)
+            });
+        if stopping {
+            return;
+        }
+        let wake = [next_retry, next_expiry].into_iter().flatten().min();
+        tokio::select! {
+            changed = snapshots.changed() => if changed.is_err() { return },
+            () = sleep_until(wake) => {}
+            () = &mut stop => {
+                info!(%instance, "stopping: withdrawing this instance from lock status");
+                stopping = true;
+                retries.clear();
+            }
+        }
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Applies `want` to the lock's status; returns the new resourceVersion.
+async fn write(
+    client: kube::Client,
+    manager: &str,
+    lock: &KnownLock,
+    want: &Desired,
+) -> Result<String, kube::Error> {
+    // force: enforcedCount and the condition are shared with the other instances, which write
+    // the same values; during a change they may briefly disagree.
+    let params = PatchParams::apply(manager).force();
+    let written = lock
+        .key
+        .api(client)
+        .patch_status(
+            &lock.key.name,
+            &params,
+            &Patch::Apply(want.apply_config(&lock.key)),
+        )
+        .await?;
+    Ok(written.metadata.resource_version.unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,192 @@
+use super::*;
+
+fn now() -> Timestamp {
+    "2026-11-22T12:00:00Z".parse().expect("timestamp")
+}
+
+fn lock(namespace: Option<&str>, spec: serde_json::Value) -> KnownLock {
+    KnownLock {
+        key: LockKey {
+            namespace: namespace.map(str::to_owned),
+            name: "web".to_owned(),
+        },
+        uid: "uid-1".to_owned(),
+        generation: 3,
+        resource_version: "10".to_owned(),
+        spec: serde_json::from_value(spec).map_err(|e| e.to_string()),
+        status: LockStatus::default(),
+    }
+}
+
+fn enforcer(instance: &str, generation: i64, since: &str) -> Enforcer {
+    Enforcer {
+        instance: instance.to_owned(),
+        observed_generation: generation,
+        since: Time(since.parse().expect("time")),
+    }
+}
+
+#[test]
+fn an_enforced_lock_gets_this_instances_entry_and_the_count() {
+    let mut l = lock(Some("prod"), serde_json::json!({}));
+    l.status.enforced_by = vec![enforcer("cp-2", 3, "2026-11-22T10:00:00Z")];
+    let want = desired(&l, true, "cp-1", now());
+    assert_eq!(
+        want.entry,
+        Some(enforcer("cp-1", 3, "2026-11-22T12:00:00Z"))
+    );
+    assert_eq!(want.count, 2, "the other instance's entry and ours");
+    assert_eq!(want.conditions.len(), 1);
+    let condition = &want.conditions[0];
+    assert_eq!(
+        (
+            condition.type_.as_str(),
+            condition.status.as_str(),
+            condition.reason.as_str()
+        ),
+        ("Enforced", "True", "Enforcing")
+    );
+    assert_eq!(condition.observed_generation, Some(3));
+}
+
+#[test]
+fn since_is_kept_from_this_instances_own_entry() {
+    let mut l = lock(Some("prod"), serde_json::json!({}));
+    l.generation = 4;
+    l.status.enforced_by = vec![enforcer("cp-1", 3, "2026-11-22T09:00:00Z")];
+    let want = desired(&l, true, "cp-1", now());
+    assert_eq!(
+        want.entry,
+        Some(enforcer("cp-1", 4, "2026-11-22T09:00:00Z"))
+    );
+    assert_eq!(want.count, 1);
+    assert!(needs_write(&l, &want, "cp-1", None), "generation 3 -> 4");
+}
+
+#[test]
+fn locks_that_are_not_enforced_say_why() {
+    let cases = [
+        (
+            lock(Some("prod"), serde_json::json!({"mode": "Warn"})),
+            "WarnMode",
+        ),
+        (
+            lock(
+                Some("prod"),
+                serde_json::json!({"expiresAt": "2026-11-22T11:00:00Z"}),
+            ),
+            "Expired",
+        ),
+        (
+            lock(Some("kube-system"), serde_json::json!({})),
+            "NotSentToWebhook",
+        ),
+        (
+            lock(Some("kube-node-lease"), serde_json::json!({"mode": "Warn"})),
+            "NotSentToWebhook",
+        ),
+    ];
+    for (l, reason) in cases {
+        let want = desired(&l, true, "cp-1", now());
+        assert_eq!(want.entry, None, "{reason}");
+        assert_eq!(want.count, 0, "{reason}");
+        assert_eq!(want.conditions[0].status, "False", "{reason}");
+        assert_eq!(want.conditions[0].reason, reason);
+        assert!(!want.conditions[0].message.is_empty());
+    }
+    // A ClusterLock on the Namespace kube-system: that Namespace is not sent either.
+    let mut namespace = lock(
+        None,
+        serde_json::json!({"resources": [{"apiGroups": [""], "resources": ["namespaces"]}]}),
+    );
+    namespace.key.name = "kube-system".into();
+    assert_eq!(
+        desired(&namespace, true, "cp-1", now()).conditions[0].reason,
+        "NotSentToWebhook"
+    );
+    namespace.spec = Ok(LockSpec::default());
+    assert!(
+        desired(&namespace, true, "cp-1", now()).entry.is_some(),
+        "may cover other kinds"
+    );
+    // Not yet expired: enforced.
+    let later = lock(
+        None,
+        serde_json::json!({"expiresAt": "2026-11-22T13:00:00Z"}),
+    );
+    assert!(desired(&later, true, "cp-1", now()).entry.is_some());
+    let unparsed = lock(Some("prod"), serde_json::json!({"mode": "Audit"}));
+    let want = desired(&unparsed, true, "cp-1", now());
+    assert!(want.entry.is_some(), "an unparseable lock locks its name");
+    assert_eq!(want.conditions[0].reason, "Unparseable");
+}
+
+#[test]
+fn an_unhealthy_source_withdraws_this_instance_only() {
+    let mut l = lock(Some("prod"), serde_json::json!({}));
+    l.status.enforced_by = vec![
+        enforcer("cp-1", 3, "2026-11-22T10:00:00Z"),
+        enforcer("cp-2", 3, "2026-11-22T10:00:00Z"),
+    ];
+    l.status.enforced_count = Some(2);
+    let want = desired(&l, false, "cp-1", now());
+    assert_eq!(want.entry, None);
+    assert_eq!(want.count, 1);
+    assert!(want.conditions.is_empty(), "asserts nothing it cannot see");
+    assert!(needs_write(&l, &want, "cp-1", None));
+    let config = want.apply_config(&l.key);
+    assert_eq!(
+        config,
+        serde_json::json!({
+            "apiVersion": "objectlock.dev/v1alpha1",
+            "kind": "Lock",
+            "metadata": {"name": "web", "namespace": "prod"},
+            "status": {"enforcedCount": 1},
+        }),
+        "no enforcedBy at all: an empty list would claim the list"
+    );
+}
+
+#[test]
+fn writes_happen_only_when_the_status_differs() {
+    let mut l = lock(None, serde_json::json!({}));
+    let want = desired(&l, true, "cp-1", now());
+    assert!(needs_write(&l, &want, "cp-1", None), "nothing written yet");
+    // What the API server shows after our write.
+    l.status = LockStatus {
+        enforced_by: vec![want.entry.clone().expect("entry")],
+        enforced_count: Some(1),
+        conditions: want.conditions.clone(),
+    };
+    l.resource_version = "11".to_owned();
+    let again = desired(&l, true, "cp-1", now());
+    assert!(
+        !needs_write(&l, &again, "cp-1", None),
+        "a restart with nothing changed"
+    );
+    // Our write landed, the watch still shows the object before it: no second write.
+    let before = lock(None, serde_json::json!({}));
+    let mut applied = Applied::new(want.clone(), "11".to_owned());
+    assert!(!needs_write(&before, &want, "cp-1", Some(&applied)));
+    applied.echoed = true;
+    // Another instance removed the count it owned: write it again, although we wrote it.
+    l.status.enforced_count = None;
+    l.resource_version = "12".to_owned();
+    assert!(needs_write(&l, &again, "cp-1", Some(&applied)));
+    // A condition another instance wrote differently is left alone once ours is written.
+    l.status.enforced_count = Some(1);
+    l.status.conditions[0].message = "older wording".to_owned();
+    assert!(!needs_write(&l, &again, "cp-1", Some(&applied)));
+    assert!(needs_write(&l, &again, "cp-1", None));
+}
+
+#[test]
+fn instance_names_are_checked() {
+    assert!(check_instance_name("cp-1.example.com").is_ok());
+    assert!(check_instance_name("").is_err());
+    assert!(check_instance_name("two words").is_err());
+    assert!(check_instance_name(&"x".repeat(101)).is_err());
+    assert_eq!(instance_name("cp-1").as_deref(), Ok("cp-1"));
+    let host = instance_name("").expect("the host name");
+    assert!(!host.is_empty());
+}

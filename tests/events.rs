@@ -1,0 +1,346 @@
+//! Refusals recorded as Kubernetes Events, against the fake API server's events.k8s.io/v1
+//! (validated as kube-apiserver validates them), and the whole wiring through the webhook.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kube_object_lock::admission::{OnLookupError, ReviewPolicy, Reviewer};
+use kube_object_lock::app::Source;
+use kube_object_lock::events::{self, EventSink, WriterConfig};
+use kube_object_lock::locks::LockSource;
+use kube_object_lock::locks::kube::{CacheConfig, KubeSource};
+use kube_object_lock::metrics::Metrics;
+use kube_object_lock::status::{DropLabels, EnforcementMetrics, EventWriteLabels, Reporting, feed};
+use serde_json::{Value, json};
+use support::fake_apiserver::FakeApiServer;
+use support::{TestServer, fixture};
+
+const NS: &str = "demo-015226";
+
+/// A reviewer reading locks from `api`, recording into a queue of `capacity`.
+async fn reviewer(
+    api: &FakeApiServer,
+    capacity: usize,
+    metrics: &EnforcementMetrics,
+) -> (Reviewer, tokio::sync::mpsc::Receiver<events::Refusal>) {
+    let source = KubeSource::new(
+        api.client(),
+        CacheConfig {
+            ttl: Duration::from_secs(60),
+            max_namespaces: 100,
+        },
+    );
+    tokio::spawn(source.watch());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !source.is_ready() {
+        assert!(Instant::now() < deadline, "watch never synced");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (sink, queue) = EventSink::channel(capacity, metrics.clone());
+    let policy = ReviewPolicy {
+        on_lookup_error: OnLookupError::Deny,
+        lookup_timeout: Duration::from_secs(2),
+    };
+    (
+        Reviewer::new(Arc::new(source), policy).with_events(sink),
+        queue,
+    )
+}
+
+async fn allowed(reviewer: &Reviewer, body: &[u8]) -> bool {
+    let answer = reviewer.review(body, None).await.expect("a review");
+    let json = serde_json::to_value(&answer.review).expect("serializes");
+    json["response"]["allowed"] == true
+}
+
+fn with_dry_run(name: &str) -> Vec<u8> {
+    let mut review: Value = serde_json::from_slice(&fixture(name)).expect("json");
+    review["request"]["dryRun"] = json!(true);
+    serde_json::to_vec(&review).expect("json")
+}
+
+/// The uid the lock source's feed knows for each lock.
+fn snapshots(
+    api: &FakeApiServer,
+) -> tokio::sync::watch::Receiver<kube_object_lock::status::LockSnapshot> {
+    let (rx, run) = feed::watch_locks(api.client());
+    tokio::spawn(run);
+    rx
+}
+
+async fn until<T: std::fmt::Debug>(
+    what: &str,
+    read: impl Fn() -> T,
+    check: impl Fn(&T) -> bool,
+) -> T {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let value = read();
+        if check(&value) {
+            return value;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: never happened; last: {value:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_client_retrying_in_a_loop_makes_one_series_and_at_most_two_writes() {
+    support::init();
+    let api = FakeApiServer::start().await;
+    api.create_lock(NS, "locked-a", json!({"reason": "VM snapshot in progress"}));
+    let uid = api.lock(NS, "locked-a").expect("lock")["metadata"]["uid"].clone();
+    let metrics = EnforcementMetrics::default();
+    let (reviewer, queue) = reviewer(&api, 1024, &metrics).await;
+    let locks = snapshots(&api);
+    until(
+        "the feed knows the lock",
+        || locks.borrow().locks.len(),
+        |n| *n == 1,
+    )
+    .await;
+    let config = WriterConfig {
+        // Far longer than the test: only the first write and the final flush happen.
+        min_interval: Duration::from_secs(3600),
+        ..WriterConfig::new("cp-1".into())
+    };
+    let writer = tokio::spawn(events::run(
+        api.client(),
+        config,
+        queue,
+        locks,
+        metrics.clone(),
+    ));
+
+    for _ in 0..50 {
+        assert!(!allowed(&reviewer, &fixture("configmap-delete-locked.json")).await);
+    }
+    // Dry runs are refused the same way and leave no trace.
+    for _ in 0..5 {
+        assert!(!allowed(&reviewer, &with_dry_run("configmap-delete-locked.json")).await);
+    }
+    assert!(allowed(&reviewer, &fixture("configmap-delete-unlocked.json")).await);
+    until("the first write", || api.event_writes().len(), |n| *n >= 1).await;
+    // Shutting down closes the queue: what is pending is written at once, then the writer ends.
+    drop(reviewer);
+    tokio::time::timeout(Duration::from_secs(10), writer)
+        .await
+        .expect("the writer finished")
+        .expect("writer task");
+
+    let writes = api.event_writes();
+    assert!((1..=2).contains(&writes.len()), "{writes:?}");
+    assert!(
+        writes[0].starts_with(&format!("create {NS}/locked-a.")),
+        "{writes:?}"
+    );
+    let events = api.events();
+    assert_eq!(events.len(), 1, "one series: {events:#?}");
+    let event = &events[0];
+    assert_eq!(event["reason"], "Blocked");
+    assert_eq!(event["type"], "Warning");
+    assert_eq!(event["action"], "DELETE");
+    assert_eq!(
+        event["reportingController"],
+        "objectlock.dev/kube-object-lock"
+    );
+    assert_eq!(event["reportingInstance"], "cp-1");
+    assert_eq!(
+        event["regarding"],
+        json!({"apiVersion": "objectlock.dev/v1alpha1", "kind": "Lock", "name": "locked-a",
+            "namespace": NS, "uid": uid}),
+        "kubectl describe finds events by kind, name, namespace and uid"
+    );
+    assert_eq!(
+        event["note"],
+        format!(
+            "DELETE of configmaps \"locked-a\" in namespace \"{NS}\" by kubernetes-admin refused"
+        )
+    );
+    assert_eq!(
+        event["series"]["count"], 50,
+        "every refusal counted, dry runs not"
+    );
+    let queued = kube_object_lock::status::EventLabels { reason: "Blocked" };
+    assert_eq!(metrics.refusal_events.get_or_create(&queued).get(), 50);
+}
+
+#[tokio::test]
+async fn warn_mode_locks_record_would_block() {
+    support::init();
+    let api = FakeApiServer::start().await;
+    api.create_lock(NS, "locked-a", json!({"mode": "Warn"}));
+    let metrics = EnforcementMetrics::default();
+    let (reviewer, queue) = reviewer(&api, 16, &metrics).await;
+    let writer = tokio::spawn(events::run(
+        api.client(),
+        WriterConfig::new("cp-1".into()),
+        queue,
+        snapshots(&api),
+        metrics,
+    ));
+    assert!(allowed(&reviewer, &fixture("configmap-update-put.json")).await);
+    drop(reviewer);
+    tokio::time::timeout(Duration::from_secs(10), writer)
+        .await
+        .expect("the writer finished")
+        .expect("writer task");
+    let events = api.events();
+    assert_eq!(events.len(), 1);
+    assert_eq!(
+        (events[0]["reason"].as_str(), events[0]["type"].as_str()),
+        (Some("WouldBlock"), Some("Normal"))
+    );
+    assert!(
+        events[0]["note"]
+            .as_str()
+            .is_some_and(|n| n.starts_with("UPDATE of configmaps")),
+        "{}",
+        events[0]
+    );
+    assert!(
+        events[0].get("series").is_none_or(Value::is_null),
+        "one occurrence, no series"
+    );
+}
+
+#[tokio::test]
+async fn answers_never_wait_for_events_and_failed_writes_are_counted_not_retried_forever() {
+    support::init();
+    let api = FakeApiServer::start().await;
+    api.create_lock(NS, "locked-a", json!({}));
+    let metrics = EnforcementMetrics::default();
+    // Nobody reads this queue: every refusal beyond the first two is dropped and counted.
+    let (reviewer, _unread) = reviewer(&api, 2, &metrics).await;
+    for _ in 0..10 {
+        assert!(!allowed(&reviewer, &fixture("configmap-delete-locked.json")).await);
+    }
+    let full = DropLabels {
+        cause: "queue_full",
+    };
+    assert_eq!(metrics.refusal_events_dropped.get_or_create(&full).get(), 8);
+
+    // An API server that is gone: three attempts, then the count is given up and counted.
+    let gone = FakeApiServer::start().await;
+    let client = gone.client();
+    gone.stop().await;
+    let (sink, queue) = EventSink::channel(16, metrics.clone());
+    let config = WriterConfig {
+        min_interval: Duration::from_millis(1),
+        ..WriterConfig::new("cp-1".into())
+    };
+    let writer = tokio::spawn(events::run(
+        client,
+        config,
+        queue,
+        snapshots(&api),
+        metrics.clone(),
+    ));
+    let refusal = events::Refusal {
+        lock: kube_object_lock::status::LockKey {
+            namespace: Some(NS.into()),
+            name: "locked-a".into(),
+        },
+        reason: events::Reason::Blocked,
+        operation: "DELETE",
+        note: "DELETE refused".into(),
+    };
+    for _ in 0..4 {
+        sink.record(refusal.clone());
+    }
+    drop(sink);
+    tokio::time::timeout(Duration::from_secs(10), writer)
+        .await
+        .expect("the writer gave up in time")
+        .expect("writer task");
+    let failed = EventWriteLabels {
+        verb: "create",
+        outcome: "failure",
+    };
+    assert_eq!(metrics.event_writes.get_or_create(&failed).get(), 3);
+    let lost = DropLabels {
+        cause: "write_failed",
+    };
+    assert_eq!(metrics.refusal_events_dropped.get_or_create(&lost).get(), 4);
+}
+
+#[tokio::test]
+async fn the_webhook_writes_status_and_events_and_withdraws_on_stop() {
+    support::init();
+    let api = FakeApiServer::start().await;
+    api.create_lock(NS, "locked-a", json!({}));
+    let metrics = Arc::new(Metrics::new());
+    let source = KubeSource::with_metrics(
+        api.client(),
+        CacheConfig {
+            ttl: Duration::from_secs(60),
+            max_namespaces: 100,
+        },
+        metrics.source.clone(),
+    );
+    let refresh = tokio::spawn(source.watch());
+    let reporting = Reporting::start(api.client(), "cp-1".into(), metrics.enforcement.clone());
+    let server = TestServer::start_reporting(
+        support::Certs::new(),
+        Source {
+            source: Arc::new(source),
+            refresh: Some(refresh),
+        },
+        metrics,
+        Some(reporting),
+        |_| {},
+    )
+    .await;
+    until(
+        "status shows the instance",
+        || api.lock(NS, "locked-a").expect("lock")["status"]["enforcedCount"].clone(),
+        |c| *c == 1,
+    )
+    .await;
+    let status_writes = || {
+        let log = api.request_log();
+        let write = |r: &&String| r.starts_with("PATCH ") && r.contains("/locks/locked-a/status");
+        log.iter().filter(write).count()
+    };
+    let before = status_writes();
+    for _ in 0..20 {
+        let reply = server
+            .http1()
+            .post_json(
+                &server.url("/validate"),
+                fixture("configmap-delete-locked.json"),
+            )
+            .await;
+        assert_eq!(reply.json()["response"]["allowed"], false);
+    }
+    until("the refusal's event", || api.events().len(), |n| *n == 1).await;
+    assert_eq!(
+        status_writes(),
+        before,
+        "admissions never write lock status"
+    );
+    let scraped = server.scrape().await;
+    assert_eq!(
+        support::sample(
+            &scraped,
+            "kube_object_lock_refusal_events_total{reason=\"Blocked\"}"
+        ),
+        20.0,
+        "{scraped}"
+    );
+    assert!(
+        support::sample(
+            &scraped,
+            "kube_object_lock_status_writes_total{outcome=\"success\"}"
+        ) >= 1.0
+    );
+    server.stop().await;
+    let status = api.lock(NS, "locked-a").expect("lock")["status"].clone();
+    assert_eq!(status["enforcedCount"], 0, "withdrawn on stop: {status}");
+    assert!(status.get("enforcedBy").is_none(), "{status}");
+}

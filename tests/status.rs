@@ -1,0 +1,409 @@
+//! Lock status written by the instances, against the fake API server's status subresource
+//! (server-side apply with field managers, as kube-apiserver does it).
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kube_object_lock::status::{self, EnforcementMetrics, LockKey, LockSnapshot, feed};
+use serde_json::{Value, json};
+use support::fake_apiserver::FakeApiServer;
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
+
+/// One instance: its own watch feed and status writer.
+struct Instance {
+    stop: Option<oneshot::Sender<()>>,
+    writer: JoinHandle<()>,
+    feed: JoinHandle<()>,
+}
+
+impl Instance {
+    fn start(api: &FakeApiServer, name: &str) -> Instance {
+        let (snapshots, feed) = feed::watch_locks(api.client());
+        let (stop, stopped) = oneshot::channel::<()>();
+        let writer = tokio::spawn(status::run(
+            api.client(),
+            name.to_owned(),
+            snapshots,
+            EnforcementMetrics::default(),
+            async {
+                let _ = stopped.await;
+            },
+        ));
+        Instance {
+            stop: Some(stop),
+            writer,
+            feed: tokio::spawn(feed),
+        }
+    }
+
+    /// Stops as the service does on SIGTERM: withdraws, then ends.
+    async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        tokio::time::timeout(Duration::from_secs(10), &mut self.writer)
+            .await
+            .expect("withdrew in time")
+            .expect("writer task");
+        self.feed.abort();
+    }
+}
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        self.writer.abort();
+        self.feed.abort();
+    }
+}
+
+/// Polls `read` until `check` holds (10 s at most: a hang fails, a slow machine does not).
+async fn until<T: std::fmt::Debug>(
+    what: &str,
+    read: impl Fn() -> T,
+    check: impl Fn(&T) -> bool,
+) -> T {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let value = read();
+        if check(&value) {
+            return value;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: never happened; last: {value:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn status_of(api: &FakeApiServer, ns: Option<&str>, name: &str) -> Value {
+    let lock = match ns {
+        Some(ns) => api.lock(ns, name),
+        None => api.cluster_lock(name),
+    };
+    lock.map(|l| l["status"].clone()).unwrap_or(Value::Null)
+}
+
+fn instances(status: &Value) -> Vec<String> {
+    let mut names: Vec<String> = status["enforcedBy"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|e| e["instance"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+fn condition(status: &Value) -> (String, String) {
+    let c = status["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == "Enforced"))
+        .cloned()
+        .unwrap_or(Value::Null);
+    (
+        c["status"].as_str().unwrap_or_default().to_owned(),
+        c["reason"].as_str().unwrap_or_default().to_owned(),
+    )
+}
+
+/// Status PATCH requests received for one lock.
+fn status_writes(api: &FakeApiServer, path: &str) -> usize {
+    api.request_log()
+        .iter()
+        .filter(|r| r.starts_with("PATCH ") && r.contains(path))
+        .count()
+}
+
+#[tokio::test]
+async fn every_instance_records_itself_and_the_count_without_overwriting_the_others() {
+    support::init();
+    let api = FakeApiServer::start().await;
+    api.create_lock("prod", "web", json!({"reason": "freeze"}));
+    api.create_cluster_lock("prod", json!({}));
+    let a = Instance::start(&api, "cp-1");
+    let b = Instance::start(&api, "cp-2");
+
+    for (ns, name) in [(Some("prod"), "web"), (None, "prod")] {
+        let status = until(
+            "both instances enforce",
+            || status_of(&api, ns, name),
+            |s| instances(s) == ["cp-1", "cp-2"] && s["enforcedCount"] == 2,
+        )
+        .await;
+        assert_eq!(condition(&status), ("True".into(), "Enforcing".into()));
+        for entry in status["enforcedBy"].as_array().expect("entries") {
+            assert_eq!(entry["observedGeneration"], 1);
+            assert!(
+                entry["since"].as_str().is_some_and(|s| s.ends_with('Z')),
+                "{entry}"
+            );
+        }
+        assert_eq!(
+            api.status_managers(ns, name),
+            ["kube-object-lock/cp-1", "kube-object-lock/cp-2"],
+            "each instance writes under its own field manager"
+        );
+    }
+    // The spec and the generation are untouched by status writes.
+    let web = api.lock("prod", "web").expect("lock");
+    assert_eq!(web["metadata"]["generation"], 1);
+    assert_eq!(web["spec"], json!({"reason": "freeze"}));
+
+    // A new generation is recorded by each instance; `since` stays.
+    let since = status_of(&api, Some("prod"), "web")["enforcedBy"][0]["since"].clone();
+    api.create_lock("prod", "web", json!({"reason": "longer freeze"}));
+    let status = until(
+        "generation 2 seen by both",
+        || status_of(&api, Some("prod"), "web"),
+        |s| {
+            s["enforcedBy"]
+                .as_array()
+                .is_some_and(|e| e.len() == 2 && e.iter().all(|e| e["observedGeneration"] == 2))
+        },
+    )
+    .await;
+    assert_eq!(status["enforcedBy"][0]["since"], since);
+
+    // Nothing changes for prod/web: an unrelated lock costs it no write.
+    let writes = status_writes(&api, "/namespaces/prod/locks/web/");
+    api.create_lock("prod", "other", json!({}));
+    until(
+        "the other lock is enforced",
+        || status_of(&api, Some("prod"), "other"),
+        |s| s["enforcedCount"] == 2,
+    )
+    .await;
+    assert_eq!(
+        status_writes(&api, "/namespaces/prod/locks/web/"),
+        writes,
+        "status is written when it changes, not on every event"
+    );
+
+    // An instance that stops withdraws its entry; the other's stays, the count follows.
+    b.stop().await;
+    let status = until(
+        "cp-2 withdrawn",
+        || status_of(&api, Some("prod"), "web"),
+        |s| instances(s) == ["cp-1"] && s["enforcedCount"] == 1,
+    )
+    .await;
+    assert_eq!(condition(&status), ("True".into(), "Enforcing".into()));
+    a.stop().await;
+    let status = until(
+        "cp-1 withdrawn",
+        || status_of(&api, Some("prod"), "web"),
+        |s| instances(s).is_empty(),
+    )
+    .await;
+    assert_eq!(status["enforcedCount"], 0);
+    assert!(
+        status["conditions"].is_null(),
+        "no instance asserts anything: {status}"
+    );
+}
+
+#[tokio::test]
+async fn locks_that_are_not_enforced_say_why() {
+    support::init();
+    let api = FakeApiServer::start().await;
+    api.create_lock("prod", "warn", json!({"mode": "Warn"}));
+    api.create_lock("prod", "old", json!({"expiresAt": "2020-01-01T00:00:00Z"}));
+    api.create_lock("kube-system", "coredns", json!({}));
+    // Expires while the instance runs: it withdraws at that moment, with no event to wake it.
+    let soon = k8s_openapi::jiff::Timestamp::now() + std::time::Duration::from_secs(2);
+    let soon = k8s_openapi::jiff::Timestamp::from_second(soon.as_second() + 1).expect("time");
+    api.create_lock("prod", "soon", json!({"expiresAt": soon.to_string()}));
+    let _a = Instance::start(&api, "cp-1");
+
+    for (name, ns, reason) in [
+        ("warn", "prod", "WarnMode"),
+        ("old", "prod", "Expired"),
+        ("coredns", "kube-system", "NotSentToWebhook"),
+    ] {
+        let status = until(
+            reason,
+            || status_of(&api, Some(ns), name),
+            |s| !s["conditions"].is_null(),
+        )
+        .await;
+        assert_eq!(
+            condition(&status),
+            ("False".into(), reason.into()),
+            "{name}"
+        );
+        assert!(instances(&status).is_empty(), "{name}: {status}");
+        assert_eq!(status["enforcedCount"], 0, "{name}");
+    }
+    until(
+        "soon is enforced first",
+        || status_of(&api, Some("prod"), "soon"),
+        |s| instances(s) == ["cp-1"],
+    )
+    .await;
+    let status = until(
+        "soon expires",
+        || status_of(&api, Some("prod"), "soon"),
+        |s| condition(s).1 == "Expired",
+    )
+    .await;
+    assert!(instances(&status).is_empty(), "{status}");
+}
+
+#[tokio::test]
+async fn an_unhealthy_source_withdraws_the_instance_and_a_healthy_one_returns_it() {
+    support::init();
+    let api = FakeApiServer::start().await;
+    api.create_lock("prod", "web", json!({}));
+    let lock = |status: Value| {
+        let mut object = api.lock("prod", "web").expect("lock");
+        object["status"] = status;
+        let object: kube::api::DynamicObject = serde_json::from_value(object).expect("object");
+        feed::known(object, true).expect("a lock")
+    };
+    let snapshot = |healthy: bool, status: Value| LockSnapshot {
+        healthy,
+        locks: Arc::new(BTreeMap::from([(
+            LockKey {
+                namespace: Some("prod".into()),
+                name: "web".into(),
+            },
+            lock(status),
+        )])),
+    };
+    let (tx, rx) = watch::channel(snapshot(true, Value::Null));
+    let writer = tokio::spawn(status::run(
+        api.client(),
+        "cp-1".into(),
+        rx,
+        EnforcementMetrics::default(),
+        std::future::pending(),
+    ));
+    let status = until(
+        "enforced",
+        || status_of(&api, Some("prod"), "web"),
+        |s| instances(s) == ["cp-1"],
+    )
+    .await;
+    tx.send_replace(snapshot(false, status));
+    let status = until(
+        "withdrawn",
+        || status_of(&api, Some("prod"), "web"),
+        |s| instances(s).is_empty(),
+    )
+    .await;
+    assert_eq!(status["enforcedCount"], 0);
+    tx.send_replace(snapshot(true, status));
+    until(
+        "back",
+        || status_of(&api, Some("prod"), "web"),
+        |s| instances(s) == ["cp-1"] && s["enforcedCount"] == 1,
+    )
+    .await;
+    writer.abort();
+}
+
+#[tokio::test]
+async fn the_fake_applies_status_like_a_real_api_server() {
+    support::init();
+    let api = FakeApiServer::start().await;
+    api.create_lock("prod", "web", json!({}));
+    let client = api.client();
+    let key = LockKey {
+        namespace: Some("prod".into()),
+        name: "web".into(),
+    };
+    let locks = key.api(client.clone());
+    let apply = |manager: &str, force: bool, status: Value| {
+        let locks = locks.clone();
+        let manager = manager.to_owned();
+        async move {
+            let mut params = kube::api::PatchParams::apply(&manager);
+            params.force = force;
+            let config = json!({"apiVersion": "objectlock.dev/v1alpha1", "kind": "Lock",
+                "metadata": {"name": "web", "namespace": "prod"}, "status": status});
+            locks
+                .patch_status("web", &params, &kube::api::Patch::Apply(config))
+                .await
+        }
+    };
+    let rv = |v: &kube::api::DynamicObject| v.metadata.resource_version.clone();
+    let first = apply("a", false, json!({"enforcedCount": 1, "enforcedBy": [{"instance": "a", "observedGeneration": 1, "since": "2026-01-01T00:00:00Z"}]}))
+        .await
+        .expect("applied");
+    // The same apply again changes nothing: no new resourceVersion.
+    let again = apply("a", false, json!({"enforcedCount": 1, "enforcedBy": [{"instance": "a", "observedGeneration": 1, "since": "2026-01-01T00:00:00Z"}]}))
+        .await
+        .expect("applied");
+    assert_eq!(rv(&first), rv(&again));
+    // Another manager: its own item merges in; a different count conflicts without force.
+    let conflict = apply("b", false, json!({"enforcedCount": 2, "enforcedBy": [{"instance": "b", "observedGeneration": 1, "since": "2026-01-01T00:00:00Z"}]}))
+        .await
+        .expect_err("conflict");
+    let kube::Error::Api(s) = conflict else {
+        panic!("an API error")
+    };
+    assert_eq!((s.code, s.reason.as_str()), (409, "Conflict"));
+    assert!(
+        s.message.contains("conflict with \"a\"") && s.message.contains(".status.enforcedCount"),
+        "{}",
+        s.message
+    );
+    apply("b", true, json!({"enforcedCount": 2, "enforcedBy": [{"instance": "b", "observedGeneration": 1, "since": "2026-01-01T00:00:00Z"}]}))
+        .await
+        .expect("forced");
+    let status = status_of(&api, Some("prod"), "web");
+    assert_eq!(instances(&status), ["a", "b"]);
+    assert_eq!(status["enforcedCount"], 2);
+    // `a` leaves its item out: it goes; the count, now b's, stays.
+    apply("a", false, json!({})).await.expect("applied");
+    let status = status_of(&api, Some("prod"), "web");
+    assert_eq!(instances(&status), ["b"]);
+    assert_eq!(status["enforcedCount"], 2);
+    // Refusals as a real server words them.
+    let wrong_name =
+        json!({"apiVersion": "objectlock.dev/v1alpha1", "kind": "Lock", "metadata": {"name": "x"}});
+    let err = locks
+        .patch_status(
+            "web",
+            &kube::api::PatchParams::apply("a"),
+            &kube::api::Patch::Apply(wrong_name),
+        )
+        .await
+        .expect_err("name");
+    assert!(
+        err.to_string()
+            .contains("does not match the name on the URL"),
+        "{err}"
+    );
+    let err = locks
+        .patch_status(
+            "gone",
+            &kube::api::PatchParams::apply("a"),
+            &kube::api::Patch::Apply(json!({})),
+        )
+        .await
+        .expect_err("missing");
+    assert!(matches!(err, kube::Error::Api(s) if s.code == 404));
+    // Writing the object keeps the status; the status is shown with its managers.
+    api.create_lock("prod", "web", json!({"reason": "changed"}));
+    let object = api.lock("prod", "web").expect("lock");
+    assert_eq!(instances(&object["status"]), ["b"]);
+    let managers: Vec<&str> = object["metadata"]["managedFields"]
+        .as_array()
+        .expect("managedFields")
+        .iter()
+        .map(|m| m["manager"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(managers, ["b"]);
+    assert!(
+        object["metadata"]["managedFields"][0]["fieldsV1"]["f:status"]["f:enforcedBy"]
+            .get("k:{\"instance\":\"b\"}")
+            .is_some(),
+        "{object}"
+    );
+}

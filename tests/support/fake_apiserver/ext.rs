@@ -1,0 +1,492 @@
+//! The lock `status` subresource (GET, and PATCH as server-side apply only) and
+//! `events.k8s.io/v1` Events (POST, merge PATCH, GET, LIST with field selectors), with the
+//! validation kube-apiserver applies to what the webhook writes.
+//!
+//! Events: `metadata.name` required (no generateName), namespace as in the path, `eventTime`,
+//! `reportingController` (a qualified name), `reportingInstance`, `action`, `reason` (each at
+//! most 128 characters), `note` at most 1024, `type` Normal or Warning, `series.count` at least
+//! 2 with a `lastObservedTime`, the `deprecated*` fields unset; an Event regarding a
+//! cluster-scoped object lives in `default` or `kube-system`. On update, the note, reason,
+//! type, action, regarding, related, reportingController, reportingInstance and eventTime are
+//! immutable. Field selectors: `regarding.{kind,namespace,name,uid,apiVersion}`, `reason`,
+//! `reportingController`, `type`, `metadata.{name,namespace}`. Events are not watched, not in
+//! discovery, and never expire (a real server keeps them for `--event-ttl`, 1 h).
+
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+use http::{Method, Request, Response};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use serde_json::{Value, json};
+
+use super::{
+    API_VERSION, Body, FakeApiServer, Query, Res, bad_request, not_found, reply, reply_status, ssa,
+    status,
+};
+
+const EVENTS_PREFIX: &str = "/apis/events.k8s.io/v1/";
+const APPLY: &str = "application/apply-patch+yaml";
+const MERGE: &str = "application/merge-patch+json";
+
+/// What the extension keeps.
+#[derive(Default)]
+pub struct ExtState {
+    /// Field managers of each lock's status.
+    pub managed: BTreeMap<(Res, String, String), ssa::Managed>,
+    /// Events by (namespace, name).
+    pub events: BTreeMap<(String, String), Value>,
+    /// Event writes received: `create` or `patch`, with the namespace/name.
+    pub event_writes: Vec<String>,
+}
+
+/// The status subresource path of a lock: `(res, namespace, name)`.
+fn status_route(path: &str) -> Option<(Res, String, String)> {
+    let rest = path.strip_prefix(super::PREFIX)?;
+    let segments: Vec<String> = rest.split('/').map(super::decode).collect();
+    let segments: Vec<&str> = segments.iter().map(String::as_str).collect();
+    match segments[..] {
+        ["namespaces", ns, "locks", name, "status"] if !ns.is_empty() && !name.is_empty() => {
+            Some((Res::Lock, ns.to_owned(), name.to_owned()))
+        }
+        ["clusterlocks", name, "status"] if !name.is_empty() => {
+            Some((Res::ClusterLock, String::new(), name.to_owned()))
+        }
+        _ => None,
+    }
+}
+
+/// Whether the extension answers this request.
+pub fn handles(method: &Method, path: &str, query: &Query) -> bool {
+    path.starts_with(EVENTS_PREFIX)
+        || status_route(path).is_some()
+        || super::admission::handles(method, path, query)
+}
+
+impl FakeApiServer {
+    /// Answers a request [`handles`] accepts.
+    pub(super) async fn handle_ext(&self, req: Request<Incoming>, query: &Query) -> Response<Body> {
+        let (method, path) = (req.method().clone(), req.uri().path().to_owned());
+        let content_type = req
+            .headers()
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .split(';')
+            .next()
+            .unwrap_or_default()
+            .trim()
+            .to_owned();
+        let body = req
+            .into_body()
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        if super::admission::handles(&method, &path, query) {
+            let answer = self
+                .dry_run(&method, &path, query, &content_type, &body)
+                .await;
+            return answer.map_or_else(reply_status, |(code, obj)| reply(code, obj));
+        }
+        if query.contains_key("dryRun") {
+            return reply_status(bad_request("dryRun is not faked"));
+        }
+        let answer = match status_route(&path) {
+            Some(key) => self.status_request(&method, key, &content_type, &body, query),
+            None => self.events_request(&method, &path, &content_type, &body, query),
+        };
+        answer.map_or_else(reply_status, |(code, obj)| reply(code, obj))
+    }
+
+    fn status_request(
+        &self,
+        method: &Method,
+        key: (Res, String, String),
+        content_type: &str,
+        body: &Bytes,
+        query: &Query,
+    ) -> Result<(u16, Value), Value> {
+        let res = key.0;
+        let object = self.state().objects.get(&key).cloned();
+        let Some(mut object) = object else {
+            return Err(not_found(res, &key.2));
+        };
+        match *method {
+            Method::GET => return Ok((200, object)),
+            Method::PATCH => {}
+            _ => return Err(status(405, super::NOT_ALLOWED, json!({}))),
+        }
+        if content_type != APPLY {
+            let msg = format!(
+                "the body of the request was in an unknown format - this fake accepts only {APPLY} on status, got {content_type:?}"
+            );
+            return Err(status(415, &msg, Value::Null));
+        }
+        let manager = query.get("fieldManager").cloned().unwrap_or_default();
+        if manager.is_empty() {
+            let msg = "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch";
+            return Err(status(422, msg, Value::Null));
+        }
+        let force = query.get("force").is_some_and(|f| f == "true");
+        let config: Value = serde_json::from_slice(body)
+            .map_err(|e| bad_request(&format!("error decoding YAML: {e}")))?;
+        let mut st = self.state();
+        let mut managed = st.ext.managed.get(&key).cloned().unwrap_or_default();
+        let changed = ssa::apply(
+            &mut object,
+            &mut managed,
+            &config,
+            &manager,
+            force,
+            API_VERSION,
+        )
+        .map_err(|refused| {
+            let reason = if refused.code == 409 {
+                "Conflict"
+            } else {
+                "BadRequest"
+            };
+            let mut s = status(refused.code, &refused.message, Value::Null);
+            s["reason"] = json!(reason);
+            if !refused.causes.is_empty() {
+                s["details"] = json!({ "causes": refused.causes });
+            }
+            s
+        })?;
+        if !changed {
+            return Ok((200, st.objects.get(&key).cloned().unwrap_or(object)));
+        }
+        let now = k8s_openapi::jiff::Timestamp::now().to_string();
+        object["metadata"]["managedFields"] = ssa::managed_fields(&managed, API_VERSION, &now);
+        st.ext.managed.insert(key.clone(), managed);
+        let written = st.emit("MODIFIED", key, object);
+        drop(st);
+        self.notify();
+        Ok((200, written))
+    }
+
+    fn events_request(
+        &self,
+        method: &Method,
+        path: &str,
+        content_type: &str,
+        body: &Bytes,
+        query: &Query,
+    ) -> Result<(u16, Value), Value> {
+        let rest = path.strip_prefix(EVENTS_PREFIX).unwrap_or_default();
+        let segments: Vec<String> = rest.split('/').map(super::decode).collect();
+        let segments: Vec<&str> = segments.iter().map(String::as_str).collect();
+        let (ns, name) = match segments[..] {
+            ["events"] => (None, None),
+            ["namespaces", ns, "events"] => (Some(ns), None),
+            ["namespaces", ns, "events", name] => (Some(ns), Some(name)),
+            _ => return Err(status(404, super::NO_SUCH_RESOURCE, json!({}))),
+        };
+        match (method, ns, name) {
+            (&Method::GET, ns, None) => self.list_events(ns, query),
+            (&Method::GET, Some(ns), Some(name)) => {
+                let event = self
+                    .state()
+                    .ext
+                    .events
+                    .get(&(ns.into(), name.into()))
+                    .cloned();
+                event.map(|e| (200, e)).ok_or_else(|| event_not_found(name))
+            }
+            (&Method::POST, Some(ns), None) => {
+                let event: Value = serde_json::from_slice(body)
+                    .map_err(|e| bad_request(&format!("error decoding request body: {e}")))?;
+                self.create_event(ns, event).map(|e| (201, e))
+            }
+            (&Method::PATCH, Some(ns), Some(name)) => {
+                if content_type != MERGE {
+                    let msg = format!(
+                        "the body of the request was in an unknown format - this fake accepts only {MERGE} on events, got {content_type:?}"
+                    );
+                    return Err(status(415, &msg, Value::Null));
+                }
+                let patch: Value = serde_json::from_slice(body)
+                    .map_err(|e| bad_request(&format!("error decoding request body: {e}")))?;
+                self.patch_event(ns, name, &patch).map(|e| (200, e))
+            }
+            _ => Err(status(405, super::NOT_ALLOWED, json!({}))),
+        }
+    }
+
+    fn list_events(&self, ns: Option<&str>, query: &Query) -> Result<(u16, Value), Value> {
+        let selector = query.get("fieldSelector").cloned().unwrap_or_default();
+        let mut terms = vec![];
+        for term in selector.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+            let (field, value, equal) = match term.split_once("!=") {
+                Some((f, v)) => (f, v, false),
+                None => match term.split_once("==").or_else(|| term.split_once('=')) {
+                    Some((f, v)) => (f, v, true),
+                    None => return Err(bad_request(&format!("invalid selector: {term}"))),
+                },
+            };
+            let pointer = match field.trim() {
+                "regarding.kind" => "/regarding/kind",
+                "regarding.namespace" => "/regarding/namespace",
+                "regarding.name" => "/regarding/name",
+                "regarding.uid" => "/regarding/uid",
+                "regarding.apiVersion" => "/regarding/apiVersion",
+                "reason" => "/reason",
+                "reportingController" => "/reportingController",
+                "type" => "/type",
+                "metadata.name" => "/metadata/name",
+                "metadata.namespace" => "/metadata/namespace",
+                other => return Err(bad_request(&format!("field label not supported: {other}"))),
+            };
+            terms.push((pointer, value.trim().to_owned(), equal));
+        }
+        let st = self.state();
+        let items: Vec<Value> = st
+            .ext
+            .events
+            .iter()
+            .filter(|((event_ns, _), _)| ns.is_none_or(|ns| ns == event_ns))
+            .map(|(_, e)| e)
+            .filter(|e| {
+                terms.iter().all(|(pointer, value, equal)| {
+                    let actual = e.pointer(pointer).and_then(Value::as_str).unwrap_or("");
+                    (actual == value) == *equal
+                })
+            })
+            .cloned()
+            .collect();
+        let rv = st.rv.to_string();
+        Ok((
+            200,
+            json!({ "apiVersion": "events.k8s.io/v1", "kind": "EventList",
+                "metadata": { "resourceVersion": rv }, "items": items }),
+        ))
+    }
+
+    fn create_event(&self, ns: &str, mut event: Value) -> Result<Value, Value> {
+        let name = event["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        if name.is_empty() {
+            return Err(invalid(
+                "",
+                "metadata.name: Required value: name or generateName is required",
+            ));
+        }
+        if event["metadata"]["namespace"]
+            .as_str()
+            .is_some_and(|n| !n.is_empty() && n != ns)
+        {
+            return Err(bad_request(
+                "the namespace of the provided object does not match the namespace sent on the request",
+            ));
+        }
+        let mut problems = validate_event(&event);
+        let regarding_ns = event["regarding"]["namespace"].as_str().unwrap_or("");
+        if regarding_ns.is_empty() && ns != "default" && ns != "kube-system" {
+            problems.push(
+                "involvedObject.namespace: Invalid value: \"\": does not match event.namespace"
+                    .to_owned(),
+            );
+        }
+        for field in [
+            "deprecatedCount",
+            "deprecatedFirstTimestamp",
+            "deprecatedLastTimestamp",
+            "deprecatedSource",
+        ] {
+            if event.get(field).is_some_and(|v| !v.is_null()) {
+                problems.push(format!("{field}: Invalid value: \"\": needs to be unset"));
+            }
+        }
+        if !problems.is_empty() {
+            return Err(invalid(&name, &problems.join(", ")));
+        }
+        let mut st = self.state();
+        let key = (ns.to_owned(), name.clone());
+        if st.ext.events.contains_key(&key) {
+            let msg = format!("events.events.k8s.io \"{name}\" already exists");
+            return Err(status(
+                409,
+                &msg,
+                json!({ "name": name, "group": "events.k8s.io", "kind": "events" }),
+            ));
+        }
+        st.rv += 1;
+        let meta = &mut event["metadata"];
+        meta["namespace"] = json!(ns);
+        meta["resourceVersion"] = json!(st.rv.to_string());
+        meta["uid"] = json!(format!("00000000-0000-4000-a000-{:012x}", st.rv));
+        meta["creationTimestamp"] = json!(k8s_openapi::jiff::Timestamp::now().to_string());
+        event["apiVersion"] = json!("events.k8s.io/v1");
+        event["kind"] = json!("Event");
+        st.ext.event_writes.push(format!("create {ns}/{name}"));
+        st.ext.events.insert(key, event.clone());
+        Ok(event)
+    }
+
+    fn patch_event(&self, ns: &str, name: &str, patch: &Value) -> Result<Value, Value> {
+        let mut st = self.state();
+        let key = (ns.to_owned(), name.to_owned());
+        let Some(old) = st.ext.events.get(&key).cloned() else {
+            return Err(event_not_found(name));
+        };
+        let mut new = old.clone();
+        merge_patch(&mut new, patch);
+        let mut problems = validate_event(&new);
+        for field in [
+            "note",
+            "reason",
+            "type",
+            "action",
+            "regarding",
+            "related",
+            "reportingController",
+            "reportingInstance",
+            "eventTime",
+        ] {
+            if new.get(field) != old.get(field) {
+                problems.push(format!(
+                    "{field}: Invalid value: {}: field is immutable",
+                    new[field]
+                ));
+            }
+        }
+        if !problems.is_empty() {
+            return Err(invalid(name, &problems.join(", ")));
+        }
+        st.rv += 1;
+        new["metadata"]["resourceVersion"] = json!(st.rv.to_string());
+        st.ext.event_writes.push(format!("patch {ns}/{name}"));
+        st.ext.events.insert(key, new.clone());
+        Ok(new)
+    }
+
+    /// Every Event, as stored.
+    pub fn events(&self) -> Vec<Value> {
+        self.state().ext.events.values().cloned().collect()
+    }
+
+    /// Event writes received so far (`create NS/NAME`, `patch NS/NAME`).
+    pub fn event_writes(&self) -> Vec<String> {
+        self.state().ext.event_writes.clone()
+    }
+
+    /// The field managers of a Lock's status (`namespace` `None`: a ClusterLock).
+    pub fn status_managers(&self, namespace: Option<&str>, name: &str) -> Vec<String> {
+        let res = if namespace.is_some() {
+            Res::Lock
+        } else {
+            Res::ClusterLock
+        };
+        let key = (
+            res,
+            namespace.unwrap_or_default().to_owned(),
+            name.to_owned(),
+        );
+        self.state()
+            .ext
+            .managed
+            .get(&key)
+            .map(|m| m.keys().cloned().collect())
+            .unwrap_or_default()
+    }
+}
+
+/// RFC 7386 JSON merge patch.
+pub(super) fn merge_patch(target: &mut Value, patch: &Value) {
+    let Value::Object(patch) = patch else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = json!({});
+    }
+    let map = target.as_object_mut().expect("made an object");
+    for (k, v) in patch {
+        if v.is_null() {
+            map.remove(k);
+        } else {
+            merge_patch(map.entry(k.clone()).or_insert(Value::Null), v);
+        }
+    }
+}
+
+fn validate_event(event: &Value) -> Vec<String> {
+    let mut problems = vec![];
+    let text = |field: &str| event[field].as_str().unwrap_or_default();
+    if text("eventTime").is_empty() {
+        problems.push("eventTime: Required value".to_owned());
+    }
+    if !["Normal", "Warning"].contains(&text("type")) {
+        problems.push(format!(
+            "type: Invalid value: \"\": has invalid value: {}",
+            text("type")
+        ));
+    }
+    for (field, limit) in [
+        ("reportingController", 316),
+        ("reportingInstance", 128),
+        ("action", 128),
+        ("reason", 128),
+    ] {
+        let value = text(field);
+        if value.is_empty() {
+            problems.push(format!("{field}: Required value"));
+        } else if value.chars().count() > limit {
+            problems.push(format!(
+                "{field}: Invalid value: \"\": can have at most {limit} characters"
+            ));
+        }
+    }
+    let controller = text("reportingController");
+    let (prefix, short) = controller.rsplit_once('/').unwrap_or(("", controller));
+    let qualified = short.len() <= 63
+        && !short.is_empty()
+        && short
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        && !prefix.contains('/');
+    if !controller.is_empty() && !qualified {
+        problems.push(format!(
+            "reportingController: Invalid value: {controller:?}: must be a qualified name"
+        ));
+    }
+    if text("note").len() > 1024 {
+        problems.push("message: Invalid value: \"\": can have at most 1024 characters".to_owned());
+    }
+    if let Some(series) = event.get("series").filter(|s| !s.is_null()) {
+        if series["count"].as_i64().unwrap_or(0) < 2 {
+            problems.push("series.count: Invalid value: \"\": should be at least 2".to_owned());
+        }
+        if series["lastObservedTime"]
+            .as_str()
+            .unwrap_or_default()
+            .is_empty()
+        {
+            problems.push("series.lastObservedTime: Required value".to_owned());
+        }
+    }
+    problems
+}
+
+fn invalid(name: &str, causes: &str) -> Value {
+    let msg = format!("Event.events.k8s.io \"{name}\" is invalid: {causes}");
+    let mut s = status(
+        422,
+        &msg,
+        json!({ "name": name, "group": "events.k8s.io", "kind": "Event" }),
+    );
+    s["reason"] = json!("Invalid");
+    s
+}
+
+fn event_not_found(name: &str) -> Value {
+    let msg = format!("events.events.k8s.io \"{name}\" not found");
+    status(
+        404,
+        &msg,
+        json!({ "name": name, "group": "events.k8s.io", "kind": "events" }),
+    )
+}

@@ -1,0 +1,364 @@
+//! Server-side apply of a lock's `status` subresource, as kube-apiserver does it for a CRD
+//! whose schema marks `status.enforcedBy` (key `instance`) and `status.conditions` (key `type`)
+//! as list-maps.
+//!
+//! - Only `status` of the applied configuration counts (the status strategy resets the rest);
+//!   `apiVersion`, `kind` and `metadata.name` must be given and match the URL.
+//! - Each field manager owns the leaf fields it applied; list-map items are merged by key, so
+//!   managers applying different items never touch each other.
+//! - Applying a value that differs from the current one of a field another manager owns is a
+//!   409 conflict naming the field and the manager, unless `force=true`, which takes the field
+//!   over. Applying the same value shares ownership.
+//! - Fields a manager applied before and leaves out now are removed, unless another manager
+//!   still owns them; items and objects left empty go with them.
+//! - Nothing changed (values and ownership): no write, no new resourceVersion, no event.
+//! - `metadata.managedFields` carries one `Apply` entry per manager, `subresource: status`, in
+//!   the FieldsV1 format (`f:status`, `k:{"instance":"cp-1"}`, `.`).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde_json::{Map, Value, json};
+
+/// The list-maps of the status schema: path of field names, key field.
+const LIST_MAPS: [(&[&str], &str); 2] = [
+    (&["status", "enforcedBy"], "instance"),
+    (&["status", "conditions"], "type"),
+];
+
+/// One step into an object.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Step {
+    /// A field of an object.
+    Field(String),
+    /// The item of a list-map whose key field (`.0`) has the value `.1` (JSON text).
+    Item(String, String),
+}
+
+pub type Path = Vec<Step>;
+
+/// Field sets by manager, per object.
+pub type Managed = BTreeMap<String, BTreeSet<Path>>;
+
+/// Why an apply was refused: HTTP code and Status message.
+pub struct Refused {
+    pub code: u16,
+    pub message: String,
+    pub causes: Vec<Value>,
+}
+
+fn list_map_key(path: &[Step]) -> Option<&'static str> {
+    let names: Vec<&str> = path
+        .iter()
+        .filter_map(|s| match s {
+            Step::Field(name) => Some(name.as_str()),
+            Step::Item(..) => None,
+        })
+        .collect();
+    LIST_MAPS
+        .iter()
+        .find(|(p, _)| *p == names.as_slice())
+        .map(|(_, key)| *key)
+}
+
+/// The leaf fields of `value` under `path`, with their values.
+fn leaves(value: &Value, path: &mut Path, out: &mut BTreeMap<Path, Value>) {
+    match value {
+        // An empty object owns nothing (and must not replace what is there).
+        Value::Object(map) => {
+            for (k, v) in map {
+                path.push(Step::Field(k.clone()));
+                leaves(v, path, out);
+                path.pop();
+            }
+        }
+        Value::Array(items) if list_map_key(path).is_some() => {
+            let key = list_map_key(path).unwrap_or_default();
+            for item in items {
+                path.push(Step::Item(key.to_owned(), item[key].to_string()));
+                leaves(item, path, out);
+                path.pop();
+            }
+        }
+        other => {
+            out.insert(path.clone(), other.clone());
+        }
+    }
+}
+
+/// `…[key=v].key`: the key field of a list-map item.
+fn is_key_field(path: &[Step]) -> bool {
+    match path {
+        [.., Step::Item(key, _), Step::Field(field)] => key == field,
+        _ => false,
+    }
+}
+
+fn is_item(item: &Value, key: &str, value: &str) -> bool {
+    let value: Value = serde_json::from_str(value).unwrap_or(Value::Null);
+    item.get(key) == Some(&value)
+}
+
+fn get<'a>(root: &'a Value, path: &[Step]) -> Option<&'a Value> {
+    let mut at = root;
+    for step in path {
+        at = match step {
+            Step::Field(k) => at.get(k)?,
+            Step::Item(key, value) => at
+                .as_array()?
+                .iter()
+                .find(|item| is_item(item, key, value))?,
+        };
+    }
+    Some(at)
+}
+
+fn set(root: &mut Value, path: &[Step], value: Value) {
+    let Some((last, parents)) = path.split_last() else {
+        *root = value;
+        return;
+    };
+    let mut at = root;
+    for (i, step) in parents.iter().enumerate() {
+        at = match step {
+            Step::Field(k) => {
+                if !at.is_object() {
+                    *at = json!({});
+                }
+                let next_is_item =
+                    matches!(parents.get(i + 1).or(Some(last)), Some(Step::Item(..)));
+                let entry = at
+                    .as_object_mut()
+                    .expect("made an object")
+                    .entry(k.clone())
+                    .or_insert_with(|| if next_is_item { json!([]) } else { json!({}) });
+                if next_is_item && !entry.is_array() {
+                    *entry = json!([]);
+                }
+                entry
+            }
+            Step::Item(key, value) => {
+                let items = at.as_array_mut().expect("a list-map is an array");
+                let index = match items.iter().position(|item| is_item(item, key, value)) {
+                    Some(index) => index,
+                    None => {
+                        let parsed: Value = serde_json::from_str(value).unwrap_or(Value::Null);
+                        items.push(json!({ key.clone(): parsed }));
+                        items.len() - 1
+                    }
+                };
+                &mut items[index]
+            }
+        };
+    }
+    if let Step::Field(k) = last {
+        if !at.is_object() {
+            *at = json!({});
+        }
+        at.as_object_mut()
+            .expect("made an object")
+            .insert(k.clone(), value);
+    }
+}
+
+fn remove(root: &mut Value, path: &[Step]) {
+    let Some((last, parents)) = path.split_last() else {
+        return;
+    };
+    let mut at = root;
+    for step in parents {
+        let next = match step {
+            Step::Field(k) => at.get_mut(k),
+            Step::Item(key, value) => at
+                .as_array_mut()
+                .and_then(|items| items.iter_mut().find(|item| is_item(item, key, value))),
+        };
+        let Some(next) = next else { return };
+        at = next;
+    }
+    match last {
+        Step::Field(k) => {
+            if let Some(map) = at.as_object_mut() {
+                map.remove(k);
+            }
+        }
+        Step::Item(key, value) => {
+            if let Some(items) = at.as_array_mut() {
+                items.retain(|item| !is_item(item, key, value));
+            }
+        }
+    }
+}
+
+/// Drops objects and arrays left empty by removals (the root `status` too).
+fn prune(value: &mut Value) -> bool {
+    match value {
+        Value::Object(map) => {
+            map.retain(|_, v| !prune(v));
+            map.is_empty()
+        }
+        Value::Array(items) => {
+            items.retain_mut(|v| !(v.is_object() && prune(v)));
+            items.is_empty()
+        }
+        _ => false,
+    }
+}
+
+fn describe(path: &[Step]) -> String {
+    let mut out = String::new();
+    for step in path {
+        match step {
+            Step::Field(k) => out.push_str(&format!(".{k}")),
+            Step::Item(key, value) => out.push_str(&format!("[{key}={value}]")),
+        }
+    }
+    out
+}
+
+/// Applies `config` (an applied configuration) to `object` as `manager`. Returns whether the
+/// object or the ownership changed.
+pub fn apply(
+    object: &mut Value,
+    managed: &mut Managed,
+    config: &Value,
+    manager: &str,
+    force: bool,
+    api_version: &str,
+) -> Result<bool, Refused> {
+    let bad = |message: String| Refused {
+        code: 400,
+        message,
+        causes: vec![],
+    };
+    if config["apiVersion"].as_str() != Some(api_version) {
+        return Err(bad(format!(
+            "apiVersion {} does not match {api_version}",
+            config["apiVersion"]
+        )));
+    }
+    if config["kind"] != object["kind"] {
+        return Err(bad(format!(
+            "kind {} does not match {}",
+            config["kind"], object["kind"]
+        )));
+    }
+    let (given, url) = (&config["metadata"]["name"], &object["metadata"]["name"]);
+    if given != url {
+        return Err(bad(format!(
+            "the name of the object ({}) does not match the name on the URL ({})",
+            given.as_str().unwrap_or_default(),
+            url.as_str().unwrap_or_default()
+        )));
+    }
+    let mut applied = BTreeMap::new();
+    if let Some(status) = config.get("status").filter(|s| !s.is_null()) {
+        leaves(
+            status,
+            &mut vec![Step::Field("status".into())],
+            &mut applied,
+        );
+    }
+    // Conflicts: another manager owns a field this apply sets to a different value.
+    let mut conflicts = vec![];
+    for (path, value) in &applied {
+        if get(object, path) == Some(value) {
+            continue;
+        }
+        for (other, fields) in managed.iter() {
+            if other != manager && fields.contains(path) {
+                conflicts.push((other.clone(), path.clone()));
+            }
+        }
+    }
+    if !conflicts.is_empty() && !force {
+        let causes: Vec<Value> = conflicts
+            .iter()
+            .map(|(other, path)| {
+                json!({ "reason": "FieldManagerConflict",
+                    "message": format!("conflict with \"{other}\" using {api_version}"),
+                    "field": describe(path) })
+            })
+            .collect();
+        let listed: Vec<String> = conflicts
+            .iter()
+            .map(|(other, path)| {
+                format!(
+                    "conflict with \"{other}\" using {api_version}: {}",
+                    describe(path)
+                )
+            })
+            .collect();
+        let n = conflicts.len();
+        let plural = if n == 1 { "conflict" } else { "conflicts" };
+        return Err(Refused {
+            code: 409,
+            message: format!("Apply failed with {n} {plural}: {}", listed.join("\n")),
+            causes,
+        });
+    }
+    let before = (object.clone(), managed.clone());
+    for (other, path) in &conflicts {
+        if let Some(fields) = managed.get_mut(other) {
+            fields.remove(path);
+        }
+    }
+    let previous = managed.remove(manager).unwrap_or_default();
+    for (path, value) in &applied {
+        set(object, path, value.clone());
+    }
+    // Key fields go last: an item is found by its key.
+    let (keys, others): (Vec<&Path>, Vec<&Path>) = previous
+        .iter()
+        .filter(|p| !applied.contains_key(*p))
+        .filter(|p| !managed.values().any(|fields| fields.contains(*p)))
+        .partition(|p| is_key_field(p));
+    for path in others.into_iter().chain(keys) {
+        remove(object, path);
+    }
+    if let Some(status) = object.get_mut("status")
+        && prune(status)
+    {
+        object
+            .as_object_mut()
+            .map(|o: &mut Map<String, Value>| o.remove("status"));
+    }
+    if !applied.is_empty() {
+        managed.insert(manager.to_owned(), applied.into_keys().collect());
+    }
+    managed.retain(|_, fields| !fields.is_empty());
+    Ok((object.clone(), managed.clone()) != before)
+}
+
+/// `metadata.managedFields` for `managed`, as kube-apiserver shows status applies.
+pub fn managed_fields(managed: &Managed, api_version: &str, time: &str) -> Value {
+    let entries: Vec<Value> = managed
+        .iter()
+        .map(|(manager, fields)| {
+            let mut root = json!({});
+            for path in fields {
+                let mut at = &mut root;
+                for step in path {
+                    let name = match step {
+                        Step::Field(k) => format!("f:{k}"),
+                        Step::Item(key, value) => format!("k:{{\"{key}\":{value}}}"),
+                    };
+                    let item = matches!(step, Step::Item(..));
+                    at = at
+                        .as_object_mut()
+                        .expect("an object")
+                        .entry(name)
+                        .or_insert_with(|| json!({}));
+                    if item {
+                        at.as_object_mut()
+                            .expect("an object")
+                            .insert(".".into(), json!({}));
+                    }
+                }
+            }
+            json!({ "manager": manager, "operation": "Apply", "apiVersion": api_version,
+                "time": time, "fieldsType": "FieldsV1", "fieldsV1": root,
+                "subresource": "status" })
+        })
+        .collect();
+    Value::Array(entries)
+}
