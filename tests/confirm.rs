@@ -58,6 +58,7 @@ async fn setup(webhook: bool, registered: bool) -> Setup {
                 CacheConfig {
                     ttl: Duration::from_secs(60),
                     max_namespaces: 100,
+                    stale_after: Duration::from_secs(3),
                 },
                 metrics.source.clone(),
             );

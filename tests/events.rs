@@ -30,6 +30,7 @@ async fn reviewer(
         CacheConfig {
             ttl: Duration::from_secs(60),
             max_namespaces: 100,
+            stale_after: Duration::from_secs(3),
         },
     );
     tokio::spawn(source.watch());
@@ -280,6 +281,7 @@ async fn the_webhook_writes_status_and_events_and_withdraws_on_stop() {
         CacheConfig {
             ttl: Duration::from_secs(60),
             max_namespaces: 100,
+            stale_after: Duration::from_secs(3),
         },
         metrics.source.clone(),
     );
