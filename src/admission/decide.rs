@@ -293,12 +293,9 @@ fn applicable<'a>(
     } else {
         LockOperation::Delete
     };
-    // Labels as they are before the change; none known for an eviction (no oldObject).
-    let empty = BTreeMap::new();
-    let labels = req
-        .old_object
-        .as_ref()
-        .map(|o| o.metadata.labels.as_ref().unwrap_or(&empty));
+    // Labels as they are before the change; unknown for an eviction or a Scale, and an object
+    // whose labels are unknown is selected by no selector, whatever it says.
+    let labels = req.labels();
     let mut found = Applicable::default();
     for lock in locks.iter() {
         let spec = &lock.spec;

@@ -1,11 +1,13 @@
 //! Admission: what arrives, what is decided, what is answered.
 //!
 //! `request` holds the slice of an AdmissionReview the decision reads, `decide` is the pure
-//! decision, and `review` joins them to a lock source: bytes in, AdmissionReview out.
+//! decision, `subresources` says which subresources change their object, and `review` joins
+//! them to a lock source: bytes in, AdmissionReview out.
 
 pub mod decide;
 pub mod request;
 pub mod review;
+pub mod subresources;
 
 pub use decide::{OnLookupError, Outcome, Verdict};
 pub use request::AdmissionRequest;

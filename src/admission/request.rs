@@ -4,7 +4,11 @@
 //! a handful of strings. These types deserialize only those and let serde skip the rest
 //! unparsed, which keeps large reviews cheap and keeps object bodies out of memory and logs.
 
+use std::collections::BTreeMap;
+
 use serde::Deserialize;
+
+use super::subresources;
 
 /// `admission.k8s.io/v1`, the version the webhook is registered for.
 pub const ADMISSION_V1: &str = "admission.k8s.io/v1";
@@ -82,9 +86,11 @@ pub struct ObjectMeta {
     /// Set once the object is Terminating.
     #[serde(default)]
     pub deletion_timestamp: Option<String>,
-    /// The object's labels, for selector locks.
+    /// The object's labels, for selector locks. Absent means none: the API server leaves out
+    /// an empty map. Whether these are the labels of the object being changed is for
+    /// [`AdmissionRequest::labels`] to say.
     #[serde(default)]
-    pub labels: Option<std::collections::BTreeMap<String, String>>,
+    pub labels: Option<BTreeMap<String, String>>,
 }
 
 /// `object` / `oldObject`, reduced to its metadata.
@@ -167,6 +173,22 @@ impl AdmissionRequest {
             o.as_ref()
                 .is_some_and(|o| o.metadata.deletion_timestamp.is_some())
         })
+    }
+
+    /// The labels of the object as it is before the change, or `None` when the request does
+    /// not carry them: an eviction (no `oldObject`), a `scale` update (its objects are
+    /// autoscaling/v1 `Scale`s, which have no labels), or a subresource whose reviews are not
+    /// known to carry the object itself. `Some` of an empty map is an object without labels.
+    ///
+    /// The difference matters: `tier NotIn (db)` selects an object without labels, but must not
+    /// select a Scale whose Deployment may well be `tier=db`.
+    pub fn labels(&self) -> Option<&BTreeMap<String, String>> {
+        static NONE: BTreeMap<String, String> = BTreeMap::new();
+        let old = self.old_object.as_ref()?;
+        if let Some(sub) = self.subresource() {
+            subresources::changing(&self.resource.resource, sub).filter(|s| s.carries_object)?;
+        }
+        Some(old.metadata.labels.as_ref().unwrap_or(&NONE))
     }
 
     /// The subresource, with `""` read as none.

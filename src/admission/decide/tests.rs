@@ -746,3 +746,176 @@ fn namespace_deletion_ignores_expired_and_warn_locks() {
             .contains("holds 1 Lock (held)")
     );
 }
+
+#[test]
+fn selector_locks_never_select_an_object_whose_labels_are_unknown() {
+    let deployments = json!({"group": "apps", "version": "v1", "resource": "deployments"});
+    let pods = json!({"group": "", "version": "v1", "resource": "pods"});
+    for selector in [
+        json!({"matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["db"]}]}),
+        json!({"matchExpressions": [{"key": "tier", "operator": "DoesNotExist"}]}),
+    ] {
+        let not_db = lock("not-db", json!({"selector": selector}));
+        // An object known to have no labels is selected: NotIn and DoesNotExist hold for it.
+        let unlabelled = update(json!({
+            "name": "web", "resource": deployments,
+            "oldObject": {"metadata": {"name": "web"}},
+        }));
+        assert!(
+            !run(&unlabelled, &[not_db.clone()], &[])
+                .expect("lookup")
+                .allowed(),
+            "{selector}"
+        );
+        // A Scale has no labels, whatever its Deployment has: it is not selected.
+        let scale = update(json!({
+            "name": "web", "subResource": "scale", "resource": deployments,
+            "kind": {"group": "autoscaling", "version": "v1", "kind": "Scale"},
+            "object": {"metadata": {"name": "web", "namespace": "prod"}},
+            "oldObject": {"metadata": {"name": "web", "namespace": "prod"}},
+        }));
+        let verdict = run(&scale, &[not_db.clone()], &[]).expect("lookup");
+        assert_eq!(verdict, Verdict::allow(), "scale, {selector}");
+        // Neither is an eviction's pod (no oldObject).
+        let verdict = run(&eviction("web"), &[not_db.clone()], &[]).expect("lookup");
+        assert_eq!(verdict, Verdict::allow(), "eviction, {selector}");
+        // An ephemeral-containers update carries the pod itself: its labels are known.
+        let debug = update(json!({
+            "name": "web", "subResource": "ephemeralcontainers", "resource": pods,
+            "oldObject": {"metadata": {"name": "web"}},
+        }));
+        assert!(
+            !run(&debug, &[not_db], &[]).expect("lookup").allowed(),
+            "{selector}"
+        );
+    }
+}
+
+mod unknown_labels {
+    //! Property: for any selector, a request that carries no labels is covered by no selector
+    //! lock, whatever the lock's other fields say.
+    use super::*;
+    use proptest::prelude::*;
+
+    fn words(pool: &'static [&'static str]) -> BoxedStrategy<String> {
+        prop::sample::select(pool).prop_map(str::to_owned).boxed()
+    }
+
+    fn expression() -> BoxedStrategy<Value> {
+        (
+            words(&["tier", "app", "team"]),
+            words(&["In", "NotIn", "Exists", "DoesNotExist"]),
+            prop::collection::vec(words(&["db", "web", ""]), 0..3),
+        )
+            .prop_map(|(key, operator, values)| {
+                let mut e = json!({"key": key, "operator": operator});
+                if matches!(operator.as_str(), "In" | "NotIn") || !values.is_empty() {
+                    e["values"] = json!(values);
+                }
+                e
+            })
+            .boxed()
+    }
+
+    fn selector() -> BoxedStrategy<Value> {
+        (
+            prop::collection::btree_map(words(&["tier", "app"]), words(&["db", "web"]), 0..3),
+            prop::collection::vec(expression(), 0..4),
+        )
+            .prop_map(|(labels, expressions)| {
+                let mut s = json!({});
+                if !labels.is_empty() {
+                    s["matchLabels"] = json!(labels);
+                }
+                if !expressions.is_empty() {
+                    s["matchExpressions"] = json!(expressions);
+                }
+                s
+            })
+            .boxed()
+    }
+
+    /// A selector lock, named like the object or not, with any other fields.
+    fn selector_lock() -> BoxedStrategy<LockRef> {
+        (
+            words(&["web", "not-db", "freeze"]),
+            selector(),
+            prop::option::of(words(&["Enforce", "Warn"])),
+            prop::option::of(prop::sample::select(vec![
+                json!(["UPDATE"]),
+                json!(["DELETE"]),
+                json!(["UPDATE", "DELETE"]),
+            ])),
+            prop::option::of(words(&["2020-01-01T00:00:00Z", "2099-01-01T00:00:00Z"])),
+            any::<bool>(),
+        )
+            .prop_map(|(name, selector, mode, operations, expires, exempt)| {
+                let mut spec = json!({"selector": selector});
+                if let Some(mode) = mode {
+                    spec["mode"] = json!(mode);
+                }
+                if let Some(operations) = operations {
+                    spec["operations"] = operations;
+                }
+                if let Some(at) = expires {
+                    spec["expiresAt"] = json!(at);
+                }
+                if exempt {
+                    spec["exempt"] = json!({"users": ["alice"]});
+                }
+                lock(&name, spec)
+            })
+            .boxed()
+    }
+
+    /// Requests without labels: evictions, Scale updates, and updates or deletes whose
+    /// `oldObject` is missing.
+    fn unlabelled_request() -> BoxedStrategy<AdmissionRequest> {
+        let resource = prop::sample::select(vec![
+            json!({"group": "apps", "version": "v1", "resource": "deployments"}),
+            json!({"group": "apps", "version": "v1", "resource": "statefulsets"}),
+            json!({"group": "demo.example.com", "version": "v1", "resource": "widgets"}),
+        ]);
+        prop_oneof![
+            words(&["web", "db-0"]).prop_map(|name| eviction(&name)),
+            (words(&["web", "db-0"]), resource.clone()).prop_map(|(name, resource)| {
+                update(json!({
+                    "name": name, "subResource": "scale", "resource": resource,
+                    "kind": {"group": "autoscaling", "version": "v1", "kind": "Scale"},
+                    "object": {"metadata": {"name": name, "namespace": "prod"}},
+                    "oldObject": {"metadata": {"name": name, "namespace": "prod", "uid": "1"}},
+                }))
+            }),
+            (
+                words(&["web", "db-0"]),
+                words(&["UPDATE", "DELETE"]),
+                resource
+            )
+                .prop_map(|(name, operation, resource)| {
+                    request(json!({
+                        "name": name, "operation": operation, "resource": resource,
+                        "object": {"metadata": {"name": name}}, "oldObject": null,
+                    }))
+                }),
+        ]
+        .boxed()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig {
+            cases: 512,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        })]
+
+        #[test]
+        fn a_request_without_labels_is_never_covered_by_a_selector_lock(
+            req in unlabelled_request(),
+            locks in prop::collection::vec(selector_lock(), 1..4),
+        ) {
+            prop_assert_eq!(req.labels(), None);
+            let verdict = run(&req, &locks, &[]).expect("looked up");
+            prop_assert_eq!(verdict, Verdict::allow());
+        }
+    }
+}
