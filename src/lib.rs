@@ -16,6 +16,7 @@ pub mod http;
 pub mod locks;
 pub mod metrics;
 pub mod plugin;
+pub mod registration;
 pub mod server;
 pub mod settings;
 pub mod systemd;

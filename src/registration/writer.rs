@@ -1,0 +1,1 @@
+//! Writes the narrowed registration.
