@@ -172,7 +172,7 @@ fn table() -> Vec<Expect> {
             fixture: "namespace-delete.json",
             refusal: Some((
                 403,
-                r#"namespaces "lock-doomed" still holds 1 Lock (doomed-cm): deleting it would leave it stuck in Terminating at the locked objects (to unlock: kubectl delete locks --all -n lock-doomed)"#,
+                r#"deleting namespaces "lock-doomed" would delete the objects locked by 1 Lock in it (doomed-cm) (to unlock: kubectl delete locks --all -n lock-doomed)"#,
             )),
             audit: Some(("namespace-locks", "Lock lock-doomed/doomed-cm")),
             warning: None,

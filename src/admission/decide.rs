@@ -238,7 +238,7 @@ pub fn decide(
             deny_locked(req, &what, &found.enforcing)
         }
     } else if let Some(contents) = contents.filter(|set| !set.is_empty()) {
-        namespace_deletion(&lookup.name, contents, now)
+        namespace_deletion(req, &lookup.name, contents, now)
     } else {
         Verdict::allow()
     };
@@ -446,37 +446,129 @@ pub fn decide_unreadable(
     verdict.annotate("lookup-error", error.to_string())
 }
 
-/// A Namespace DELETE while it still holds Locks: the namespace controller would delete what it
-/// can and stop at the locked objects, leaving the namespace Terminating.
-fn namespace_deletion(namespace: &str, contents: &LockSet, now: Timestamp) -> Verdict {
-    let live: Vec<&LockRef> = contents
-        .iter()
-        .filter(|l| !l.spec.is_expired(now))
-        .collect();
-    let (warn, enforce): (Vec<&LockRef>, Vec<&LockRef>) = live
-        .into_iter()
-        .partition(|l| l.spec.mode.unwrap_or_default() == LockMode::Warn);
-    if enforce.is_empty() {
-        return match warn.len() {
-            0 => Verdict::allow(),
-            n => Verdict::allow().warn(format!(
-                "namespaces \"{namespace}\" holds {n} Warn-mode Lock(s); their objects will be deleted"
-            )),
-        };
+/// Who deletes a Namespace's contents once its deletion is admitted: the namespace controller
+/// of kube-controller-manager, with its own service account (`--use-service-account-credentials`,
+/// as kubeadm runs it). Its DELETE of each object goes through admission like anyone's.
+fn namespace_controller() -> UserInfo {
+    UserInfo {
+        username: "system:serviceaccount:kube-system:namespace-controller".to_owned(),
+        groups: [
+            "system:serviceaccounts",
+            "system:serviceaccounts:kube-system",
+            "system:authenticated",
+        ]
+        .map(str::to_owned)
+        .to_vec(),
     }
-    let listed: Vec<&str> = enforce
+}
+
+/// Whether a lock's `resources` name anything that deleting its namespace removes: every
+/// object is deleted, but a rule naming only subresources (`deployments/scale`) never sees a
+/// DELETE, and the lock resources are never locked.
+fn covers_deletable(spec: &LockSpec) -> bool {
+    let Some(rules) = &spec.resources else {
+        return true;
+    };
+    rules.iter().any(|rule| {
+        rule.api_groups.iter().any(|group| {
+            rule.resources.iter().any(|resource| {
+                let lock_resource = group == api::GROUP
+                    && matches!(resource.as_str(), api::LOCKS | api::CLUSTER_LOCKS);
+                !resource.contains('/') && !lock_resource
+            })
+        })
+    })
+}
+
+/// A Namespace DELETE: deleting a namespace deletes every object in it, one DELETE at a time
+/// by the namespace controller. A Lock in it that would refuse the controller's DELETE of its
+/// objects (it covers DELETE and an object resource, has not expired, is in Enforce mode and
+/// does not exempt the namespace controller) blocks the deletion: otherwise the controller
+/// would delete what it can and stop at the locked objects, leaving the namespace half emptied
+/// and Terminating. Warn and exempting Locks let it through with a warning.
+fn namespace_deletion(
+    req: &AdmissionRequest,
+    namespace: &str,
+    contents: &LockSet,
+    now: Timestamp,
+) -> Verdict {
+    let controller = namespace_controller();
+    let mut blocking: Vec<&LockRef> = Vec::new();
+    let mut warning: Vec<&LockRef> = Vec::new();
+    let mut exempted: Vec<(&LockRef, String)> = Vec::new();
+    let mut expired: Vec<&LockRef> = Vec::new();
+    for lock in contents.iter() {
+        let spec = &lock.spec;
+        if !spec.operations().contains(&LockOperation::Delete) || !covers_deletable(spec) {
+            continue;
+        }
+        if spec.is_expired(now) {
+            expired.push(lock);
+        } else if let Some(how) = exemption(spec, &controller) {
+            exempted.push((lock, how));
+        } else if spec.mode.unwrap_or_default() == LockMode::Warn {
+            warning.push(lock);
+        } else {
+            blocking.push(lock);
+        }
+    }
+    let mut verdict = if blocking.is_empty() {
+        Verdict::allow()
+    } else {
+        deny_namespace_deletion(req, namespace, &blocking)
+    };
+    if !warning.is_empty() {
+        let n = warning.len();
+        let plural = if n == 1 { "Lock" } else { "Locks" };
+        verdict = verdict
+            .warn(format!(
+                "namespaces \"{namespace}\" holds {n} Warn-mode {plural}; deleting it deletes the objects they lock"
+            ))
+            .annotate("warn-locks", names(&warning));
+    }
+    for (lock, how) in &exempted {
+        verdict = verdict.warn(format!(
+            "{lock} exempts {how}: its objects go with the namespace"
+        ));
+    }
+    if !exempted.is_empty() {
+        let list = exempted
+            .iter()
+            .map(|(lock, how)| format!("{lock} ({how})"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        verdict = verdict.annotate("exempted-by", list);
+    }
+    if !expired.is_empty() {
+        verdict = verdict.annotate("expired-locks", names(&expired));
+    }
+    verdict
+}
+
+fn deny_namespace_deletion(req: &AdmissionRequest, namespace: &str, locks: &[&LockRef]) -> Verdict {
+    let listed: Vec<&str> = locks
         .iter()
         .take(NAMED_IN_NAMESPACE_DENIAL)
         .map(|l| l.name.as_str())
         .collect();
-    let count = enforce.len();
+    let count = locks.len();
     let more = match count - listed.len() {
         0 => String::new(),
         n => format!(" and {n} more"),
     };
     let plural = if count == 1 { "Lock" } else { "Locks" };
+    // An exemption of the user does not carry over to the namespace controller.
+    let user = locks
+        .iter()
+        .find_map(|lock| exemption(&lock.spec, &req.user_info).map(|how| (lock, how)))
+        .map(|(lock, how)| {
+            format!(
+                "; {how} is exempt from {lock}, but the namespace controller, which deletes the objects, is not"
+            )
+        })
+        .unwrap_or_default();
     let message = format!(
-        "namespaces \"{namespace}\" still holds {count} {plural} ({}{more}): deleting it would leave it stuck in Terminating at the locked objects (to unlock: kubectl delete locks --all -n {namespace})",
+        "deleting namespaces \"{namespace}\" would delete the objects locked by {count} {plural} in it ({}{more}){user} (to unlock: kubectl delete locks --all -n {namespace})",
         listed.join(", ")
     );
     let mut verdict = Verdict::deny(403, "Forbidden", message);

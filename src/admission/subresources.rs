@@ -2,8 +2,8 @@
 //! they belong to, and what their admission reviews carry.
 //!
 //! The decision locks every subresource but `status`; the registration can only send what it
-//! names, so it names these (see `cli::manifests`), and a test compares the two over every
-//! subresource the API server serves. Selector locks need to know whether a review carries the
+//! names, so it names these ([`rule_resources`], used by `cli::manifests`), and a test compares
+//! the two over every subresource the API server serves. Selector locks need to know whether a review carries the
 //! object itself (its labels) or an object of another kind: a `scale` review carries an
 //! autoscaling/v1 `Scale`, which has no labels at all.
 
@@ -93,6 +93,24 @@ pub fn changing(resource: &str, name: &str) -> Option<&'static Subresource> {
     CHANGING.iter().find(|s| s.matches(resource, name))
 }
 
+/// The `resources` of the webhook rules for one scope: every object (`*`) and every changing
+/// subresource served there.
+pub fn rule_resources(namespaced: bool) -> Vec<String> {
+    let scope = if namespaced {
+        Scope::Namespaced
+    } else {
+        Scope::Cluster
+    };
+    std::iter::once("*".to_owned())
+        .chain(
+            CHANGING
+                .iter()
+                .filter(|s| s.scope == scope || s.scope == Scope::Any)
+                .map(Subresource::path),
+        )
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -104,5 +122,18 @@ mod tests {
         assert!(changing("pods", "resize").is_some_and(|s| s.carries_object));
         assert!(changing("services", "resize").is_none());
         assert!(changing("pods", "status").is_none());
+        assert_eq!(
+            rule_resources(true),
+            ["*", "*/scale", "pods/ephemeralcontainers", "pods/resize"]
+        );
+        assert_eq!(
+            rule_resources(false),
+            [
+                "*",
+                "*/scale",
+                "namespaces/finalize",
+                "certificatesigningrequests/approval"
+            ]
+        );
     }
 }

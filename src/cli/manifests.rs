@@ -2,7 +2,9 @@
 //! configuration) needs to register the webhook, generated from the same types the webhook uses.
 //!
 //! The registration sends exactly what the decision needs: UPDATE and DELETE of everything
-//! (objects, `scale`, `pods/ephemeralcontainers`), CREATE of `pods/eviction`, and through the
+//! (objects, and the subresources that change them: `scale`, `pods/ephemeralcontainers`,
+//! `pods/resize`, `namespaces/finalize`, `certificatesigningrequests/approval`, from
+//! [`crate::admission::subresources`]), CREATE of `pods/eviction`, and through the
 //! cluster-scoped entry DELETE of Namespaces. It never sends the lock resources (unlocking must
 //! not depend on the webhook), leases and events (high-churn traffic), requests from nodes and
 //! from the API server itself, or anything in `kube-system` and `kube-node-lease`: with
@@ -25,6 +27,7 @@ use rustls_pki_types::pem::PemObject;
 use serde::Serialize;
 use serde_json::json;
 
+use crate::admission::subresources;
 use crate::api;
 
 /// Name of the webhook configuration, the ClusterRole and its binding.
@@ -187,13 +190,13 @@ pub fn webhook_configuration(reg: &Registration, name: &str) -> ValidatingWebhoo
     let rule = |operations: &[&str],
                 groups: &[&str],
                 versions: &[&str],
-                resources: &[&str],
+                resources: Vec<String>,
                 scope: &str| {
         RuleWithOperations {
             operations: Some(operations.iter().map(|s| (*s).to_owned()).collect()),
             api_groups: Some(groups.iter().map(|s| (*s).to_owned()).collect()),
             api_versions: Some(versions.iter().map(|s| (*s).to_owned()).collect()),
-            resources: Some(resources.iter().map(|s| (*s).to_owned()).collect()),
+            resources: Some(resources),
             scope: Some(scope.to_owned()),
         }
     };
@@ -240,7 +243,7 @@ pub fn webhook_configuration(reg: &Registration, name: &str) -> ValidatingWebhoo
                         &["UPDATE", "DELETE"],
                         &["*"],
                         &["*"],
-                        &["*", "*/scale", "pods/ephemeralcontainers"],
+                        subresources::rule_resources(true),
                         "Namespaced",
                     ),
                     // Eviction deletes the pod without a DELETE reaching admission.
@@ -248,7 +251,7 @@ pub fn webhook_configuration(reg: &Registration, name: &str) -> ValidatingWebhoo
                         &["CREATE"],
                         &[""],
                         &["v1"],
-                        &["pods/eviction"],
+                        vec!["pods/eviction".to_owned()],
                         "Namespaced",
                     ),
                 ],
@@ -260,7 +263,7 @@ pub fn webhook_configuration(reg: &Registration, name: &str) -> ValidatingWebhoo
                     &["UPDATE", "DELETE"],
                     &["*"],
                     &["*"],
-                    &["*", "*/scale"],
+                    subresources::rule_resources(false),
                     "Cluster",
                 )],
             ),

@@ -125,7 +125,11 @@ fn rule_1_unlocked_objects_and_other_namespaces_are_allowed() {
     );
     // A ClusterLock of the same name does not lock a namespaced object.
     let cluster = LockRef::cluster_lock("app-config", LockSpec::default());
-    assert!(run(&free, &[], &[cluster]).expect("lookup").allowed());
+    assert!(
+        run(&request(json!({})), &[], &[cluster])
+            .expect("lookup")
+            .allowed()
+    );
 }
 
 #[test]
@@ -134,6 +138,15 @@ fn rule_1_cluster_scoped_objects_are_locked_by_cluster_locks() {
         "resource": {"group": "rbac.authorization.k8s.io", "version": "v1", "resource": "clusterroles"},
         "name": "reader", "namespace": null, "operation": "UPDATE",
     }));
+    // Looked up among ClusterLocks: a Lock of the same name in a namespace does not count.
+    assert_eq!(
+        plan(&req),
+        Plan::Lookup(Lookup {
+            scope: String::new(),
+            name: "reader".into(),
+            contents_of: None
+        })
+    );
     let namespaced = LockRef::lock("prod", "reader", LockSpec::default());
     assert!(run(&req, &[namespaced], &[]).expect("lookup").allowed());
     let verdict = run(
@@ -294,7 +307,7 @@ fn rule_8_namespace_deletion_is_denied_while_it_holds_locks() {
     assert_eq!(refusal.code, 403);
     assert_eq!(
         refusal.message,
-        "namespaces \"doomed\" still holds 7 Locks (cm-1, cm-2, cm-3, cm-4, cm-5 and 2 more): deleting it would leave it stuck in Terminating at the locked objects (to unlock: kubectl delete locks --all -n doomed)"
+        "deleting namespaces \"doomed\" would delete the objects locked by 7 Locks in it (cm-1, cm-2, cm-3, cm-4, cm-5 and 2 more) (to unlock: kubectl delete locks --all -n doomed)"
     );
     assert_eq!(verdict.locks.len(), 5);
     let one = run(&req, &held[..1], &[]).expect("lookup");
@@ -302,7 +315,7 @@ fn rule_8_namespace_deletion_is_denied_while_it_holds_locks() {
         one.refusal
             .expect("denied")
             .message
-            .contains("holds 1 Lock (cm-1)")
+            .contains("locked by 1 Lock in it (cm-1)")
     );
 }
 
@@ -322,12 +335,14 @@ fn rule_8_a_cluster_lock_on_the_namespace_itself_wins() {
         verdict.refusal.expect("denied").message,
         "namespaces \"doomed\" is locked by ClusterLock doomed: tenant (to unlock: kubectl delete clusterlock doomed)"
     );
-    // Namespace updates are plain updates: a Lock inside does not block them.
+    // Namespace updates are plain updates: a Lock inside, even one named like the namespace,
+    // does not block them (the Namespace's own scope is the ClusterLocks, whatever
+    // `request.namespace` says).
     let update = request(json!({
         "resource": {"group": "", "version": "v1", "resource": "namespaces"},
         "name": "doomed", "namespace": "doomed", "operation": "UPDATE",
     }));
-    let inside = LockRef::lock("doomed", "x", LockSpec::default());
+    let inside = LockRef::lock("doomed", "doomed", LockSpec::default());
     assert!(run(&update, &[inside], &[]).expect("lookup").allowed());
 }
 
@@ -702,16 +717,22 @@ fn combinations_take_the_most_restrictive_and_name_every_lock() {
         Some("Lock prod/app-config, Lock prod/freeze")
     );
     assert_eq!(verdict.warnings.len(), 2, "{:?}", verdict.warnings);
-    // A DELETE-only lock and an UPDATE-only lock on an eviction: the DELETE one refuses.
-    let pod_locks = [
-        lock("evict-me", json!({"operations": ["UPDATE"]})),
-        lock("evict-me-too", json!({"operations": ["DELETE"]})),
+    // An UPDATE-only lock and a DELETE-only lock on one DELETE: the DELETE one refuses, alone.
+    let split = [
+        lock("app-config", json!({"operations": ["UPDATE"]})),
+        lock(
+            "freeze",
+            json!({"selector": {"matchLabels": {"app": "web"}}, "operations": ["DELETE"]}),
+        ),
     ];
-    assert!(
-        run(&eviction("evict-me"), &pod_locks, &[])
-            .expect("lookup")
-            .allowed()
+    let delete = request(
+        json!({"oldObject": {"metadata": {"name": "app-config", "labels": {"app": "web"}}}}),
     );
+    let verdict = run(&delete, &split, &[]).expect("lookup");
+    assert_eq!(verdict.locks, ["Lock prod/freeze"]);
+    // And on an UPDATE, the UPDATE one refuses, alone.
+    let verdict = run(&labelled, &split, &[]).expect("lookup");
+    assert_eq!(verdict.locks, ["Lock prod/app-config"]);
     let both = [lock(
         "evict-me",
         json!({"operations": ["DELETE"], "mode": "Warn"}),
@@ -743,7 +764,7 @@ fn namespace_deletion_ignores_expired_and_warn_locks() {
             .refusal
             .expect("denied")
             .message
-            .contains("holds 1 Lock (held)")
+            .contains("locked by 1 Lock in it (held)")
     );
 }
 
@@ -918,4 +939,104 @@ mod unknown_labels {
             prop_assert_eq!(verdict, Verdict::allow());
         }
     }
+}
+
+/// A Namespace DELETE, by `user`.
+fn namespace_delete(user: Value) -> AdmissionRequest {
+    request(json!({
+        "resource": {"group": "", "version": "v1", "resource": "namespaces"},
+        "name": "doomed", "namespace": "doomed", "userInfo": user,
+        "oldObject": {"metadata": {"name": "doomed"}},
+    }))
+}
+
+#[test]
+fn rule_8_only_locks_that_would_refuse_deleting_their_objects_block_the_namespace() {
+    let alice = json!({"username": "alice", "groups": ["dev"]});
+    let in_doomed = |name: &str, value: Value| LockRef::lock("doomed", name, spec(value));
+    // Each of these would let the namespace controller delete its object.
+    for (why, lock) in [
+        (
+            "UPDATE only",
+            in_doomed("a", json!({"operations": ["UPDATE"]})),
+        ),
+        (
+            "a subresource only",
+            in_doomed(
+                "b",
+                json!({"resources": [{"apiGroups": ["apps"], "resources": ["deployments/scale"]}]}),
+            ),
+        ),
+        (
+            "lock resources only",
+            in_doomed(
+                "c",
+                json!({"resources": [{"apiGroups": ["objectlock.dev"], "resources": ["locks"]}]}),
+            ),
+        ),
+        (
+            "the namespace controller exempt",
+            in_doomed(
+                "d",
+                json!({"exempt": {"serviceAccounts": ["kube-system/namespace-controller"]}}),
+            ),
+        ),
+        (
+            "kube-system service accounts exempt",
+            in_doomed(
+                "e",
+                json!({"exempt": {"groups": ["system:serviceaccounts:kube-system"]}}),
+            ),
+        ),
+    ] {
+        let verdict = run(&namespace_delete(alice.clone()), &[lock.clone()], &[]).expect("lookup");
+        assert!(verdict.allowed(), "{why}: {verdict:?}");
+    }
+    let exempting = in_doomed(
+        "d",
+        json!({"exempt": {"serviceAccounts": ["kube-system/namespace-controller"]}}),
+    );
+    let verdict = run(&namespace_delete(alice.clone()), &[exempting], &[]).expect("lookup");
+    assert_eq!(
+        verdict.warnings,
+        [
+            "Lock doomed/d exempts service account kube-system/namespace-controller: its objects go with the namespace"
+        ]
+    );
+    assert_eq!(
+        verdict
+            .audit_annotations
+            .get("exempted-by")
+            .map(String::as_str),
+        Some("Lock doomed/d (service account kube-system/namespace-controller)")
+    );
+
+    // A lock on deployments still blocks: deleting the namespace deletes every Deployment.
+    let deployments = in_doomed(
+        "web",
+        json!({"resources": [{"apiGroups": ["apps"], "resources": ["deployments"]}], "operations": ["DELETE"]}),
+    );
+    let verdict = run(&namespace_delete(alice.clone()), &[deployments], &[]).expect("lookup");
+    assert_eq!(
+        verdict.refusal.expect("denied").message,
+        "deleting namespaces \"doomed\" would delete the objects locked by 1 Lock in it (web) (to unlock: kubectl delete locks --all -n doomed)"
+    );
+
+    // Exempting the user deleting the namespace is not enough: the namespace controller deletes
+    // the objects, and the lock would refuse it, leaving the namespace Terminating.
+    let alice_may = in_doomed("held", json!({"exempt": {"users": ["alice"]}}));
+    let verdict = run(&namespace_delete(alice), &[alice_may.clone()], &[]).expect("lookup");
+    assert_eq!(
+        verdict.refusal.expect("denied").message,
+        "deleting namespaces \"doomed\" would delete the objects locked by 1 Lock in it (held); user alice is exempt from Lock doomed/held, but the namespace controller, which deletes the objects, is not (to unlock: kubectl delete locks --all -n doomed)"
+    );
+    let bob = json!({"username": "bob", "groups": []});
+    let verdict = run(&namespace_delete(bob), &[alice_may], &[]).expect("lookup");
+    assert!(
+        !verdict
+            .refusal
+            .expect("denied")
+            .message
+            .contains("is exempt"),
+    );
 }

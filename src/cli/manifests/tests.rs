@@ -94,7 +94,7 @@ fn the_webhook_sends_what_the_decision_needs_and_nothing_it_must_not() {
     let namespaced = &hooks[0].rules.as_ref().expect("rules")[0];
     assert_eq!(
         namespaced.resources.as_deref().expect("resources"),
-        ["*", "*/scale", "pods/ephemeralcontainers"]
+        ["*", "*/scale", "pods/ephemeralcontainers", "pods/resize"]
     );
 }
 
@@ -241,5 +241,208 @@ fn committed_manifests_match_the_code() {
     assert!(
         cluster_yaml == cluster(&registration()).expect("yaml"),
         "deploy/cluster.example.yaml is stale; {regenerate}"
+    );
+}
+
+/// Every subresource the API server serves (1.33–1.36, from the REST storage maps of
+/// `pkg/registry`, plus custom resources), with the operations that reach admission:
+/// `(group, resource, subresource, namespaced, operations)`. Reads (`pods/log`) never do.
+const API_SERVER_SUBRESOURCES: &[(&str, &str, &str, bool, &[&str])] = &[
+    ("", "pods", "status", true, &["UPDATE"]),
+    ("", "pods", "ephemeralcontainers", true, &["UPDATE"]),
+    ("", "pods", "resize", true, &["UPDATE"]),
+    ("", "pods", "eviction", true, &["CREATE"]),
+    ("", "pods", "binding", true, &["CREATE"]),
+    ("", "pods", "exec", true, &["CONNECT"]),
+    ("", "pods", "attach", true, &["CONNECT"]),
+    ("", "pods", "portforward", true, &["CONNECT"]),
+    ("", "pods", "proxy", true, &["CONNECT"]),
+    ("", "replicationcontrollers", "status", true, &["UPDATE"]),
+    ("", "replicationcontrollers", "scale", true, &["UPDATE"]),
+    ("", "serviceaccounts", "token", true, &["CREATE"]),
+    ("", "services", "status", true, &["UPDATE"]),
+    ("", "services", "proxy", true, &["CONNECT"]),
+    ("", "persistentvolumeclaims", "status", true, &["UPDATE"]),
+    ("", "resourcequotas", "status", true, &["UPDATE"]),
+    ("", "nodes", "status", false, &["UPDATE"]),
+    ("", "nodes", "proxy", false, &["CONNECT"]),
+    ("", "persistentvolumes", "status", false, &["UPDATE"]),
+    ("", "namespaces", "status", false, &["UPDATE"]),
+    ("", "namespaces", "finalize", false, &["UPDATE"]),
+    ("apps", "deployments", "status", true, &["UPDATE"]),
+    ("apps", "deployments", "scale", true, &["UPDATE"]),
+    ("apps", "statefulsets", "status", true, &["UPDATE"]),
+    ("apps", "statefulsets", "scale", true, &["UPDATE"]),
+    ("apps", "replicasets", "status", true, &["UPDATE"]),
+    ("apps", "replicasets", "scale", true, &["UPDATE"]),
+    ("apps", "daemonsets", "status", true, &["UPDATE"]),
+    (
+        "autoscaling",
+        "horizontalpodautoscalers",
+        "status",
+        true,
+        &["UPDATE"],
+    ),
+    ("batch", "jobs", "status", true, &["UPDATE"]),
+    ("batch", "cronjobs", "status", true, &["UPDATE"]),
+    (
+        "policy",
+        "poddisruptionbudgets",
+        "status",
+        true,
+        &["UPDATE"],
+    ),
+    (
+        "networking.k8s.io",
+        "ingresses",
+        "status",
+        true,
+        &["UPDATE"],
+    ),
+    (
+        "resource.k8s.io",
+        "resourceclaims",
+        "status",
+        true,
+        &["UPDATE"],
+    ),
+    (
+        "certificates.k8s.io",
+        "certificatesigningrequests",
+        "status",
+        false,
+        &["UPDATE"],
+    ),
+    (
+        "certificates.k8s.io",
+        "certificatesigningrequests",
+        "approval",
+        false,
+        &["UPDATE"],
+    ),
+    (
+        "apiextensions.k8s.io",
+        "customresourcedefinitions",
+        "status",
+        false,
+        &["UPDATE"],
+    ),
+    (
+        "apiregistration.k8s.io",
+        "apiservices",
+        "status",
+        false,
+        &["UPDATE"],
+    ),
+    (
+        "storage.k8s.io",
+        "volumeattachments",
+        "status",
+        false,
+        &["UPDATE"],
+    ),
+    // Custom resources get status and scale, namespaced or cluster-scoped.
+    ("demo.example.com", "widgets", "status", true, &["UPDATE"]),
+    ("demo.example.com", "widgets", "scale", true, &["UPDATE"]),
+    (
+        "demo.example.com",
+        "clusterwidgets",
+        "scale",
+        false,
+        &["UPDATE"],
+    ),
+    // And the objects themselves.
+    ("", "configmaps", "", true, &["CREATE", "UPDATE", "DELETE"]),
+    (
+        "apps",
+        "deployments",
+        "",
+        true,
+        &["CREATE", "UPDATE", "DELETE"],
+    ),
+    ("", "namespaces", "", false, &["CREATE", "UPDATE", "DELETE"]),
+    (
+        "rbac.authorization.k8s.io",
+        "clusterroles",
+        "",
+        false,
+        &["CREATE", "UPDATE", "DELETE"],
+    ),
+];
+
+/// Whether a webhook rule matches, as the API server matches it.
+fn rule_matches(
+    rule: &RuleWithOperations,
+    operation: &str,
+    group: &str,
+    resource: &str,
+    subresource: &str,
+    namespaced: bool,
+) -> bool {
+    let has = |list: &Option<Vec<String>>, value: &str| {
+        list.iter().flatten().any(|v| v == "*" || v == value)
+    };
+    let resource_matches = rule.resources.iter().flatten().any(|r| {
+        let (r_resource, r_sub) = r.split_once('/').unwrap_or((r, ""));
+        let resource_ok = r_resource == "*" || r_resource == resource;
+        let sub_ok = if subresource.is_empty() {
+            r_sub.is_empty()
+        } else {
+            r_sub == "*" || r_sub == subresource
+        };
+        resource_ok && sub_ok
+    });
+    let scope_ok = match rule.scope.as_deref() {
+        Some("Namespaced") => namespaced,
+        Some("Cluster") => !namespaced,
+        _ => true,
+    };
+    has(&rule.operations, operation)
+        && has(&rule.api_groups, group)
+        && has(&rule.api_versions, "v1")
+        && resource_matches
+        && scope_ok
+}
+
+/// The decision locks exactly what the registration sends: every subresource the decision
+/// would look a lock up for is registered, and nothing else is.
+#[test]
+fn the_registration_sends_every_subresource_the_decision_locks() {
+    use crate::admission::AdmissionRequest;
+    use crate::admission::decide::{Plan, plan};
+    let vwc = webhook_configuration(&registration(), NAME);
+    let hooks = vwc.webhooks.expect("webhooks");
+    let mut drift = Vec::new();
+    for &(group, resource, subresource, namespaced, operations) in API_SERVER_SUBRESOURCES {
+        for &operation in operations {
+            let name = if resource == "namespaces" { "ns" } else { "x" };
+            let request: AdmissionRequest = serde_json::from_value(serde_json::json!({
+                "uid": "u",
+                "resource": {"group": group, "version": "v1", "resource": resource},
+                "subResource": subresource,
+                "name": name,
+                "namespace": if namespaced || resource == "namespaces" { Some("ns") } else { None },
+                "operation": operation,
+                "userInfo": {"username": "alice"},
+                "oldObject": (operation != "CREATE").then(|| serde_json::json!({"metadata": {"name": name}})),
+            }))
+            .expect("request");
+            let locked = matches!(plan(&request), Plan::Lookup(_));
+            let registered = hooks.iter().any(|hook| {
+                hook.rules.iter().flatten().any(|rule| {
+                    rule_matches(rule, operation, group, resource, subresource, namespaced)
+                })
+            });
+            if locked != registered {
+                drift.push(format!(
+                    "{operation} {group}/{resource}/{subresource}: locked {locked}, registered {registered}"
+                ));
+            }
+        }
+    }
+    assert!(
+        drift.is_empty(),
+        "decision and registration differ:\n{}",
+        drift.join("\n")
     );
 }
