@@ -19,6 +19,8 @@ use crate::locks::LockSource;
 use crate::locks::files::{FilesError, FilesSource};
 use crate::locks::kube::{CacheConfig, KubeSource};
 use crate::metrics::{Metrics, ScopeLabels, SourceMetrics};
+use crate::registration::conditions::Limits as NarrowLimits;
+use crate::registration::writer::{Narrower, NarrowerConfig};
 use crate::server::{self, Drain, Limits};
 use crate::settings::Settings;
 use crate::systemd;
@@ -127,6 +129,33 @@ pub async fn lock_source_with_metrics(
     })
 }
 
+/// The writer keeping the webhook configuration narrowed, when reading locks from a cluster
+/// with `registration.narrow` on. It has its own client (and watches), so that it does not
+/// depend on how the admission path reads locks.
+async fn narrower(settings: &Settings, metrics: &Metrics) -> Result<Option<Narrower>, StartError> {
+    if settings.locks.dir.is_some() || !settings.registration.narrow {
+        info!("the webhook configuration is not narrowed (registration.narrow = false or a locks directory)");
+        return Ok(None);
+    }
+    let client =
+        kube::Client::try_from(kube_config(settings).await?).map_err(|e| StartError::Kubeconfig {
+            path: String::new(),
+            message: e.to_string(),
+        })?;
+    let config = NarrowerConfig {
+        name: settings.registration.name.clone(),
+        limits: NarrowLimits {
+            max_names: settings.registration.max_names,
+            ..NarrowLimits::default()
+        },
+    };
+    Ok(Some(Narrower::new(
+        client,
+        config,
+        metrics.registration.clone(),
+    )))
+}
+
 async fn kube_config(settings: &Settings) -> Result<kube::Config, StartError> {
     let options = KubeConfigOptions {
         context: settings.kube.context.clone(),
@@ -167,6 +196,7 @@ pub struct Webhook {
     settings: Settings,
     metrics: Arc<Metrics>,
     metrics_listener: Option<TcpListener>,
+    narrower: Option<Narrower>,
 }
 
 impl Webhook {
@@ -180,7 +210,10 @@ impl Webhook {
         tls::check_covers_url(&tls::load_pair(cert, key)?, &settings.webhook.url)?;
         let metrics = Arc::new(Metrics::new());
         let source = lock_source_with_metrics(&settings, true, metrics.source.clone()).await?;
-        Webhook::bind_with_source(settings, source, metrics).await
+        let narrower = narrower(&settings, &metrics).await?;
+        let mut webhook = Webhook::bind_with_source(settings, source, metrics).await?;
+        webhook.narrower = narrower;
+        Ok(webhook)
     }
 
     /// Like [`Webhook::bind`], with a lock source built by the caller (counting, if it counts,
@@ -239,6 +272,7 @@ impl Webhook {
             settings,
             metrics,
             metrics_listener,
+            narrower: None,
         })
     }
 
@@ -283,7 +317,9 @@ impl Webhook {
             settings,
             metrics,
             metrics_listener,
+            narrower,
         } = self;
+        let narrowing = narrower.map(|n| tokio::spawn(n.run()));
         let reviewer = Reviewer::with_metrics(
             source.source.clone(),
             settings.review_policy(),
@@ -338,7 +374,7 @@ impl Webhook {
         if let Some(task) = metrics_task {
             let _ = task.await;
         }
-        for task in [Some(reloading), Some(watchdog), source.refresh]
+        for task in [Some(reloading), Some(watchdog), source.refresh, narrowing]
             .into_iter()
             .flatten()
         {

@@ -154,6 +154,8 @@ pub struct Metrics {
     pub certificate_expiry: Gauge,
     /// Requests refused before admission (not an AdmissionReview).
     pub invalid: Counter,
+    /// The narrowed registration.
+    pub registration: crate::registration::writer::RegistrationMetrics,
 }
 
 impl Default for Metrics {
@@ -229,6 +231,8 @@ impl Metrics {
             certificate_expiry.clone(),
         );
         registry.register("build_info", "Build information", build);
+        let registration = crate::registration::writer::RegistrationMetrics::default();
+        registration.register(&mut registry);
         Metrics {
             registry,
             admission,
@@ -236,6 +240,7 @@ impl Metrics {
             locks,
             certificate_expiry,
             invalid,
+            registration,
         }
     }
 

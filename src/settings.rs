@@ -40,6 +40,30 @@ pub struct Settings {
     pub log: LogSettings,
     /// The Prometheus endpoint.
     pub metrics: MetricsSettings,
+    /// The webhook configuration narrowed to the locked names.
+    pub registration: RegistrationSettings,
+}
+
+/// The webhook configuration narrowed to the locked names (cluster source only).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RegistrationSettings {
+    /// Keep the configuration's matchConditions narrowed to the locked names.
+    pub narrow: bool,
+    /// Name of the ValidatingWebhookConfiguration to keep narrowed.
+    pub name: String,
+    /// More live locks than this: the broad registration (every UPDATE and DELETE is sent).
+    pub max_names: usize,
+}
+
+impl Default for RegistrationSettings {
+    fn default() -> Self {
+        RegistrationSettings {
+            narrow: true,
+            name: "kube-object-lock".to_owned(),
+            max_names: 2_000,
+        }
+    }
 }
 
 /// The Prometheus endpoint.
@@ -180,6 +204,7 @@ impl Default for Settings {
             locks: LocksSettings::default(),
             log: LogSettings::default(),
             metrics: MetricsSettings::default(),
+            registration: RegistrationSettings::default(),
         }
     }
 }
@@ -407,6 +432,12 @@ impl Settings {
                 "metrics.listen",
                 "must be an address like 127.0.0.1:9464, or empty to turn metrics off",
             );
+        }
+        if !(1..=100_000).contains(&self.registration.max_names) {
+            return fail("registration.max_names", "must be between 1 and 100000");
+        }
+        if self.registration.name.is_empty() {
+            return fail("registration.name", "must name the ValidatingWebhookConfiguration");
         }
         if self.tls.max_reload_failures == 0 {
             return fail("tls.max_reload_failures", "must be at least 1");
