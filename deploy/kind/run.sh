@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # kube-object-lock on a kind cluster, wired exactly as on a kubeadm control-plane host, then a
-# smoke test that a Lock refuses UPDATE and DELETE and that unlocking releases the object.
+# smoke test that a Lock refuses UPDATE and DELETE and that unlocking releases the object, then
+# the end-to-end suite (tests/e2e) against that cluster and webhook (when cargo is there).
 #
 #   deploy/kind/run.sh          create everything (cluster "kind") and run the smoke test
 #   deploy/kind/run.sh --down   delete the webhook container, the cluster and the generated files
@@ -67,7 +68,7 @@ case "${1:-}" in
     ;;
 "") ;;
 -h | --help)
-    sed -n '2,11p' "$0"
+    sed -n '2,12p' "$0"
     exit 0
     ;;
 *) die "unknown argument: $1 (use --down, or nothing)" ;;
@@ -317,6 +318,19 @@ pass "DELETE of locked allowed after unlocking"
 kubectl delete namespace "$SMOKE_NS" --wait=false >/dev/null
 echo
 echo "smoke test: $passed passed, 0 failed"
+
+# --- End-to-end suite -----------------------------------------------------------------------------
+# The project's suite (tests/e2e) against this cluster. The webhook is the compose service above,
+# already registered, so the suite only checks locks (KOL_E2E_WEBHOOK=external).
+if command -v cargo >/dev/null 2>&1; then
+    log "end-to-end suite against cluster $CLUSTER (KOL_E2E_WEBHOOK=external)"
+    e2e_env=(KOL_E2E_KUBECONFIG="$KUBECONFIG" KOL_E2E_WEBHOOK=external)
+    bin_dir="$(dirname "$BIN")"
+    if [ -x "$bin_dir/kubectl-lock" ]; then e2e_env+=(KOL_E2E_BIN_DIR="$bin_dir"); fi
+    (cd "$ROOT" && env "${e2e_env[@]}" cargo test --locked --test e2e)
+else
+    echo "no cargo: end-to-end suite not run (cargo test --test e2e with KOL_E2E_KUBECONFIG=$KUBECONFIG KOL_E2E_WEBHOOK=external)"
+fi
 cat <<EOF
 
 The cluster is up with kube-object-lock in front of its API server:

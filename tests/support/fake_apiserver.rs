@@ -435,7 +435,15 @@ impl FakeApiServer {
                 }
             }
             (&Method::DELETE, Some(name)) => {
-                let removed = self.remove(route.key()).map(|obj| (200, obj));
+                // A custom resource without finalizers is gone at once: the answer is a
+                // `Status` of success naming it, not the object.
+                let removed = self.remove(route.key()).map(|obj| {
+                    let mut details = details(route.res, name);
+                    details["uid"] = obj["metadata"]["uid"].clone();
+                    let success = json!({ "kind": "Status", "apiVersion": "v1", "metadata": {},
+                        "status": "Success", "details": details });
+                    (200, success)
+                });
                 removed.ok_or_else(|| not_found(route.res, name))
             }
             _ => Err(status(405, NOT_ALLOWED, json!({}))),
@@ -443,8 +451,12 @@ impl FakeApiServer {
         Ok(answer.map_or_else(reply_status, |(code, obj)| reply(code, obj)))
     }
 
-    /// POST: the object's own namespace must match the path; the name is required.
-    fn create(&self, route: &Route, obj: Value) -> Result<Value, Value> {
+    /// POST: the object's own namespace must match the path; the name is required; a missing
+    /// `spec` gets the CRDs' default `{}`.
+    fn create(&self, route: &Route, mut obj: Value) -> Result<Value, Value> {
+        if obj.get("spec").is_none_or(Value::is_null) {
+            obj["spec"] = json!({});
+        }
         let ns = route.ns.clone().unwrap_or_default();
         if obj["metadata"]["namespace"]
             .as_str()
@@ -490,7 +502,7 @@ impl FakeApiServer {
             .get("limit")
             .and_then(|l| l.parse().ok())
             .filter(|l| *l > 0);
-        let (mut items, mut last, mut token) = (Vec::new(), None, None);
+        let (mut items, mut last, mut token, mut remaining) = (Vec::new(), None, None, 0u64);
         for (key, obj) in st.snapshot(route.res, rv) {
             let seen = after
                 .as_ref()
@@ -498,16 +510,26 @@ impl FakeApiServer {
             if seen || !route.holds(&key) || !selected(&obj, query)? {
                 continue;
             }
+            if token.is_some() {
+                remaining += 1;
+                continue;
+            }
             if limit == Some(items.len()) {
-                token = last.map(|(_, ns, name): Key| format!("{rv}/{ns}/{name}"));
-                break;
+                token = last
+                    .clone()
+                    .map(|(_, ns, name): Key| format!("{rv}/{ns}/{name}"));
+                remaining = 1;
+                continue;
             }
             items.push(obj);
             last = Some(key);
         }
-        let mut metadata = json!({ "resourceVersion": rv.to_string() });
+        // As a real server lists custom resources: `continue` always there (empty on the last
+        // page), `remainingItemCount` when more pages follow.
+        let mut metadata = json!({ "resourceVersion": rv.to_string(), "continue": "" });
         if let Some(token) = token {
             metadata["continue"] = json!(token);
+            metadata["remainingItemCount"] = json!(remaining);
         }
         let kind = format!("{}List", route.res.kind());
         Ok(json!({ "apiVersion": API_VERSION, "kind": kind, "metadata": metadata, "items": items }))

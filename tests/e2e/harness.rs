@@ -1,0 +1,62 @@
+//! The local control plane (`~/.cache/control-plane`): only there can the suite restart the API
+//! server, with or without extra flags, through the control plane's own scripts.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, ensure};
+
+use crate::env::{canonical, harness_dir};
+
+/// A running local control plane.
+#[derive(Debug, Clone)]
+pub struct Harness {
+    pub dir: PathBuf,
+    /// kube-controller-manager runs too (kept across restarts).
+    pub kcm: bool,
+}
+
+/// True when the PID in `run/NAME.pid` runs `bin/NAME` of this control plane.
+fn alive(dir: &Path, name: &str) -> bool {
+    let Ok(pid) = std::fs::read_to_string(dir.join("run").join(format!("{name}.pid"))) else {
+        return false;
+    };
+    let exe = std::fs::read_link(format!("/proc/{}/exe", pid.trim()));
+    exe.is_ok_and(|exe| exe == dir.join("bin").join(name))
+}
+
+impl Harness {
+    /// The control plane, if `kubeconfig` is its kubeconfig and its API server runs.
+    pub fn detect(kubeconfig: &Path) -> Option<Harness> {
+        let dir = canonical(&harness_dir()?);
+        let ours = canonical(kubeconfig) == canonical(&dir.join("kubeconfig"));
+        (ours && dir.join("up.sh").is_file() && alive(&dir, "kube-apiserver")).then(|| Harness {
+            kcm: alive(&dir, "kube-controller-manager"),
+            dir,
+        })
+    }
+
+    /// Stops the control plane (etcd's data is kept) and starts it again, the API server with
+    /// `apiserver_args`; returns when `/readyz` is ok, with the time the start took.
+    pub fn restart(&self, apiserver_args: &str) -> Result<Duration> {
+        let down = Command::new(self.dir.join("down.sh")).output()?;
+        ensure!(
+            down.status.success(),
+            "down.sh failed: {}",
+            String::from_utf8_lossy(&down.stderr)
+        );
+        let start = Instant::now();
+        let up = Command::new(self.dir.join("up.sh"))
+            .env("KCM", if self.kcm { "1" } else { "0" })
+            .env("APISERVER_ARGS", apiserver_args)
+            .env_remove("RESET")
+            .output()?;
+        ensure!(
+            up.status.success(),
+            "up.sh failed: {}",
+            String::from_utf8_lossy(&up.stderr)
+        );
+        Ok(start.elapsed())
+    }
+}

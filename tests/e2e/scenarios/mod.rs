@@ -1,0 +1,60 @@
+//! The scenarios, one module per README promise group. Each creates its own namespaces.
+
+mod audit;
+mod cluster_locks;
+mod collections;
+mod excluded;
+mod fake_parity;
+mod latency;
+mod lookup_error;
+mod mtls;
+mod namespaces;
+mod plugin;
+mod pods;
+mod restart;
+mod scale;
+mod spec;
+mod terminating;
+mod writes;
+
+use crate::suite::Scenario;
+
+/// Every scenario, in the order they start.
+pub fn all() -> Vec<Scenario> {
+    let parallel = |name, run| Scenario {
+        name,
+        exclusive: false,
+        run,
+    };
+    let alone = |name, run| Scenario {
+        name,
+        exclusive: true,
+        run,
+    };
+    vec![
+        parallel("writes", writes::run),
+        parallel("deletecollection", collections::run),
+        parallel("pods", pods::run),
+        parallel("scale", scale::run),
+        parallel("terminating", terminating::run),
+        parallel("namespace-deletion", namespaces::run),
+        parallel("cluster-locks", cluster_locks::run),
+        parallel("spec-operations", spec::operations),
+        parallel("spec-resources", spec::resources),
+        parallel("spec-selector", spec::selector),
+        parallel("spec-exempt", spec::exempt),
+        parallel("spec-expiry", spec::expiry),
+        parallel("spec-warn", spec::warn),
+        parallel("spec-validation", spec::validation),
+        parallel("combining", spec::combining),
+        parallel("plugin", plugin::run),
+        parallel("excluded-namespaces", excluded::run),
+        parallel("fake-parity", fake_parity::run),
+        // Alone, so that its figures are not those of a loaded machine.
+        alone("latency", latency::run),
+        alone("apiserver-restart", restart::run),
+        alone("audit", audit::run),
+        alone("mtls", mtls::run),
+        alone("lookup-error", lookup_error::run),
+    ]
+}

@@ -1,0 +1,287 @@
+//! The webhook under test, set up as the README's install steps do it: certificates from
+//! `certs`, an identity of its own (a ServiceAccount token), `serve` with that kubeconfig, and
+//! the registration from `manifests cluster`.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use serde_json::Value;
+
+use crate::kubectl::{Kubectl, run};
+
+/// Port of the webhook under test: not 8443, so it never meets an instance of the user's.
+pub const PORT: u16 = 18443;
+/// Its URL as registered.
+pub const URL: &str = "https://127.0.0.1:18443/validate";
+/// The registration's name (fixed by `manifests cluster`).
+pub const REGISTRATION: &str = "kube-object-lock";
+
+/// Files of one run.
+pub struct Files {
+    pub dir: PathBuf,
+}
+
+impl Files {
+    pub fn pki(&self, file: &str) -> PathBuf {
+        self.dir.join("pki").join(file)
+    }
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.dir.join("webhook-kubeconfig.yaml")
+    }
+    pub fn log(&self) -> PathBuf {
+        self.dir.join("serve.log")
+    }
+    pub fn apiserver_dir(&self) -> PathBuf {
+        self.dir.join("apiserver")
+    }
+}
+
+/// A running `kube-object-lock serve`.
+pub struct Serve {
+    child: Child,
+}
+
+impl Serve {
+    /// Starts `serve` on [`PORT`]; with `client_ca`, client certificates are required (mTLS).
+    pub fn start(bin: &Path, files: &Files, client_ca: bool) -> Result<Serve> {
+        let log = File::options()
+            .create(true)
+            .append(true)
+            .open(files.log())?;
+        let mut cmd = Command::new(bin);
+        cmd.arg("serve")
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{PORT}"))
+            .arg("--tls-cert")
+            .arg(files.pki("tls.crt"))
+            .arg("--tls-key")
+            .arg(files.pki("tls.key"))
+            .arg("--kubeconfig")
+            .arg(files.kubeconfig())
+            .env("KUBE_OBJECT_LOCK__WEBHOOK__URL", URL)
+            .env("KUBE_OBJECT_LOCK__METRICS__LISTEN", "")
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        if client_ca {
+            cmd.env(
+                "KUBE_OBJECT_LOCK__TLS__CLIENT_CA",
+                files.pki("client-ca.crt"),
+            );
+        }
+        let mut child = cmd
+            .spawn()
+            .with_context(|| format!("cannot start {}", bin.display()))?;
+        // Listening is enough: it answers by listing until its watch has synced.
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            if let Some(status) = child.try_wait()? {
+                bail!("serve exited ({status}): {}", tail(&files.log(), 20));
+            }
+            if std::net::TcpStream::connect(("127.0.0.1", PORT)).is_ok() {
+                return Ok(Serve { child });
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "serve does not listen on {PORT} after 15s: {}",
+                tail(&files.log(), 20)
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// SIGTERM, then up to 10 s for the drain; SIGKILL after.
+    pub fn stop(mut self) -> Result<()> {
+        let pid = rustix::process::Pid::from_raw(self.child.id() as i32)
+            .context("the child has no pid")?;
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if self.child.try_wait()?.is_some() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.child.kill()?;
+        self.child.wait()?;
+        bail!("serve ignored SIGTERM for 10s")
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// The last `lines` lines of a file.
+pub fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// `kube-object-lock certs --client` into `files.dir/pki`.
+pub fn make_certs(bin: &Path, files: &Files) -> Result<()> {
+    let out = files.dir.join("pki");
+    let out = out.to_string_lossy();
+    run(
+        bin,
+        &["certs", "--out", &out, "--san", "127.0.0.1", "--client"],
+        None,
+        None,
+    )
+    .check()?;
+    Ok(())
+}
+
+/// The CRDs from `kube-object-lock crd`, applied and Established.
+pub fn install_crds(bin: &Path, kubectl: &Kubectl) -> Result<()> {
+    let crds = run(bin, &["crd"], None, None).check()?.stdout;
+    kubectl.apply(&crds)?;
+    kubectl
+        .run(&[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/locks.objectlock.dev",
+            "crd/clusterlocks.objectlock.dev",
+        ])
+        .check()?;
+    Ok(())
+}
+
+/// A kubeconfig for ServiceAccount `namespace/name`: the suite's cluster entry and a token from
+/// the TokenRequest API (works without the token controller).
+pub fn identity(kubectl: &Kubectl, namespace: &str, name: &str, files: &Files) -> Result<()> {
+    kubectl
+        .run(&["create", "serviceaccount", name, "-n", namespace])
+        .check()?;
+    let token = kubectl
+        .run(&["create", "token", name, "-n", namespace, "--duration=2h"])
+        .check()?
+        .stdout
+        .trim()
+        .to_owned();
+    let view = kubectl
+        .run(&[
+            "config",
+            "view",
+            "--raw",
+            "--minify",
+            "--flatten",
+            "-o",
+            "json",
+        ])
+        .check()?
+        .stdout;
+    let view: Value = serde_json::from_str(&view)?;
+    let cluster = view["clusters"][0]["cluster"].clone();
+    ensure!(cluster.is_object(), "no cluster in the kubeconfig: {view}");
+    let kubeconfig = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "cluster", "cluster": cluster}],
+        "users": [{"name": name, "user": {"token": token}}],
+        "contexts": [{"name": name, "context": {"cluster": "cluster", "user": name}}],
+        "current-context": name,
+    });
+    write_private(
+        &files.kubeconfig(),
+        &serde_json::to_string_pretty(&kubeconfig)?,
+    )
+}
+
+/// Writes a file readable by its owner only (it holds a token).
+fn write_private(path: &Path, text: &str) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = File::options()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    file.write_all(text.as_bytes())?;
+    Ok(())
+}
+
+/// `manifests cluster --url URL --ca-file ca.crt --service-account NS/NAME`, applied
+/// server-side.
+pub fn register(bin: &Path, kubectl: &Kubectl, files: &Files, sa: &str) -> Result<()> {
+    let ca = files.pki("ca.crt");
+    let yaml = run(
+        bin,
+        &[
+            "manifests",
+            "cluster",
+            "--url",
+            URL,
+            "--ca-file",
+            &ca.to_string_lossy(),
+            "--service-account",
+            sa,
+        ],
+        None,
+        None,
+    )
+    .check()?
+    .stdout;
+    kubectl.apply(&yaml)?;
+    Ok(())
+}
+
+/// The URL of the first webhook of the registration, or `None` when there is none.
+pub fn registered_url(kubectl: &Kubectl) -> Result<Option<String>> {
+    let out = kubectl.run(&[
+        "get",
+        "validatingwebhookconfiguration",
+        REGISTRATION,
+        "-o",
+        "json",
+        "--ignore-not-found",
+    ]);
+    let out = out.check()?;
+    if out.stdout.trim().is_empty() {
+        return Ok(None);
+    }
+    let vwc: Value = serde_json::from_str(&out.stdout)?;
+    Ok(Some(
+        vwc["webhooks"][0]["clientConfig"]["url"]
+            .as_str()
+            .unwrap_or("(no url)")
+            .to_owned(),
+    ))
+}
+
+/// `manifests apiserver` for [`URL`], into `files.apiserver_dir()`; returns the path of
+/// `admission-config.yaml`.
+pub fn apiserver_files(bin: &Path, files: &Files) -> Result<PathBuf> {
+    let dir = files.apiserver_dir();
+    run(
+        bin,
+        &[
+            "manifests",
+            "apiserver",
+            "--client-cert",
+            &files.pki("apiserver-client.crt").to_string_lossy(),
+            "--client-key",
+            &files.pki("apiserver-client.key").to_string_lossy(),
+            "--url",
+            URL,
+            "--dir",
+            &dir.to_string_lossy(),
+        ],
+        None,
+        None,
+    )
+    .check()?;
+    Ok(dir.join("admission-config.yaml"))
+}
