@@ -134,14 +134,17 @@ pub async fn lock_source_with_metrics(
 /// depend on how the admission path reads locks.
 async fn narrower(settings: &Settings, metrics: &Metrics) -> Result<Option<Narrower>, StartError> {
     if settings.locks.dir.is_some() || !settings.registration.narrow {
-        info!("the webhook configuration is not narrowed (registration.narrow = false or a locks directory)");
+        info!(
+            "the webhook configuration is not narrowed (registration.narrow = false or a locks directory)"
+        );
         return Ok(None);
     }
-    let client =
-        kube::Client::try_from(kube_config(settings).await?).map_err(|e| StartError::Kubeconfig {
+    let client = kube::Client::try_from(kube_config(settings).await?).map_err(|e| {
+        StartError::Kubeconfig {
             path: String::new(),
             message: e.to_string(),
-        })?;
+        }
+    })?;
     let config = NarrowerConfig {
         name: settings.registration.name.clone(),
         limits: NarrowLimits {

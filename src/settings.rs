@@ -437,7 +437,10 @@ impl Settings {
             return fail("registration.max_names", "must be between 1 and 100000");
         }
         if self.registration.name.is_empty() {
-            return fail("registration.name", "must name the ValidatingWebhookConfiguration");
+            return fail(
+                "registration.name",
+                "must name the ValidatingWebhookConfiguration",
+            );
         }
         if self.tls.max_reload_failures == 0 {
             return fail("tls.max_reload_failures", "must be at least 1");

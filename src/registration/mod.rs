@@ -53,8 +53,8 @@ pub fn is_extra_entry(name: &str, base: &str) -> bool {
 pub struct MissingEntry(pub String);
 
 /// The webhook entries the plan asks for, made from the configuration's current entries:
-/// each base entry keeps everything but its `may-be-locked` condition, which is replaced (or
-/// removed when broad); extra entries are copies of the base entry with their own condition.
+/// each base entry keeps everything but its `may-be-locked` condition, which is replaced
+/// (`true` when broad); extra entries are copies of the base entry with their own condition.
 /// Entries of other names are left out (and left alone by the writer).
 pub fn webhooks(
     current: &[ValidatingWebhook],
@@ -67,15 +67,15 @@ pub fn webhooks(
             .ok_or_else(|| MissingEntry(base.to_owned()))
     };
     let (namespaced, cluster) = (template(NAMESPACED_ENTRY)?, template(CLUSTER_ENTRY)?);
+    let broad = "true".to_owned();
     let (ns_exprs, cluster_exprs) = match &plan.scope {
         Scope::Narrow {
             namespaced,
             cluster,
-        } => (
-            namespaced.iter().map(Some).collect(),
-            cluster.iter().map(Some).collect(),
-        ),
-        Scope::Broad(_) => (vec![None], vec![None]),
+        } => (namespaced.iter().collect(), cluster.iter().collect()),
+        // `true` rather than no condition: a condition another field manager (kubectl apply
+        // --server-side of `manifests cluster`) co-owns would survive its removal half-written.
+        Scope::Broad(_) => (vec![&broad], vec![&broad]),
     };
     let mut out = Vec::new();
     for (template, base, exprs) in [
@@ -92,17 +92,42 @@ pub fn webhooks(
                 .into_iter()
                 .filter(|c| c.name != CONDITION_NAME)
                 .collect();
-            if let Some(expression) = expr {
-                conditions.push(MatchCondition {
-                    name: CONDITION_NAME.to_owned(),
-                    expression: expression.clone(),
-                });
-            }
+            conditions.push(MatchCondition {
+                name: CONDITION_NAME.to_owned(),
+                expression: expr.clone(),
+            });
             entry.match_conditions = Some(conditions);
             out.push(entry);
         }
     }
     Ok(out)
+}
+
+/// The narrowed entries before any lock exists: `may-be-locked` is `false`, so nothing is sent
+/// until the running webhook writes the locked names. What `manifests cluster` emits.
+pub fn starting_point(
+    entries: &[ValidatingWebhook],
+) -> Result<Vec<ValidatingWebhook>, MissingEntry> {
+    let plan = conditions::plan(
+        std::iter::empty(),
+        k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+        &conditions::Limits::default(),
+    );
+    webhooks(entries, &plan)
+}
+
+/// The RBAC rule that lets the webhook keep its configuration `name` narrowed: that one object,
+/// nothing wider (`list` and `watch` are restricted by name through a field selector).
+pub fn rbac_rule(name: &str) -> k8s_openapi::api::rbac::v1::PolicyRule {
+    k8s_openapi::api::rbac::v1::PolicyRule {
+        api_groups: Some(vec!["admissionregistration.k8s.io".to_owned()]),
+        resources: Some(vec!["validatingwebhookconfigurations".to_owned()]),
+        resource_names: Some(vec![name.to_owned()]),
+        verbs: ["get", "list", "watch", "patch"]
+            .map(str::to_owned)
+            .to_vec(),
+        ..Default::default()
+    }
 }
 
 /// Whether the configuration's entries already say what `desired` says: every desired entry
@@ -199,7 +224,62 @@ mod tests {
     }
 
     #[test]
-    fn broad_removes_the_condition() {
+    fn manifests_cluster_starts_narrowed_and_broad_stays_broad() {
+        use crate::cli::manifests::{self, FailurePolicy, Identity, Registration};
+        let ca =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/examples/example-ca.crt");
+        let reg = Registration::new(
+            manifests::DEFAULT_URL,
+            &ca,
+            FailurePolicy::Fail,
+            5,
+            Identity::User("kol".to_owned()),
+        )
+        .expect("registration");
+        let broad = manifests::webhook_configuration(&reg, manifests::NAME);
+        let broad_entries = broad.webhooks.as_deref().expect("entries");
+        let names: Vec<_> = broad_entries.iter().map(|w| w.name.as_str()).collect();
+        assert_eq!(names, [NAMESPACED_ENTRY, CLUSTER_ENTRY]);
+        let start = starting_point(broad_entries).expect("entries");
+        for (narrow, broad) in start.iter().zip(broad_entries) {
+            let conditions = narrow.match_conditions.as_deref().expect("conditions");
+            let last = conditions.last().expect("a condition");
+            assert_eq!(
+                (last.name.as_str(), last.expression.as_str()),
+                (CONDITION_NAME, "false")
+            );
+            assert_eq!(
+                &conditions[..conditions.len() - 1],
+                broad.match_conditions.as_deref().expect("c")
+            );
+        }
+        let narrowed = manifests::cluster(&reg).expect("yaml");
+        assert!(narrowed.contains("name: may-be-locked"));
+        assert!(narrowed.contains("- patch"));
+        assert!(narrowed.contains("validatingwebhookconfigurations"));
+        let broad = manifests::cluster_broad(&reg).expect("yaml");
+        assert!(!broad.contains("may-be-locked"));
+        assert!(!broad.contains("validatingwebhookconfigurations"));
+        let static_yaml = manifests::static_manifest(&reg).expect("yaml");
+        assert!(!static_yaml.contains("may-be-locked"));
+    }
+
+    #[test]
+    fn the_rbac_rule_names_one_object() {
+        let rule = rbac_rule("kube-object-lock");
+        assert_eq!(
+            rule.resource_names.as_deref(),
+            Some(&["kube-object-lock".to_owned()][..])
+        );
+        assert_eq!(rule.verbs, ["get", "list", "watch", "patch"]);
+        assert_eq!(
+            rule.resources.as_deref(),
+            Some(&["validatingwebhookconfigurations".to_owned()][..])
+        );
+    }
+
+    #[test]
+    fn broad_sends_everything() {
         let plan = Plan {
             names: 3,
             next_expiry: None,
@@ -216,11 +296,11 @@ mod tests {
             });
         let desired = webhooks(&current, &plan).expect("entries");
         assert_eq!(desired.len(), 2);
-        assert!(
-            desired
-                .iter()
-                .all(|w| w.match_conditions.as_deref().expect("c").len() == 1)
-        );
+        for entry in &desired {
+            let conditions = entry.match_conditions.as_deref().expect("c");
+            assert_eq!(conditions.len(), 2);
+            assert_eq!(conditions[1].expression, "true");
+        }
         assert_eq!(
             webhooks(&current[2..], &plan),
             Err(MissingEntry(NAMESPACED_ENTRY.to_owned()))

@@ -229,9 +229,10 @@ impl Narrower {
         let locks = lock_events::<Lock>(self.client.clone(), Kind::Lock, |l| {
             LockRef::lock(&l.namespace().unwrap_or_default(), &l.name_any(), l.spec)
         });
-        let cluster_locks = lock_events::<ClusterLock>(self.client.clone(), Kind::ClusterLock, |l| {
-            LockRef::cluster_lock(&l.name_any(), l.spec.into())
-        });
+        let cluster_locks =
+            lock_events::<ClusterLock>(self.client.clone(), Kind::ClusterLock, |l| {
+                LockRef::cluster_lock(&l.name_any(), l.spec.into())
+            });
         self.run_with(futures::stream::select(locks, cluster_locks))
             .await;
     }
@@ -253,9 +254,8 @@ impl Narrower {
         let mut retry = Duration::from_millis(250);
         let mut last_problem: Option<String> = None;
         loop {
-            let deadline = wake.unwrap_or_else(|| {
-                tokio::time::Instant::now() + Duration::from_secs(24 * 3600)
-            });
+            let deadline = wake
+                .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(24 * 3600));
             tokio::select! {
                 event = locks.next() => match event {
                     Some(event) => view.apply(event),
@@ -319,7 +319,11 @@ impl Narrower {
         plan: &Plan,
         view: &LockView,
     ) -> Result<Option<ValidatingWebhookConfiguration>, String> {
-        let outcome = |outcome| self.metrics.writes.get_or_create(&OutcomeLabels { outcome });
+        let outcome = |outcome| {
+            self.metrics
+                .writes
+                .get_or_create(&OutcomeLabels { outcome })
+        };
         let Some(current) = current else {
             outcome("missing").inc();
             return Err(format!(
@@ -372,7 +376,10 @@ impl Narrower {
         let entries = desired.len();
         match &plan.scope {
             Scope::Narrow { .. } => {
-                info!(locks = plan.names, entries, "webhook configuration narrowed to the locked names")
+                info!(
+                    locks = plan.names,
+                    entries, "webhook configuration narrowed to the locked names"
+                )
             }
             Scope::Broad(reason) => warn!(%reason, "webhook configuration is broad"),
         }
@@ -465,17 +472,28 @@ mod tests {
     fn the_view_is_complete_only_after_both_lists() {
         let mut view = LockView::default();
         view.apply(LockEvent::Init(Kind::Lock));
-        view.apply(LockEvent::InitApply(LockRef::lock("a", "x", LockSpec::default())));
+        view.apply(LockEvent::InitApply(LockRef::lock(
+            "a",
+            "x",
+            LockSpec::default(),
+        )));
         view.apply(LockEvent::InitDone(Kind::Lock));
         assert!(!view.complete());
         view.apply(LockEvent::Init(Kind::ClusterLock));
         view.apply(LockEvent::InitDone(Kind::ClusterLock));
         assert!(view.complete());
-        view.apply(LockEvent::Apply(LockRef::cluster_lock("c", LockSpec::default())));
+        view.apply(LockEvent::Apply(LockRef::cluster_lock(
+            "c",
+            LockSpec::default(),
+        )));
         assert_eq!(view.locks.len(), 2);
         // A re-list of Locks replaces the Locks and keeps the ClusterLocks.
         view.apply(LockEvent::Init(Kind::Lock));
-        view.apply(LockEvent::InitApply(LockRef::lock("b", "y", LockSpec::default())));
+        view.apply(LockEvent::InitApply(LockRef::lock(
+            "b",
+            "y",
+            LockSpec::default(),
+        )));
         view.apply(LockEvent::InitDone(Kind::Lock));
         let keys: Vec<_> = view.locks.keys().cloned().collect();
         assert_eq!(
@@ -485,7 +503,11 @@ mod tests {
                 (Some("b".to_owned()), "y".to_owned())
             ]
         );
-        view.apply(LockEvent::Delete(LockRef::lock("b", "y", LockSpec::default())));
+        view.apply(LockEvent::Delete(LockRef::lock(
+            "b",
+            "y",
+            LockSpec::default(),
+        )));
         assert_eq!(view.locks.len(), 1);
     }
 

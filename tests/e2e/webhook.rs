@@ -47,6 +47,16 @@ pub struct Serve {
 impl Serve {
     /// Starts `serve` on [`PORT`]; with `client_ca`, client certificates are required (mTLS).
     pub fn start(bin: &Path, files: &Files, client_ca: bool) -> Result<Serve> {
+        Serve::start_with(bin, files, client_ca, &[])
+    }
+
+    /// Like [`Serve::start`], with extra environment (settings) for `serve`.
+    pub fn start_with(
+        bin: &Path,
+        files: &Files,
+        client_ca: bool,
+        env: &[(&str, &str)],
+    ) -> Result<Serve> {
         let log = File::options()
             .create(true)
             .append(true)
@@ -67,6 +77,7 @@ impl Serve {
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);
+        cmd.envs(env.iter().copied());
         if client_ca {
             cmd.env(
                 "KUBE_OBJECT_LOCK__TLS__CLIENT_CA",
