@@ -374,14 +374,29 @@ impl Narrower {
         }
         outcome("written").inc();
         let entries = desired.len();
-        match &plan.scope {
-            Scope::Narrow { .. } => {
+        let was_narrow = match &self.registered.borrow().scope {
+            Some(RegisteredScope::Narrow(_)) => Some(true),
+            Some(RegisteredScope::Broad) => Some(false),
+            None => None,
+        };
+        // A change of scope is logged; every write only at debug.
+        match (&plan.scope, was_narrow) {
+            (Scope::Narrow { .. }, Some(true)) => {
+                debug!(
+                    locks = plan.names,
+                    entries, "webhook configuration rewritten"
+                )
+            }
+            (Scope::Narrow { .. }, _) => {
                 info!(
                     locks = plan.names,
                     entries, "webhook configuration narrowed to the locked names"
                 )
             }
-            Scope::Broad(reason) => warn!(%reason, "webhook configuration is broad"),
+            (Scope::Broad(reason), Some(false)) => {
+                debug!(%reason, "webhook configuration rewritten")
+            }
+            (Scope::Broad(reason), _) => warn!(%reason, "webhook configuration is broad"),
         }
         self.confirm(plan, view);
         Ok(Some(written))
