@@ -291,6 +291,15 @@ impl Webhook {
         self.source.source.clone()
     }
 
+    /// What the narrowed registration says once written and read back, when this instance keeps
+    /// it (`None`: broad or files source). A Lock is enforced through the API server only once
+    /// [`crate::registration::writer::Registered::covers`] it.
+    pub fn registered(
+        &self,
+    ) -> Option<tokio::sync::watch::Receiver<crate::registration::writer::Registered>> {
+        self.narrower.as_ref().map(Narrower::registered)
+    }
+
     /// The served certificate store.
     pub fn certs(&self) -> Arc<CertStore> {
         self.certs.clone()

@@ -266,7 +266,7 @@ impl Narrower {
                 },
                 event = configs.next() => match event {
                     Some(Ok(event)) => config_event(event, &mut current, &mut config_listed),
-                    Some(Err(error)) => warn!(%error, name = %self.config.name, "watching the webhook configuration failed; retrying with backoff"),
+                    Some(Err(error)) => warn!(%error, name = %self.config.name, "watching the webhook configuration failed; retrying with backoff (registered with `manifests cluster --broad`? set registration.narrow = false)"),
                     None => return,
                 },
                 () = tokio::time::sleep_until(deadline) => {}
