@@ -148,6 +148,33 @@ pub fn run(ctx: &Ctx) -> Result<()> {
         std::thread::sleep(Duration::from_millis(50));
     }
 
+    // An expiring Lock leaves the registration at its expiresAt, without any event.
+    use k8s_openapi::jiff::{SignedDuration, Timestamp};
+    let at = Timestamp::now() + SignedDuration::from_secs(5);
+    let at_text = at.strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+    ctx.lock(&ns, "soon", json!({"expiresAt": at_text}))?;
+    let key = format!("|{ns}/soon|");
+    let start = Instant::now();
+    while !registered(ctx, &key)? {
+        ensure!(
+            start.elapsed() < Duration::from_secs(30),
+            "soon never registered"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    while registered(ctx, &key)? {
+        ensure!(
+            start.elapsed() < Duration::from_secs(40),
+            "an expired Lock stayed registered"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let expiry: Timestamp = at_text.parse()?;
+    ctx.note(format!(
+        "an expiring Lock left the registration {} ms after its expiresAt",
+        Timestamp::now().duration_since(expiry).as_millis()
+    ));
+
     cost_per_write(ctx, &free)?;
     Ok(())
 }
