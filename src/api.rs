@@ -28,6 +28,17 @@ pub const LOCKS: &str = "locks";
 /// Plural resource name of [`ClusterLock`].
 pub const CLUSTER_LOCKS: &str = "clusterlocks";
 
+/// Namespaces the webhook registration leaves out (`namespaceSelector`): the control plane's
+/// own traffic there must never wait on the webhook. Nothing in them is sent to the webhook, so
+/// a Lock in one of them, or a ClusterLock on one of these Namespaces, is never enforced. The
+/// registration and `kubectl lock` both read this list.
+pub const EXCLUDED_NAMESPACES: [&str; 2] = ["kube-system", "kube-node-lease"];
+
+/// True when nothing in `namespace` (nor the Namespace itself) is sent to the webhook.
+pub fn is_excluded_namespace(namespace: &str) -> bool {
+    EXCLUDED_NAMESPACES.contains(&namespace)
+}
+
 /// Locks the object with the same name in the same namespace: while this Lock exists, UPDATE
 /// and DELETE of that object are refused by the kube-object-lock admission webhook. Delete the
 /// Lock to unlock. Every field is optional; an empty spec locks every UPDATE and DELETE of

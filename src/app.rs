@@ -8,13 +8,13 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use crate::admission::Reviewer;
+use crate::kubeconfig::{self, KubeconfigError};
 use crate::locks::LockSource;
 use crate::locks::files::{FilesError, FilesSource};
 use crate::locks::kube::{CacheConfig, KubeSource};
@@ -160,33 +160,20 @@ async fn narrower(settings: &Settings, metrics: &Metrics) -> Result<Option<Narro
 }
 
 async fn kube_config(settings: &Settings) -> Result<kube::Config, StartError> {
-    let options = KubeConfigOptions {
-        context: settings.kube.context.clone(),
-        ..KubeConfigOptions::default()
-    };
-    match (&settings.kube.kubeconfig, &settings.kube.context) {
-        (Some(path), _) => {
-            let error = |message: String| StartError::Kubeconfig {
+    let (path, context) = (&settings.kube.kubeconfig, &settings.kube.context);
+    kubeconfig::load(path.as_deref(), context.as_deref())
+        .await
+        .map_err(|e| match e {
+            KubeconfigError::File { path, message } => StartError::Kubeconfig {
                 path: format!(" {}", path.display()),
                 message,
-            };
-            let kubeconfig = Kubeconfig::read_from(path).map_err(|e| error(e.to_string()))?;
-            kube::Config::from_custom_kubeconfig(kubeconfig, &options)
-                .await
-                .map_err(|e| error(e.to_string()))
-        }
-        (None, Some(_)) => {
-            kube::Config::from_kubeconfig(&options)
-                .await
-                .map_err(|e| StartError::Kubeconfig {
-                    path: String::new(),
-                    message: e.to_string(),
-                })
-        }
-        (None, None) => kube::Config::infer()
-            .await
-            .map_err(|e| StartError::NoSource(e.to_string())),
-    }
+            },
+            KubeconfigError::Context(message) => StartError::Kubeconfig {
+                path: String::new(),
+                message,
+            },
+            KubeconfigError::NoConfig(message) => StartError::NoSource(message),
+        })
 }
 
 /// A webhook bound to its address, ready to run.

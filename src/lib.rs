@@ -13,6 +13,7 @@ pub mod api;
 pub mod app;
 pub mod cli;
 pub mod http;
+pub mod kubeconfig;
 pub mod locks;
 pub mod metrics;
 pub mod plugin;

@@ -654,3 +654,119 @@ async fn the_fake_serves_discovery_as_kube_reads_it() {
         (404, "NotFound", "deployments.apps \"nope\" not found")
     );
 }
+
+/// A lock means to the plugin what it means to the webhook: a rule with an empty list covers
+/// nothing there, so it is no lock on anything here either; a spec that is not a lock spec is
+/// listed as unknown.
+#[tokio::test(flavor = "multi_thread")]
+async fn specs_are_read_as_the_webhook_reads_them() {
+    let c = Cluster::start().await;
+    c.api.create_lock(
+        "prod",
+        "app-config",
+        json!({ "resources": [{ "apiGroups": [], "resources": ["configmaps"] }] }),
+    );
+    let run = c.unlock(&["cm/app-config"]).await;
+    assert_eq!(
+        run.error(1),
+        "error: no lock on configmaps \"app-config\" in namespace \"prod\" \
+         (Lock prod/app-config covers no resource)"
+    );
+    assert!(c.api.lock("prod", "app-config").is_some());
+
+    c.api.create_lock("prod", "odd", json!({ "mode": "Audit" }));
+    let run = c.lock(&["list"]).await;
+    assert_eq!(
+        run.row(&["odd"]),
+        ["odd", "Lock", "?", "-", "?", "?"],
+        "{run:?}"
+    );
+    assert_eq!(
+        run.row(&["app-config"]),
+        [
+            "app-config",
+            "Lock",
+            "no",
+            "resource",
+            "-",
+            "Enforce",
+            "never"
+        ]
+    );
+    assert!(
+        run.stderr
+            .starts_with("note: Lock prod/odd has a spec that is not a lock spec: "),
+        "{run:?}"
+    );
+}
+
+/// The registration leaves kube-system and kube-node-lease out: a lock there would never be
+/// enforced, so it is refused unless asked for, and listed as unenforced.
+#[tokio::test(flavor = "multi_thread")]
+async fn locks_the_webhook_never_sees_are_refused_or_marked() {
+    let c = Cluster::start().await;
+    let why = "the webhook registration leaves out namespace \"kube-system\" (nothing in \
+               kube-system or kube-node-lease is sent to the webhook)";
+    let run = c
+        .lock(&["cm/coredns", "-n", "kube-system", "--allow-missing"])
+        .await;
+    assert_eq!(
+        run.error(1),
+        format!(
+            "error: Lock kube-system/coredns would never be enforced: {why} (pass \
+             --force-unenforced to create it anyway)"
+        )
+    );
+    let run = c.lock(&["ns/kube-node-lease", "--allow-missing"]).await;
+    assert!(
+        run.error(1)
+            .starts_with("error: ClusterLock kube-node-lease would never be enforced: "),
+        "{run:?}"
+    );
+    assert!(c.requests("POST").is_empty() && c.requests("GET /api/v1/namespaces/kube").is_empty());
+
+    let run = c
+        .lock(&[
+            "cm/coredns",
+            "-n",
+            "kube-system",
+            "--allow-missing",
+            "--force-unenforced",
+        ])
+        .await;
+    assert_eq!(
+        run.ok(),
+        "locked configmaps \"coredns\" in namespace \"kube-system\" with Lock \
+         kube-system/coredns (UPDATE, DELETE)\n"
+    );
+    assert_eq!(
+        run.stderr,
+        format!("note: Lock kube-system/coredns is not enforced: {why}\n")
+    );
+    assert!(c.api.lock("kube-system", "coredns").is_some());
+    c.lock(&["ns/kube-system", "--allow-missing", "--force-unenforced"])
+        .await
+        .ok();
+    c.lock(&["deploy/web"]).await.ok();
+
+    let run = c.lock(&["list", "-A"]).await;
+    assert_eq!(
+        run.row(&["kube-system", "coredns"]),
+        [
+            "kube-system",
+            "coredns",
+            "Lock",
+            "configmaps",
+            "missing",
+            "unenforced",
+            "never"
+        ]
+    );
+    assert_eq!(run.row(&["-", "kube-system"])[5], "unenforced", "{run:?}");
+    assert_eq!(run.row(&["prod", "web"])[5], "Enforce");
+    assert_eq!(
+        run.stderr,
+        "note: locks marked unenforced are never enforced: the webhook registration leaves out \
+         kube-system and kube-node-lease\n"
+    );
+}

@@ -303,7 +303,14 @@ fn applicable<'a>(
             None => lock.name == name,
             Some(selector) => labels.is_some_and(|labels| selects(selector, labels)),
         };
-        if !covers_object || !covers_resource(spec, req) || !spec.operations().contains(&operation)
+        if !covers_object
+            || !covers_resource(
+                spec,
+                &req.resource.group,
+                &req.resource.resource,
+                req.subresource(),
+            )
+            || !spec.operations().contains(&operation)
         {
             continue;
         }
@@ -320,23 +327,27 @@ fn applicable<'a>(
     found
 }
 
-fn covers_resource(spec: &LockSpec, req: &AdmissionRequest) -> bool {
+/// Whether a lock's `resources` cover `resource` in `group` (and its `subresource`, if any):
+/// no `resources` covers every resource; `*` matches any group or resource; a rule naming a
+/// resource covers its subresources too, and `resource/subresource` names one subresource.
+/// An empty list matches nothing. The plugin asks the same question, through this function.
+pub fn covers_resource(
+    spec: &LockSpec,
+    group: &str,
+    resource: &str,
+    subresource: Option<&str>,
+) -> bool {
     let Some(rules) = &spec.resources else {
         return true;
     };
-    let resource = &req.resource;
-    let with_sub = req
-        .subresource()
-        .map(|sub| format!("{}/{sub}", resource.resource));
+    let with_sub = subresource.map(|sub| format!("{resource}/{sub}"));
     rules.iter().any(|rule| {
-        let group = rule
-            .api_groups
+        let group_ok = rule.api_groups.iter().any(|g| g == "*" || g == group);
+        let resource_ok = rule
+            .resources
             .iter()
-            .any(|g| g == "*" || *g == resource.group);
-        let plural = rule.resources.iter().any(|r| {
-            r == "*" || *r == resource.resource || with_sub.as_deref() == Some(r.as_str())
-        });
-        group && plural
+            .any(|r| r == "*" || r == resource || with_sub.as_deref() == Some(r.as_str()));
+        group_ok && resource_ok
     })
 }
 

@@ -38,8 +38,6 @@ pub const STATIC_NAME: &str = "kube-object-lock.static.k8s.io";
 pub const DEFAULT_URL: &str = "https://127.0.0.1:8443/validate";
 /// Where the API server reads its side of mTLS by default.
 pub const DEFAULT_APISERVER_DIR: &str = "/etc/kubernetes/kube-object-lock";
-/// Namespaces whose objects never go through the webhook.
-pub const EXCLUDED_NAMESPACES: [&str; 2] = ["kube-system", "kube-node-lease"];
 
 /// Why manifests could not be made.
 #[derive(Debug, thiserror::Error)]
@@ -217,7 +215,7 @@ pub fn webhook_configuration(reg: &Registration, name: &str) -> ValidatingWebhoo
                 key: "kubernetes.io/metadata.name".to_owned(),
                 operator: "NotIn".to_owned(),
                 values: Some(
-                    EXCLUDED_NAMESPACES
+                    api::EXCLUDED_NAMESPACES
                         .iter()
                         .map(|s| (*s).to_owned())
                         .collect(),

@@ -151,6 +151,10 @@ pub struct LockArgs {
     /// Lock even if the object does not exist (yet); without it a missing object is an error.
     #[arg(long)]
     pub allow_missing: bool,
+    /// Create the lock even in a namespace the webhook registration leaves out (kube-system,
+    /// kube-node-lease), where it is never enforced; without it such a lock is refused.
+    #[arg(long)]
+    pub force_unenforced: bool,
 }
 
 /// An operation a lock can refuse.

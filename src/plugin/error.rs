@@ -61,6 +61,14 @@ pub enum PluginError {
         /// `deployments.apps "web" in namespace "prod"`.
         target: String,
     },
+    /// The lock would be in a namespace the webhook never hears of.
+    #[error("{lock} would never be enforced: {why} (pass --force-unenforced to create it anyway)")]
+    Unenforced {
+        /// `Lock kube-system/coredns`.
+        lock: String,
+        /// Which namespace is left out, and why.
+        why: String,
+    },
     /// A lock with the object's name exists already.
     #[error("{lock} already exists (see kubectl lock list{scope}; kubectl unlock removes it)")]
     AlreadyLocked {

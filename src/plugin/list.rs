@@ -11,6 +11,7 @@ use super::cli::{ConnectionArgs, ListArgs};
 use super::discovery::Discovered;
 use super::error::{detail, status_code};
 use super::{Cluster, PluginError, Report, lock_kind, lock_resource, spec};
+use crate::api::{self, LockSpec};
 
 /// Target lookups in flight at once.
 const CONCURRENT_LOOKUPS: usize = 8;
@@ -53,16 +54,33 @@ pub(super) async fn list(
         });
     }
 
-    let groups: BTreeSet<String> = objects
+    // Each spec read as the crate's LockSpec; one that is not a LockSpec is listed as unknown.
+    let specs: Vec<Option<LockSpec>> = objects
         .iter()
-        .filter_map(|o| spec::single_resource(&o.data["spec"]).map(|(group, _)| group))
+        .map(|o| match spec::parse(&o.data["spec"]) {
+            Ok(spec) => Some(spec),
+            Err(e) => {
+                let name = o.metadata.name.as_deref().unwrap_or_default();
+                let lock = match o.metadata.namespace.as_deref() {
+                    Some(ns) => format!("Lock {ns}/{name}"),
+                    None => format!("ClusterLock {name}"),
+                };
+                notes.push(format!("{lock} has a spec that is not a lock spec: {e}"));
+                None
+            }
+        })
+        .collect();
+    let groups: BTreeSet<String> = specs
+        .iter()
+        .flatten()
+        .filter_map(|spec| spec::single_resource(spec).map(|(group, _)| group))
         .collect();
     let discovered = match groups.is_empty() {
         true => Discovered::default(),
         false => cluster.discover(Some(&groups), false).await?,
     };
-    let targets: Vec<&'static str> = futures::stream::iter(&objects)
-        .map(|o| target_state(&cluster, &discovered, o))
+    let targets: Vec<&'static str> = futures::stream::iter(objects.iter().zip(&specs))
+        .map(|(o, spec)| target_state(&cluster, &discovered, o, spec.as_ref()))
         .buffered(CONCURRENT_LOOKUPS)
         .collect()
         .await;
@@ -76,19 +94,27 @@ pub(super) async fn list(
     }
     let rows: Vec<Vec<String>> = objects
         .iter()
+        .zip(&specs)
         .zip(targets)
-        .map(|(o, target)| {
-            let spec = &o.data["spec"];
+        .map(|((o, spec), target)| {
             let name = o.metadata.name.clone().unwrap_or_default();
             let namespace = o.metadata.namespace.as_deref();
-            let reason = spec["reason"].as_str().unwrap_or_default();
-            let mut row = vec![
-                spec::describe_covers(&name, spec),
-                target.to_owned(),
-                spec::mode(spec),
-                spec::time_left(spec, now),
-                reason.split_whitespace().collect::<Vec<_>>().join(" "),
-            ];
+            let mut row = match spec {
+                Some(spec) => vec![
+                    spec::describe_covers(&name, spec),
+                    target.to_owned(),
+                    match unenforced(o, spec) {
+                        true => UNENFORCED.to_owned(),
+                        false => spec::mode(spec).to_owned(),
+                    },
+                    spec::time_left(spec, now),
+                    (spec.reason.as_deref().unwrap_or_default())
+                        .split_whitespace()
+                        .collect::<Vec<_>>()
+                        .join(" "),
+                ],
+                None => ["?", "-", "?", "?", ""].map(str::to_owned).to_vec(),
+            };
             row.insert(0, lock_kind(namespace.is_some()).to_owned());
             row.insert(0, name);
             if args.all_namespaces {
@@ -97,10 +123,37 @@ pub(super) async fn list(
             row
         })
         .collect();
+    let marked = objects
+        .iter()
+        .zip(&specs)
+        .any(|(o, spec)| spec.as_ref().is_some_and(|spec| unenforced(o, spec)));
+    if marked {
+        notes.push(format!(
+            "locks marked {UNENFORCED} are never enforced: the webhook registration leaves out {}",
+            api::EXCLUDED_NAMESPACES.join(" and ")
+        ));
+    }
     Ok(Report {
         stdout: table(&header, &rows),
         notes,
     })
+}
+
+/// The MODE of a lock the webhook never hears of.
+const UNENFORCED: &str = "unenforced";
+
+/// A Lock in a namespace the registration leaves out, or a ClusterLock that can only cover one
+/// of those Namespaces.
+fn unenforced(lock: &DynamicObject, spec: &LockSpec) -> bool {
+    match lock.metadata.namespace.as_deref() {
+        Some(ns) => api::is_excluded_namespace(ns),
+        None => {
+            let name = lock.metadata.name.as_deref().unwrap_or_default();
+            api::is_excluded_namespace(name)
+                && spec::single_resource(spec)
+                    .is_some_and(|(g, r)| g.is_empty() && r == "namespaces")
+        }
+    }
 }
 
 /// TARGET: `exists` or `missing` when the lock names one object that can be looked up, `-`
@@ -109,8 +162,9 @@ async fn target_state(
     cluster: &Cluster,
     discovered: &Discovered,
     lock: &DynamicObject,
+    spec: Option<&LockSpec>,
 ) -> &'static str {
-    let Some((group, plural)) = spec::single_resource(&lock.data["spec"]) else {
+    let Some((group, plural)) = spec.and_then(spec::single_resource) else {
         return "-";
     };
     let namespace = lock.metadata.namespace.as_deref();

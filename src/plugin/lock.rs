@@ -21,6 +21,13 @@ pub(super) async fn lock(
     let cluster = Cluster::connect(connection).await?;
     let mut notes = vec![];
     let target = Target::resolve(&cluster, connection, &args.target, &mut notes).await?;
+    if let Some(why) = target.unenforced() {
+        let lock = target.lock().to_string();
+        if !args.force_unenforced {
+            return Err(PluginError::Unenforced { lock, why });
+        }
+        notes.push(format!("{lock} is not enforced: {why}"));
+    }
     if !args.allow_missing {
         let api = cluster.api(&target.resource.api_resource(), target.namespace.as_deref());
         if let Err(e) = api.get(&target.name).await {
@@ -44,8 +51,9 @@ pub(super) async fn lock(
     };
     let lock = target.lock();
     let namespaced = lock.namespace.is_some();
+    let spec = serde_json::to_value(new.to_spec()).expect("a LockSpec has string keys only");
     let mut object = DynamicObject::new(&lock.name, &lock_resource(namespaced))
-        .data(serde_json::json!({ "spec": new.to_json() }));
+        .data(serde_json::json!({ "spec": spec }));
     object.metadata.namespace = lock.namespace.clone();
     if let Err(e) = lock
         .api(&cluster)
@@ -113,10 +121,14 @@ pub(super) async fn unlock(
         Err(e) if status_code(&e) == Some(404) => return Err(no_lock(String::new())),
         Err(e) => return Err(cluster.failed(&e, format!("cannot read {lock}"))),
     };
-    let lock_spec = &existing.data["spec"];
-    if !spec::covers(lock_spec, &target.resource.group, &target.resource.plural) {
-        let covered = spec::describe_covers(&lock.name, lock_spec);
-        return Err(no_lock(format!(" ({lock} covers {covered} only)")));
+    let lock_spec = spec::parse(&existing.data["spec"])
+        .map_err(|e| no_lock(format!(" ({lock} has a spec that is not a lock spec: {e})")))?;
+    if !spec::covers(&lock_spec, &target.resource.group, &target.resource.plural) {
+        let why = match spec::describe_covers(&lock.name, &lock_spec) {
+            covered if covered == "no resource" => format!(" ({lock} covers no resource)"),
+            covered => format!(" ({lock} covers {covered} only)"),
+        };
+        return Err(no_lock(why));
     }
     // Delete the lock that was checked, not one created since under the same name.
     let params = DeleteParams {

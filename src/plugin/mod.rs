@@ -4,8 +4,10 @@
 //!
 //! One binary, `kubectl-lock`, also installed as `kubectl-unlock` ([`cli::parse`] tells them
 //! apart by the name it was started as). Resources are resolved through API discovery the way
-//! kubectl resolves them ([`discovery`]). Locks are read and written as `DynamicObject`s in the
-//! wire format of `objectlock.dev/v1alpha1`, so the plugin shares no Rust types with the webhook.
+//! kubectl resolves them ([`discovery`]). Locks travel as `DynamicObject`s of
+//! `objectlock.dev/v1alpha1`, but their specs are the crate's [`crate::api::LockSpec`], and what
+//! a spec covers is the decision's own [`crate::admission::decide::covers_resource`]: a lock
+//! means the same to the plugin as to the webhook.
 
 pub mod cli;
 pub mod discovery;
@@ -15,9 +17,9 @@ mod lock;
 mod spec;
 
 use kube::api::{Api, ApiResource, DynamicObject};
-use kube::config::{KubeConfigOptions, Kubeconfig};
 
 use crate::api;
+use crate::kubeconfig::{self, KubeconfigError};
 use cli::ConnectionArgs;
 pub use cli::{Invocation, LockCommand, one_line, parse};
 use discovery::{Discovered, ResolveError, ResourceArg, ResourceType};
@@ -54,31 +56,19 @@ struct Cluster {
 
 impl Cluster {
     async fn connect(args: &ConnectionArgs) -> Result<Cluster, PluginError> {
-        let options = KubeConfigOptions {
-            context: args.context.clone(),
-            ..KubeConfigOptions::default()
-        };
-        let kubeconfig_error = |path: Option<&std::path::Path>, message: String| {
-            let path = path
-                .map(|p| format!(" {}", p.display()))
-                .unwrap_or_default();
-            PluginError::Kubeconfig { path, message }
-        };
-        let config = match (&args.kubeconfig, &args.context) {
-            (Some(path), _) => {
-                let kubeconfig = Kubeconfig::read_from(path)
-                    .map_err(|e| kubeconfig_error(Some(path), e.to_string()))?;
-                kube::Config::from_custom_kubeconfig(kubeconfig, &options)
-                    .await
-                    .map_err(|e| kubeconfig_error(Some(path), e.to_string()))?
-            }
-            (None, Some(_)) => kube::Config::from_kubeconfig(&options)
-                .await
-                .map_err(|e| kubeconfig_error(None, e.to_string()))?,
-            (None, None) => kube::Config::infer()
-                .await
-                .map_err(|e| PluginError::NoConfig(e.to_string()))?,
-        };
+        let config = kubeconfig::load(args.kubeconfig.as_deref(), args.context.as_deref())
+            .await
+            .map_err(|e| match e {
+                KubeconfigError::File { path, message } => PluginError::Kubeconfig {
+                    path: format!(" {}", path.display()),
+                    message,
+                },
+                KubeconfigError::Context(message) => PluginError::Kubeconfig {
+                    path: String::new(),
+                    message,
+                },
+                KubeconfigError::NoConfig(message) => PluginError::NoConfig(message),
+            })?;
         let url = config.cluster_url.to_string();
         let url = url.strip_suffix('/').unwrap_or(&url).to_owned();
         let default_namespace = config.default_namespace.clone();
@@ -186,6 +176,18 @@ impl Target {
         })
     }
 
+    /// Why a lock on this object is never enforced: it is in (or is) a namespace that the
+    /// webhook registration leaves out.
+    fn unenforced(&self) -> Option<String> {
+        let is_namespace = self.resource.group.is_empty() && self.resource.plural == "namespaces";
+        let namespace = match &self.namespace {
+            Some(ns) => ns,
+            None if is_namespace => &self.name,
+            None => return None,
+        };
+        api::is_excluded_namespace(namespace).then(|| unenforced_because(namespace))
+    }
+
     /// The lock of this object: same name, same namespace.
     fn lock(&self) -> LockRef {
         LockRef {
@@ -233,6 +235,14 @@ impl std::fmt::Display for LockRef {
             None => write!(f, "{} {}", self.kind(), self.name),
         }
     }
+}
+
+/// Why nothing in `namespace` is enforced.
+fn unenforced_because(namespace: &str) -> String {
+    format!(
+        "the webhook registration leaves out namespace \"{namespace}\" (nothing in {} is sent to the webhook)",
+        api::EXCLUDED_NAMESPACES.join(" or ")
+    )
 }
 
 fn lock_kind(namespaced: bool) -> &'static str {

@@ -1,14 +1,16 @@
-//! A lock's `spec` as JSON: written by `kubectl lock`, read by `list` and `unlock`.
-//!
-//! Fields (all optional): `reason`, `operations`, `resources` (`[{apiGroups, resources}]`),
-//! `selector` (a LabelSelector), `exempt` (`{users, groups, serviceAccounts}`), `expiresAt`
-//! (RFC 3339) and `mode` (`Enforce` or `Warn`).
+//! A lock's spec, as the crate's [`LockSpec`]: written by `kubectl lock`, read by `list` and
+//! `unlock`. What a spec covers is decided by [`decide::covers_resource`], the function the
+//! webhook enforces, so the plugin and the webhook cannot disagree on what a lock means.
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
 use k8s_openapi::jiff::Timestamp;
-use serde_json::{Map, Value, json};
+use serde::Deserialize;
+use serde_json::Value;
 
 use super::cli::Operation;
 use super::discovery::qualified;
+use crate::admission::decide;
+use crate::api::{Exemptions, LockMode, LockOperation, LockSpec, ResourceRule};
 
 /// What `kubectl lock` writes into a new lock's spec.
 pub(super) struct NewSpec<'a> {
@@ -24,27 +26,30 @@ pub(super) struct NewSpec<'a> {
 
 impl NewSpec<'_> {
     /// The spec, covering `plural` in `group` only.
-    pub fn to_json(&self) -> Value {
-        let mut spec = Map::new();
-        let rule = json!({ "apiGroups": [self.group], "resources": [self.plural] });
-        spec.insert("resources".into(), json!([rule]));
-        if let Some(reason) = self.reason {
-            spec.insert("reason".into(), json!(reason));
+    pub fn to_spec(&self) -> LockSpec {
+        LockSpec {
+            reason: self.reason.map(str::to_owned),
+            operations: (!self.operations.is_empty()).then(|| {
+                self.operations
+                    .iter()
+                    .map(|o| match o {
+                        Operation::Update => LockOperation::Update,
+                        Operation::Delete => LockOperation::Delete,
+                    })
+                    .collect()
+            }),
+            resources: Some(vec![ResourceRule {
+                api_groups: vec![self.group.to_owned()],
+                resources: vec![self.plural.to_owned()],
+            }]),
+            selector: None,
+            exempt: (!self.exempt_users.is_empty()).then(|| Exemptions {
+                users: self.exempt_users.to_vec(),
+                ..Exemptions::default()
+            }),
+            expires_at: self.expires_at.map(Time),
+            mode: self.warn.then_some(LockMode::Warn),
         }
-        if !self.operations.is_empty() {
-            let operations: Vec<_> = self.operations.iter().map(|o| o.as_str()).collect();
-            spec.insert("operations".into(), json!(operations));
-        }
-        if !self.exempt_users.is_empty() {
-            spec.insert("exempt".into(), json!({ "users": self.exempt_users }));
-        }
-        if let Some(at) = self.expires_at {
-            spec.insert("expiresAt".into(), json!(at.to_string()));
-        }
-        if self.warn {
-            spec.insert("mode".into(), json!("Warn"));
-        }
-        Value::Object(spec)
     }
 
     /// `UPDATE, DELETE; warn only; exempt alice; until 2026-11-22T05:00:00Z`.
@@ -71,102 +76,87 @@ impl NewSpec<'_> {
     }
 }
 
-/// The strings of a JSON array; empty when it is missing or not an array.
-fn strings(value: &Value) -> Vec<&str> {
-    value
-        .as_array()
-        .map(|items| items.iter().filter_map(Value::as_str).collect())
-        .unwrap_or_default()
-}
-
-/// The `(apiGroups, resources)` of each entry of `spec.resources`; a missing list means any.
-fn rules(spec: &Value) -> Vec<(Vec<&str>, Vec<&str>)> {
-    fn or_any(list: Vec<&str>) -> Vec<&str> {
-        if list.is_empty() { vec!["*"] } else { list }
+/// The spec of a lock object read from the API server (a missing spec is the empty one).
+pub(super) fn parse(spec: &Value) -> Result<LockSpec, serde_json::Error> {
+    match spec {
+        Value::Null => Ok(LockSpec::default()),
+        spec => LockSpec::deserialize(spec),
     }
-    let rules = spec["resources"].as_array().into_iter().flatten();
-    rules
-        .map(|r| {
-            (
-                or_any(strings(&r["apiGroups"])),
-                or_any(strings(&r["resources"])),
-            )
-        })
-        .collect()
 }
 
-/// Whether the spec covers objects of `plural` in `group` (no `resources`: every resource).
-pub(super) fn covers(spec: &Value, group: &str, plural: &str) -> bool {
-    let rules = rules(spec);
-    rules.is_empty()
-        || rules.iter().any(|(groups, resources)| {
-            groups.iter().any(|g| *g == group || *g == "*")
-                && resources.iter().any(|r| *r == plural || *r == "*")
-        })
+/// Whether the spec covers objects of `plural` in `group`, as the webhook decides it.
+pub(super) fn covers(spec: &LockSpec, group: &str, plural: &str) -> bool {
+    decide::covers_resource(spec, group, plural, None)
+}
+
+/// The `(group, resource)` pairs `spec.resources` names; `None` without `resources`.
+fn pairs(spec: &LockSpec) -> Option<Vec<(&str, &str)>> {
+    let rules = spec.resources.as_ref()?;
+    Some(
+        rules
+            .iter()
+            .flat_map(|rule| {
+                rule.api_groups
+                    .iter()
+                    .flat_map(move |g| rule.resources.iter().map(move |r| (g.as_str(), r.as_str())))
+            })
+            .collect(),
+    )
 }
 
 /// The COVERS column: `deployments.apps`, `any resource named web`, `selector app=web`.
-pub(super) fn describe_covers(name: &str, spec: &Value) -> String {
-    let resources: Vec<String> = rules(spec)
-        .iter()
-        .flat_map(|(groups, resources)| {
-            groups
+pub(super) fn describe_covers(name: &str, spec: &LockSpec) -> String {
+    let resources = match pairs(spec) {
+        None => None,
+        Some(pairs) if pairs.is_empty() => Some("no resource".to_owned()),
+        Some(pairs) => Some(
+            pairs
                 .iter()
-                .flat_map(move |g| resources.iter().map(move |r| qualified(g, r)))
-        })
-        .collect();
-    let selector = spec.get("selector").filter(|s| s.is_object());
-    match (resources.is_empty(), selector) {
-        (true, None) => format!("any resource named {name}"),
-        (true, Some(selector)) => format!("selector {}", describe_selector(selector)),
-        (false, None) => resources.join(","),
-        (false, Some(selector)) => format!(
-            "{} selector {}",
-            resources.join(","),
-            describe_selector(selector)
+                .map(|(g, r)| qualified(g, r))
+                .collect::<Vec<_>>()
+                .join(","),
         ),
+    };
+    match (resources, &spec.selector) {
+        (None, None) => format!("any resource named {name}"),
+        (None, Some(selector)) => format!("selector {}", describe_selector(selector)),
+        (Some(resources), None) => resources,
+        (Some(resources), Some(selector)) => {
+            format!("{resources} selector {}", describe_selector(selector))
+        }
     }
 }
 
 /// The one resource whose object of the lock's name can be looked up: a single group and
 /// resource, no wildcard and no selector.
-pub(super) fn single_resource(spec: &Value) -> Option<(String, String)> {
-    if spec.get("selector").is_some_and(|s| !s.is_null()) {
+pub(super) fn single_resource(spec: &LockSpec) -> Option<(String, String)> {
+    if spec.selector.is_some() {
         return None;
     }
-    match rules(spec).as_slice() {
-        [(groups, resources)] => match (groups.as_slice(), resources.as_slice()) {
-            ([group], [plural]) if *group != "*" && *plural != "*" && !plural.contains('/') => {
-                Some(((*group).to_owned(), (*plural).to_owned()))
-            }
-            _ => None,
-        },
+    match pairs(spec)?.as_slice() {
+        [(group, plural)] if *group != "*" && *plural != "*" && !plural.contains('/') => {
+            Some(((*group).to_owned(), (*plural).to_owned()))
+        }
         _ => None,
     }
 }
 
 /// A LabelSelector as kubectl writes one: `app=web,tier in (a,b),!canary`.
-fn describe_selector(selector: &Value) -> String {
-    let mut terms: Vec<String> = selector["matchLabels"]
-        .as_object()
-        .map(|labels| {
-            labels
-                .iter()
-                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
-                .collect()
-        })
-        .unwrap_or_default();
-    for expression in selector["matchExpressions"]
-        .as_array()
-        .into_iter()
+fn describe_selector(selector: &LabelSelector) -> String {
+    let mut terms: Vec<String> = selector
+        .match_labels
+        .iter()
         .flatten()
-    {
-        let key = expression["key"].as_str().unwrap_or_default();
-        let values = strings(&expression["values"]).join(",");
-        terms.push(match expression["operator"].as_str().unwrap_or_default() {
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    for expression in selector.match_expressions.iter().flatten() {
+        let key = &expression.key;
+        let values = expression.values.iter().flatten().cloned();
+        let values = values.collect::<Vec<_>>().join(",");
+        terms.push(match expression.operator.as_str() {
             "In" => format!("{key} in ({values})"),
             "NotIn" => format!("{key} notin ({values})"),
-            "Exists" => key.to_owned(),
+            "Exists" => key.clone(),
             "DoesNotExist" => format!("!{key}"),
             other => format!("{key} {other} ({values})"),
         });
@@ -179,19 +169,19 @@ fn describe_selector(selector: &Value) -> String {
 }
 
 /// The MODE column: `Enforce` unless the spec says otherwise.
-pub(super) fn mode(spec: &Value) -> String {
-    spec["mode"].as_str().unwrap_or("Enforce").to_owned()
+pub(super) fn mode(spec: &LockSpec) -> &'static str {
+    match spec.mode.unwrap_or_default() {
+        LockMode::Enforce => "Enforce",
+        LockMode::Warn => "Warn",
+    }
 }
 
 /// The EXPIRES column: the time left (`1h59m`), `expired`, or `never`.
-pub(super) fn time_left(spec: &Value, now: Timestamp) -> String {
-    let Some(text) = spec["expiresAt"].as_str() else {
+pub(super) fn time_left(spec: &LockSpec, now: Timestamp) -> String {
+    let Some(at) = &spec.expires_at else {
         return "never".to_owned();
     };
-    let Ok(at) = text.parse::<Timestamp>() else {
-        return text.to_owned();
-    };
-    let left = at.duration_since(now).as_secs();
+    let left = at.0.duration_since(now).as_secs();
     if left <= 0 {
         return "expired".to_owned();
     }
@@ -209,6 +199,11 @@ pub(super) fn time_left(spec: &Value, now: Timestamp) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
+
+    fn spec(value: Value) -> LockSpec {
+        parse(&value).expect("a valid spec")
+    }
 
     #[test]
     fn a_new_spec_has_only_what_was_asked() {
@@ -223,8 +218,10 @@ mod tests {
             expires_at: Some(at),
             warn: true,
         };
+        let written = full.to_spec();
+        assert_eq!(written.validate(), Ok(()));
         assert_eq!(
-            full.to_json(),
+            serde_json::to_value(&written).expect("json"),
             json!({
                 "resources": [{ "apiGroups": ["apps"], "resources": ["deployments"] }],
                 "reason": "release freeze",
@@ -248,7 +245,7 @@ mod tests {
             warn: false,
         };
         assert_eq!(
-            bare.to_json(),
+            serde_json::to_value(bare.to_spec()).expect("json"),
             json!({ "resources": [{ "apiGroups": [""], "resources": ["configmaps"] }] })
         );
         assert_eq!(bare.summary(), "UPDATE, DELETE");
@@ -257,40 +254,68 @@ mod tests {
     #[test]
     fn what_a_spec_covers() {
         let deployments =
-            json!({ "resources": [{ "apiGroups": ["apps"], "resources": ["deployments"] }] });
+            spec(json!({ "resources": [{ "apiGroups": ["apps"], "resources": ["deployments"] }] }));
         assert!(covers(&deployments, "apps", "deployments"));
         assert!(!covers(&deployments, "", "services"));
-        assert!(covers(&json!({}), "", "services"));
-        let wild = json!({ "resources": [{ "apiGroups": ["*"], "resources": ["*"] }] });
+        assert!(covers(&spec(json!({})), "", "services"));
+        assert!(covers(&LockSpec::default(), "", "services"));
+        let wild = spec(json!({ "resources": [{ "apiGroups": ["*"], "resources": ["*"] }] }));
         assert!(covers(&wild, "rbac.authorization.k8s.io", "roles"));
 
         assert_eq!(describe_covers("web", &deployments), "deployments.apps");
-        assert_eq!(describe_covers("web", &json!({})), "any resource named web");
-        let two = json!({ "resources": [{ "apiGroups": ["", "apps"], "resources": ["configmaps"] }],
+        assert_eq!(
+            describe_covers("web", &spec(json!({}))),
+            "any resource named web"
+        );
+        let two = spec(
+            json!({ "resources": [{ "apiGroups": ["", "apps"], "resources": ["configmaps"] }],
             "selector": { "matchLabels": { "app": "web" },
               "matchExpressions": [{ "key": "tier", "operator": "In", "values": ["a", "b"] },
-                                   { "key": "canary", "operator": "DoesNotExist" }] } });
+                                   { "key": "canary", "operator": "DoesNotExist" }] } }),
+        );
         assert_eq!(
             describe_covers("web", &two),
             "configmaps,configmaps.apps selector app=web,tier in (a,b),!canary"
         );
-        let selector = json!({ "selector": { "matchLabels": { "app": "web" } } });
+        let selector = spec(json!({ "selector": { "matchLabels": { "app": "web" } } }));
         assert_eq!(describe_covers("web", &selector), "selector app=web");
 
         assert_eq!(
             single_resource(&deployments),
             Some(("apps".into(), "deployments".into()))
         );
-        for not_one in [json!({}), two, selector, wild] {
-            assert_eq!(single_resource(&not_one), None, "{not_one}");
+        for not_one in [spec(json!({})), two, selector, wild] {
+            assert_eq!(single_resource(&not_one), None, "{not_one:?}");
         }
+    }
+
+    /// A rule with an empty list matches nothing in the webhook, so it covers nothing here.
+    #[test]
+    fn empty_lists_cover_nothing_as_in_the_decision() {
+        for value in [
+            json!({"resources": [{"apiGroups": [], "resources": ["configmaps"]}]}),
+            json!({"resources": [{"apiGroups": [""], "resources": []}]}),
+        ] {
+            let spec = spec(value);
+            assert!(!covers(&spec, "", "configmaps"), "{spec:?}");
+            assert_eq!(describe_covers("x", &spec), "no resource");
+            assert_eq!(single_resource(&spec), None);
+        }
+    }
+
+    #[test]
+    fn specs_that_are_not_lock_specs_are_errors() {
+        assert_eq!(parse(&Value::Null).expect("no spec"), LockSpec::default());
+        assert!(parse(&json!({"mode": "Audit"})).is_err());
+        assert!(parse(&json!({"expiresAt": "soon"})).is_err());
+        assert!(parse(&json!("text")).is_err());
     }
 
     #[test]
     fn time_left_is_short() {
         let now: Timestamp = "2026-01-01T00:00:00Z".parse().expect("time");
-        let left = |at: &str| time_left(&json!({ "expiresAt": at }), now);
-        assert_eq!(time_left(&json!({}), now), "never");
+        let left = |at: &str| time_left(&spec(json!({ "expiresAt": at })), now);
+        assert_eq!(time_left(&spec(json!({})), now), "never");
         assert_eq!(left("2025-12-31T23:59:59Z"), "expired");
         assert_eq!(left("2026-01-01T00:00:00Z"), "expired");
         assert_eq!(left("2026-01-01T00:00:42Z"), "42s");
@@ -299,8 +324,7 @@ mod tests {
         assert_eq!(left("2026-01-01T02:00:00Z"), "2h");
         assert_eq!(left("2026-01-03T04:05:00Z"), "2d4h");
         assert_eq!(left("2026-01-08T00:00:00Z"), "7d");
-        assert_eq!(left("soon"), "soon");
-        assert_eq!(mode(&json!({})), "Enforce");
-        assert_eq!(mode(&json!({ "mode": "Warn" })), "Warn");
+        assert_eq!(mode(&spec(json!({}))), "Enforce");
+        assert_eq!(mode(&spec(json!({ "mode": "Warn" }))), "Warn");
     }
 }

@@ -1,0 +1,89 @@
+//! Finding the cluster as kubectl does: an explicit kubeconfig file, else `KUBECONFIG` or
+//! `~/.kube/config`, else the in-cluster service account; `context` picks a context.
+//!
+//! `serve` and the `kubectl lock` plugin both start here, so that one flag means the same
+//! thing to both; each turns [`KubeconfigError`] into its own message.
+
+use std::path::{Path, PathBuf};
+
+use kube::config::{KubeConfigOptions, Kubeconfig};
+
+/// Why no client configuration could be made.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeconfigError {
+    /// The named file cannot be read or used.
+    #[error("{}: {message}", path.display())]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// The default kubeconfig has no usable context (the one asked for is missing, ...).
+    #[error("{0}")]
+    Context(String),
+    /// Nothing configured: no kubeconfig anywhere, and not running in a cluster.
+    #[error("{0}")]
+    NoConfig(String),
+}
+
+/// The client configuration for `kubeconfig` (else the usual places) and `context` (else the
+/// current one).
+pub async fn load(
+    kubeconfig: Option<&Path>,
+    context: Option<&str>,
+) -> Result<kube::Config, KubeconfigError> {
+    let options = KubeConfigOptions {
+        context: context.map(str::to_owned),
+        ..KubeConfigOptions::default()
+    };
+    match (kubeconfig, context) {
+        (Some(path), _) => {
+            let error = |message: String| KubeconfigError::File {
+                path: path.to_owned(),
+                message,
+            };
+            let file = Kubeconfig::read_from(path).map_err(|e| error(e.to_string()))?;
+            kube::Config::from_custom_kubeconfig(file, &options)
+                .await
+                .map_err(|e| error(e.to_string()))
+        }
+        (None, Some(_)) => kube::Config::from_kubeconfig(&options)
+            .await
+            .map_err(|e| KubeconfigError::Context(e.to_string())),
+        (None, None) => kube::Config::infer()
+            .await
+            .map_err(|e| KubeconfigError::NoConfig(e.to_string())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KUBECONFIG: &str = "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:6443\ncontexts:\n- name: one\n  context:\n    cluster: c\n    namespace: prod\n- name: two\n  context:\n    cluster: c\ncurrent-context: one\n";
+
+    #[tokio::test]
+    async fn a_file_and_a_context() {
+        let file = tempfile::NamedTempFile::new().expect("temp");
+        std::fs::write(file.path(), KUBECONFIG).expect("write");
+        let config = load(Some(file.path()), None).await.expect("loads");
+        assert_eq!(config.default_namespace, "prod");
+        let config = load(Some(file.path()), Some("two")).await.expect("loads");
+        assert_eq!(config.default_namespace, "default");
+        let err = load(Some(file.path()), Some("three"))
+            .await
+            .expect_err("no such context");
+        assert!(
+            matches!(&err, KubeconfigError::File { path, .. } if path == file.path()),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("three"), "{err}");
+        let missing = Path::new("/nonexistent/kubeconfig");
+        let err = load(Some(missing), None).await.expect_err("missing");
+        assert!(
+            err.to_string().starts_with("/nonexistent/kubeconfig: "),
+            "{err}"
+        );
+    }
+}
