@@ -57,6 +57,11 @@ impl Serve {
         client_ca: bool,
         env: &[(&str, &str)],
     ) -> Result<Serve> {
+        // Else the readiness check below would take the other process for ours.
+        ensure!(
+            std::net::TcpStream::connect(("127.0.0.1", PORT)).is_err(),
+            "127.0.0.1:{PORT} is in use by another process (an earlier run's webhook?)"
+        );
         let log = File::options()
             .create(true)
             .append(true)
