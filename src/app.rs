@@ -20,6 +20,8 @@ use crate::locks::LockSource;
 use crate::locks::files::{FilesError, FilesSource};
 use crate::locks::kube::{CacheConfig, KubeSource};
 use crate::metrics::{Metrics, ScopeLabels, SourceMetrics};
+use crate::registration::conditions::Limits as NarrowLimits;
+use crate::registration::writer::{Narrower, NarrowerConfig};
 use crate::server::{self, Drain, Limits};
 use crate::settings::Settings;
 use crate::status::Reporting;
@@ -161,6 +163,36 @@ pub async fn lock_source_with_metrics(
     })
 }
 
+/// The writer keeping the webhook configuration narrowed, when reading locks from a cluster
+/// with `registration.narrow` on. It has its own client (and watches), so that it does not
+/// depend on how the admission path reads locks.
+async fn narrower(settings: &Settings, metrics: &Metrics) -> Result<Option<Narrower>, StartError> {
+    if settings.locks.dir.is_some() || !settings.registration.narrow {
+        info!(
+            "the webhook configuration is not narrowed (registration.narrow = false or a locks directory)"
+        );
+        return Ok(None);
+    }
+    let client = kube::Client::try_from(kube_config(settings).await?).map_err(|e| {
+        StartError::Kubeconfig {
+            path: String::new(),
+            message: e.to_string(),
+        }
+    })?;
+    let config = NarrowerConfig {
+        name: settings.registration.name.clone(),
+        limits: NarrowLimits {
+            max_names: settings.registration.max_names,
+            ..NarrowLimits::default()
+        },
+    };
+    Ok(Some(Narrower::new(
+        client,
+        config,
+        metrics.registration.clone(),
+    )))
+}
+
 async fn kube_config(settings: &Settings) -> Result<kube::Config, StartError> {
     let (path, context) = (&settings.kube.kubeconfig, &settings.kube.context);
     kubeconfig::load(path.as_deref(), context.as_deref())
@@ -189,6 +221,7 @@ pub struct Webhook {
     metrics: Arc<Metrics>,
     metrics_listener: Option<TcpListener>,
     reporting: Option<Reporting>,
+    narrower: Option<Narrower>,
 }
 
 impl Webhook {
@@ -202,8 +235,10 @@ impl Webhook {
         tls::check_covers_url(&tls::load_pair(cert, key)?, &settings.webhook.url)?;
         let metrics = Arc::new(Metrics::new());
         let source = lock_source_with_metrics(&settings, true, metrics.source.clone()).await?;
+        let narrower = narrower(&settings, &metrics).await?;
         let mut webhook =
             Webhook::bind_with_source(settings.clone(), source, metrics.clone()).await?;
+        webhook.narrower = narrower;
         // Lock status and events exist only in a cluster.
         if settings.locks.dir.is_none() {
             webhook.reporting = Some(reporting(&settings, &metrics).await?);
@@ -274,6 +309,7 @@ impl Webhook {
             metrics,
             metrics_listener,
             reporting: None,
+            narrower: None,
         })
     }
 
@@ -287,6 +323,15 @@ impl Webhook {
     /// The lock source.
     pub fn source(&self) -> Arc<dyn LockSource> {
         self.source.source.clone()
+    }
+
+    /// What the narrowed registration says once written and read back, when this instance keeps
+    /// it (`None`: broad or files source). A Lock is enforced through the API server only once
+    /// [`crate::registration::writer::Registered::covers`] it.
+    pub fn registered(
+        &self,
+    ) -> Option<tokio::sync::watch::Receiver<crate::registration::writer::Registered>> {
+        self.narrower.as_ref().map(Narrower::registered)
     }
 
     /// The served certificate store.
@@ -319,7 +364,9 @@ impl Webhook {
             metrics,
             metrics_listener,
             reporting,
+            narrower,
         } = self;
+        let narrowing = narrower.map(|n| tokio::spawn(n.run()));
         let mut reviewer = Reviewer::with_metrics(
             source.source.clone(),
             settings.review_policy(),
@@ -394,7 +441,7 @@ impl Webhook {
         if let Some(reporting) = reporting {
             reporting.stop(REPORTING_GRACE).await;
         }
-        for task in [Some(reloading), Some(watchdog), source.refresh]
+        for task in [Some(reloading), Some(watchdog), source.refresh, narrowing]
             .into_iter()
             .flatten()
         {

@@ -18,6 +18,7 @@ pub mod kubeconfig;
 pub mod locks;
 pub mod metrics;
 pub mod plugin;
+pub mod registration;
 pub mod server;
 pub mod settings;
 pub mod status;

@@ -92,7 +92,15 @@ async fn serve(args: &cli::ServeArgs) -> anyhow::Result<ExitCode> {
 fn manifests(command: &cli::ManifestsCommand) -> anyhow::Result<()> {
     use kube_object_lock::cli::manifests as m;
     match command {
-        cli::ManifestsCommand::Cluster(args) => print!("{}", m::cluster(&args.registration()?)?),
+        cli::ManifestsCommand::Cluster(args) => {
+            let reg = args.registration.registration()?;
+            let yaml = if args.broad {
+                m::cluster_broad(&reg)?
+            } else {
+                m::cluster(&reg)?
+            };
+            print!("{yaml}")
+        }
         cli::ManifestsCommand::Static(args) => {
             print!("{}", m::static_manifest(&args.registration()?)?)
         }

@@ -185,6 +185,8 @@ pub struct Metrics {
     pub invalid: Counter,
     /// Lock status writes and refusal events.
     pub enforcement: crate::status::EnforcementMetrics,
+    /// The narrowed registration.
+    pub registration: crate::registration::writer::RegistrationMetrics,
 }
 
 impl Default for Metrics {
@@ -276,6 +278,8 @@ impl Metrics {
         );
         registry.register("build_info", "Build information", build);
         let enforcement = crate::status::EnforcementMetrics::registered(&mut registry);
+        let registration = crate::registration::writer::RegistrationMetrics::default();
+        registration.register(&mut registry);
         Metrics {
             enforcement,
             registry,
@@ -284,6 +288,7 @@ impl Metrics {
             locks,
             certificate_expiry,
             invalid,
+            registration,
         }
     }
 

@@ -42,6 +42,8 @@ pub struct Settings {
     pub metrics: MetricsSettings,
     /// This instance, as lock status and events name it.
     pub instance: InstanceSettings,
+    /// The webhook configuration narrowed to the locked names.
+    pub registration: RegistrationSettings,
 }
 
 /// This instance, as lock status and events name it.
@@ -50,6 +52,28 @@ pub struct Settings {
 pub struct InstanceSettings {
     /// Unique, stable name of this instance; empty = the host name.
     pub name: String,
+}
+
+/// The webhook configuration narrowed to the locked names (cluster source only).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RegistrationSettings {
+    /// Keep the configuration's matchConditions narrowed to the locked names.
+    pub narrow: bool,
+    /// Name of the ValidatingWebhookConfiguration to keep narrowed.
+    pub name: String,
+    /// More live locks than this: the broad registration (every UPDATE and DELETE is sent).
+    pub max_names: usize,
+}
+
+impl Default for RegistrationSettings {
+    fn default() -> Self {
+        RegistrationSettings {
+            narrow: true,
+            name: "kube-object-lock".to_owned(),
+            max_names: 2_000,
+        }
+    }
 }
 
 /// The Prometheus endpoint.
@@ -218,6 +242,7 @@ impl Default for Settings {
             log: LogSettings::default(),
             metrics: MetricsSettings::default(),
             instance: InstanceSettings::default(),
+            registration: RegistrationSettings::default(),
         }
     }
 }
@@ -462,6 +487,15 @@ impl Settings {
             && let Err(message) = crate::status::check_instance_name(&self.instance.name)
         {
             return fail("instance.name", &message);
+        }
+        if !(1..=100_000).contains(&self.registration.max_names) {
+            return fail("registration.max_names", "must be between 1 and 100000");
+        }
+        if self.registration.name.is_empty() {
+            return fail(
+                "registration.name",
+                "must name the ValidatingWebhookConfiguration",
+            );
         }
         if self.tls.max_reload_failures == 0 {
             return fail("tls.max_reload_failures", "must be at least 1");

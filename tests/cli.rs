@@ -416,3 +416,26 @@ fn manifests_print_registration_and_write_the_api_server_side() {
         assert!(stderr(&out).contains(needle), "{args:?}: {}", stderr(&out));
     }
 }
+
+#[test]
+fn manifests_cluster_is_narrowed_unless_broad() {
+    let ca = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/examples/example-ca.crt");
+    let narrowed = run(bin().args(["manifests", "cluster", "--ca-file"]).arg(&ca));
+    assert!(narrowed.status.success(), "{}", stderr(&narrowed));
+    let text = String::from_utf8_lossy(&narrowed.stdout);
+    assert!(text.contains("name: may-be-locked"), "{text}");
+    assert!(text.contains("validatingwebhookconfigurations"), "{text}");
+    let broad = run(bin()
+        .args(["manifests", "cluster", "--broad", "--ca-file"])
+        .arg(&ca));
+    assert!(broad.status.success(), "{}", stderr(&broad));
+    let text = String::from_utf8_lossy(&broad.stdout);
+    assert!(!text.contains("may-be-locked"), "{text}");
+    assert!(!text.contains("validatingwebhookconfigurations"), "{text}");
+    // The static variant is always broad: the flag is not one of its flags.
+    let out = run(bin()
+        .args(["manifests", "static", "--broad", "--ca-file"])
+        .arg(&ca));
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("--broad"), "{}", stderr(&out));
+}

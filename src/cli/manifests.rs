@@ -359,18 +359,45 @@ pub fn rbac(identity: &Identity) -> (ClusterRole, ClusterRoleBinding) {
     (role, binding)
 }
 
-/// Everything for `kubectl apply -f -`: CRDs, RBAC, webhook configuration.
+/// Everything for `kubectl apply -f -`: CRDs, RBAC, webhook configuration. Narrowed: the
+/// configuration starts matching nothing locked (the running webhook adds the locked names) and
+/// the role may keep that one configuration up to date.
 pub fn cluster(reg: &Registration) -> Result<String, ManifestsError> {
-    let mut out = api::crds_yaml().map_err(|e| ManifestsError::Yaml(e.to_string()))?;
+    let (mut role, binding) = rbac(&reg.identity);
+    role.rules
+        .get_or_insert_with(Vec::new)
+        .push(crate::registration::rbac_rule(NAME));
+    let mut config = webhook_configuration(reg, NAME);
+    config.webhooks = Some(
+        crate::registration::starting_point(config.webhooks.as_deref().unwrap_or_default())
+            .map_err(|e| ManifestsError::Yaml(e.to_string()))?,
+    );
+    cluster_yaml(&role, &binding, &config)
+}
+
+/// Like [`cluster`], broad: every UPDATE and DELETE is sent to the webhook, which never writes
+/// its configuration (for clusters that do not let it).
+pub fn cluster_broad(reg: &Registration) -> Result<String, ManifestsError> {
     let (role, binding) = rbac(&reg.identity);
-    push(&mut out, &role)?;
-    push(&mut out, &binding)?;
-    push(&mut out, &webhook_configuration(reg, NAME))?;
+    cluster_yaml(&role, &binding, &webhook_configuration(reg, NAME))
+}
+
+fn cluster_yaml(
+    role: &ClusterRole,
+    binding: &ClusterRoleBinding,
+    config: &ValidatingWebhookConfiguration,
+) -> Result<String, ManifestsError> {
+    let mut out = api::crds_yaml().map_err(|e| ManifestsError::Yaml(e.to_string()))?;
+    push(&mut out, role)?;
+    push(&mut out, binding)?;
+    push(&mut out, config)?;
     Ok(out)
 }
 
 /// The manifest-based variant (Kubernetes ≥ 1.37): a file for the API server's
-/// `staticManifestsDir`, active before the API serves and not deletable through it.
+/// `staticManifestsDir`, active before the API serves and not deletable through it. Always
+/// broad: these files are read by the API server at start and cannot be written through the
+/// API, so the running webhook cannot narrow them to the locked names.
 pub fn static_manifest(reg: &Registration) -> Result<String, ManifestsError> {
     let mut out = String::new();
     push(&mut out, &webhook_configuration(reg, STATIC_NAME))?;

@@ -123,7 +123,7 @@ pub struct CertsArgs {
 pub enum ManifestsCommand {
     /// CRDs, a ClusterRole reading locks and its binding, and the ValidatingWebhookConfiguration,
     /// for `kubectl apply -f -`.
-    Cluster(RegistrationArgs),
+    Cluster(ClusterArgs),
     /// The API server's side of mTLS: an AdmissionConfiguration (for
     /// --admission-control-config-file) and the kubeconfig holding its client certificate, whose
     /// users[].name is the URL's host:port.
@@ -131,6 +131,18 @@ pub enum ManifestsCommand {
     /// The manifest-based webhook configuration (Kubernetes >= 1.37) to place in the API
     /// server's staticManifestsDir: active before the API serves, not deletable through it.
     Static(RegistrationArgs),
+}
+
+/// Flags of `manifests cluster`.
+#[derive(Debug, Args)]
+pub struct ClusterArgs {
+    /// The registration.
+    #[command(flatten)]
+    pub registration: RegistrationArgs,
+    /// Send every UPDATE and DELETE to the webhook, and do not let it write its configuration
+    /// (default: narrowed to the locked names, kept up to date by the webhook).
+    #[arg(long)]
+    pub broad: bool,
 }
 
 /// How the webhook is registered.

@@ -48,6 +48,16 @@ pub struct Serve {
 impl Serve {
     /// Starts `serve` on [`PORT`]; with `client_ca`, client certificates are required (mTLS).
     pub fn start(bin: &Path, files: &Files, client_ca: bool) -> Result<Serve> {
+        Serve::start_with(bin, files, client_ca, &[])
+    }
+
+    /// Like [`Serve::start`], with extra environment (settings) for `serve`.
+    pub fn start_with(
+        bin: &Path,
+        files: &Files,
+        client_ca: bool,
+        env: &[(&str, &str)],
+    ) -> Result<Serve> {
         // Else the readiness check below would take the other process for ours.
         ensure!(
             std::net::TcpStream::connect(("127.0.0.1", PORT)).is_err(),
@@ -73,6 +83,7 @@ impl Serve {
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);
+        cmd.envs(env.iter().copied());
         if client_ca {
             cmd.env(
                 "KUBE_OBJECT_LOCK__TLS__CLIENT_CA",

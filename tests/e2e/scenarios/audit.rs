@@ -29,6 +29,13 @@ pub fn run(ctx: &Ctx) -> Result<()> {
     ctx.lock(&ns, "exempt", json!({"exempt": {"users": [auditor]}}))?;
     ctx.lock(&ns, "expired", json!({"expiresAt": "2020-01-01T00:00:00Z"}))?;
     ctx.lock(&ns, "sentinel", json!({}))?;
+    // The narrowed registration leaves expired locks out; a selector Lock that matches nothing
+    // sends the whole namespace, so the write under the expired lock still reaches the webhook.
+    ctx.lock(
+        &ns,
+        "send-all",
+        json!({"selector": {"matchLabels": {"objectlock.dev/e2e-none": "x"}}}),
+    )?;
     ctx.update_enforced(&format!("/api/v1/namespaces/{ns}/configmaps/sentinel"))?;
 
     let as_auditor = format!("--as={auditor}");

@@ -23,6 +23,17 @@ pub fn run(ctx: &Ctx) -> Result<()> {
     let n = ns.as_str();
     ctx.configmap(&ns, "x", json!({}))?;
     let path = format!("/api/v1/namespaces/{ns}/configmaps/x");
+    // Only requests a Lock could concern reach the webhook (the registration is narrowed): a
+    // Warn lock sends x's writes there and still lets them through once lookups work again.
+    ctx.lock(&ns, "x", json!({"mode": "Warn"}))?;
+    let start = Instant::now();
+    while ctx.rest().probe_update(&path)?.warnings.is_empty() {
+        ensure!(
+            start.elapsed() < Duration::from_secs(30),
+            "the Warn lock on x never warned"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     ctx.k(&["delete", "clusterrolebinding", "kube-object-lock"])
         .check()?;
     let result = restart_webhook(ctx).and_then(|()| check(ctx, n, &path));

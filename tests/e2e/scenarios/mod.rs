@@ -9,6 +9,7 @@ mod latency;
 mod lookup_error;
 mod mtls;
 mod namespaces;
+mod narrowing;
 mod plugin;
 mod pods;
 mod restart;
@@ -52,6 +53,7 @@ pub fn all() -> Vec<Scenario> {
         parallel("fake-parity", fake_parity::run),
         // Alone, so that its figures are not those of a loaded machine.
         alone("latency", latency::run),
+        alone("narrowing", narrowing::run),
         alone("apiserver-restart", restart::run),
         alone("audit", audit::run),
         alone("mtls", mtls::run),

@@ -1,0 +1,342 @@
+//! The pure part of the narrowed registration: from the live locks, the CEL `matchConditions`
+//! that let the API server call the webhook only for requests a lock could concern.
+//!
+//! Everything else is decided by the API server in-process and never waits on (or fails
+//! because of) the webhook. The output is deterministic (sorted), so every instance computes
+//! the same registration from the same locks and writes converge.
+//!
+//! Shape of one condition: a string literal of `|`-separated keys and `contains`, e.g.
+//! `'|prod/app-config|prod/web|'.contains('|' + namespace + '/' + name + '|')`. A string
+//! literal is a constant of the compiled expression; a CEL list or map literal would be rebuilt
+//! on every evaluation, its cost growing with the number of locks. One expression may hold at
+//! most 100,000 code points, so the keys are cut into chunks of [`Limits::chunk_chars`], each in
+//! its own webhook entry of the same configuration. A key lives in exactly one chunk, and the
+//! keys a request can hit are all in one chunk, so a request is sent at most once.
+//!
+//! What is sent to the webhook (the namespaced entries):
+//! - UPDATE/DELETE of an object named like a Lock in its namespace; the name is `request.name`,
+//!   or `oldObject.metadata.name` when the API server leaves the name out (DELETECOLLECTION
+//!   items); evictions too (`request.name` is the pod's);
+//! - everything in a namespace holding a selector Lock (any name may be selected);
+//!
+//! and (the cluster-scoped entries):
+//! - UPDATE/DELETE of a cluster-scoped object named like a ClusterLock;
+//! - DELETE of a Namespace that holds Locks (refused or warned about while they live).
+//!
+//! Expired locks are left out; [`Plan::next_expiry`] says when to compute again.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::jiff::Timestamp;
+
+use crate::locks::{LockKind, LockRef};
+
+/// Name of the condition holding the locked keys in each narrowed webhook entry.
+pub const CONDITION_NAME: &str = "may-be-locked";
+
+/// The name of the object a request concerns: `request.name`, or for DELETECOLLECTION items
+/// (no `request.name`) `oldObject.metadata.name`. Guarded with `has`: an evaluation error would
+/// refuse the request under `failurePolicy: Fail`.
+pub const NAME_EXPR: &str = "(has(request.name) && request.name != '' ? request.name : (oldObject != null && has(oldObject.metadata) && has(oldObject.metadata.name) ? oldObject.metadata.name : ''))";
+
+/// The request's namespace, `''` when absent.
+pub const NAMESPACE_EXPR: &str = "(has(request.namespace) ? request.namespace : '')";
+
+/// Bounds of the narrowed registration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// More live locks than this: the broad registration.
+    pub max_names: usize,
+    /// Most characters of keys in one expression (the API server allows 100,000 code points).
+    pub chunk_chars: usize,
+    /// Most characters of keys in all expressions together (the configuration must stay far
+    /// below the 1.5 MiB an object may take in etcd).
+    pub max_total_chars: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_names: 2_000,
+            chunk_chars: 30_000,
+            max_total_chars: 700_000,
+        }
+    }
+}
+
+/// Why the broad registration is used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BroadReason {
+    /// More live locks than `registration.max_names`.
+    #[error(
+        "{names} live locks exceed registration.max_names ({max}): every UPDATE and DELETE is sent to the webhook"
+    )]
+    TooManyNames {
+        /// Live locks.
+        names: usize,
+        /// The bound.
+        max: usize,
+    },
+    /// The keys would make the configuration too large.
+    #[error(
+        "the locked names take {chars} characters, more than {max} for one configuration: every UPDATE and DELETE is sent to the webhook"
+    )]
+    TooLarge {
+        /// Characters of keys.
+        chars: usize,
+        /// The bound.
+        max: usize,
+    },
+    /// A name that cannot be written into a CEL string literal (never one the API server
+    /// accepts for a Lock).
+    #[error(
+        "lock name {0:?} cannot be written into a CEL condition: every UPDATE and DELETE is sent to the webhook"
+    )]
+    UnsafeName(String),
+}
+
+/// What the registration should say.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    /// Live (not expired) locks counted against [`Limits::max_names`].
+    pub names: usize,
+    /// The earliest `expiresAt` of a live lock: the plan changes then.
+    pub next_expiry: Option<Timestamp>,
+    /// Narrowed conditions or the broad registration.
+    pub scope: Scope,
+}
+
+/// Narrowed or broad.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Scope {
+    /// One `may-be-locked` expression per webhook entry; never empty (the first entry of each
+    /// kind always exists, `false` when nothing is locked).
+    Narrow {
+        /// For the namespaced entries.
+        namespaced: Vec<String>,
+        /// For the cluster-scoped entries.
+        cluster: Vec<String>,
+    },
+    /// Every UPDATE and DELETE goes to the webhook, as without narrowing.
+    Broad(BroadReason),
+}
+
+/// Computes the plan for `locks` at `now`.
+pub fn plan<'a>(
+    locks: impl IntoIterator<Item = &'a LockRef>,
+    now: Timestamp,
+    limits: &Limits,
+) -> Plan {
+    let mut names = 0usize;
+    let mut next_expiry: Option<Timestamp> = None;
+    // Namespace -> Some(names) for named Locks only, None once a selector Lock is seen.
+    let mut namespaces: BTreeMap<&str, Option<BTreeSet<&str>>> = BTreeMap::new();
+    let mut cluster_locks: BTreeSet<&str> = BTreeSet::new();
+    let mut unsafe_name = None;
+    for lock in locks {
+        if lock.spec.is_expired(now) {
+            continue;
+        }
+        names += 1;
+        if let Some(at) = lock.spec.expires_at.as_ref().map(|t| t.0) {
+            next_expiry = Some(next_expiry.map_or(at, |n| n.min(at)));
+        }
+        for part in [Some(lock.name.as_str()), lock.namespace.as_deref()]
+            .into_iter()
+            .flatten()
+        {
+            if !is_safe(part) {
+                unsafe_name.get_or_insert_with(|| part.to_owned());
+            }
+        }
+        match (lock.kind, lock.namespace.as_deref()) {
+            (LockKind::ClusterLock, _) | (LockKind::Lock, None) => {
+                cluster_locks.insert(&lock.name);
+            }
+            (LockKind::Lock, Some(ns)) => {
+                let entry = namespaces
+                    .entry(ns)
+                    .or_insert_with(|| Some(BTreeSet::new()));
+                match (entry, lock.spec.selector.is_some()) {
+                    (entry, true) => *entry = None,
+                    (Some(set), false) => {
+                        set.insert(&lock.name);
+                    }
+                    (None, false) => {}
+                }
+            }
+        }
+    }
+    let broad = |reason| Plan {
+        names,
+        next_expiry,
+        scope: Scope::Broad(reason),
+    };
+    if names > limits.max_names {
+        return broad(BroadReason::TooManyNames {
+            names,
+            max: limits.max_names,
+        });
+    }
+    if let Some(name) = unsafe_name {
+        return broad(BroadReason::UnsafeName(name));
+    }
+
+    // Namespaced keys, in namespace order: a selector namespace is one key; otherwise one key
+    // per locked name.
+    let mut namespaced = Chunks::new(limits.chunk_chars);
+    for (ns, content) in &namespaces {
+        match content {
+            None => namespaced.push(&[(0, ns.to_string())]),
+            Some(set) => {
+                for name in set {
+                    namespaced.push(&[(1, format!("{ns}/{name}"))]);
+                }
+            }
+        }
+    }
+    // Cluster keys, in name order; a name that is both a ClusterLock and a namespace holding
+    // Locks stays in one chunk, so a Namespace deletion hits one entry.
+    let mut by_name: BTreeMap<&str, (bool, bool)> = BTreeMap::new();
+    for name in &cluster_locks {
+        by_name.entry(name).or_default().0 = true;
+    }
+    for ns in namespaces.keys() {
+        by_name.entry(ns).or_default().1 = true;
+    }
+    let mut cluster = Chunks::new(limits.chunk_chars);
+    for (name, (locked, holds_locks)) in by_name {
+        let keys: Vec<(usize, String)> = [(locked, 0), (holds_locks, 1)]
+            .into_iter()
+            .filter(|(on, _)| *on)
+            .map(|(_, list)| (list, name.to_owned()))
+            .collect();
+        cluster.push(&keys);
+    }
+    let chars = namespaced.total + cluster.total;
+    if chars > limits.max_total_chars {
+        return broad(BroadReason::TooLarge {
+            chars,
+            max: limits.max_total_chars,
+        });
+    }
+    Plan {
+        names,
+        next_expiry,
+        scope: Scope::Narrow {
+            namespaced: namespaced.finish().iter().map(namespaced_expr).collect(),
+            cluster: cluster.finish().iter().map(cluster_expr).collect(),
+        },
+    }
+}
+
+/// Characters that need no escaping in a single-quoted CEL string and cannot be confused with
+/// the separators `|` and `/`. Lock names are DNS subdomains, namespaces DNS labels.
+fn is_safe(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_' | b':'))
+}
+
+/// Keys cut into chunks of at most `budget` characters; each chunk holds two key lists.
+struct Chunks {
+    budget: usize,
+    done: Vec<[Vec<String>; 2]>,
+    current: [Vec<String>; 2],
+    size: usize,
+    total: usize,
+}
+
+impl Chunks {
+    fn new(budget: usize) -> Self {
+        Chunks {
+            budget,
+            done: Vec::new(),
+            current: Default::default(),
+            size: 0,
+            total: 0,
+        }
+    }
+
+    /// Adds keys that must stay together (each goes to list `.0`).
+    fn push(&mut self, keys: &[(usize, String)]) {
+        let cost: usize = keys.iter().map(|(_, k)| k.len() + 1).sum();
+        if self.size > 0 && self.size + cost > self.budget {
+            self.done.push(std::mem::take(&mut self.current));
+            self.size = 0;
+        }
+        for (list, key) in keys {
+            self.current[*list].push(key.clone());
+        }
+        self.size += cost;
+        self.total += cost;
+    }
+
+    /// The chunks; at least one, possibly empty.
+    fn finish(mut self) -> Vec<[Vec<String>; 2]> {
+        if self.size > 0 || self.done.is_empty() {
+            self.done.push(self.current);
+        }
+        self.done
+    }
+}
+
+/// `'|a|b|'`: keys between separators, so that `'|' + key + '|'` matches whole keys only.
+fn literal(keys: &[String]) -> String {
+    let mut out = String::with_capacity(keys.iter().map(|k| k.len() + 1).sum::<usize>() + 3);
+    out.push_str("'|");
+    for key in keys {
+        out.push_str(key);
+        out.push('|');
+    }
+    out.push('\'');
+    out
+}
+
+fn or(parts: Vec<String>) -> String {
+    if parts.is_empty() {
+        "false".to_owned()
+    } else {
+        parts.join(" || ")
+    }
+}
+
+/// Namespaced entry: list 0 = namespaces with a selector Lock, list 1 = `namespace/name`.
+fn namespaced_expr([selector_namespaces, names]: &[Vec<String>; 2]) -> String {
+    let mut parts = Vec::new();
+    if !selector_namespaces.is_empty() {
+        parts.push(format!(
+            "{}.contains('|' + {NAMESPACE_EXPR} + '|')",
+            literal(selector_namespaces)
+        ));
+    }
+    if !names.is_empty() {
+        parts.push(format!(
+            "{}.contains('|' + {NAMESPACE_EXPR} + '/' + {NAME_EXPR} + '|')",
+            literal(names)
+        ));
+    }
+    or(parts)
+}
+
+/// Cluster entry: list 0 = ClusterLock names, list 1 = namespaces holding Locks.
+fn cluster_expr([cluster_locks, namespaces]: &[Vec<String>; 2]) -> String {
+    let mut parts = Vec::new();
+    if !cluster_locks.is_empty() {
+        parts.push(format!(
+            "{}.contains('|' + {NAME_EXPR} + '|')",
+            literal(cluster_locks)
+        ));
+    }
+    if !namespaces.is_empty() {
+        parts.push(format!(
+            "(request.resource.group == '' && request.resource.resource == 'namespaces' && request.operation == 'DELETE' && {}.contains('|' + {NAME_EXPR} + '|'))",
+            literal(namespaces)
+        ));
+    }
+    or(parts)
+}
+
+#[cfg(test)]
+mod tests;

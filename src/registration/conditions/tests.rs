@@ -1,0 +1,333 @@
+use super::*;
+use crate::api::LockSpec;
+
+fn now() -> Timestamp {
+    "2026-11-22T12:00:00Z".parse().expect("time")
+}
+
+fn spec(json: serde_json::Value) -> LockSpec {
+    serde_json::from_value(json).expect("spec")
+}
+
+fn fixture(name: &str) -> serde_json::Value {
+    let path = format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(&path).expect("fixture");
+    serde_json::from_str(&text).expect("json")
+}
+
+/// Evaluates `expression` as the API server does for a matchCondition: `request` without the
+/// objects, `object` and `oldObject` (null when absent).
+fn eval(expression: &str, review: &serde_json::Value) -> bool {
+    let mut request = review["request"].clone();
+    let map = request.as_object_mut().expect("request object");
+    let object = map.remove("object").unwrap_or(serde_json::Value::Null);
+    let old_object = map.remove("oldObject").unwrap_or(serde_json::Value::Null);
+    let program = cel::Program::compile(expression)
+        .unwrap_or_else(|e| panic!("{expression} does not compile: {e:?}"));
+    let mut context = cel::Context::default();
+    for (name, value) in [
+        ("request", request),
+        ("object", object),
+        ("oldObject", old_object),
+    ] {
+        context
+            .add_variable(name, cel::to_value(value).expect("value"))
+            .expect("variable");
+    }
+    match program.execute(&context) {
+        Ok(cel::Value::Bool(b)) => b,
+        other => panic!("{expression} gave {other:?}"),
+    }
+}
+
+/// Whether some entry of the plan sends `review`, and how many do.
+fn sends(plan: &Plan, review: &serde_json::Value) -> usize {
+    let Scope::Narrow {
+        namespaced,
+        cluster,
+    } = &plan.scope
+    else {
+        panic!("broad: {plan:?}");
+    };
+    let entries = if review["request"]["namespace"].is_string()
+        && review["request"]["resource"]["resource"] != "namespaces"
+    {
+        namespaced
+    } else {
+        cluster
+    };
+    entries.iter().filter(|e| eval(e, review)).count()
+}
+
+fn with(review: &str, edits: &[(&str, serde_json::Value)]) -> serde_json::Value {
+    let mut value = fixture(review);
+    for (pointer, new) in edits {
+        *value.pointer_mut(pointer).expect("pointer") = new.clone();
+    }
+    value
+}
+
+fn sample_locks() -> Vec<LockRef> {
+    vec![
+        LockRef::lock("demo-015226", "locked-a", LockSpec::default()),
+        LockRef::lock("demo-015226", "locked-sweep2", LockSpec::default()),
+        LockRef::lock("lock-demo", "evict-me", LockSpec::default()),
+        LockRef::lock("lock-doomed", "doomed-cm", LockSpec::default()),
+        LockRef::lock(
+            "selected",
+            "by-label",
+            spec(serde_json::json!({"selector": {"matchLabels": {"app": "web"}}})),
+        ),
+        LockRef::cluster_lock("lock-demo-reader", LockSpec::default()),
+        LockRef::lock(
+            "demo-015226",
+            "free-a",
+            spec(serde_json::json!({"expiresAt": "2026-11-22T11:00:00Z"})),
+        ),
+        LockRef::lock(
+            "demo-015226",
+            "later",
+            spec(serde_json::json!({"expiresAt": "2026-11-22T13:00:00Z"})),
+        ),
+    ]
+}
+
+#[test]
+fn locked_names_are_sent_and_others_are_not() {
+    let plan = plan(&sample_locks(), now(), &Limits::default());
+    assert_eq!(plan.names, 7, "the expired lock is not counted");
+    assert_eq!(
+        plan.next_expiry,
+        Some("2026-11-22T13:00:00Z".parse().expect("time"))
+    );
+    for review in [
+        "configmap-delete-locked.json",
+        "configmap-update-put.json",
+        "configmap-update-merge-patch.json",
+        "configmap-delete-dryrun.json",
+    ] {
+        assert_eq!(sends(&plan, &fixture(review)), 1, "{review}");
+    }
+    // Another name in the same namespace; the same name in another namespace; an expired lock.
+    assert_eq!(sends(&plan, &fixture("configmap-delete-unlocked.json")), 0);
+    let elsewhere = with(
+        "configmap-delete-locked.json",
+        &[("/request/namespace", serde_json::json!("other"))],
+    );
+    assert_eq!(sends(&plan, &elsewhere), 0);
+    // A name that only contains a locked name.
+    let longer = with(
+        "configmap-delete-locked.json",
+        &[("/request/name", serde_json::json!("locked-a2"))],
+    );
+    assert_eq!(sends(&plan, &longer), 0);
+}
+
+#[test]
+fn deletecollection_items_are_matched_by_the_old_objects_name() {
+    let plan = plan(&sample_locks(), now(), &Limits::default());
+    let item = fixture("configmap-deletecollection-item.json");
+    assert!(item["request"].get("name").is_none(), "no request.name");
+    assert_eq!(sends(&plan, &item), 1);
+    assert_eq!(
+        sends(&plan, &fixture("namespace-deletion-item-delete.json")),
+        1
+    );
+    let other = with(
+        "configmap-deletecollection-item.json",
+        &[("/request/oldObject/metadata/name", serde_json::json!("x"))],
+    );
+    assert_eq!(sends(&plan, &other), 0);
+    // An empty name is treated like an absent one.
+    let empty = with(
+        "configmap-deletecollection-item.json",
+        &[("/request/oldObject/metadata/name", serde_json::json!("x"))],
+    );
+    let mut empty = empty;
+    empty["request"]["name"] = serde_json::json!("");
+    empty["request"]["oldObject"]["metadata"]["name"] = serde_json::json!("locked-sweep2");
+    assert_eq!(sends(&plan, &empty), 1);
+}
+
+#[test]
+fn evictions_of_locked_pods_are_sent() {
+    let plan = plan(&sample_locks(), now(), &Limits::default());
+    let eviction = fixture("pod-eviction-create.json");
+    assert!(eviction["request"]["oldObject"].is_null());
+    assert_eq!(sends(&plan, &eviction), 1);
+    let other = with(
+        "pod-eviction-create.json",
+        &[("/request/name", serde_json::json!("another-pod"))],
+    );
+    assert_eq!(sends(&plan, &other), 0);
+}
+
+#[test]
+fn selector_namespaces_send_everything() {
+    let plan = plan(&sample_locks(), now(), &Limits::default());
+    for name in ["by-label", "anything", "web"] {
+        let review = with(
+            "secret-delete.json",
+            &[
+                ("/request/namespace", serde_json::json!("selected")),
+                ("/request/name", serde_json::json!(name)),
+            ],
+        );
+        assert_eq!(sends(&plan, &review), 1, "{name}");
+    }
+    // A selector Lock that expired no longer sends its namespace.
+    let expired = [LockRef::lock(
+        "selected",
+        "by-label",
+        spec(
+            serde_json::json!({"selector": {"matchLabels": {"app": "web"}}, "expiresAt": "2026-11-22T11:00:00Z"}),
+        ),
+    )];
+    let plan = super::plan(&expired, now(), &Limits::default());
+    let review = with(
+        "secret-delete.json",
+        &[("/request/namespace", serde_json::json!("selected"))],
+    );
+    assert_eq!(sends(&plan, &review), 0);
+}
+
+#[test]
+fn namespace_deletions_and_cluster_locks() {
+    let plan = plan(&sample_locks(), now(), &Limits::default());
+    // lock-doomed holds a Lock: its deletion is sent, its update (no ClusterLock) is not.
+    assert_eq!(sends(&plan, &fixture("namespace-delete.json")), 1);
+    let update = with(
+        "namespace-update.json",
+        &[
+            ("/request/namespace", serde_json::json!("lock-doomed")),
+            ("/request/name", serde_json::json!("lock-doomed")),
+        ],
+    );
+    assert_eq!(sends(&plan, &update), 0);
+    let empty_ns = with(
+        "namespace-delete.json",
+        &[
+            ("/request/namespace", serde_json::json!("empty")),
+            ("/request/name", serde_json::json!("empty")),
+        ],
+    );
+    assert_eq!(sends(&plan, &empty_ns), 0);
+    // ClusterLocks: UPDATE and DELETE of the named cluster-scoped object.
+    assert_eq!(sends(&plan, &fixture("clusterrole-delete.json")), 1);
+    assert_eq!(sends(&plan, &fixture("clusterrole-update.json")), 1);
+    let other = with(
+        "clusterrole-update.json",
+        &[("/request/name", serde_json::json!("edit"))],
+    );
+    assert_eq!(sends(&plan, &other), 0);
+    // A Namespace with a ClusterLock and Locks inside is sent once, not twice.
+    let mut locks = sample_locks();
+    locks.push(LockRef::cluster_lock("lock-doomed", LockSpec::default()));
+    let plan = super::plan(&locks, now(), &Limits::default());
+    assert_eq!(sends(&plan, &fixture("namespace-delete.json")), 1);
+}
+
+#[test]
+fn nothing_locked_sends_nothing() {
+    let plan = plan(&[], now(), &Limits::default());
+    assert_eq!(
+        plan.scope,
+        Scope::Narrow {
+            namespaced: vec!["false".to_owned()],
+            cluster: vec!["false".to_owned()],
+        }
+    );
+    assert_eq!(plan.next_expiry, None);
+    assert_eq!(sends(&plan, &fixture("configmap-delete-locked.json")), 0);
+}
+
+#[test]
+fn deterministic_whatever_the_order() {
+    let locks = sample_locks();
+    let mut reversed = locks.clone();
+    reversed.reverse();
+    assert_eq!(
+        plan(&locks, now(), &Limits::default()),
+        plan(&reversed, now(), &Limits::default())
+    );
+}
+
+#[test]
+fn beyond_max_names_falls_back_to_broad() {
+    let limits = Limits {
+        max_names: 3,
+        ..Limits::default()
+    };
+    let locks: Vec<_> = (0..4)
+        .map(|i| LockRef::lock("ns", &format!("n{i}"), LockSpec::default()))
+        .collect();
+    assert!(matches!(
+        plan(&locks[..3], now(), &limits).scope,
+        Scope::Narrow { .. }
+    ));
+    assert_eq!(
+        plan(&locks, now(), &limits).scope,
+        Scope::Broad(BroadReason::TooManyNames { names: 4, max: 3 })
+    );
+    let too_large = Limits {
+        max_total_chars: 20,
+        ..Limits::default()
+    };
+    assert!(matches!(
+        plan(&locks, now(), &too_large).scope,
+        Scope::Broad(BroadReason::TooLarge { .. })
+    ));
+    let odd = [LockRef::lock("ns", "a'b", LockSpec::default())];
+    assert!(matches!(
+        plan(&odd, now(), &Limits::default()).scope,
+        Scope::Broad(BroadReason::UnsafeName(_))
+    ));
+}
+
+/// The API server's limit on one expression.
+const MAX_CODE_POINTS: usize = 100_000;
+
+#[test]
+fn at_the_bound_every_expression_fits_and_each_name_hits_one_entry() {
+    let limits = Limits::default();
+    // Long names: 63-character namespaces and 200-character names, the bound's worth.
+    let ns = |i: usize| format!("{:a<63}", format!("ns{}-", i % 40));
+    let name = |i: usize| format!("{:b<200}", format!("n{i}-"));
+    let locks: Vec<_> = (0..limits.max_names)
+        .map(|i| LockRef::lock(&ns(i), &name(i), LockSpec::default()))
+        .collect();
+    let plan = plan(&locks, now(), &limits);
+    let Scope::Narrow {
+        namespaced,
+        cluster,
+    } = &plan.scope
+    else {
+        panic!("{:?}", plan.scope);
+    };
+    assert!(namespaced.len() > 1, "split into several entries");
+    for e in namespaced.iter().chain(cluster) {
+        assert!(e.chars().count() < MAX_CODE_POINTS / 2, "{}", e.len());
+    }
+    for i in [0, 1, 999, limits.max_names - 1] {
+        let review = with(
+            "configmap-delete-locked.json",
+            &[
+                ("/request/namespace", serde_json::json!(ns(i))),
+                ("/request/name", serde_json::json!(name(i))),
+            ],
+        );
+        assert_eq!(sends(&plan, &review), 1, "lock {i}");
+    }
+    let review = with(
+        "configmap-delete-locked.json",
+        &[("/request/namespace", serde_json::json!(ns(3)))],
+    );
+    assert_eq!(sends(&plan, &review), 0);
+    // One more lock: broad.
+    let mut more = locks;
+    more.push(LockRef::lock("x", "y", LockSpec::default()));
+    assert!(matches!(
+        super::plan(&more, now(), &limits).scope,
+        Scope::Broad(BroadReason::TooManyNames { .. })
+    ));
+}

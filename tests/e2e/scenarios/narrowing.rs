@@ -1,0 +1,319 @@
+//! The registration narrowed to the locked names: the API server accepts the CEL the webhook
+//! writes, sends it writes to locked objects only (counted by the API server's own
+//! `apiserver_admission_webhook_request_total`), goes broad beyond `registration.max_names`,
+//! and with the webhook stopped refuses only writes to locked objects. Figures: lock to
+//! enforcement including the registration update, and the cost per write of unlocked objects
+//! with 0 to 1,900 locked names (near the default bound).
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, ensure};
+use serde_json::{Value, json};
+
+use crate::env::WebhookMode;
+use crate::scenarios::latency::percentiles;
+use crate::suite::{Ctx, skip};
+use crate::webhook::{REGISTRATION, Serve};
+
+const VWC: &str = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations";
+const NAMESPACED: &str = "namespaced.objectlock.dev";
+
+pub fn run(ctx: &Ctx) -> Result<()> {
+    if ctx.env.cfg.mode != WebhookMode::Own {
+        return skip("KOL_E2E_WEBHOOK=external: the webhook is not the suite's to restart");
+    }
+    let ns = ctx.namespace("")?;
+    let rest = ctx.rest();
+    ctx.configmap(&ns, "locked", json!({}))?;
+    ctx.configmap(&ns, "free", json!({}))?;
+    let locked = format!("/api/v1/namespaces/{ns}/configmaps/locked");
+    let free = format!("/api/v1/namespaces/{ns}/configmaps/free");
+
+    // The webhook writes the name; the API server stores and evaluates the CEL.
+    ctx.lock(&ns, "locked", json!({}))?;
+    ctx.update_enforced(&locked)?;
+    ensure!(
+        registered(ctx, &format!("|{ns}/locked|"))?,
+        "the registration does not name {ns}/locked: {}",
+        conditions(ctx)?
+    );
+
+    // Unlocked writes are decided in the API server; locked ones reach the webhook.
+    let n = 40;
+    let before = webhook_calls(ctx)?;
+    for _ in 0..n {
+        rest.probe_update(&free)?
+            .allowed("update of an unlocked ConfigMap")?;
+    }
+    let unlocked_calls = webhook_calls(ctx)? - before;
+    let before = webhook_calls(ctx)?;
+    for _ in 0..n {
+        let reply = rest.probe_update(&locked)?;
+        ensure!(
+            reply.code == 403,
+            "a locked write was not refused: {}",
+            reply.code
+        );
+    }
+    let locked_calls = webhook_calls(ctx)? - before;
+    ctx.note(format!(
+        "{n} unlocked writes -> {unlocked_calls} webhook calls; {n} locked writes -> {locked_calls}"
+    ));
+    ensure!(
+        unlocked_calls < n / 4 && locked_calls >= n,
+        "unlocked writes reached the webhook ({unlocked_calls} calls for {n}) or locked ones did not ({locked_calls})"
+    );
+
+    // Lock to enforcement, the registration update included.
+    let mut enforce = Vec::new();
+    for i in 0..ctx.env.cfg.tries.min(20) {
+        let name = format!("t{i}");
+        ctx.configmap(&ns, &name, json!({}))?;
+        ctx.lock(&ns, &name, json!({}))?;
+        let e = ctx.update_enforced(&format!("/api/v1/namespaces/{ns}/configmaps/{name}"))?;
+        enforce.push(e.after);
+    }
+    ctx.figure(format!(
+        "narrowed: lock created -> first refused write: {}",
+        percentiles(&mut enforce)
+    ));
+
+    // The webhook stopped: only locked objects are refused.
+    restart_serve(ctx, &[], |ctx| {
+        rest.probe_update(&free)?
+            .allowed("unlocked update with the webhook stopped")?;
+        let reply = rest.probe_update(&locked)?;
+        ensure!(
+            !reply.ok() && reply.message().contains("failed calling webhook"),
+            "a locked update with the webhook stopped: {} {}",
+            reply.code,
+            reply.message()
+        );
+        ctx.note(
+            "webhook stopped: unlocked update allowed, locked update refused (failurePolicy Fail)",
+        );
+        Ok(())
+    })?;
+
+    // Beyond registration.max_names: broad, every write reaches the webhook.
+    restart_serve(
+        ctx,
+        &[("KUBE_OBJECT_LOCK__REGISTRATION__MAX_NAMES", "2")],
+        |ctx| {
+            let start = Instant::now();
+            while conditions(ctx)?
+                .lines()
+                .any(|l| !l.ends_with("may-be-locked: true"))
+            {
+                ensure!(
+                    start.elapsed() < Duration::from_secs(30),
+                    "the registration did not go broad"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let before = webhook_calls(ctx)?;
+            for _ in 0..10 {
+                rest.probe_update(&free)?
+                    .allowed("unlocked update, broad")?;
+            }
+            let calls = webhook_calls(ctx)? - before;
+            ensure!(
+                calls >= 10,
+                "broad, yet unlocked writes did not reach the webhook ({calls})"
+            );
+            ctx.note("beyond registration.max_names: broad, unlocked writes reach the webhook");
+            // The same measure as narrowed, for comparison: only the webhook's watch counts.
+            let mut enforce = Vec::new();
+            for i in 0..ctx.env.cfg.tries.min(20) {
+                let name = format!("b{i}");
+                ctx.configmap(&ns, &name, json!({}))?;
+                ctx.lock(&ns, &name, json!({}))?;
+                let path = format!("/api/v1/namespaces/{ns}/configmaps/{name}");
+                enforce.push(ctx.update_enforced(&path)?.after);
+            }
+            ctx.figure(format!(
+                "broad (same run): lock created -> first refused write: {}",
+                percentiles(&mut enforce)
+            ));
+            Ok(())
+        },
+    )?;
+    // Narrowed again once the bound is back.
+    let start = Instant::now();
+    while !registered(ctx, &format!("|{ns}/locked|"))? {
+        ensure!(
+            start.elapsed() < Duration::from_secs(30),
+            "not narrowed again"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // An expiring Lock leaves the registration at its expiresAt, without any event.
+    use k8s_openapi::jiff::{SignedDuration, Timestamp};
+    let at = Timestamp::now() + SignedDuration::from_secs(5);
+    let at_text = at.strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+    ctx.lock(&ns, "soon", json!({"expiresAt": at_text}))?;
+    let key = format!("|{ns}/soon|");
+    let start = Instant::now();
+    while !registered(ctx, &key)? {
+        ensure!(
+            start.elapsed() < Duration::from_secs(30),
+            "soon never registered"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    while registered(ctx, &key)? {
+        ensure!(
+            start.elapsed() < Duration::from_secs(40),
+            "an expired Lock stayed registered"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let expiry: Timestamp = at_text.parse()?;
+    ctx.note(format!(
+        "an expiring Lock left the registration {} ms after its expiresAt",
+        Timestamp::now().duration_since(expiry).as_millis()
+    ));
+
+    cost_per_write(ctx, &free)?;
+    Ok(())
+}
+
+/// Stops the suite's webhook, runs `with_stopped` (without a webhook when `env` is empty,
+/// else with one started with `env`), and starts the suite's webhook again.
+fn restart_serve(
+    ctx: &Ctx,
+    env: &[(&str, &str)],
+    with: impl FnOnce(&Ctx) -> Result<()>,
+) -> Result<()> {
+    let e = ctx.env;
+    if let Some(serve) = e.serve.lock().ok().and_then(|mut s| s.take()) {
+        serve.stop()?;
+    }
+    let other = if env.is_empty() {
+        None
+    } else {
+        Some(Serve::start_with(&e.cfg.server_bin, &e.files, false, env)?)
+    };
+    let result = with(ctx);
+    if let Some(other) = other {
+        other.stop()?;
+    }
+    let serve = Serve::start(&e.cfg.server_bin, &e.files, false)?;
+    if let Ok(mut s) = e.serve.lock() {
+        *s = Some(serve);
+    }
+    result
+}
+
+/// The `may-be-locked` conditions of the registration, one per line.
+fn conditions(ctx: &Ctx) -> Result<String> {
+    let reply = ctx.rest().get(&format!("{VWC}/{REGISTRATION}"))?;
+    ensure!(reply.ok(), "GET the registration: {}", reply.code);
+    let mut out = String::new();
+    for webhook in reply.body["webhooks"].as_array().into_iter().flatten() {
+        for c in webhook["matchConditions"].as_array().into_iter().flatten() {
+            if c["name"] == "may-be-locked" {
+                out.push_str(&format!(
+                    "{} may-be-locked: {}\n",
+                    webhook["name"].as_str().unwrap_or_default(),
+                    c["expression"].as_str().unwrap_or_default()
+                ));
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn registered(ctx: &Ctx, key: &str) -> Result<bool> {
+    Ok(conditions(ctx)?.contains(key))
+}
+
+/// Calls the API server made to the namespaced webhook so far (its own metric).
+fn webhook_calls(ctx: &Ctx) -> Result<u64> {
+    let reply = ctx.rest().get("/metrics")?;
+    let Value::String(text) = &reply.body else {
+        anyhow::bail!("/metrics: {} {}", reply.code, reply.body);
+    };
+    let label = format!("name=\"{NAMESPACED}\"");
+    let sum = |metric: &str| -> Option<u64> {
+        let lines: Vec<_> = text
+            .lines()
+            .filter(|l| l.starts_with(&format!("{metric}{{")) && l.contains(&label))
+            .collect();
+        (!lines.is_empty()).then(|| {
+            lines
+                .iter()
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum::<f64>() as u64
+        })
+    };
+    sum("apiserver_admission_webhook_request_total")
+        .or_else(|| sum("apiserver_admission_webhook_admission_duration_seconds_count"))
+        .or(Some(0))
+        .context("no webhook metric")
+}
+
+/// Bulk locks of the last step: the scenario's other locks (about 40) keep the total just
+/// under the default `registration.max_names` (2,000).
+const NEAR_BOUND: usize = 1900;
+
+/// Unlocked writes per second with 0 to 1,900 locked names (near the default bound) (Locks in a namespace of
+/// their own; the objects need not exist).
+fn cost_per_write(ctx: &Ctx, free: &str) -> Result<()> {
+    let bulk = ctx.namespace("bulk")?;
+    let mut have = 0usize;
+    let mut figures = Vec::new();
+    for target in [0usize, 10, 100, 1000, NEAR_BOUND] {
+        while have < target {
+            ctx.lock(&bulk, &format!("name-{have:05}"), json!({}))?;
+            have += 1;
+        }
+        if target > 0 {
+            let last = format!("|{bulk}/name-{:05}|", target - 1);
+            let start = Instant::now();
+            while !registered(ctx, &last)? {
+                ensure!(
+                    start.elapsed() < Duration::from_secs(60),
+                    "{target} names never registered"
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        figures.push(format!("{target} names: {}", measure(ctx, free)?));
+    }
+    // All bulk locks gone: the first figure again, same run.
+    ctx.rest()
+        .delete(&format!(
+            "/apis/objectlock.dev/v1alpha1/namespaces/{bulk}/locks"
+        ))?
+        .allowed("delete the bulk locks")?;
+    let start = Instant::now();
+    while registered(ctx, &format!("|{bulk}/"))? {
+        ensure!(
+            start.elapsed() < Duration::from_secs(60),
+            "bulk names never left"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    figures.push(format!("0 names again: {}", measure(ctx, free)?));
+    ctx.figure(format!(
+        "unlocked dry-run updates, one client, sequential: {}",
+        figures.join("; ")
+    ));
+    Ok(())
+}
+
+/// 300 sequential unlocked dry-run updates: rate and percentiles.
+fn measure(ctx: &Ctx, free: &str) -> Result<String> {
+    let writes = 300;
+    let mut took = Vec::with_capacity(writes);
+    let start = Instant::now();
+    for _ in 0..writes {
+        let t = Instant::now();
+        ctx.rest().probe_update(free)?.allowed("unlocked update")?;
+        took.push(t.elapsed());
+    }
+    let rate = writes as f64 / start.elapsed().as_secs_f64();
+    Ok(format!("{rate:.0} writes/s, {}", percentiles(&mut took)))
+}
