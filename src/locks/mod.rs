@@ -13,7 +13,7 @@ pub mod files;
 pub mod index;
 pub mod kube;
 pub mod parse;
-mod watch;
+pub mod watch;
 
 use std::fmt;
 use std::sync::Arc;

@@ -46,6 +46,20 @@ const HEALTHY_FOR: Duration = Duration::from_secs(1);
 const MIN_DELAY: Duration = Duration::from_millis(50);
 const MAX_DELAY: Duration = Duration::from_secs(1);
 
+/// The retry delays of every watch on Locks (this index's, and the other readers' that use
+/// kube-runtime's watcher): capped at [`MAX_DELAY`] so that a restarted API server is watched
+/// again within about a second of being ready, not after kube-runtime's default of up to 30 s.
+pub fn retry_backoff() -> ExponentialBackoff {
+    ExponentialBackoff::from(
+        backon::ExponentialBuilder::default()
+            .with_min_delay(MIN_DELAY)
+            .with_max_delay(MAX_DELAY)
+            .with_factor(2.0)
+            .with_jitter()
+            .without_max_times(),
+    )
+}
+
 /// The watch loop of one kind.
 pub(super) struct Writer {
     pub api: Api<DynamicObject>,
@@ -90,14 +104,7 @@ impl Writer {
 
     /// Runs until dropped.
     pub async fn run(self) {
-        let mut backoff = ExponentialBackoff::from(
-            backon::ExponentialBuilder::default()
-                .with_min_delay(MIN_DELAY)
-                .with_max_delay(MAX_DELAY)
-                .with_factor(2.0)
-                .with_jitter()
-                .without_max_times(),
-        );
+        let mut backoff = retry_backoff();
         self.publish_mode(WatchState::NotSynced);
         // Names of locks whose spec does not parse, for the metric.
         let mut unparseable: HashSet<(String, String)> = HashSet::new();

@@ -244,7 +244,7 @@ impl Narrower {
             api.clone(),
             watcher::Config::default().fields(&format!("metadata.name={}", self.config.name)),
         )
-        .default_backoff()
+        .backoff(crate::locks::watch::retry_backoff())
         .boxed();
         let mut locks = std::pin::pin!(locks);
         let mut view = LockView::default();
@@ -459,7 +459,7 @@ where
     let api: Api<K> = Api::all(client);
     let convert = Arc::new(convert);
     watcher(api, watcher::Config::default())
-        .default_backoff()
+        .backoff(crate::locks::watch::retry_backoff())
         .filter_map(move |event| {
             let convert = convert.clone();
             async move {

@@ -777,16 +777,23 @@ fn api_resources(group_version: &str) -> Vec<Value> {
             resource("clusterroles", "ClusterRole", false, &[], &[]),
             resource("roles", "Role", true, &[], &[]),
         ],
-        API_VERSION => vec![
-            resource(
-                "clusterlocks",
-                "ClusterLock",
-                false,
-                &["clk"],
-                &["objectlocks"],
-            ),
-            resource("locks", "Lock", true, &["lk"], &["objectlocks"]),
-        ],
+        API_VERSION => {
+            let status = &["get", "patch", "update"];
+            let mut clusterlocks_status = sub("clusterlocks/status", "ClusterLock", None, status);
+            clusterlocks_status["namespaced"] = json!(false);
+            vec![
+                resource(
+                    "clusterlocks",
+                    "ClusterLock",
+                    false,
+                    &["clk"],
+                    &["objectlocks"],
+                ),
+                clusterlocks_status,
+                resource("locks", "Lock", true, &["lk"], &["objectlocks"]),
+                sub("locks/status", "Lock", None, status),
+            ]
+        }
         _ => vec![],
     }
 }

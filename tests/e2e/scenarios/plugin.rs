@@ -112,8 +112,11 @@ pub fn run(ctx: &Ctx) -> Result<()> {
             "locked configmaps \"app-config\" in namespace \"{ns}\" with Lock {ns}/app-config (UPDATE, DELETE; until "
         ),
     )?;
+    // Confirmed in force before it says so: the status names an instance, a dry run is refused.
     ensure!(
-        out.stdout.trim_end().ends_with("): release freeze"),
+        out.stdout
+            .trim_end()
+            .ends_with("): release freeze (enforced by 1)"),
         "{}",
         out.stdout
     );
