@@ -3,6 +3,7 @@
 mod audit;
 mod cluster_locks;
 mod collections;
+mod enforcement;
 mod excluded;
 mod fake_parity;
 mod latency;
@@ -51,6 +52,7 @@ pub fn all() -> Vec<Scenario> {
         parallel("plugin", plugin::run),
         parallel("excluded-namespaces", excluded::run),
         parallel("fake-parity", fake_parity::run),
+        parallel("enforcement-visible", enforcement::run),
         // Alone, so that its figures are not those of a loaded machine.
         alone("latency", latency::run),
         alone("narrowing", narrowing::run),
