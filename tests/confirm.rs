@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kube_object_lock::app::Source;
-use kube_object_lock::locks::kube::{CacheConfig, KubeSource};
+use kube_object_lock::locks::kube::KubeSource;
 use kube_object_lock::metrics::Metrics;
 use kube_object_lock::status::Reporting;
 use serde_json::{Value, json};
@@ -55,11 +55,7 @@ async fn setup(webhook: bool, registered: bool) -> Setup {
             let metrics = Arc::new(Metrics::new());
             let source = KubeSource::with_metrics(
                 api.client(),
-                CacheConfig {
-                    ttl: Duration::from_secs(60),
-                    max_namespaces: 100,
-                    stale_after: Duration::from_secs(3),
-                },
+                support::cache_config(),
                 metrics.source.clone(),
             );
             let refresh = tokio::spawn(source.watch());

@@ -10,7 +10,7 @@ use kube_object_lock::admission::{OnLookupError, ReviewPolicy, Reviewer};
 use kube_object_lock::app::Source;
 use kube_object_lock::events::{self, EventSink, WriterConfig};
 use kube_object_lock::locks::LockSource;
-use kube_object_lock::locks::kube::{CacheConfig, KubeSource};
+use kube_object_lock::locks::kube::KubeSource;
 use kube_object_lock::metrics::Metrics;
 use kube_object_lock::status::{DropLabels, EnforcementMetrics, EventWriteLabels, Reporting, feed};
 use serde_json::{Value, json};
@@ -25,14 +25,7 @@ async fn reviewer(
     capacity: usize,
     metrics: &EnforcementMetrics,
 ) -> (Reviewer, tokio::sync::mpsc::Receiver<events::Refusal>) {
-    let source = KubeSource::new(
-        api.client(),
-        CacheConfig {
-            ttl: Duration::from_secs(60),
-            max_namespaces: 100,
-            stale_after: Duration::from_secs(3),
-        },
-    );
+    let source = KubeSource::new(api.client(), support::cache_config());
     tokio::spawn(source.watch());
     let deadline = Instant::now() + Duration::from_secs(10);
     while !source.is_ready() {
@@ -71,25 +64,6 @@ fn snapshots(
     rx
 }
 
-async fn until<T: std::fmt::Debug>(
-    what: &str,
-    read: impl Fn() -> T,
-    check: impl Fn(&T) -> bool,
-) -> T {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let value = read();
-        if check(&value) {
-            return value;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what}: never happened; last: {value:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 #[tokio::test]
 async fn a_client_retrying_in_a_loop_makes_one_series_and_at_most_two_writes() {
     support::init();
@@ -99,7 +73,7 @@ async fn a_client_retrying_in_a_loop_makes_one_series_and_at_most_two_writes() {
     let metrics = EnforcementMetrics::default();
     let (reviewer, queue) = reviewer(&api, 1024, &metrics).await;
     let locks = snapshots(&api);
-    until(
+    support::until(
         "the feed knows the lock",
         || locks.borrow().locks.len(),
         |n| *n == 1,
@@ -126,7 +100,7 @@ async fn a_client_retrying_in_a_loop_makes_one_series_and_at_most_two_writes() {
         assert!(!allowed(&reviewer, &with_dry_run("configmap-delete-locked.json")).await);
     }
     assert!(allowed(&reviewer, &fixture("configmap-delete-unlocked.json")).await);
-    until("the first write", || api.event_writes().len(), |n| *n >= 1).await;
+    support::until("the first write", || api.event_writes().len(), |n| *n >= 1).await;
     // Shutting down closes the queue: what is pending is written at once, then the writer ends.
     drop(reviewer);
     tokio::time::timeout(Duration::from_secs(10), writer)
@@ -278,11 +252,7 @@ async fn the_webhook_writes_status_and_events_and_withdraws_on_stop() {
     let metrics = Arc::new(Metrics::new());
     let source = KubeSource::with_metrics(
         api.client(),
-        CacheConfig {
-            ttl: Duration::from_secs(60),
-            max_namespaces: 100,
-            stale_after: Duration::from_secs(3),
-        },
+        support::cache_config(),
         metrics.source.clone(),
     );
     let refresh = tokio::spawn(source.watch());
@@ -298,7 +268,7 @@ async fn the_webhook_writes_status_and_events_and_withdraws_on_stop() {
         |_| {},
     )
     .await;
-    until(
+    support::until(
         "status shows the instance",
         || api.lock(NS, "locked-a").expect("lock")["status"]["enforcedCount"].clone(),
         |c| *c == 1,
@@ -320,7 +290,7 @@ async fn the_webhook_writes_status_and_events_and_withdraws_on_stop() {
             .await;
         assert_eq!(reply.json()["response"]["allowed"], false);
     }
-    until("the refusal's event", || api.events().len(), |n| *n == 1).await;
+    support::until("the refusal's event", || api.events().len(), |n| *n == 1).await;
     assert_eq!(
         status_writes(),
         before,

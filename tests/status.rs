@@ -5,7 +5,7 @@ mod support;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use kube_object_lock::status::{self, EnforcementMetrics, LockKey, LockSnapshot, feed};
 use serde_json::{Value, json};
@@ -60,26 +60,6 @@ impl Drop for Instance {
     }
 }
 
-/// Polls `read` until `check` holds (10 s at most: a hang fails, a slow machine does not).
-async fn until<T: std::fmt::Debug>(
-    what: &str,
-    read: impl Fn() -> T,
-    check: impl Fn(&T) -> bool,
-) -> T {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let value = read();
-        if check(&value) {
-            return value;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what}: never happened; last: {value:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 fn status_of(api: &FakeApiServer, ns: Option<&str>, name: &str) -> Value {
     let lock = match ns {
         Some(ns) => api.lock(ns, name),
@@ -129,7 +109,7 @@ async fn every_instance_records_itself_and_the_count_without_overwriting_the_oth
     let b = Instance::start(&api, "cp-2");
 
     for (ns, name) in [(Some("prod"), "web"), (None, "prod")] {
-        let status = until(
+        let status = support::until(
             "both instances enforce",
             || status_of(&api, ns, name),
             |s| instances(s) == ["cp-1", "cp-2"] && s["enforcedCount"] == 2,
@@ -157,7 +137,7 @@ async fn every_instance_records_itself_and_the_count_without_overwriting_the_oth
     // A new generation is recorded by each instance; `since` stays.
     let since = status_of(&api, Some("prod"), "web")["enforcedBy"][0]["since"].clone();
     api.create_lock("prod", "web", json!({"reason": "longer freeze"}));
-    let status = until(
+    let status = support::until(
         "generation 2 seen by both",
         || status_of(&api, Some("prod"), "web"),
         |s| {
@@ -172,7 +152,7 @@ async fn every_instance_records_itself_and_the_count_without_overwriting_the_oth
     // Nothing changes for prod/web: an unrelated lock costs it no write.
     let writes = status_writes(&api, "/namespaces/prod/locks/web/");
     api.create_lock("prod", "other", json!({}));
-    until(
+    support::until(
         "the other lock is enforced",
         || status_of(&api, Some("prod"), "other"),
         |s| s["enforcedCount"] == 2,
@@ -186,7 +166,7 @@ async fn every_instance_records_itself_and_the_count_without_overwriting_the_oth
 
     // An instance that stops withdraws its entry; the other's stays, the count follows.
     b.stop().await;
-    let status = until(
+    let status = support::until(
         "cp-2 withdrawn",
         || status_of(&api, Some("prod"), "web"),
         |s| instances(s) == ["cp-1"] && s["enforcedCount"] == 1,
@@ -194,7 +174,7 @@ async fn every_instance_records_itself_and_the_count_without_overwriting_the_oth
     .await;
     assert_eq!(condition(&status), ("True".into(), "Enforcing".into()));
     a.stop().await;
-    let status = until(
+    let status = support::until(
         "cp-1 withdrawn",
         || status_of(&api, Some("prod"), "web"),
         |s| instances(s).is_empty(),
@@ -225,7 +205,7 @@ async fn locks_that_are_not_enforced_say_why() {
         ("old", "prod", "Expired"),
         ("coredns", "kube-system", "NotSentToWebhook"),
     ] {
-        let status = until(
+        let status = support::until(
             reason,
             || status_of(&api, Some(ns), name),
             |s| !s["conditions"].is_null(),
@@ -239,13 +219,13 @@ async fn locks_that_are_not_enforced_say_why() {
         assert!(instances(&status).is_empty(), "{name}: {status}");
         assert_eq!(status["enforcedCount"], 0, "{name}");
     }
-    until(
+    support::until(
         "soon is enforced first",
         || status_of(&api, Some("prod"), "soon"),
         |s| instances(s) == ["cp-1"],
     )
     .await;
-    let status = until(
+    let status = support::until(
         "soon expires",
         || status_of(&api, Some("prod"), "soon"),
         |s| condition(s).1 == "Expired",
@@ -283,14 +263,14 @@ async fn an_unhealthy_source_withdraws_the_instance_and_a_healthy_one_returns_it
         EnforcementMetrics::default(),
         std::future::pending(),
     ));
-    let status = until(
+    let status = support::until(
         "enforced",
         || status_of(&api, Some("prod"), "web"),
         |s| instances(s) == ["cp-1"],
     )
     .await;
     tx.send_replace(snapshot(false, status));
-    let status = until(
+    let status = support::until(
         "withdrawn",
         || status_of(&api, Some("prod"), "web"),
         |s| instances(s).is_empty(),
@@ -298,7 +278,7 @@ async fn an_unhealthy_source_withdraws_the_instance_and_a_healthy_one_returns_it
     .await;
     assert_eq!(status["enforcedCount"], 0);
     tx.send_replace(snapshot(true, status));
-    until(
+    support::until(
         "back",
         || status_of(&api, Some("prod"), "web"),
         |s| instances(s) == ["cp-1"] && s["enforcedCount"] == 1,

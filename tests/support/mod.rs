@@ -382,3 +382,33 @@ pub fn lock_yaml(namespace: Option<&str>, name: &str, reason: Option<&str>) -> S
         "---\napiVersion: objectlock.dev/v1alpha1\nkind: {kind}\nmetadata:\n  name: {name}{ns}\n{spec}"
     )
 }
+
+/// The lock source's settings for tests that only need it to work: a long fallback TTL, the
+/// default staleness bound.
+pub fn cache_config() -> kube_object_lock::locks::kube::CacheConfig {
+    kube_object_lock::locks::kube::CacheConfig {
+        ttl: Duration::from_secs(60),
+        max_namespaces: 100,
+        stale_after: Duration::from_secs(3),
+    }
+}
+
+/// Polls `read` until `check` holds (10 s at most: a hang fails, a slow machine does not).
+pub async fn until<T: std::fmt::Debug>(
+    what: &str,
+    read: impl Fn() -> T,
+    check: impl Fn(&T) -> bool,
+) -> T {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let value = read();
+        if check(&value) {
+            return value;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: never happened; last: {value:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
