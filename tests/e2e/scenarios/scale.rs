@@ -40,10 +40,19 @@ pub fn run(ctx: &Ctx) -> Result<()> {
         .refused(&format!("{NAMESPACED_DENIAL}{message}"))?;
     rest.merge_patch(&format!("{path}/scale"), &json!({"spec": {"replicas": 2}}))?
         .refused("PATCH deployments/scale", &message)?;
-    let scale = rest.get(&format!("{path}/scale"))?.body;
-    let mut wanted = scale.clone();
-    wanted["spec"]["replicas"] = json!(4);
-    rest.put(&format!("{path}/scale"), &wanted)?
+    // The Deployment controller writes status between our GET and PUT; a
+    // 409 says nothing about the lock, so read again and retry.
+    let mut put = None;
+    for _ in 0..5 {
+        let mut wanted = rest.get(&format!("{path}/scale"))?.body;
+        wanted["spec"]["replicas"] = json!(4);
+        let reply = rest.put(&format!("{path}/scale"), &wanted)?;
+        if reply.code != 409 {
+            put = Some(reply);
+            break;
+        }
+    }
+    put.ok_or_else(|| anyhow::anyhow!("PUT deployments/scale: 409 Conflict five times"))?
         .refused("PUT deployments/scale", &message)?;
     ctx.k(&[
         "set",
