@@ -81,7 +81,11 @@ pub enum StartError {
 const REPORTING_GRACE: Duration = Duration::from_secs(2);
 
 /// The status and event writers for the cluster named by `settings`.
-async fn reporting(settings: &Settings, metrics: &Metrics) -> Result<Reporting, StartError> {
+async fn reporting(
+    settings: &Settings,
+    metrics: &Metrics,
+    registered: Option<tokio::sync::watch::Receiver<crate::registration::writer::Registered>>,
+) -> Result<Reporting, StartError> {
     let instance =
         crate::status::instance_name(&settings.instance.name).map_err(StartError::Instance)?;
     let client = kubeconfig::client(kube_config(settings).await?, ToString::to_string).map_err(
@@ -95,6 +99,7 @@ async fn reporting(settings: &Settings, metrics: &Metrics) -> Result<Reporting, 
         client,
         instance,
         metrics.enforcement.clone(),
+        registered,
     ))
 }
 
@@ -241,7 +246,8 @@ impl Webhook {
         webhook.narrower = narrower;
         // Lock status and events exist only in a cluster.
         if settings.locks.dir.is_none() {
-            webhook.reporting = Some(reporting(&settings, &metrics).await?);
+            let registered = webhook.narrower.as_ref().map(Narrower::registered);
+            webhook.reporting = Some(reporting(&settings, &metrics, registered).await?);
         }
         Ok(webhook)
     }

@@ -175,7 +175,9 @@ pub struct KubeSettings {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct CacheSettings {
-    /// How long a namespace's LIST is reused while the index is stale.
+    /// While the index is stale: how long after a namespace's LIST started a lookup may still
+    /// reuse it. Zero (the default): only lookups that arrived before it started share it, so an
+    /// acknowledged Lock is always seen.
     #[serde(with = "humantime_serde")]
     pub ttl: Duration,
     /// How many namespaces are cached at most.
@@ -296,7 +298,7 @@ impl Default for KubeSettings {
 impl Default for CacheSettings {
     fn default() -> Self {
         CacheSettings {
-            ttl: Duration::from_secs(2),
+            ttl: Duration::ZERO,
             max_namespaces: 10_000,
         }
     }
@@ -449,8 +451,8 @@ impl Settings {
                 "must be between 10ms and 29s, below the webhook's timeoutSeconds",
             );
         }
-        if self.cache.ttl.is_zero() {
-            return fail("cache.ttl", "must be more than 0s");
+        if self.cache.ttl > Duration::from_secs(600) {
+            return fail("cache.ttl", "must be at most 10m");
         }
         if !between(
             self.kube.stale_after,
@@ -656,7 +658,7 @@ mod tests {
         .expect("defaults load");
         assert_eq!(settings, Settings::default());
         assert_eq!(settings.kube.lookup_timeout, Duration::from_secs(2));
-        assert_eq!(settings.cache.ttl, Duration::from_secs(2));
+        assert_eq!(settings.cache.ttl, Duration::ZERO);
         assert_eq!(settings.kube.stale_after, Duration::from_secs(3));
         assert_eq!(settings.on_lookup_error, OnLookupError::Deny);
     }

@@ -227,7 +227,7 @@ fn serve_refuses_bad_configuration_clearly() {
 
     let bad_env = run(bin()
         .args(["serve", "--locks-dir", "/tmp"])
-        .env("KUBE_OBJECT_LOCK__CACHE__TTL", "0s"));
+        .env("KUBE_OBJECT_LOCK__CACHE__TTL", "11m"));
     assert_eq!(bad_env.status.code(), Some(1));
     assert!(
         stderr(&bad_env).contains("KUBE_OBJECT_LOCK__CACHE__TTL"),

@@ -59,8 +59,12 @@ async fn setup(webhook: bool, registered: bool) -> Setup {
                 metrics.source.clone(),
             );
             let refresh = tokio::spawn(source.watch());
-            let reporting =
-                Reporting::start(api.client(), "cp-1".into(), metrics.enforcement.clone());
+            let reporting = Reporting::start(
+                api.client(),
+                "cp-1".into(),
+                metrics.enforcement.clone(),
+                None,
+            );
             let source = Source {
                 source: Arc::new(source),
                 refresh: Some(refresh),

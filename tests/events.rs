@@ -256,7 +256,12 @@ async fn the_webhook_writes_status_and_events_and_withdraws_on_stop() {
         metrics.source.clone(),
     );
     let refresh = tokio::spawn(source.watch());
-    let reporting = Reporting::start(api.client(), "cp-1".into(), metrics.enforcement.clone());
+    let reporting = Reporting::start(
+        api.client(),
+        "cp-1".into(),
+        metrics.enforcement.clone(),
+        None,
+    );
     let server = TestServer::start_reporting(
         support::Certs::new(),
         Source {

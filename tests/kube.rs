@@ -2,7 +2,7 @@
 //! format to a real `kube::Client`, with the real webhook in front, over real HTTPS.
 //!
 //! Staleness cases follow one pattern: a Lock created at time T must be enforced by the first
-//! admission after T + `kube.stale_after` + `cache.ttl`, whatever the watch is going through
+//! admission after T + `kube.stale_after` + `cache.ttl` (when a TTL is set), whatever the watch is going through
 //! (refused, cut, delayed, expired), because lookups then fall back to LIST. The settings are
 //! small and the assertions are about behaviour, never about how fast it happened.
 
@@ -321,6 +321,34 @@ async fn watch_forbidden_falls_back_to_list_and_enforces_within_the_bound() {
     assert_eq!(setup.namespace_lists(), lists);
     let ready = setup.server.http1().get(&setup.server.url("/readyz")).await;
     assert_eq!(ready.status, 200);
+}
+
+#[tokio::test]
+async fn while_stale_an_acknowledged_lock_is_seen_by_the_next_admission() {
+    // With the default cache.ttl, a fallback LIST is never reused by a later lookup, so there is
+    // no window in which a stored Lock is missed (an API server restart, before the watch is back).
+    let api = FakeApiServer::start().await;
+    api.set_watch_fault(WatchFault::Status(403));
+    let setup = setup_with(api, Settings::default().cache.ttl, BOUND, |_| {}).await;
+    setup.wait_lock_watch(WatchState::Stale).await;
+    for round in 0..5 {
+        assert!(
+            setup.allowed("configmap-delete-locked.json").await,
+            "round {round}: not locked yet"
+        );
+        let lists = setup.namespace_lists();
+        setup
+            .api
+            .create_lock(NS, "locked-a", json!({"reason": "no window"}));
+        let answer = setup.review("configmap-delete-locked.json").await;
+        assert_eq!(answer["allowed"], false, "round {round}: {answer}");
+        assert!(setup.namespace_lists() > lists, "round {round}: read again");
+        setup.api.delete_lock(NS, "locked-a");
+        assert!(
+            setup.allowed("configmap-delete-locked.json").await,
+            "round {round}: released by the next admission"
+        );
+    }
 }
 
 #[tokio::test]

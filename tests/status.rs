@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use kube_object_lock::registration::writer::{Registered, RegisteredScope};
 use kube_object_lock::status::{self, EnforcementMetrics, LockKey, LockSnapshot, feed};
 use serde_json::{Value, json};
 use support::fake_apiserver::FakeApiServer;
@@ -28,6 +29,7 @@ impl Instance {
             api.client(),
             name.to_owned(),
             snapshots,
+            None,
             EnforcementMetrics::default(),
             async {
                 let _ = stopped.await;
@@ -260,6 +262,7 @@ async fn an_unhealthy_source_withdraws_the_instance_and_a_healthy_one_returns_it
         api.client(),
         "cp-1".into(),
         rx,
+        None,
         EnforcementMetrics::default(),
         std::future::pending(),
     ));
@@ -285,6 +288,75 @@ async fn an_unhealthy_source_withdraws_the_instance_and_a_healthy_one_returns_it
     )
     .await;
     writer.abort();
+}
+
+#[tokio::test]
+async fn a_lock_counts_as_enforced_only_once_the_registration_names_it() {
+    support::init();
+    let api = FakeApiServer::start().await;
+    api.create_lock("prod", "web", json!({}));
+    let (snapshots, feed) = feed::watch_locks(api.client());
+    let feed = tokio::spawn(feed);
+    let (registration, registered) = watch::channel(Registered::default());
+    let writer = tokio::spawn(status::run(
+        api.client(),
+        "cp-1".into(),
+        snapshots,
+        Some(registered),
+        EnforcementMetrics::default(),
+        std::future::pending(),
+    ));
+    let condition = |s: &Value| s["conditions"][0].clone();
+    // No write of the configuration confirmed yet.
+    let status = support::until(
+        "not yet registered",
+        || status_of(&api, Some("prod"), "web"),
+        |s| condition(s)["reason"] == "NotYetRegistered",
+    )
+    .await;
+    assert_eq!(condition(&status)["status"], "False", "{status}");
+    assert!(instances(&status).is_empty(), "{status}");
+    assert_eq!(status["enforcedCount"], 0, "{status}");
+    // Narrowed to other names: still not sent.
+    registration.send_replace(Registered {
+        scope: Some(RegisteredScope::Narrow(
+            [(Some("prod".to_owned()), "other".to_owned())].into(),
+        )),
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(instances(&status_of(&api, Some("prod"), "web")).is_empty());
+    // Named: enforced.
+    registration.send_replace(Registered {
+        scope: Some(RegisteredScope::Narrow(
+            [(Some("prod".to_owned()), "web".to_owned())].into(),
+        )),
+    });
+    let status = support::until(
+        "enforced once named",
+        || status_of(&api, Some("prod"), "web"),
+        |s| instances(s) == ["cp-1"] && condition(s)["reason"] == "Enforcing",
+    )
+    .await;
+    assert_eq!(status["enforcedCount"], 1);
+    // Broad beyond the bound: enforced, and the condition says why everything is sent.
+    registration.send_replace(Registered {
+        scope: Some(RegisteredScope::Broad(
+            "3 live locks exceed registration.max_names (2)".to_owned(),
+        )),
+    });
+    let status = support::until(
+        "broad",
+        || status_of(&api, Some("prod"), "web"),
+        |s| {
+            condition(s)["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("broad (3 live locks exceed registration.max_names"))
+        },
+    )
+    .await;
+    assert_eq!(instances(&status), ["cp-1"]);
+    writer.abort();
+    feed.abort();
 }
 
 #[tokio::test]

@@ -3,17 +3,21 @@
 //! While the watch of a kind is healthy ([`LockIndex`]), a lookup is answered from memory: no
 //! API request per admission, however many namespaces there are, and a namespace without Locks
 //! is known to have none. When it is not (not synced yet, failed, or reconnecting for longer
-//! than `stale_after`), the lookup LISTs the namespace through a moka cache with a short TTL
-//! (`cache.ttl`), shared by concurrent lookups of one namespace; when that fails too, the caller's
-//! `on_lookup_error` decides. So no answer rests on lock state older than `stale_after` plus the
-//! TTL.
+//! than `stale_after`), the lookup LISTs the namespace through a moka cache; when that fails too,
+//! the caller's `on_lookup_error` decides.
 //!
-//! A fallback answer cached before the index last became fresh is never reused: it could predate
-//! what the watch has shown since. Each entry remembers the index's freshness epoch at the start
-//! of its LIST, and a read that finds an entry from an older epoch loads it again.
+//! A fallback answer is reused only by lookups that arrived at most `cache.ttl` after its LIST
+//! started. The default TTL is zero: a lookup then only shares a LIST that started after it
+//! arrived (concurrent lookups of one namespace still share one), so a Lock whose creation was
+//! acknowledged before a write arrived is always seen, also in the seconds after an API server
+//! restart, before the watch is back. A longer TTL trades that for fewer LISTs.
+//!
+//! A fallback answer cached before the index last became fresh is never reused either: it could
+//! predate what the watch has shown since. Each entry remembers the index's freshness epoch at the
+//! start of its LIST, and a read that finds an entry from an older epoch loads it again.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use kube::Client;
@@ -27,13 +31,17 @@ use super::{LockCounts, LockKind, LockSet, LockSource, LookupError, parse};
 use crate::api::{CLUSTER_LOCKS, ClusterLock, LOCKS, Lock};
 use crate::metrics::{ApiLabels, CacheLabels, SourceMetrics};
 
-/// How many times a read reloads an entry that keeps landing from an older epoch.
+/// How many times a read reloads an entry that keeps landing too old.
 const MAX_RELOADS: usize = 3;
+/// How long fallback entries stay in memory when `cache.ttl` is zero; they are not reused then,
+/// except by lookups that arrived while their LIST ran.
+const MIN_RETENTION: Duration = Duration::from_secs(1);
 
 /// Settings of the Kubernetes source.
 #[derive(Debug, Clone, Copy)]
 pub struct CacheConfig {
-    /// How long a fallback LIST of a namespace is reused.
+    /// How long after a fallback LIST of a namespace started a lookup may still reuse it; zero:
+    /// only lookups that arrived before it started.
     pub ttl: Duration,
     /// How many namespaces the fallback cache keeps at most.
     pub max_namespaces: u64,
@@ -46,12 +54,15 @@ struct Entry {
     locks: Arc<LockSet>,
     /// The index's freshness epoch when the LIST started.
     epoch: u64,
+    /// When the LIST was sent.
+    started: Instant,
 }
 
 struct Shared {
     client: Client,
     index: Arc<LockIndex>,
     cache: Cache<String, Arc<Entry>>,
+    ttl: Duration,
     metrics: SourceMetrics,
 }
 
@@ -72,13 +83,14 @@ impl KubeSource {
     pub fn with_metrics(client: Client, config: CacheConfig, metrics: SourceMetrics) -> Self {
         let cache = Cache::builder()
             .max_capacity(config.max_namespaces)
-            .time_to_live(config.ttl)
+            .time_to_live(config.ttl.max(MIN_RETENTION))
             .build();
         KubeSource {
             shared: Arc::new(Shared {
                 client,
                 index: Arc::new(LockIndex::new(config.stale_after)),
                 cache,
+                ttl: config.ttl,
                 metrics,
             }),
         }
@@ -112,6 +124,7 @@ impl KubeSource {
 
     async fn load(shared: Arc<Shared>, namespace: String) -> Result<Arc<Entry>, LookupError> {
         let epoch = shared.index.stale_epoch();
+        let started = Instant::now();
         shared.metrics.cache_loads.inc();
         let (kind, resource, api) = if namespace.is_empty() {
             let ar = ApiResource::erase::<ClusterLock>(&());
@@ -150,31 +163,46 @@ impl KubeSource {
                 Arc::new(set)
             },
             epoch,
+            started,
         }))
     }
 
     /// A lookup while the index cannot answer: LIST through the cache.
     async fn fallback(&self, namespace: String) -> Result<Arc<LockSet>, LookupError> {
         let shared = &self.shared;
-        let current = |entry: &Entry| entry.epoch == shared.index.stale_epoch();
+        let arrived = Instant::now();
+        // Recent enough for this lookup: started at most `ttl` before it arrived (with a zero
+        // TTL, after), and since the index was last fresh.
+        let current = |entry: &Entry| {
+            entry.epoch == shared.index.stale_epoch()
+                && arrived.saturating_duration_since(entry.started) <= shared.ttl
+        };
         if let Some(entry) = shared.cache.get(&namespace).await
             && current(&entry)
         {
             shared.count("hit");
             return Ok(entry.locks.clone());
         }
-        shared.count("miss");
+        let mut counted = false;
         for _ in 0..MAX_RELOADS {
             let entry = shared
                 .cache
-                .try_get_with(
-                    namespace.clone(),
-                    KubeSource::load(shared.clone(), namespace.clone()),
-                )
+                .entry(namespace.clone())
+                .or_try_insert_with(KubeSource::load(shared.clone(), namespace.clone()))
                 .await
                 .map_err(|e| (*e).clone())?;
+            let fresh = entry.is_fresh();
+            let entry = entry.into_value();
             if current(&entry) {
+                if !counted {
+                    // Another lookup's LIST, started after this one arrived: shared.
+                    shared.count(if fresh { "miss" } else { "hit" });
+                }
                 return Ok(entry.locks.clone());
+            }
+            if !counted {
+                shared.count("miss");
+                counted = true;
             }
             shared.cache.invalidate(&namespace).await;
         }

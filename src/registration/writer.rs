@@ -95,8 +95,8 @@ pub struct Registered {
 pub enum RegisteredScope {
     /// The locks (namespace, name; namespace `None` for ClusterLocks) it sends requests for.
     Narrow(BTreeSet<(Option<String>, String)>),
-    /// Everything is sent.
-    Broad,
+    /// Everything is sent, for this reason (the bound, or a name CEL cannot hold).
+    Broad(String),
 }
 
 impl Registered {
@@ -104,7 +104,7 @@ impl Registered {
     pub fn covers(&self, namespace: Option<&str>, name: &str) -> bool {
         match &self.scope {
             None => false,
-            Some(RegisteredScope::Broad) => true,
+            Some(RegisteredScope::Broad(_)) => true,
             Some(RegisteredScope::Narrow(keys)) => {
                 keys.contains(&(namespace.map(str::to_owned), name.to_owned()))
             }
@@ -376,7 +376,7 @@ impl Narrower {
         let entries = desired.len();
         let was_narrow = match &self.registered.borrow().scope {
             Some(RegisteredScope::Narrow(_)) => Some(true),
-            Some(RegisteredScope::Broad) => Some(false),
+            Some(RegisteredScope::Broad(_)) => Some(false),
             None => None,
         };
         // A change of scope is logged; every write only at debug.
@@ -416,9 +416,9 @@ impl Narrower {
                         .collect(),
                 )
             }
-            Scope::Broad(_) => {
+            Scope::Broad(reason) => {
                 self.metrics.narrowed.set(0);
-                RegisteredScope::Broad
+                RegisteredScope::Broad(reason.to_string())
             }
         };
         self.registered.send_if_modified(|r| {
@@ -535,7 +535,7 @@ mod tests {
         ));
         assert!(registered.covers(Some("a"), "x"));
         assert!(!registered.covers(None, "x"));
-        registered.scope = Some(RegisteredScope::Broad);
+        registered.scope = Some(RegisteredScope::Broad("test".to_owned()));
         assert!(registered.covers(None, "anything"));
     }
 }

@@ -10,8 +10,13 @@
 //!   printer column shows only the first match of a JSONPath, so it cannot count a list). Every
 //!   instance computes it from the list as it last saw it and writes it with `force`; they agree
 //!   once the list settles;
-//! - the condition `Enforced` (True/Enforcing, or False with Expired, WarnMode or
-//!   NotSentToWebhook). Every instance writes the same condition, so it carries no time.
+//! - the condition `Enforced` (True/Enforcing, or False with Expired, WarnMode,
+//!   NotSentToWebhook or NotYetRegistered). Every instance writes the same condition, so it
+//!   carries no time.
+//!
+//! With a self-narrowing registration ([`crate::registration::writer`]), a lock counts as
+//! enforced only once the configuration that names it has been written and read back: before
+//! that, the API server does not send its object's writes to the webhook at all.
 //!
 //! Writes happen only when the result changes (a lock appears, changes generation, expires,
 //! the source turns unhealthy...), never per admission. While the lock source is unhealthy the
@@ -40,6 +45,7 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::api::{self, Enforcer, LockCondition, LockMode, LockSpec, LockStatus};
+use crate::registration::writer::{Registered, RegisteredScope};
 
 /// The condition type written by every instance.
 pub const CONDITION: &str = "Enforced";
@@ -133,11 +139,45 @@ pub struct LockSnapshot {
     pub locks: Arc<BTreeMap<LockKey, KnownLock>>,
 }
 
+/// Whether the webhook configuration sends a lock's requests to the webhook.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Coverage {
+    /// Sent: named by the narrowed configuration, or a configuration this instance does not
+    /// keep (broad by `manifests cluster --broad`, or static files).
+    Sent,
+    /// Sent because the configuration is broad, for this reason.
+    Broad(String),
+    /// Not named by the configuration yet, or no write of it confirmed yet.
+    NotYet,
+}
+
+impl Coverage {
+    /// The coverage of `key` by what this instance last confirmed; `None`: it keeps no
+    /// configuration.
+    pub fn of(registered: Option<&Registered>, key: &LockKey) -> Coverage {
+        let Some(registered) = registered else {
+            return Coverage::Sent;
+        };
+        match &registered.scope {
+            None => Coverage::NotYet,
+            Some(RegisteredScope::Broad(reason)) => Coverage::Broad(reason.clone()),
+            Some(RegisteredScope::Narrow(_))
+                if registered.covers(key.namespace.as_deref(), &key.name) =>
+            {
+                Coverage::Sent
+            }
+            Some(RegisteredScope::Narrow(_)) => Coverage::NotYet,
+        }
+    }
+}
+
 /// Why a lock is or is not enforced, as this instance sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Enforcement {
     /// Refuses changes to its object.
     Enforcing,
+    /// Refuses changes to its object; the configuration is broad for this reason.
+    EnforcingBroad(String),
     /// The spec does not parse; the lock's name is locked for every operation (fail closed).
     EnforcingUnparsed(String),
     /// `expiresAt` has passed.
@@ -146,6 +186,8 @@ pub enum Enforcement {
     WarnMode,
     /// The namespace is left out of the webhook registration.
     NotSent(String),
+    /// The narrowed configuration does not name the lock yet.
+    NotYetRegistered,
 }
 
 impl Enforcement {
@@ -174,11 +216,28 @@ impl Enforcement {
         }
     }
 
+    /// How `lock` stands at `now`, given whether the configuration sends its requests.
+    pub fn with_coverage(lock: &KnownLock, coverage: &Coverage, now: Timestamp) -> Enforcement {
+        let enforcement = Enforcement::of(lock, now);
+        if !enforcement.is_enforced() {
+            return enforcement;
+        }
+        match (coverage, enforcement) {
+            (Coverage::NotYet, _) => Enforcement::NotYetRegistered,
+            (Coverage::Broad(reason), Enforcement::Enforcing) => {
+                Enforcement::EnforcingBroad(reason.clone())
+            }
+            (_, enforcement) => enforcement,
+        }
+    }
+
     /// Whether the webhook refuses changes because of the lock.
     pub fn is_enforced(&self) -> bool {
         matches!(
             self,
-            Enforcement::Enforcing | Enforcement::EnforcingUnparsed(_)
+            Enforcement::Enforcing
+                | Enforcement::EnforcingBroad(_)
+                | Enforcement::EnforcingUnparsed(_)
         )
     }
 
@@ -189,6 +248,11 @@ impl Enforcement {
                 "True",
                 "Enforcing",
                 "UPDATE and DELETE of the locked object are refused; status.enforcedBy lists the instances".to_owned(),
+            ),
+            Enforcement::EnforcingBroad(reason) => (
+                "True",
+                "Enforcing",
+                format!("UPDATE and DELETE of the locked object are refused; status.enforcedBy lists the instances. The webhook configuration is broad ({reason})"),
             ),
             Enforcement::EnforcingUnparsed(why) => (
                 "True",
@@ -209,6 +273,11 @@ impl Enforcement {
                 "False",
                 "NotSentToWebhook",
                 format!("namespace {ns} is left out of the webhook registration: its objects never reach the webhook"),
+            ),
+            Enforcement::NotYetRegistered => (
+                "False",
+                "NotYetRegistered",
+                "the webhook configuration does not name this lock yet, so the API server does not send its object's writes to the webhook; it is rewritten within moments (if this stays, see the log for `cannot narrow the webhook configuration`)".to_owned(),
             ),
         };
         LockCondition {
@@ -272,8 +341,15 @@ impl Desired {
     }
 }
 
-/// What `instance` wants `lock`'s status to say at `now`; `healthy` is the source's health.
-pub fn desired(lock: &KnownLock, healthy: bool, instance: &str, now: Timestamp) -> Desired {
+/// What `instance` wants `lock`'s status to say at `now`; `healthy` is the source's health,
+/// `coverage` whether the webhook configuration sends the lock's requests.
+pub fn desired(
+    lock: &KnownLock,
+    healthy: bool,
+    coverage: &Coverage,
+    instance: &str,
+    now: Timestamp,
+) -> Desired {
     let others = lock
         .status
         .enforced_by
@@ -287,7 +363,7 @@ pub fn desired(lock: &KnownLock, healthy: bool, instance: &str, now: Timestamp) 
             conditions: vec![],
         };
     }
-    let enforcement = Enforcement::of(lock, now);
+    let enforcement = Enforcement::with_coverage(lock, coverage, now);
     let entry = enforcement.is_enforced().then(|| {
         let since = lock
             .status
@@ -498,8 +574,14 @@ pub struct Reporting {
 
 impl Reporting {
     /// Starts the lock watch ([`feed`]), the status writer ([`run`]) and the event writer
-    /// ([`crate::events::run`]) for `instance`.
-    pub fn start(client: kube::Client, instance: String, metrics: EnforcementMetrics) -> Reporting {
+    /// ([`crate::events::run`]) for `instance`. `registered`: what the narrowed webhook
+    /// configuration says, when this instance keeps one.
+    pub fn start(
+        client: kube::Client,
+        instance: String,
+        metrics: EnforcementMetrics,
+        registered: Option<watch::Receiver<Registered>>,
+    ) -> Reporting {
         let (snapshots, feed) = feed::watch_locks(client.clone());
         let (events, queue) = crate::events::EventSink::channel(EVENT_QUEUE, metrics.clone());
         let (stop, stopped) = tokio::sync::oneshot::channel();
@@ -510,9 +592,16 @@ impl Reporting {
             snapshots.clone(),
             metrics.clone(),
         ));
-        let status = tokio::spawn(run(client, instance, snapshots, metrics, async {
-            let _ = stopped.await;
-        }));
+        let status = tokio::spawn(run(
+            client,
+            instance,
+            snapshots,
+            registered,
+            metrics,
+            async {
+                let _ = stopped.await;
+            },
+        ));
         Reporting {
             events,
             stop: Some(stop),
@@ -549,15 +638,19 @@ impl Reporting {
 /// Refusals queued for events at most; more are dropped (and counted) until the writer catches up.
 const EVENT_QUEUE: usize = 4096;
 
-/// Keeps this instance's part of every lock's status in line with `snapshots` until `stop`
+/// Keeps this instance's part of every lock's status in line with `snapshots` (and, when it
+/// keeps a narrowed configuration, with what `registered` says it names) until `stop`
 /// completes, then withdraws it (as when the source is unhealthy) and returns.
 pub async fn run(
     client: kube::Client,
     instance: String,
     mut snapshots: watch::Receiver<LockSnapshot>,
+    mut registered: Option<watch::Receiver<Registered>>,
     metrics: EnforcementMetrics,
     stop: impl Future<Output = ()>,
 ) {
+    let keeps_registration = registered.is_some();
+    let mut confirmed = Registered::default();
     let mut stop = std::pin::pin!(stop);
     let mut stopping = false;
     let manager = format!("{FIELD_MANAGER_PREFIX}{instance}");
@@ -566,6 +659,10 @@ pub async fn run(
     let mut was_healthy = None;
     loop {
         let mut snapshot = snapshots.borrow_and_update().clone();
+        if let Some(registered) = &mut registered {
+            confirmed = registered.borrow_and_update().clone();
+        }
+        let registration = keeps_registration.then_some(&confirmed);
         if stopping {
             snapshot.healthy = false;
         }
@@ -592,7 +689,8 @@ pub async fn run(
             .values()
             .filter(|lock| retries.get(&lock.key).is_none_or(|r| r.at <= clock))
             .filter_map(|lock| {
-                let want = desired(lock, snapshot.healthy, &instance, now);
+                let coverage = Coverage::of(registration, &lock.key);
+                let want = desired(lock, snapshot.healthy, &coverage, &instance, now);
                 needs_write(lock, &want, &instance, applied.get(&lock.key))
                     .then(|| (lock.clone(), want))
             })
@@ -674,6 +772,10 @@ pub async fn run(
         let wake = [next_retry, next_expiry].into_iter().flatten().min();
         tokio::select! {
             changed = snapshots.changed() => if changed.is_err() { return },
+            alive = registration_changed(&mut registered) => if !alive {
+                // The configuration keeper stopped: what it last confirmed stays true.
+                registered = None;
+            },
             () = sleep_until(wake) => {}
             () = &mut stop => {
                 info!(%instance, "stopping: withdrawing this instance from lock status");
@@ -681,6 +783,15 @@ pub async fn run(
                 retries.clear();
             }
         }
+    }
+}
+
+/// Resolves when the configuration keeper publishes (`true`) or is gone (`false`); never
+/// without one.
+async fn registration_changed(registered: &mut Option<watch::Receiver<Registered>>) -> bool {
+    match registered {
+        Some(registered) => registered.changed().await.is_ok(),
+        None => std::future::pending().await,
     }
 }
 

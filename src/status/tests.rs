@@ -30,7 +30,7 @@ fn enforcer(instance: &str, generation: i64, since: &str) -> Enforcer {
 fn an_enforced_lock_gets_this_instances_entry_and_the_count() {
     let mut l = lock(Some("prod"), serde_json::json!({}));
     l.status.enforced_by = vec![enforcer("cp-2", 3, "2026-11-22T10:00:00Z")];
-    let want = desired(&l, true, "cp-1", now());
+    let want = desired(&l, true, &Coverage::Sent, "cp-1", now());
     assert_eq!(
         want.entry,
         Some(enforcer("cp-1", 3, "2026-11-22T12:00:00Z"))
@@ -54,7 +54,7 @@ fn since_is_kept_from_this_instances_own_entry() {
     let mut l = lock(Some("prod"), serde_json::json!({}));
     l.generation = 4;
     l.status.enforced_by = vec![enforcer("cp-1", 3, "2026-11-22T09:00:00Z")];
-    let want = desired(&l, true, "cp-1", now());
+    let want = desired(&l, true, &Coverage::Sent, "cp-1", now());
     assert_eq!(
         want.entry,
         Some(enforcer("cp-1", 4, "2026-11-22T09:00:00Z"))
@@ -87,7 +87,7 @@ fn locks_that_are_not_enforced_say_why() {
         ),
     ];
     for (l, reason) in cases {
-        let want = desired(&l, true, "cp-1", now());
+        let want = desired(&l, true, &Coverage::Sent, "cp-1", now());
         assert_eq!(want.entry, None, "{reason}");
         assert_eq!(want.count, 0, "{reason}");
         assert_eq!(want.conditions[0].status, "False", "{reason}");
@@ -101,12 +101,14 @@ fn locks_that_are_not_enforced_say_why() {
     );
     namespace.key.name = "kube-system".into();
     assert_eq!(
-        desired(&namespace, true, "cp-1", now()).conditions[0].reason,
+        desired(&namespace, true, &Coverage::Sent, "cp-1", now()).conditions[0].reason,
         "NotSentToWebhook"
     );
     namespace.spec = Ok(LockSpec::default());
     assert!(
-        desired(&namespace, true, "cp-1", now()).entry.is_some(),
+        desired(&namespace, true, &Coverage::Sent, "cp-1", now())
+            .entry
+            .is_some(),
         "may cover other kinds"
     );
     // Not yet expired: enforced.
@@ -114,9 +116,13 @@ fn locks_that_are_not_enforced_say_why() {
         None,
         serde_json::json!({"expiresAt": "2026-11-22T13:00:00Z"}),
     );
-    assert!(desired(&later, true, "cp-1", now()).entry.is_some());
+    assert!(
+        desired(&later, true, &Coverage::Sent, "cp-1", now())
+            .entry
+            .is_some()
+    );
     let unparsed = lock(Some("prod"), serde_json::json!({"mode": "Audit"}));
-    let want = desired(&unparsed, true, "cp-1", now());
+    let want = desired(&unparsed, true, &Coverage::Sent, "cp-1", now());
     assert!(want.entry.is_some(), "an unparseable lock locks its name");
     assert_eq!(want.conditions[0].reason, "Unparseable");
 }
@@ -129,7 +135,7 @@ fn an_unhealthy_source_withdraws_this_instance_only() {
         enforcer("cp-2", 3, "2026-11-22T10:00:00Z"),
     ];
     l.status.enforced_count = Some(2);
-    let want = desired(&l, false, "cp-1", now());
+    let want = desired(&l, false, &Coverage::Sent, "cp-1", now());
     assert_eq!(want.entry, None);
     assert_eq!(want.count, 1);
     assert!(want.conditions.is_empty(), "asserts nothing it cannot see");
@@ -150,7 +156,7 @@ fn an_unhealthy_source_withdraws_this_instance_only() {
 #[test]
 fn writes_happen_only_when_the_status_differs() {
     let mut l = lock(None, serde_json::json!({}));
-    let want = desired(&l, true, "cp-1", now());
+    let want = desired(&l, true, &Coverage::Sent, "cp-1", now());
     assert!(needs_write(&l, &want, "cp-1", None), "nothing written yet");
     // What the API server shows after our write.
     l.status = LockStatus {
@@ -159,7 +165,7 @@ fn writes_happen_only_when_the_status_differs() {
         conditions: want.conditions.clone(),
     };
     l.resource_version = "11".to_owned();
-    let again = desired(&l, true, "cp-1", now());
+    let again = desired(&l, true, &Coverage::Sent, "cp-1", now());
     assert!(
         !needs_write(&l, &again, "cp-1", None),
         "a restart with nothing changed"
@@ -189,4 +195,49 @@ fn instance_names_are_checked() {
     assert_eq!(instance_name("cp-1").as_deref(), Ok("cp-1"));
     let host = instance_name("").expect("the host name");
     assert!(!host.is_empty());
+}
+
+#[test]
+fn coverage_follows_what_the_registration_names() {
+    let l = lock(Some("prod"), serde_json::json!({}));
+    let named = |keys: &[(Option<&str>, &str)]| Registered {
+        scope: Some(RegisteredScope::Narrow(
+            keys.iter()
+                .map(|(ns, name)| (ns.map(str::to_owned), (*name).to_owned()))
+                .collect(),
+        )),
+    };
+    assert_eq!(Coverage::of(None, &l.key), Coverage::Sent, "not kept here");
+    assert_eq!(
+        Coverage::of(Some(&Registered::default()), &l.key),
+        Coverage::NotYet,
+        "no write confirmed"
+    );
+    assert_eq!(
+        Coverage::of(Some(&named(&[(None, "web"), (Some("dev"), "web")])), &l.key),
+        Coverage::NotYet,
+        "same name, other scope"
+    );
+    assert_eq!(
+        Coverage::of(Some(&named(&[(Some("prod"), "web")])), &l.key),
+        Coverage::Sent
+    );
+
+    let not_yet = desired(&l, true, &Coverage::NotYet, "cp-1", now());
+    assert_eq!(not_yet.entry, None);
+    assert_eq!(not_yet.count, 0);
+    assert_eq!(not_yet.conditions[0].reason, "NotYetRegistered");
+    assert_eq!(not_yet.conditions[0].status, "False");
+
+    let broad = desired(&l, true, &Coverage::Broad("too many".into()), "cp-1", now());
+    assert!(broad.entry.is_some());
+    assert_eq!(broad.conditions[0].reason, "Enforcing");
+    assert!(broad.conditions[0].message.contains("broad (too many)"));
+
+    // A lock that is not enforced anyway says why, whatever the registration.
+    let warn = lock(Some("prod"), serde_json::json!({"mode": "Warn"}));
+    assert_eq!(
+        desired(&warn, true, &Coverage::NotYet, "cp-1", now()).conditions[0].reason,
+        "WarnMode"
+    );
 }

@@ -78,6 +78,45 @@ pub fn run(ctx: &Ctx) -> Result<()> {
         percentiles(&mut enforce)
     ));
 
+    // The status says enforced only once the registration names the lock: from then on, a
+    // write is refused at once.
+    let mut seen_not_yet = 0;
+    let mut to_status = Vec::new();
+    for i in 0..10 {
+        let name = format!("s{i}");
+        let path = format!("/api/v1/namespaces/{ns}/configmaps/{name}");
+        ctx.configmap(&ns, &name, json!({}))?;
+        let created = Instant::now();
+        ctx.lock(&ns, &name, json!({}))?;
+        let lock = format!("/apis/objectlock.dev/v1alpha1/namespaces/{ns}/locks/{name}");
+        loop {
+            let status = rest.get(&lock)?.body["status"].clone();
+            if status["conditions"][0]["reason"] == "NotYetRegistered" {
+                seen_not_yet += 1;
+            }
+            if status["enforcedCount"].as_i64().unwrap_or(0) >= 1 {
+                break;
+            }
+            ensure!(
+                created.elapsed() < Duration::from_secs(30),
+                "Lock {name} never said it was enforced: {status}"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        to_status.push(created.elapsed());
+        let reply = rest.probe_update(&path)?;
+        ensure!(
+            reply.code == 403,
+            "Lock {name} said it was enforced, yet the next write got {} {}",
+            reply.code,
+            reply.message()
+        );
+    }
+    ctx.figure(format!(
+        "narrowed: lock created -> status enforced: {} (the next write refused every time; NotYetRegistered seen {seen_not_yet} times)",
+        percentiles(&mut to_status)
+    ));
+
     // The webhook stopped: only locked objects are refused.
     restart_serve(ctx, &[], |ctx| {
         rest.probe_update(&free)?
@@ -122,6 +161,23 @@ pub fn run(ctx: &Ctx) -> Result<()> {
                 "broad, yet unlocked writes did not reach the webhook ({calls})"
             );
             ctx.note("beyond registration.max_names: broad, unlocked writes reach the webhook");
+            let lock = format!("/apis/objectlock.dev/v1alpha1/namespaces/{ns}/locks/s0");
+            let start = Instant::now();
+            loop {
+                let condition = rest.get(&lock)?.body["status"]["conditions"][0].clone();
+                let message = condition["message"].as_str().unwrap_or_default();
+                if condition["reason"] == "Enforcing"
+                    && message.contains("broad")
+                    && message.contains("registration.max_names")
+                {
+                    break;
+                }
+                ensure!(
+                    start.elapsed() < Duration::from_secs(30),
+                    "the Lock status never said the registration is broad: {condition}"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
             // The same measure as narrowed, for comparison: only the webhook's watch counts.
             let mut enforce = Vec::new();
             for i in 0..ctx.env.cfg.tries.min(20) {
