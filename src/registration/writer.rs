@@ -436,7 +436,13 @@ fn config_event(
 ) {
     match event {
         watcher::Event::Apply(c) | watcher::Event::InitApply(c) => *current = Some(c),
-        watcher::Event::Delete(_) | watcher::Event::Init => *current = None,
+        watcher::Event::Delete(_) => *current = None,
+        // A re-list (after an API server restart, a 410): what it held is unknown until the
+        // list completes, and "missing" meanwhile would be a false alarm and a backoff.
+        watcher::Event::Init => {
+            *current = None;
+            *listed = false;
+        }
         watcher::Event::InitDone => *listed = true,
     }
 }
@@ -524,6 +530,31 @@ mod tests {
             LockSpec::default(),
         )));
         assert_eq!(view.locks.len(), 1);
+    }
+
+    #[test]
+    fn a_relist_of_the_configuration_is_not_taken_for_a_missing_one() {
+        let (mut current, mut listed) = (None, false);
+        let config = ValidatingWebhookConfiguration::default();
+        config_event(watcher::Event::Init, &mut current, &mut listed);
+        config_event(
+            watcher::Event::InitApply(config.clone()),
+            &mut current,
+            &mut listed,
+        );
+        config_event(watcher::Event::InitDone, &mut current, &mut listed);
+        assert!(listed && current.is_some());
+        config_event(watcher::Event::Init, &mut current, &mut listed);
+        assert!(!listed, "not known again until the re-list completes");
+        config_event(watcher::Event::InitApply(config), &mut current, &mut listed);
+        config_event(watcher::Event::InitDone, &mut current, &mut listed);
+        assert!(listed && current.is_some());
+        config_event(
+            watcher::Event::Delete(ValidatingWebhookConfiguration::default()),
+            &mut current,
+            &mut listed,
+        );
+        assert!(listed && current.is_none(), "deleted: known missing");
     }
 
     #[test]
