@@ -17,8 +17,9 @@ use crate::locks::{LockRef, LockSet, LookupError};
 
 /// How many Locks a namespace-deletion denial names.
 const NAMED_IN_NAMESPACE_DENIAL: usize = 5;
-/// kubectl prints warnings on one line each; longer ones are cut.
-const MAX_WARNING_CHARS: usize = 119;
+/// Longer warnings are cut here, at the length the API server itself may cut each warning to
+/// (256 characters), so that the cut is ours and marked (`…`), never a lock name lost silently.
+const MAX_WARNING_CHARS: usize = 256;
 
 /// Why a request was allowed without reading any lock.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -82,7 +82,7 @@ impl Out {
     }
 
     /// Asserts success with a `Warning:` line containing `text` (or as much of it as fits: the
-    /// webhook cuts warnings to 119 characters with `…`).
+    /// webhook cuts warnings to 256 characters with `…`).
     pub fn allowed_warning(&self, text: &str) -> Result<()> {
         let stderr = self.allowed()?;
         ensure!(

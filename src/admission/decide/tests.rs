@@ -387,7 +387,7 @@ fn lookup_failure_never_blocks_a_terminating_object() {
 
 #[test]
 fn long_warnings_are_clipped() {
-    let long = "x".repeat(300);
+    let long = "x".repeat(400);
     let clipped = clip(long);
     assert_eq!(clipped.chars().count(), MAX_WARNING_CHARS);
     assert!(clipped.ends_with('…'));
