@@ -42,13 +42,17 @@ const WATCH_TIMEOUT_SECS: u32 = 290;
 const IDLE_MARGIN: Duration = Duration::from_secs(5);
 /// A watch that lived at least this long resets the backoff.
 const HEALTHY_FOR: Duration = Duration::from_secs(1);
-/// Retry delays: from 50 ms, doubling, at most 1 s.
+/// Retry delays: from 50 ms, doubling, capped at 500 ms before jitter; the jitter adds up to as
+/// much again, so no wait is longer than [`MAX_WAIT`].
 const MIN_DELAY: Duration = Duration::from_millis(50);
-const MAX_DELAY: Duration = Duration::from_secs(1);
+const MAX_DELAY: Duration = Duration::from_millis(500);
+/// The longest wait between two tries, jitter included.
+pub const MAX_WAIT: Duration = Duration::from_secs(1);
 
 /// The retry delays of every watch on Locks (this index's, and the other readers' that use
-/// kube-runtime's watcher): capped at [`MAX_DELAY`] so that a restarted API server is watched
-/// again within about a second of being ready, not after kube-runtime's default of up to 30 s.
+/// kube-runtime's watcher): at most [`MAX_WAIT`], jitter included, so that a restarted API
+/// server is watched again within a second of being ready, not after kube-runtime's default of
+/// up to 30 s.
 pub fn retry_backoff() -> ExponentialBackoff {
     ExponentialBackoff::from(
         backon::ExponentialBuilder::default()
@@ -119,7 +123,7 @@ impl Writer {
                     Ok(version) => (version, Instant::now()),
                     Err(failure) => {
                         self.failed("list", &failure);
-                        tokio::time::sleep(backoff.next().unwrap_or(MAX_DELAY)).await;
+                        tokio::time::sleep(backoff.next().unwrap_or(MAX_WAIT)).await;
                         continue;
                     }
                 },
@@ -131,7 +135,7 @@ impl Writer {
                     if !failure.expired {
                         resume = Some((version, known_at));
                     }
-                    tokio::time::sleep(backoff.next().unwrap_or(MAX_DELAY)).await;
+                    tokio::time::sleep(backoff.next().unwrap_or(MAX_WAIT)).await;
                     continue;
                 }
             };
@@ -154,7 +158,7 @@ impl Writer {
                     if opened.elapsed() >= HEALTHY_FOR {
                         backoff.reset();
                     } else {
-                        tokio::time::sleep(backoff.next().unwrap_or(MAX_DELAY)).await;
+                        tokio::time::sleep(backoff.next().unwrap_or(MAX_WAIT)).await;
                     }
                 }
                 Some(failure) => {
@@ -165,7 +169,7 @@ impl Writer {
                     if opened.elapsed() >= HEALTHY_FOR {
                         backoff.reset();
                     }
-                    tokio::time::sleep(backoff.next().unwrap_or(MAX_DELAY)).await;
+                    tokio::time::sleep(backoff.next().unwrap_or(MAX_WAIT)).await;
                 }
             }
         }
@@ -417,5 +421,22 @@ impl Writer {
             namespace: namespace.clone(),
             name: name.clone(),
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_retry_waits_longer_than_a_second_jitter_included() {
+        for _ in 0..20 {
+            let waits: Vec<Duration> = retry_backoff().take(40).collect();
+            assert_eq!(waits.len(), 40, "retries forever");
+            assert!(waits[0] < Duration::from_millis(101), "{waits:?}");
+            assert!(waits.iter().all(|w| *w <= MAX_WAIT), "{waits:?}");
+            // Past the cap, jitter still spreads the tries out.
+            assert!(waits[10..].iter().all(|w| *w >= MAX_DELAY), "{waits:?}");
+        }
     }
 }

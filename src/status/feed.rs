@@ -11,19 +11,16 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
 use kube::api::{Api, DynamicObject};
+use kube::runtime::utils::Backoff;
 use kube::runtime::watcher;
 use tokio::sync::watch;
 use tracing::{debug, warn};
 
 use super::{KnownLock, LockKey, LockSnapshot};
 use crate::api::{LockSpec, LockStatus};
-
-const FIRST_RETRY: Duration = Duration::from_millis(100);
-const MAX_RETRY: Duration = Duration::from_secs(2);
 
 /// Starts watching: the receiver sees a new snapshot on every change; the future runs the
 /// watches until dropped.
@@ -80,7 +77,9 @@ async fn watch_kind(
     let resource = kind.api_resource();
     let api: Api<DynamicObject> = Api::all_with(client, &resource);
     let is_kind = |key: &LockKey| key.namespace.is_some() == kind.namespace.is_some();
-    let mut delay = FIRST_RETRY;
+    // The same retry delays as every other watch on Locks (at most a second).
+    let mut backoff = crate::locks::watch::retry_backoff();
+    let mut delay = backoff.next().unwrap_or(crate::locks::watch::MAX_WAIT);
     loop {
         let mut stream = watcher(api.clone(), watcher::Config::default()).boxed();
         let mut listing: BTreeMap<LockKey, KnownLock> = BTreeMap::new();
@@ -111,7 +110,8 @@ async fn watch_kind(
                     st.locks.retain(|key, _| !is_kind(key));
                     st.locks.append(&mut listing);
                     st.healthy[slot] = true;
-                    delay = FIRST_RETRY;
+                    backoff.reset();
+                    delay = backoff.next().unwrap_or(crate::locks::watch::MAX_WAIT);
                     debug!(kind = %resource.kind, "lock status feed listed");
                 }
                 watcher::Event::Apply(obj) => {
@@ -133,7 +133,7 @@ async fn watch_kind(
             st.publish(&tx);
         }
         tokio::time::sleep(delay).await;
-        delay = (delay * 2).min(MAX_RETRY);
+        delay = backoff.next().unwrap_or(crate::locks::watch::MAX_WAIT);
     }
 }
 
