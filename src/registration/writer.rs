@@ -167,10 +167,13 @@ impl LockView {
         }
     }
 
-    fn apply(&mut self, event: LockEvent) {
+    /// Applies `event`; true when the live view changed. Most events do not change it: every
+    /// status write of every instance is a MODIFIED event of a lock whose spec is the same.
+    fn apply(&mut self, event: LockEvent) -> bool {
         match event {
             LockEvent::Init(kind) => {
                 self.listing.insert(kind, BTreeMap::new());
+                false
             }
             LockEvent::InitApply(lock) => {
                 let kind = Self::kind_of(&lock);
@@ -178,19 +181,24 @@ impl LockView {
                     .entry(kind)
                     .or_default()
                     .insert(key(&lock), lock);
+                false
             }
             LockEvent::InitDone(kind) => {
                 let listed = self.listing.remove(&kind).unwrap_or_default();
                 self.locks.retain(|_, l| Self::kind_of(l) != kind);
                 self.locks.extend(listed);
                 self.synced.insert(kind);
+                true
             }
             LockEvent::Apply(lock) => {
-                self.locks.insert(key(&lock), lock);
+                let key = key(&lock);
+                if self.locks.get(&key) == Some(&lock) {
+                    return false;
+                }
+                self.locks.insert(key, lock);
+                true
             }
-            LockEvent::Delete(lock) => {
-                self.locks.remove(&key(&lock));
-            }
+            LockEvent::Delete(lock) => self.locks.remove(&key(&lock)).is_some(),
         }
     }
 
@@ -198,6 +206,9 @@ impl LockView {
         self.synced.len() == 2
     }
 }
+
+/// What a reconcile did: `Ok(Some)` written and read back, `Ok(None)` already current.
+type Reconciled = Result<Option<ValidatingWebhookConfiguration>, String>;
 
 /// Keeps the configuration narrowed.
 pub struct Narrower {
@@ -248,65 +259,84 @@ impl Narrower {
         .boxed();
         let mut locks = std::pin::pin!(locks);
         let mut view = LockView::default();
-        let mut current: Option<ValidatingWebhookConfiguration> = None;
-        let mut config_listed = false;
+        let mut config = ConfigView::default();
         let mut wake: Option<tokio::time::Instant> = None;
         let mut retry = Duration::from_millis(250);
         let mut last_problem: Option<String> = None;
+        // Whether anything the plan or the write depends on changed since the last reconcile.
+        let mut dirty = true;
+        // At most one write at a time; lock changes keep being taken in while it runs, and the
+        // next write carries all of them (a burst of Locks is a few writes, not one per Lock).
+        let mut inflight: Option<futures::future::BoxFuture<'_, Reconciled>> = None;
         loop {
             let deadline = wake
                 .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(24 * 3600));
             tokio::select! {
+                result = async { inflight.as_mut().expect("guarded").await }, if inflight.is_some() => {
+                    inflight = None;
+                    match result {
+                        Ok(Some(written)) => {
+                            config.wrote(written);
+                            retry = Duration::from_millis(250);
+                            last_problem = None;
+                        }
+                        Ok(None) => {
+                            retry = Duration::from_millis(250);
+                        }
+                        Err(problem) => {
+                            if last_problem.as_deref() != Some(problem.as_str()) {
+                                warn!(%problem, name = %self.config.name, retry_in = ?retry, "cannot narrow the webhook configuration");
+                            }
+                            last_problem = Some(problem);
+                            let again = tokio::time::Instant::now() + retry;
+                            wake = Some(wake.map_or(again, |w| w.min(again)));
+                            retry = (retry * 2).min(MAX_RETRY);
+                        }
+                    }
+                }
                 event = locks.next() => match event {
-                    Some(event) => view.apply(event),
+                    Some(event) => dirty |= view.apply(event),
                     None => {
                         warn!("lock events ended; the webhook configuration is no longer kept narrowed");
                         return;
                     }
                 },
                 event = configs.next() => match event {
-                    Some(Ok(event)) => config_event(event, &mut current, &mut config_listed),
+                    Some(Ok(event)) => dirty |= config.apply(event),
                     Some(Err(error)) => warn!(%error, name = %self.config.name, "watching the webhook configuration failed; retrying with backoff (registered with `manifests cluster --broad`? set registration.narrow = false)"),
                     None => return,
                 },
-                () = tokio::time::sleep_until(deadline) => {}
+                // An expiry or a retry is due.
+                // (Recomputed by the reconcile it triggers.)
+                () = tokio::time::sleep_until(deadline) => {
+                    wake = None;
+                    dirty = true;
+                }
             }
             // Take everything already queued before writing: a burst of lock changes becomes
             // one write.
             while let Some(Some(event)) = locks.next().now_or_never() {
-                view.apply(event);
+                dirty |= view.apply(event);
             }
             while let Some(Some(Ok(event))) = configs.next().now_or_never() {
-                config_event(event, &mut current, &mut config_listed);
+                dirty |= config.apply(event);
             }
-            if !view.complete() || !config_listed {
+            if !dirty || inflight.is_some() || !view.complete() || !config.listed {
                 continue;
             }
+            dirty = false;
             let now = Timestamp::now();
             let plan = conditions::plan(view.locks.values(), now, &self.config.limits);
+            // This reconcile supersedes a pending retry; a failure schedules the next one.
             wake = plan.next_expiry.map(|at| {
                 let left = at.duration_since(now).unsigned_abs();
                 tokio::time::Instant::now() + left + Duration::from_millis(5)
             });
-            match self.reconcile(&api, current.as_ref(), &plan, &view).await {
-                Ok(Some(written)) => {
-                    current = Some(written);
-                    retry = Duration::from_millis(250);
-                    last_problem = None;
-                }
-                Ok(None) => {
-                    retry = Duration::from_millis(250);
-                }
-                Err(problem) => {
-                    if last_problem.as_deref() != Some(problem.as_str()) {
-                        warn!(%problem, name = %self.config.name, retry_in = ?retry, "cannot narrow the webhook configuration");
-                    }
-                    last_problem = Some(problem);
-                    let again = tokio::time::Instant::now() + retry;
-                    wake = Some(wake.map_or(again, |w| w.min(again)));
-                    retry = (retry * 2).min(MAX_RETRY);
-                }
-            }
+            let (this, api) = (&self, &api);
+            let (current, locks) = (config.current.clone(), view.locks.clone());
+            inflight = Some(Box::pin(async move {
+                this.reconcile(api, current.as_ref(), &plan, &locks).await
+            }));
         }
     }
 
@@ -317,7 +347,7 @@ impl Narrower {
         api: &Api<ValidatingWebhookConfiguration>,
         current: Option<&ValidatingWebhookConfiguration>,
         plan: &Plan,
-        view: &LockView,
+        locks: &BTreeMap<Key, LockRef>,
     ) -> Result<Option<ValidatingWebhookConfiguration>, String> {
         let outcome = |outcome| {
             self.metrics
@@ -340,7 +370,7 @@ impl Narrower {
             .locked_names
             .set(i64::try_from(plan.names).unwrap_or(i64::MAX));
         if is_current(entries, &desired) {
-            self.confirm(plan, view);
+            self.confirm(plan, locks);
             return Ok(None);
         }
         let body = serde_json::json!({
@@ -398,18 +428,18 @@ impl Narrower {
             }
             (Scope::Broad(reason), _) => warn!(%reason, "webhook configuration is broad"),
         }
-        self.confirm(plan, view);
+        self.confirm(plan, locks);
         Ok(Some(written))
     }
 
     /// Publishes what the configuration now says.
-    fn confirm(&self, plan: &Plan, view: &LockView) {
+    fn confirm(&self, plan: &Plan, locks: &BTreeMap<Key, LockRef>) {
         let scope = match &plan.scope {
             Scope::Narrow { .. } => {
                 self.metrics.narrowed.set(1);
                 let now = Timestamp::now();
                 RegisteredScope::Narrow(
-                    view.locks
+                    locks
                         .iter()
                         .filter(|(_, l)| !l.spec.is_expired(now))
                         .map(|(k, _)| k.clone())
@@ -429,21 +459,76 @@ impl Narrower {
     }
 }
 
-fn config_event(
-    event: watcher::Event<ValidatingWebhookConfiguration>,
-    current: &mut Option<ValidatingWebhookConfiguration>,
-    listed: &mut bool,
-) {
-    match event {
-        watcher::Event::Apply(c) | watcher::Event::InitApply(c) => *current = Some(c),
-        watcher::Event::Delete(_) => *current = None,
-        // A re-list (after an API server restart, a 410): what it held is unknown until the
-        // list completes, and "missing" meanwhile would be a false alarm and a backoff.
-        watcher::Event::Init => {
-            *current = None;
-            *listed = false;
+/// How many of its own writes an instance remembers, to tell their late echoes apart.
+const REMEMBERED_WRITES: usize = 64;
+
+/// The configuration as this instance last knows it.
+#[derive(Default)]
+struct ConfigView {
+    current: Option<ValidatingWebhookConfiguration>,
+    /// Listed once, and not re-listing now.
+    listed: bool,
+    /// resourceVersions of this instance's own recent writes, oldest first.
+    written: std::collections::VecDeque<String>,
+}
+
+impl ConfigView {
+    /// Applies a watch event; true when the configuration may now differ from the plan.
+    ///
+    /// The watch runs behind the writes: during a burst of lock changes it still delivers the
+    /// object as this instance wrote it two or three writes ago. Taken as current, each such echo
+    /// would cause one more (useless) write of the same content; so an event carrying the
+    /// resourceVersion of one of its own earlier writes is ignored. Another writer's change (or
+    /// `manifests cluster` applied again) carries a version never written here, and counts.
+    fn apply(&mut self, event: watcher::Event<ValidatingWebhookConfiguration>) -> bool {
+        match event {
+            // A list says what is stored now, whoever wrote it.
+            watcher::Event::InitApply(c) => {
+                self.current = Some(c);
+                true
+            }
+            watcher::Event::Apply(c) => {
+                let version = c.metadata.resource_version.as_deref();
+                let latest = self
+                    .current
+                    .as_ref()
+                    .and_then(|c| c.metadata.resource_version.as_deref());
+                if version.is_some() && version == latest {
+                    return false;
+                }
+                if version.is_some_and(|v| self.written.iter().any(|w| w == v)) {
+                    return false;
+                }
+                self.current = Some(c);
+                true
+            }
+            watcher::Event::Delete(_) => {
+                self.current = None;
+                true
+            }
+            // A re-list (after an API server restart, a 410): what it held is unknown until the
+            // list completes, and "missing" meanwhile would be a false alarm and a backoff.
+            watcher::Event::Init => {
+                self.current = None;
+                self.listed = false;
+                false
+            }
+            watcher::Event::InitDone => {
+                self.listed = true;
+                true
+            }
         }
-        watcher::Event::InitDone => *listed = true,
+    }
+
+    /// Records this instance's own write, as the API server answered it.
+    fn wrote(&mut self, written: ValidatingWebhookConfiguration) {
+        if let Some(version) = written.metadata.resource_version.clone() {
+            if self.written.len() == REMEMBERED_WRITES {
+                self.written.pop_front();
+            }
+            self.written.push_back(version);
+        }
+        self.current = Some(written);
     }
 }
 
@@ -533,28 +618,81 @@ mod tests {
     }
 
     #[test]
+    fn only_changes_of_the_live_view_count_as_changes() {
+        let mut view = LockView::default();
+        let lock = || LockRef::lock("prod", "web", LockSpec::default());
+        assert!(!view.apply(LockEvent::Init(Kind::Lock)));
+        assert!(!view.apply(LockEvent::InitApply(lock())));
+        assert!(view.apply(LockEvent::InitDone(Kind::Lock)));
+        // A status write: the same lock again.
+        assert!(!view.apply(LockEvent::Apply(lock())));
+        let mut changed = lock();
+        changed.spec.reason = Some("freeze".into());
+        assert!(view.apply(LockEvent::Apply(changed)));
+        assert!(view.apply(LockEvent::Delete(lock())));
+        assert!(!view.apply(LockEvent::Delete(lock())), "already gone");
+    }
+
+    #[test]
     fn a_relist_of_the_configuration_is_not_taken_for_a_missing_one() {
-        let (mut current, mut listed) = (None, false);
-        let config = ValidatingWebhookConfiguration::default();
-        config_event(watcher::Event::Init, &mut current, &mut listed);
-        config_event(
-            watcher::Event::InitApply(config.clone()),
-            &mut current,
-            &mut listed,
+        let mut view = ConfigView::default();
+        let config = |version: &str| {
+            let mut c = ValidatingWebhookConfiguration::default();
+            c.metadata.resource_version = Some(version.to_owned());
+            c
+        };
+        assert!(!view.apply(watcher::Event::Init));
+        assert!(view.apply(watcher::Event::InitApply(config("1"))));
+        assert!(view.apply(watcher::Event::InitDone));
+        assert!(view.listed && view.current.is_some());
+        assert!(!view.apply(watcher::Event::Init));
+        assert!(!view.listed, "not known again until the re-list completes");
+        view.wrote(config("2"));
+        view.apply(watcher::Event::Init);
+        assert!(view.current.is_none());
+        view.apply(watcher::Event::InitApply(config("2")));
+        assert!(
+            view.current.is_some(),
+            "a listed write of its own is still what is stored"
         );
-        config_event(watcher::Event::InitDone, &mut current, &mut listed);
-        assert!(listed && current.is_some());
-        config_event(watcher::Event::Init, &mut current, &mut listed);
-        assert!(!listed, "not known again until the re-list completes");
-        config_event(watcher::Event::InitApply(config), &mut current, &mut listed);
-        config_event(watcher::Event::InitDone, &mut current, &mut listed);
-        assert!(listed && current.is_some());
-        config_event(
-            watcher::Event::Delete(ValidatingWebhookConfiguration::default()),
-            &mut current,
-            &mut listed,
+        view.apply(watcher::Event::InitDone);
+        assert!(view.listed && view.current.is_some());
+        assert!(view.apply(watcher::Event::Delete(config("1"))));
+        assert!(
+            view.listed && view.current.is_none(),
+            "deleted: known missing"
         );
-        assert!(listed && current.is_none(), "deleted: known missing");
+    }
+
+    #[test]
+    fn late_echoes_of_its_own_writes_are_not_taken_for_changes() {
+        let mut view = ConfigView::default();
+        let config = |version: &str| {
+            let mut c = ValidatingWebhookConfiguration::default();
+            c.metadata.resource_version = Some(version.to_owned());
+            c
+        };
+        view.apply(watcher::Event::InitApply(config("1")));
+        view.apply(watcher::Event::InitDone);
+        view.wrote(config("2"));
+        view.wrote(config("3"));
+        // The watch catches up: neither echo changes anything.
+        assert!(!view.apply(watcher::Event::Apply(config("2"))));
+        assert!(!view.apply(watcher::Event::Apply(config("3"))));
+        assert_eq!(
+            view.current
+                .as_ref()
+                .and_then(|c| c.metadata.resource_version.as_deref()),
+            Some("3")
+        );
+        // Someone else's write counts.
+        assert!(view.apply(watcher::Event::Apply(config("4"))));
+        assert_eq!(
+            view.current
+                .as_ref()
+                .and_then(|c| c.metadata.resource_version.as_deref()),
+            Some("4")
+        );
     }
 
     #[test]

@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use futures::{StreamExt, TryStreamExt};
+use futures::{FutureExt, StreamExt, TryStreamExt};
 use kube::api::{Api, DynamicObject};
 use kube::runtime::utils::Backoff;
 use kube::runtime::watcher;
@@ -83,9 +83,9 @@ async fn watch_kind(
     loop {
         let mut stream = watcher(api.clone(), watcher::Config::default()).boxed();
         let mut listing: BTreeMap<LockKey, KnownLock> = BTreeMap::new();
-        loop {
-            let event = match stream.try_next().await {
-                Ok(Some(event)) => event,
+        'stream: loop {
+            let mut next = match stream.try_next().await {
+                Ok(Some(event)) => Some(event),
                 Ok(None) => break,
                 Err(error) => {
                     warn!(kind = %resource.kind, %error, retry_in = ?delay, "lock status feed: watch failed; listing again");
@@ -93,39 +93,62 @@ async fn watch_kind(
                 }
             };
             let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
-            match event {
-                // A list in progress is published whole, at its end: copying the map per item
-                // would cost O(n²).
-                watcher::Event::Init => {
-                    listing.clear();
-                    continue;
-                }
-                watcher::Event::InitApply(obj) => {
-                    if let Some(lock) = known(obj, kind.namespace.is_some()) {
-                        listing.insert(lock.key.clone(), lock);
+            // Every event already received is applied before one snapshot is published: the
+            // snapshot copies the map, and a burst (every instance's status writes on every
+            // lock) would otherwise cost a copy per event.
+            let mut changed = false;
+            let mut ended = false;
+            while let Some(event) = next.take() {
+                match event {
+                    // A list in progress is published whole, at its end.
+                    watcher::Event::Init => listing.clear(),
+                    watcher::Event::InitApply(obj) => {
+                        if let Some(lock) = known(obj, kind.namespace.is_some()) {
+                            listing.insert(lock.key.clone(), lock);
+                        }
                     }
-                    continue;
-                }
-                watcher::Event::InitDone => {
-                    st.locks.retain(|key, _| !is_kind(key));
-                    st.locks.append(&mut listing);
-                    st.healthy[slot] = true;
-                    backoff.reset();
-                    delay = backoff.next().unwrap_or(crate::locks::watch::MAX_WAIT);
-                    debug!(kind = %resource.kind, "lock status feed listed");
-                }
-                watcher::Event::Apply(obj) => {
-                    if let Some(lock) = known(obj, kind.namespace.is_some()) {
-                        st.locks.insert(lock.key.clone(), lock);
+                    watcher::Event::InitDone => {
+                        st.locks.retain(|key, _| !is_kind(key));
+                        st.locks.append(&mut listing);
+                        st.healthy[slot] = true;
+                        backoff.reset();
+                        delay = backoff.next().unwrap_or(crate::locks::watch::MAX_WAIT);
+                        changed = true;
+                        debug!(kind = %resource.kind, "lock status feed listed");
+                    }
+                    watcher::Event::Apply(obj) => {
+                        if let Some(lock) = known(obj, kind.namespace.is_some()) {
+                            st.locks.insert(lock.key.clone(), lock);
+                            changed = true;
+                        }
+                    }
+                    watcher::Event::Delete(obj) => {
+                        if let Some(lock) = known(obj, kind.namespace.is_some()) {
+                            st.locks.remove(&lock.key);
+                            changed = true;
+                        }
                     }
                 }
-                watcher::Event::Delete(obj) => {
-                    if let Some(lock) = known(obj, kind.namespace.is_some()) {
-                        st.locks.remove(&lock.key);
+                next = match stream.try_next().now_or_never() {
+                    Some(Ok(Some(event))) => Some(event),
+                    Some(Ok(None)) => {
+                        ended = true;
+                        None
                     }
-                }
+                    Some(Err(error)) => {
+                        warn!(kind = %resource.kind, %error, retry_in = ?delay, "lock status feed: watch failed; listing again");
+                        ended = true;
+                        None
+                    }
+                    None => None,
+                };
             }
-            st.publish(&tx);
+            if changed {
+                st.publish(&tx);
+            }
+            if ended {
+                break 'stream;
+            }
         }
         {
             let mut st = state.lock().unwrap_or_else(|e| e.into_inner());

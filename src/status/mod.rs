@@ -657,9 +657,17 @@ pub async fn run(
     let mut applied: HashMap<LockKey, Applied> = HashMap::new();
     let mut retries: HashMap<LockKey, Retry> = HashMap::new();
     let mut was_healthy = None;
+    // The resourceVersion and health each lock's status was last computed from: a pass looks
+    // again only at locks whose object changed (a burst of status writes is a burst of passes),
+    // unless time, the registration or stopping may change every answer.
+    let mut computed: HashMap<LockKey, (String, bool)> = HashMap::new();
+    let mut every_lock = true;
     loop {
         let mut snapshot = snapshots.borrow_and_update().clone();
-        if let Some(registered) = &mut registered {
+        // (`every_lock` is set when it changed; copying it is O(locks).)
+        if let Some(registered) = &mut registered
+            && every_lock
+        {
             confirmed = registered.borrow_and_update().clone();
         }
         let registration = keeps_registration.then_some(&confirmed);
@@ -684,11 +692,23 @@ pub async fn run(
             }
         }
         retries.retain(|key, _| snapshot.locks.contains_key(key));
+        computed.retain(|key, _| snapshot.locks.contains_key(key));
+        let every = std::mem::replace(&mut every_lock, false) || stopping;
         let writes: Vec<_> = snapshot
             .locks
             .values()
             .filter(|lock| retries.get(&lock.key).is_none_or(|r| r.at <= clock))
             .filter_map(|lock| {
+                let unchanged = computed.get(&lock.key).is_some_and(|(version, healthy)| {
+                    *version == lock.resource_version && *healthy == snapshot.healthy
+                });
+                if unchanged && !every && !retries.contains_key(&lock.key) {
+                    return None;
+                }
+                computed.insert(
+                    lock.key.clone(),
+                    (lock.resource_version.clone(), snapshot.healthy),
+                );
                 let coverage = Coverage::of(registration, &lock.key);
                 let want = desired(lock, snapshot.healthy, &coverage, &instance, now);
                 needs_write(lock, &want, &instance, applied.get(&lock.key))
@@ -772,11 +792,14 @@ pub async fn run(
         let wake = [next_retry, next_expiry].into_iter().flatten().min();
         tokio::select! {
             changed = snapshots.changed() => if changed.is_err() { return },
-            alive = registration_changed(&mut registered) => if !alive {
+            alive = registration_changed(&mut registered) => if alive {
+                every_lock = true;
+            } else {
                 // The configuration keeper stopped: what it last confirmed stays true.
                 registered = None;
             },
-            () = sleep_until(wake) => {}
+            // A retry or an expiry is due.
+            () = sleep_until(wake) => every_lock = true,
             () = &mut stop => {
                 info!(%instance, "stopping: withdrawing this instance from lock status");
                 stopping = true;

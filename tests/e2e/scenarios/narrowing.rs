@@ -24,6 +24,7 @@ pub fn run(ctx: &Ctx) -> Result<()> {
     }
     let ns = ctx.namespace("")?;
     let rest = ctx.rest();
+    let mut phases = Phases::new();
     ctx.configmap(&ns, "locked", json!({}))?;
     ctx.configmap(&ns, "free", json!({}))?;
     let locked = format!("/api/v1/namespaces/{ns}/configmaps/locked");
@@ -64,6 +65,7 @@ pub fn run(ctx: &Ctx) -> Result<()> {
         "unlocked writes reached the webhook ({unlocked_calls} calls for {n}) or locked ones did not ({locked_calls})"
     );
 
+    phases.mark("which writes are sent");
     // Lock to enforcement, the registration update included.
     let mut enforce = Vec::new();
     for i in 0..ctx.env.cfg.tries.min(20) {
@@ -78,6 +80,7 @@ pub fn run(ctx: &Ctx) -> Result<()> {
         percentiles(&mut enforce)
     ));
 
+    phases.mark("lock to enforcement");
     // The status says enforced only once the registration names the lock: from then on, a
     // write is refused at once.
     let mut seen_not_yet = 0;
@@ -117,6 +120,7 @@ pub fn run(ctx: &Ctx) -> Result<()> {
         percentiles(&mut to_status)
     ));
 
+    phases.mark("status");
     // The webhook stopped: only locked objects are refused.
     restart_serve(ctx, &[], |ctx| {
         rest.probe_update(&free)?
@@ -134,6 +138,7 @@ pub fn run(ctx: &Ctx) -> Result<()> {
         Ok(())
     })?;
 
+    phases.mark("webhook stopped");
     // Beyond registration.max_names: broad, every write reaches the webhook.
     restart_serve(
         ctx,
@@ -198,6 +203,7 @@ pub fn run(ctx: &Ctx) -> Result<()> {
             Ok(())
         },
     )?;
+    phases.mark("broad");
     // Narrowed again once the bound is back.
     let start = Instant::now();
     while !registered(ctx, &format!("|{ns}/locked|"))? {
@@ -208,6 +214,7 @@ pub fn run(ctx: &Ctx) -> Result<()> {
         std::thread::sleep(Duration::from_millis(50));
     }
 
+    phases.mark("narrowed again");
     // An expiring Lock leaves the registration at its expiresAt, without any event.
     use k8s_openapi::jiff::{SignedDuration, Timestamp};
     let at = Timestamp::now() + SignedDuration::from_secs(5);
@@ -235,8 +242,32 @@ pub fn run(ctx: &Ctx) -> Result<()> {
         Timestamp::now().duration_since(expiry).as_millis()
     ));
 
+    phases.mark("expiry");
     cost_per_write(ctx, &free)?;
+    phases.mark("cost per write");
+    ctx.note(format!("phases: {}", phases.done.join(", ")));
     Ok(())
+}
+
+/// How long each step took (the scenario is the suite's longest).
+struct Phases {
+    last: Instant,
+    done: Vec<String>,
+}
+
+impl Phases {
+    fn new() -> Phases {
+        Phases {
+            last: Instant::now(),
+            done: Vec::new(),
+        }
+    }
+
+    fn mark(&mut self, step: &str) {
+        self.done
+            .push(format!("{step} {:.1}s", self.last.elapsed().as_secs_f64()));
+        self.last = Instant::now();
+    }
 }
 
 /// Stops the suite's webhook, runs `with_stopped` (without a webhook when `env` is empty,
@@ -366,6 +397,7 @@ fn measure_by_names(ctx: &Ctx, free: &str, bulk: &str) -> Result<Vec<String>> {
     for target in [0usize, 10, 100, 1000, near_bound] {
         // Created by 8 writers at once: the registration follows in fewer, larger writes.
         let names: Vec<String> = (have..target).map(|i| format!("name-{i:05}")).collect();
+        let t = Instant::now();
         let rest = ctx.rest();
         let collection = format!("/apis/objectlock.dev/v1alpha1/namespaces/{bulk}/locks");
         let collection = &collection;
@@ -392,16 +424,18 @@ fn measure_by_names(ctx: &Ctx, free: &str, bulk: &str) -> Result<Vec<String>> {
             Ok::<_, anyhow::Error>(())
         })?;
         have = have.max(target);
-        if target > 0 {
+        if !names.is_empty() {
+            let took = t.elapsed();
+            let created = Instant::now();
             let last = format!("name-{:05}", target - 1);
-            let start = Instant::now();
             while !registered(ctx, &format!("|{bulk}/{last}|"))? {
                 ensure!(
-                    start.elapsed() < Duration::from_secs(60),
+                    created.elapsed() < Duration::from_secs(60),
                     "{target} names never registered"
                 );
-                std::thread::sleep(Duration::from_millis(100));
+                std::thread::sleep(Duration::from_millis(50));
             }
+            let registered_after = created.elapsed();
             // The status of the new Locks is written in the background (in name order); it
             // would compete with the measure for the API server.
             let path = format!("/apis/objectlock.dev/v1alpha1/namespaces/{bulk}/locks/{last}");
@@ -411,11 +445,18 @@ fn measure_by_names(ctx: &Ctx, free: &str, bulk: &str) -> Result<Vec<String>> {
                 < 1
             {
                 ensure!(
-                    start.elapsed() < Duration::from_secs(90),
+                    created.elapsed() < Duration::from_secs(90),
                     "the status of {target} Locks was never written"
                 );
-                std::thread::sleep(Duration::from_millis(100));
+                std::thread::sleep(Duration::from_millis(50));
             }
+            ctx.note(format!(
+                "{} Locks created by 8 clients in {:.1}s: the last one registered {:.1}s and its status written {:.1}s after",
+                names.len(),
+                took.as_secs_f64(),
+                registered_after.as_secs_f64(),
+                created.elapsed().as_secs_f64()
+            ));
         }
         figures.push(format!("{target} names: {}", measure(ctx, free)?));
     }
