@@ -104,7 +104,9 @@ impl Config {
 
         let (server_bin, plugin_bin) = match var("KOL_E2E_BIN_DIR") {
             Some(dir) => {
-                let dir = PathBuf::from(dir);
+                // Absolute: the plugin is reached through symlinks in another directory.
+                let dir = std::path::absolute(PathBuf::from(dir))
+                    .map_err(|e| format!("KOL_E2E_BIN_DIR: {e}"))?;
                 let pair = (dir.join("kube-object-lock"), dir.join("kubectl-lock"));
                 for bin in [&pair.0, &pair.1] {
                     if !bin.is_file() {
