@@ -84,7 +84,7 @@ const REPORTING_GRACE: Duration = Duration::from_secs(2);
 async fn reporting(
     settings: &Settings,
     metrics: &Metrics,
-    registered: Option<tokio::sync::watch::Receiver<crate::registration::writer::Registered>>,
+    inputs: crate::status::DecisionInputs,
 ) -> Result<Reporting, StartError> {
     let instance =
         crate::status::instance_name(&settings.instance.name).map_err(StartError::Instance)?;
@@ -99,7 +99,7 @@ async fn reporting(
         client,
         instance,
         metrics.enforcement.clone(),
-        registered,
+        inputs,
     ))
 }
 
@@ -240,14 +240,18 @@ impl Webhook {
         tls::check_covers_url(&tls::load_pair(cert, key)?, &settings.webhook.url)?;
         let metrics = Arc::new(Metrics::new());
         let source = lock_source_with_metrics(&settings, true, metrics.source.clone()).await?;
+        let index = source.source.index();
         let narrower = narrower(&settings, &metrics).await?;
         let mut webhook =
             Webhook::bind_with_source(settings.clone(), source, metrics.clone()).await?;
         webhook.narrower = narrower;
         // Lock status and events exist only in a cluster.
         if settings.locks.dir.is_none() {
-            let registered = webhook.narrower.as_ref().map(Narrower::registered);
-            webhook.reporting = Some(reporting(&settings, &metrics, registered).await?);
+            let inputs = crate::status::DecisionInputs {
+                registered: webhook.narrower.as_ref().map(Narrower::registered),
+                index,
+            };
+            webhook.reporting = Some(reporting(&settings, &metrics, inputs).await?);
         }
         Ok(webhook)
     }

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use kube_object_lock::app::Source;
 use kube_object_lock::locks::kube::KubeSource;
 use kube_object_lock::metrics::Metrics;
-use kube_object_lock::status::Reporting;
+use kube_object_lock::status::{DecisionInputs, Reporting};
 use serde_json::{Value, json};
 use support::fake_apiserver::FakeApiServer;
 use support::{TestServer, fixture};
@@ -63,7 +63,10 @@ async fn setup(webhook: bool, registered: bool) -> Setup {
                 api.client(),
                 "cp-1".into(),
                 metrics.enforcement.clone(),
-                None,
+                DecisionInputs {
+                    registered: None,
+                    index: Some(source.index().clone()),
+                },
             );
             let source = Source {
                 source: Arc::new(source),

@@ -12,7 +12,9 @@ use kube_object_lock::events::{self, EventSink, WriterConfig};
 use kube_object_lock::locks::LockSource;
 use kube_object_lock::locks::kube::KubeSource;
 use kube_object_lock::metrics::Metrics;
-use kube_object_lock::status::{DropLabels, EnforcementMetrics, EventWriteLabels, Reporting, feed};
+use kube_object_lock::status::{
+    DecisionInputs, DropLabels, EnforcementMetrics, EventWriteLabels, Reporting, feed,
+};
 use serde_json::{Value, json};
 use support::fake_apiserver::FakeApiServer;
 use support::{TestServer, fixture};
@@ -260,7 +262,10 @@ async fn the_webhook_writes_status_and_events_and_withdraws_on_stop() {
         api.client(),
         "cp-1".into(),
         metrics.enforcement.clone(),
-        None,
+        DecisionInputs {
+            registered: None,
+            index: Some(source.index().clone()),
+        },
     );
     let server = TestServer::start_reporting(
         support::Certs::new(),

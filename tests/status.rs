@@ -8,7 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kube_object_lock::registration::writer::{Registered, RegisteredScope};
-use kube_object_lock::status::{self, EnforcementMetrics, LockKey, LockSnapshot, feed};
+use kube_object_lock::status::{
+    self, DecisionInputs, EnforcementMetrics, LockKey, LockSnapshot, feed,
+};
 use serde_json::{Value, json};
 use support::fake_apiserver::FakeApiServer;
 use tokio::sync::{oneshot, watch};
@@ -29,7 +31,7 @@ impl Instance {
             api.client(),
             name.to_owned(),
             snapshots,
-            None,
+            DecisionInputs::default(),
             EnforcementMetrics::default(),
             async {
                 let _ = stopped.await;
@@ -262,7 +264,7 @@ async fn an_unhealthy_source_withdraws_the_instance_and_a_healthy_one_returns_it
         api.client(),
         "cp-1".into(),
         rx,
-        None,
+        DecisionInputs::default(),
         EnforcementMetrics::default(),
         std::future::pending(),
     ));
@@ -302,7 +304,10 @@ async fn a_lock_counts_as_enforced_only_once_the_registration_names_it() {
         api.client(),
         "cp-1".into(),
         snapshots,
-        Some(registered),
+        DecisionInputs {
+            registered: Some(registered),
+            index: None,
+        },
         EnforcementMetrics::default(),
         std::future::pending(),
     ));

@@ -266,6 +266,10 @@ impl LockSource for KubeSource {
     fn lock_counts(&self) -> LockCounts {
         self.shared.index.counts()
     }
+
+    fn index(&self) -> Option<Arc<LockIndex>> {
+        Some(self.shared.index.clone())
+    }
 }
 
 fn lookup_error(resource: &'static str, namespace: &str, error: kube::Error) -> LookupError {

@@ -223,6 +223,11 @@ pub trait LockSource: Send + Sync + 'static {
 
     /// How many locks the source knows of, for metrics.
     fn lock_counts(&self) -> LockCounts;
+
+    /// The in-memory index lookups are answered from, when the source keeps one.
+    fn index(&self) -> Option<Arc<index::LockIndex>> {
+        None
+    }
 }
 
 /// Locks known by scope.

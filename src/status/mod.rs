@@ -11,7 +11,7 @@
 //!   instance computes it from the list as it last saw it and writes it with `force`; they agree
 //!   once the list settles;
 //! - the condition `Enforced` (True/Enforcing, or False with Expired, WarnMode,
-//!   NotSentToWebhook or NotYetRegistered). Every instance writes the same condition, so it
+//!   NotSentToWebhook, NotYetRegistered or NotYetLoaded). Every instance writes the same condition, so it
 //!   carries no time.
 //!
 //! With a self-narrowing registration ([`crate::registration::writer`]), a lock counts as
@@ -45,6 +45,7 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::api::{self, Enforcer, LockCondition, LockMode, LockSpec, LockStatus};
+use crate::locks::index::LockIndex;
 use crate::registration::writer::{Registered, RegisteredScope};
 
 /// The condition type written by every instance.
@@ -149,6 +150,8 @@ pub enum Coverage {
     Broad(String),
     /// Not named by the configuration yet, or no write of it confirmed yet.
     NotYet,
+    /// Sent, but the index this instance decides from has not loaded this generation yet.
+    NotLoaded,
 }
 
 impl Coverage {
@@ -171,6 +174,28 @@ impl Coverage {
     }
 }
 
+/// What this instance's refusals depend on besides the lock itself: the webhook configuration
+/// it keeps (when narrowed), and the index its admissions are decided from. A lock counts as
+/// enforced only once both have it.
+#[derive(Default)]
+pub struct DecisionInputs {
+    /// What the narrowed configuration names; `None` when this instance keeps none.
+    pub registered: Option<watch::Receiver<Registered>>,
+    /// The admission path's lock index; `None` when it has none (tests, files).
+    pub index: Option<Arc<LockIndex>>,
+}
+
+/// Whether the admission path would find `key` at `generation` or later. A stale index is not
+/// asked at all (lookups then read the API server), so it does.
+fn loaded(index: &LockIndex, key: &LockKey, generation: i64) -> bool {
+    match index.get(key.namespace.as_deref().unwrap_or("")) {
+        None => true,
+        Some(set) => set
+            .get(&key.name)
+            .is_some_and(|lock| lock.generation.is_none_or(|g| g >= generation)),
+    }
+}
+
 /// Why a lock is or is not enforced, as this instance sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Enforcement {
@@ -188,6 +213,8 @@ pub enum Enforcement {
     NotSent(String),
     /// The narrowed configuration does not name the lock yet.
     NotYetRegistered,
+    /// The admission path's index does not hold this generation yet.
+    NotYetLoaded,
 }
 
 impl Enforcement {
@@ -224,6 +251,7 @@ impl Enforcement {
         }
         match (coverage, enforcement) {
             (Coverage::NotYet, _) => Enforcement::NotYetRegistered,
+            (Coverage::NotLoaded, _) => Enforcement::NotYetLoaded,
             (Coverage::Broad(reason), Enforcement::Enforcing) => {
                 Enforcement::EnforcingBroad(reason.clone())
             }
@@ -273,6 +301,11 @@ impl Enforcement {
                 "False",
                 "NotSentToWebhook",
                 format!("namespace {ns} is left out of the webhook registration: its objects never reach the webhook"),
+            ),
+            Enforcement::NotYetLoaded => (
+                "False",
+                "NotYetLoaded",
+                "the webhook has not loaded this generation of the lock into the index it decides from yet; it does within moments".to_owned(),
             ),
             Enforcement::NotYetRegistered => (
                 "False",
@@ -574,13 +607,12 @@ pub struct Reporting {
 
 impl Reporting {
     /// Starts the lock watch ([`feed`]), the status writer ([`run`]) and the event writer
-    /// ([`crate::events::run`]) for `instance`. `registered`: what the narrowed webhook
-    /// configuration says, when this instance keeps one.
+    /// ([`crate::events::run`]) for `instance`.
     pub fn start(
         client: kube::Client,
         instance: String,
         metrics: EnforcementMetrics,
-        registered: Option<watch::Receiver<Registered>>,
+        inputs: DecisionInputs,
     ) -> Reporting {
         let (snapshots, feed) = feed::watch_locks(client.clone());
         let (events, queue) = crate::events::EventSink::channel(EVENT_QUEUE, metrics.clone());
@@ -592,16 +624,9 @@ impl Reporting {
             snapshots.clone(),
             metrics.clone(),
         ));
-        let status = tokio::spawn(run(
-            client,
-            instance,
-            snapshots,
-            registered,
-            metrics,
-            async {
-                let _ = stopped.await;
-            },
-        ));
+        let status = tokio::spawn(run(client, instance, snapshots, inputs, metrics, async {
+            let _ = stopped.await;
+        }));
         Reporting {
             events,
             stop: Some(stop),
@@ -638,17 +663,21 @@ impl Reporting {
 /// Refusals queued for events at most; more are dropped (and counted) until the writer catches up.
 const EVENT_QUEUE: usize = 4096;
 
-/// Keeps this instance's part of every lock's status in line with `snapshots` (and, when it
-/// keeps a narrowed configuration, with what `registered` says it names) until `stop`
-/// completes, then withdraws it (as when the source is unhealthy) and returns.
+/// Keeps this instance's part of every lock's status in line with `snapshots` and `inputs`
+/// until `stop` completes, then withdraws it (as when the source is unhealthy) and returns.
 pub async fn run(
     client: kube::Client,
     instance: String,
     mut snapshots: watch::Receiver<LockSnapshot>,
-    mut registered: Option<watch::Receiver<Registered>>,
+    inputs: DecisionInputs,
     metrics: EnforcementMetrics,
     stop: impl Future<Output = ()>,
 ) {
+    let DecisionInputs {
+        mut registered,
+        index,
+    } = inputs;
+    let mut index_changes = index.as_ref().map(|i| i.subscribe());
     let keeps_registration = registered.is_some();
     let mut confirmed = Registered::default();
     let mut stop = std::pin::pin!(stop);
@@ -660,7 +689,7 @@ pub async fn run(
     // The resourceVersion and health each lock's status was last computed from: a pass looks
     // again only at locks whose object changed (a burst of status writes is a burst of passes),
     // unless time, the registration or stopping may change every answer.
-    let mut computed: HashMap<LockKey, (String, bool)> = HashMap::new();
+    let mut computed: HashMap<LockKey, (String, bool, bool)> = HashMap::new();
     let mut every_lock = true;
     loop {
         let mut snapshot = snapshots.borrow_and_update().clone();
@@ -699,17 +728,28 @@ pub async fn run(
             .values()
             .filter(|lock| retries.get(&lock.key).is_none_or(|r| r.at <= clock))
             .filter_map(|lock| {
-                let unchanged = computed.get(&lock.key).is_some_and(|(version, healthy)| {
-                    *version == lock.resource_version && *healthy == snapshot.healthy
-                });
+                let is_loaded = index
+                    .as_deref()
+                    .is_none_or(|i| loaded(i, &lock.key, lock.generation));
+                let unchanged =
+                    computed
+                        .get(&lock.key)
+                        .is_some_and(|(version, healthy, was_loaded)| {
+                            *version == lock.resource_version
+                                && *healthy == snapshot.healthy
+                                && *was_loaded == is_loaded
+                        });
                 if unchanged && !every && !retries.contains_key(&lock.key) {
                     return None;
                 }
                 computed.insert(
                     lock.key.clone(),
-                    (lock.resource_version.clone(), snapshot.healthy),
+                    (lock.resource_version.clone(), snapshot.healthy, is_loaded),
                 );
-                let coverage = Coverage::of(registration, &lock.key);
+                let coverage = match Coverage::of(registration, &lock.key) {
+                    Coverage::Sent | Coverage::Broad(_) if !is_loaded => Coverage::NotLoaded,
+                    coverage => coverage,
+                };
                 let want = desired(lock, snapshot.healthy, &coverage, &instance, now);
                 needs_write(lock, &want, &instance, applied.get(&lock.key))
                     .then(|| (lock.clone(), want))
@@ -792,6 +832,8 @@ pub async fn run(
         let wake = [next_retry, next_expiry].into_iter().flatten().min();
         tokio::select! {
             changed = snapshots.changed() => if changed.is_err() { return },
+            // The admission path's index loaded or dropped a lock.
+            _ = index_changed(&mut index_changes) => {}
             alive = registration_changed(&mut registered) => if alive {
                 every_lock = true;
             } else {
@@ -807,6 +849,16 @@ pub async fn run(
             }
         }
     }
+}
+
+/// Resolves when the index changes; never without one.
+async fn index_changed(changes: &mut Option<watch::Receiver<u64>>) {
+    if let Some(changes) = changes
+        && changes.changed().await.is_ok()
+    {
+        return;
+    }
+    std::future::pending().await
 }
 
 /// Resolves when the configuration keeper publishes (`true`) or is gone (`false`); never

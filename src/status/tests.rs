@@ -241,3 +241,41 @@ fn coverage_follows_what_the_registration_names() {
         "WarnMode"
     );
 }
+
+#[test]
+fn a_lock_is_loaded_once_the_index_holds_its_generation() {
+    use crate::locks::LockKind;
+    use crate::locks::index::WatchState;
+    let index = LockIndex::new(std::time::Duration::from_secs(3));
+    let key = lock(Some("prod"), serde_json::json!({})).key;
+    let mut indexed = crate::locks::LockRef::lock("prod", "web", LockSpec::default());
+    indexed.generation = Some(2);
+    index.reset(LockKind::Lock, vec![indexed]);
+    index.set_state(LockKind::Lock, WatchState::Live, None);
+    index.set_state(LockKind::ClusterLock, WatchState::Live, None);
+    assert!(loaded(&index, &key, 2));
+    assert!(loaded(&index, &key, 1), "a later generation enforces too");
+    assert!(!loaded(&index, &key, 3), "the spec changed: not loaded yet");
+    let other = LockKey {
+        namespace: Some("prod".into()),
+        name: "db".into(),
+    };
+    assert!(!loaded(&index, &other, 1));
+    let cluster = LockKey {
+        namespace: None,
+        name: "web".into(),
+    };
+    assert!(
+        !loaded(&index, &cluster, 1),
+        "ClusterLocks are looked up apart"
+    );
+    // Stale: admissions read the API server, which has every lock.
+    index.set_state(LockKind::Lock, WatchState::Stale, Some("403".into()));
+    assert!(loaded(&index, &other, 1));
+
+    // Not loaded: the condition says so, and no entry is written.
+    let l = lock(Some("prod"), serde_json::json!({}));
+    let want = desired(&l, true, &Coverage::NotLoaded, "cp-1", now());
+    assert_eq!(want.entry, None);
+    assert_eq!(want.conditions[0].reason, "NotYetLoaded");
+}
