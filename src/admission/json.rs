@@ -11,8 +11,10 @@ use std::cell::RefCell;
 
 use simd_json::tape::Value;
 
-/// Scratch space kept per thread, so a review allocates no parser buffers; bodies larger than
-/// this are parsed with buffers of their own, so a rare large review does not pin its memory.
+/// The largest body read here, with scratch space kept per thread so that a review allocates
+/// no parser buffers. Larger bodies are left to serde_json: they are mostly long strings (a
+/// ConfigMap's data), which serde_json skips in place faster than simd-json copies them into
+/// its buffers (1.1 MB: 0.57 ms against 1.6 ms), and they would pin their buffers' memory.
 const KEEP_BYTES: usize = 64 * 1024;
 
 struct Scratch {
@@ -33,14 +35,11 @@ thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::new());
 }
 
-/// What `read` makes of the tape of `body`, or `None` when simd-json refuses the body (the
-/// caller then reads it with serde_json).
+/// What `read` makes of the tape of `body`, or `None` when the body is larger than
+/// [`KEEP_BYTES`] or simd-json refuses it (the caller then reads it with serde_json).
 pub fn with_tape<T>(body: &[u8], read: impl FnOnce(Value<'_, '_>) -> Option<T>) -> Option<T> {
     if body.len() > KEEP_BYTES {
-        let mut input = body.to_vec();
-        let mut buffers = simd_json::Buffers::new(body.len());
-        let tape = simd_json::to_tape_with_buffers(&mut input, &mut buffers).ok()?;
-        return read(tape.as_value());
+        return None;
     }
     SCRATCH.with(|scratch| {
         // Only a re-entrant call (none today) would find it taken.
@@ -101,17 +100,23 @@ mod tests {
         }
     }
 
+    /// Bodies up to the limit are read here, again and again with the same scratch space;
+    /// larger ones are left to serde_json.
     #[test]
-    fn large_bodies_and_repeated_calls_read_alike() {
-        let small = br#"{"k":"v","n":[1,2,{"x":null}]}"#.to_vec();
-        let large = serde_json::to_vec(&serde_json::json!({"k": "v".repeat(KEEP_BYTES * 2)}))
-            .expect("serializes");
-        for body in [&small, &large, &small] {
-            let got = with_tape(body, |root| {
-                root.as_object()?.get("k")?.as_str().map(str::to_owned)
-            });
-            let expected = serde_json::from_slice::<serde_json::Value>(body).expect("valid JSON");
-            assert_eq!(got.as_deref(), expected["k"].as_str());
-        }
+    fn bodies_up_to_the_limit_are_read_here() {
+        let body = |size: usize| {
+            let text = "v".repeat(size - r#"{"k":""}"#.len());
+            serde_json::to_vec(&serde_json::json!({ "k": text })).expect("serializes")
+        };
+        let read = |body: &[u8]| {
+            with_tape(body, |root| {
+                root.as_object()?.get("k")?.as_str().map(str::len)
+            })
+        };
+        let small = br#"{"k":"v","n":[1,2,{"x":null}]}"#;
+        assert_eq!(read(small), Some(1));
+        assert_eq!(read(&body(KEEP_BYTES)), Some(KEEP_BYTES - 8));
+        assert_eq!(read(&body(KEEP_BYTES + 1)), None);
+        assert_eq!(read(small), Some(1));
     }
 }
