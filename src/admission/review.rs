@@ -43,15 +43,16 @@ pub enum ReviewError {
     NoUid,
 }
 
+/// The top of an AdmissionReview, as it arrives.
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct IncomingReview {
+pub(super) struct IncomingReview {
     #[serde(default)]
-    api_version: String,
+    pub(super) api_version: String,
     #[serde(default)]
-    kind: String,
+    pub(super) kind: String,
     #[serde(default)]
-    request: Option<AdmissionRequest>,
+    pub(super) request: Option<AdmissionRequest>,
 }
 
 /// A parsed review: the request and the version to answer in.
@@ -74,11 +75,7 @@ pub fn parse(body: &[u8]) -> Result<ParsedReview, ReviewError> {
     let review = match super::json::with_tape(body, super::tape::review) {
         Some(review) => review,
         None => match serde_json::from_slice::<IncomingReview>(body) {
-            Ok(review) => super::tape::Review {
-                api_version: review.api_version,
-                kind: review.kind,
-                request: review.request,
-            },
+            Ok(review) => review,
             Err(_) => return Err(describe_parse_error(body)),
         },
     };

@@ -13,16 +13,10 @@ use simd_json::prelude::*;
 use simd_json::tape::{Object as TapeObject, Value};
 
 use super::request::{AdmissionRequest, Object, ObjectMeta, Operation, Resource, UserInfo};
-
-/// The top of an AdmissionReview: `apiVersion`, `kind` and the request, if any.
-pub(super) struct Review {
-    pub api_version: String,
-    pub kind: String,
-    pub request: Option<AdmissionRequest>,
-}
+use super::review::IncomingReview;
 
 /// Reads a review from the tape of a whole body, or `None` to leave it to serde.
-pub(super) fn review(root: Value<'_, '_>) -> Option<Review> {
+pub(super) fn review(root: Value<'_, '_>) -> Option<IncomingReview> {
     let mut api_version = None;
     let mut kind = None;
     let mut request = None;
@@ -34,7 +28,7 @@ pub(super) fn review(root: Value<'_, '_>) -> Option<Review> {
             _ => {}
         }
     }
-    Some(Review {
+    Some(IncomingReview {
         api_version: api_version.unwrap_or_default(),
         kind: kind.unwrap_or_default(),
         request: request.flatten(),
