@@ -58,7 +58,8 @@ pub fn routes(
     let query = warp::query::raw().or(warp::any().map(String::new)).unify();
     let validate = warp::path!("validate")
         .and(warp::method())
-        .and(warp::header::headers_cloned())
+        .and(header_value("content-type"))
+        .and(header_value("content-length"))
         .and(query)
         .and(warp::body::stream())
         .and(with_state)
@@ -86,9 +87,20 @@ pub fn probes(
     healthz.or(readyz).unify()
 }
 
+/// One header's value, if present: the two `validate` reads, without copying the header map.
+fn header_value(
+    name: &'static str,
+) -> impl Filter<Extract = (Option<HeaderValue>,), Error = Infallible> + Clone + Send + Sync {
+    warp::header::value(name)
+        .map(Some)
+        .or(warp::any().map(|| None))
+        .unify()
+}
+
 async fn validate(
     method: Method,
-    headers: http::HeaderMap,
+    content_type: Option<HeaderValue>,
+    content_length: Option<HeaderValue>,
     query: String,
     mut body: impl Stream<Item = Result<impl Buf, warp::Error>> + Unpin,
     state: Arc<State>,
@@ -97,8 +109,8 @@ async fn validate(
     if method != Method::POST {
         return allow_only(&method, "POST");
     }
-    let content_type = headers
-        .get(header::CONTENT_TYPE)
+    let content_type = content_type
+        .as_ref()
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
     let essence = content_type.split(';').next().unwrap_or("").trim();
@@ -112,8 +124,8 @@ async fn validate(
             return refuse_early(body, failure(StatusCode::BAD_REQUEST, message)).await;
         }
     };
-    let declared_length = headers
-        .get(header::CONTENT_LENGTH)
+    let declared_length = content_length
+        .as_ref()
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared_length.is_some_and(|length| length > state.max_body_bytes) {

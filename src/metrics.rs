@@ -8,7 +8,7 @@
 //! `unparseable_locks`, which names each Lock whose spec cannot be read: there should be none,
 //! and an operator needs to know which one to fix.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
@@ -111,6 +111,11 @@ pub struct BuildLabels {
     pub version: &'static str,
 }
 
+/// The operations whose request counters are kept at hand.
+const OPERATIONS: [&str; 4] = ["CREATE", "UPDATE", "DELETE", "CONNECT"];
+/// How many [`Decision`]s there are.
+const DECISIONS: usize = Decision::invalid as usize + 1;
+
 /// Metrics of the admission path.
 #[derive(Clone, Debug)]
 pub struct AdmissionMetrics {
@@ -120,6 +125,9 @@ pub struct AdmissionMetrics {
     pub duration: Histogram,
     /// Lookup failures by reason and the decision they caused.
     pub lookup_errors: Family<LookupErrorLabels, Counter>,
+    /// The counters of `requests`, each looked up once: the family hashes its labels and takes
+    /// a lock on every lookup. Filled on first use, so a series appears once it counts.
+    counters: Arc<[OnceLock<Counter>; OPERATIONS.len() * DECISIONS]>,
 }
 
 impl Default for AdmissionMetrics {
@@ -131,6 +139,7 @@ impl Default for AdmissionMetrics {
                 0.000_025, 2.0, 19,
             )),
             lookup_errors: Family::default(),
+            counters: Arc::new(std::array::from_fn(|_| OnceLock::new())),
         }
     }
 }
@@ -138,12 +147,21 @@ impl Default for AdmissionMetrics {
 impl AdmissionMetrics {
     /// Records one answered request.
     pub fn observe(&self, operation: &'static str, decision: Decision, took: Duration) {
-        self.requests
-            .get_or_create(&AdmissionLabels {
-                operation,
-                decision,
-            })
-            .inc();
+        let labels = || AdmissionLabels {
+            operation,
+            decision,
+        };
+        match OPERATIONS.iter().position(|o| *o == operation) {
+            Some(index) => {
+                let slot = index * DECISIONS + decision as usize;
+                self.counters[slot]
+                    .get_or_init(|| self.requests.get_or_create(&labels()).clone())
+                    .inc();
+            }
+            None => {
+                self.requests.get_or_create(&labels()).inc();
+            }
+        }
         self.duration.observe(took.as_secs_f64());
     }
 }
@@ -367,5 +385,33 @@ mod tests {
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             assert!(line.starts_with("kube_object_lock_"), "{line}");
         }
+    }
+
+    /// The counters kept at hand count into the family's series, each into its own, also
+    /// through a clone of the metrics, and a series appears only once it has counted.
+    #[test]
+    fn kept_counters_count_into_their_series() {
+        let metrics = Metrics::new();
+        let clone = metrics.admission.clone();
+        let took = Duration::from_micros(50);
+        for _ in 0..3 {
+            metrics.admission.observe("UPDATE", Decision::allowed, took);
+        }
+        clone.observe("UPDATE", Decision::allowed, took);
+        clone.observe("DELETE", Decision::warned, took);
+        clone.observe("none", Decision::invalid, took);
+        let text = metrics.encode();
+        for series in [
+            "{operation=\"UPDATE\",decision=\"allowed\"} 4",
+            "{operation=\"DELETE\",decision=\"warned\"} 1",
+            "{operation=\"none\",decision=\"invalid\"} 1",
+        ] {
+            let line = format!("kube_object_lock_admission_requests_total{series}");
+            assert!(text.contains(&line), "{line} in {text}");
+        }
+        assert!(
+            !text.contains("decision=\"denied\""),
+            "no series before it counts: {text}"
+        );
     }
 }

@@ -17,6 +17,8 @@
 //! - (f) and, so that the ones above are not vacuous: an UPDATE or DELETE (or an eviction) of
 //!   an object whose `request.name` has a lock in its scope is refused with 403, unless it is
 //!   on a lock resource, on `status`, or an UPDATE of a Terminating object.
+//! - (g) `review::parse` (simd-json's tape first) gives the same request, or the same error, as
+//!   parsing with serde_json alone.
 
 use std::sync::Arc;
 
@@ -487,9 +489,15 @@ impl Harness {
         }
     }
 
-    /// Reviews `body`; checks (a) on the way. `None` when it is not an answerable review.
+    /// Reviews `body`; checks (a) and (g) on the way. `None` when it is not an answerable review.
     fn review(&self, body: &[u8]) -> Option<Value> {
         let parsed = review::parse(body);
+        assert_eq!(
+            parsed,
+            review::parse_with_serde_json(body),
+            "the fast parse reads what serde_json reads: {}",
+            String::from_utf8_lossy(body)
+        );
         let answer = self.runtime.block_on(self.reviewer.review(body, None));
         match (parsed, answer) {
             (Ok(_), Ok(answer)) => Some(serde_json::to_value(&answer.review).expect("serializes")),

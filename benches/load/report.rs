@@ -9,6 +9,8 @@ use crate::servers::{Enforcement, Env, Run, ScenarioResult};
 const GOAL_THROUGHPUT: f64 = 0.85;
 /// p99 of the webhook over the baseline's, one namespace: at most this.
 const GOAL_P99: f64 = 1.5;
+/// Server CPU per request of the webhook over the baseline's, one namespace: at most this.
+const GOAL_CPU: f64 = 1.3;
 /// API calls per 1000 admissions at steady state: at most this.
 const GOAL_API_PER_1000: f64 = 1.0;
 /// Peak RSS of the webhook with 10,000 Locks in 10,000 namespaces, MiB: at most this.
@@ -300,6 +302,15 @@ pub fn summary(results: &[ScenarioResult], enforcement: Option<&Enforcement>) {
                     ours.latency_ms[2], base.latency_ms[2]
                 ),
             );
+            if let (Some(o), Some(b)) = (ours.cpu_us_per_request, base.cpu_us_per_request) {
+                let c = o / b;
+                goal(
+                    c <= GOAL_CPU,
+                    &format!(
+                        "one-namespace server CPU per request <= {GOAL_CPU} x baseline: {c:.2} x ({o:.1} vs {b:.1} µs)"
+                    ),
+                );
+            }
         }
         None => println!("  [not run] one-namespace throughput and p99 (needs both servers)"),
     }

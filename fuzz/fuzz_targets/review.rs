@@ -1,8 +1,9 @@
 //! Bytes in as the body of `POST /validate`: `review::parse`, then, when it parses, the whole
 //! review (plan, lock lookup, decision, response) against a few static locks.
 //!
-//! Besides "no panic", it checks what must hold for every body: `review` fails exactly when
-//! `parse` does, and an answer carries the request's uid in the request's apiVersion.
+//! Besides "no panic", it checks what must hold for every body: `parse` gives what serde_json
+//! alone gives, `review` fails exactly when `parse` does, and an answer carries the request's
+//! uid in the request's apiVersion.
 #![no_main]
 
 use std::sync::{Arc, LazyLock};
@@ -44,6 +45,11 @@ static HARNESS: LazyLock<Harness> = LazyLock::new(|| {
 fuzz_target!(|data: &[u8]| {
     let harness = &*HARNESS;
     let parsed = review::parse(data);
+    assert_eq!(
+        parsed,
+        review::parse_with_serde_json(data),
+        "the fast parse reads what serde_json reads"
+    );
     let answer = harness
         .runtime
         .block_on(harness.reviewer.review(data, None));

@@ -222,7 +222,6 @@ pub fn decide(
     contents: Option<&LockSet>,
     now: Timestamp,
 ) -> Verdict {
-    let what = describe_object(req, &lookup.name);
     let found = applicable(req, &lookup.name, scope_locks, now);
     let mut verdict = if !found.enforcing.is_empty() {
         if req.operation == Operation::Update && req.is_terminating() {
@@ -236,7 +235,7 @@ pub fn decide(
                 ))
                 .annotate("terminating-object-update", names)
         } else {
-            deny_locked(req, &what, &found.enforcing)
+            deny_locked(req, &describe_object(req, &lookup.name), &found.enforcing)
         }
     } else if let Some(contents) = contents.filter(|set| !set.is_empty()) {
         namespace_deletion(req, &lookup.name, contents, now)

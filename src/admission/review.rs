@@ -6,14 +6,12 @@
 //! AdmissionReview carrying the request's uid, in the request's `apiVersion`, even when the locks
 //! cannot be read.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::jiff::Timestamp;
-use kube::core::Status;
-use kube::core::admission::{AdmissionResponse, AdmissionReview};
-use kube::core::{DynamicObject, TypeMeta};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use tracing::{debug, info, warn};
 
 use super::decide::{self, OnLookupError, Outcome, Plan, Verdict};
@@ -45,15 +43,16 @@ pub enum ReviewError {
     NoUid,
 }
 
+/// The top of an AdmissionReview, as it arrives.
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct IncomingReview {
+pub(super) struct IncomingReview {
     #[serde(default)]
-    api_version: String,
+    pub(super) api_version: String,
     #[serde(default)]
-    kind: String,
+    pub(super) kind: String,
     #[serde(default)]
-    request: Option<AdmissionRequest>,
+    pub(super) request: Option<AdmissionRequest>,
 }
 
 /// A parsed review: the request and the version to answer in.
@@ -67,14 +66,32 @@ pub struct ParsedReview {
 
 /// Parses an AdmissionReview, reading only what the decision needs.
 pub fn parse(body: &[u8]) -> Result<ParsedReview, ReviewError> {
+    parse_with(body, true)
+}
+
+/// [`parse`] with serde_json alone: the reference the fast path is held to (the same request or
+/// the same error for every body), for tests.
+#[doc(hidden)]
+pub fn parse_with_serde_json(body: &[u8]) -> Result<ParsedReview, ReviewError> {
+    parse_with(body, false)
+}
+
+fn parse_with(body: &[u8], fast: bool) -> Result<ParsedReview, ReviewError> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Err(ReviewError::Empty);
     }
-    // The fast path is plain serde_json; only a body that fails is parsed again to name the
-    // field, since tracking the path costs a third of every parse.
-    let review: IncomingReview = match serde_json::from_slice(body) {
-        Ok(review) => review,
-        Err(_) => return Err(describe_parse_error(body)),
+    // The fast path reads simd-json's tape; what it leaves is read by serde_json, and only a
+    // body that fails that too is parsed again to name the field (tracking the path costs a
+    // third of a parse).
+    let read = fast
+        .then(|| super::json::with_tape(body, super::tape::review))
+        .flatten();
+    let review = match read {
+        Some(review) => review,
+        None => match serde_json::from_slice::<IncomingReview>(body) {
+            Ok(review) => review,
+            Err(_) => return Err(describe_parse_error(body)),
+        },
     };
     if review.kind != "AdmissionReview" {
         return Err(ReviewError::WrongKind(review.kind));
@@ -114,26 +131,81 @@ fn describe_parse_error(body: &[u8]) -> ReviewError {
     }
 }
 
+/// The AdmissionReview sent back: `kube`'s `AdmissionReview` as it serializes, built from the
+/// verdict without copies or intermediate values.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReviewAnswer {
+    /// The request's `apiVersion`.
+    pub api_version: &'static str,
+    /// Always `AdmissionReview`.
+    pub kind: &'static str,
+    /// The answer.
+    pub response: ReviewResponse,
+}
+
+/// An AdmissionReview's `response`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReviewResponse {
+    /// The request's uid.
+    pub uid: String,
+    /// True when the request may proceed.
+    pub allowed: bool,
+    /// Why it may not (empty when allowed).
+    pub status: ReviewStatus,
+    /// Recorded in the audit log.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub audit_annotations: BTreeMap<String, String>,
+    /// Shown by kubectl.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+}
+
+/// A `Status` as the API server reads it from a response: `{}` when allowed.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ReviewStatus {
+    /// `Failure` for a refusal.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<&'static str>,
+    /// The HTTP code the user sees.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub code: u16,
+    /// The message kubectl prints.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    /// `Forbidden` or `ServiceUnavailable`.
+    #[serde(skip_serializing_if = "str::is_empty")]
+    pub reason: &'static str,
+}
+
+fn is_zero(code: &u16) -> bool {
+    *code == 0
+}
+
 /// The response AdmissionReview for a verdict.
-pub fn respond(review: &ParsedReview, verdict: &Verdict) -> AdmissionReview<DynamicObject> {
-    let mut response = AdmissionResponse::invalid("");
-    response.types = TypeMeta {
-        api_version: review.api_version.to_owned(),
-        kind: "AdmissionReview".to_owned(),
+pub fn respond(review: ParsedReview, verdict: Verdict) -> ReviewAnswer {
+    let allowed = verdict.allowed();
+    let status = match verdict.refusal {
+        Some(refusal) => ReviewStatus {
+            status: Some("Failure"),
+            code: refusal.code,
+            message: refusal.message,
+            reason: refusal.reason,
+        },
+        None => ReviewStatus::default(),
     };
-    response.uid = review.request.uid.clone();
-    response.allowed = verdict.allowed();
-    response.result = match &verdict.refusal {
-        Some(refusal) => Status::failure(&refusal.message, refusal.reason).with_code(refusal.code),
-        None => Status::default(),
-    };
-    response.audit_annotations = verdict
-        .audit_annotations
-        .iter()
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    response.warnings = (!verdict.warnings.is_empty()).then(|| verdict.warnings.clone());
-    response.into_review()
+    ReviewAnswer {
+        api_version: review.api_version,
+        kind: "AdmissionReview",
+        response: ReviewResponse {
+            uid: review.request.uid,
+            allowed,
+            status,
+            audit_annotations: verdict.audit_annotations,
+            warnings: verdict.warnings,
+        },
+    }
 }
 
 /// The settings the review path needs.
@@ -158,7 +230,7 @@ pub struct Reviewer {
 #[derive(Debug)]
 pub struct Answer {
     /// The response to send.
-    pub review: AdmissionReview<DynamicObject>,
+    pub review: ReviewAnswer,
     /// What the answer was.
     pub outcome: Outcome,
 }
@@ -212,7 +284,7 @@ impl Reviewer {
                 self.metrics
                     .observe(req.operation.as_str(), Decision::allowed, started.elapsed());
                 return Ok(Answer {
-                    review: respond(&parsed, &Verdict::allow()),
+                    review: respond(parsed, Verdict::allow()),
                     outcome: Outcome::Allowed,
                 });
             }
@@ -256,7 +328,8 @@ impl Reviewer {
                 }
             }
         };
-        log_verdict(req, &verdict, started.elapsed());
+        let elapsed = started.elapsed();
+        log_verdict(req, &verdict, elapsed);
         let decision = match verdict.outcome {
             Outcome::Allowed => Decision::allowed,
             Outcome::Warned => Decision::warned,
@@ -264,10 +337,11 @@ impl Reviewer {
             Outcome::Error => Decision::error,
         };
         self.metrics
-            .observe(req.operation.as_str(), decision, started.elapsed());
+            .observe(req.operation.as_str(), decision, elapsed);
+        let outcome = verdict.outcome;
         Ok(Answer {
-            review: respond(&parsed, &verdict),
-            outcome: verdict.outcome,
+            review: respond(parsed, verdict),
+            outcome,
         })
     }
 
@@ -301,6 +375,15 @@ impl Reviewer {
 }
 
 fn log_verdict(req: &AdmissionRequest, verdict: &Verdict, elapsed: Duration) {
+    // The fields below are built only for a line that is written.
+    let written = if verdict.outcome == Outcome::Denied {
+        tracing::enabled!(tracing::Level::INFO)
+    } else {
+        tracing::enabled!(tracing::Level::DEBUG)
+    };
+    if !written {
+        return;
+    }
     let namespace = req.object_namespace().unwrap_or("");
     let name = req.object_name().unwrap_or("");
     let locks = verdict.locks.join(",");
@@ -380,7 +463,7 @@ mod tests {
             outcome: Outcome::Denied,
             locks: vec![],
         };
-        let json = serde_json::to_value(respond(&parsed, &verdict)).expect("serializes");
+        let json = serde_json::to_value(respond(parsed, verdict)).expect("serializes");
         assert_eq!(
             json,
             serde_json::json!({
@@ -395,5 +478,124 @@ mod tests {
                 }
             })
         );
+    }
+
+    /// The answer serializes as kube's `AdmissionReview` does, for every kind of verdict.
+    #[test]
+    fn answers_serialize_as_kube_admission_reviews() {
+        use kube::core::admission::{AdmissionResponse, AdmissionReview};
+        use kube::core::{DynamicObject, Status, TypeMeta};
+
+        let kube_answer = |parsed: &ParsedReview, verdict: &Verdict| {
+            let mut response = AdmissionResponse::invalid("");
+            response.types = TypeMeta {
+                api_version: parsed.api_version.to_owned(),
+                kind: "AdmissionReview".to_owned(),
+            };
+            response.uid = parsed.request.uid.clone();
+            response.allowed = verdict.allowed();
+            response.result = match &verdict.refusal {
+                Some(r) => Status::failure(&r.message, r.reason).with_code(r.code),
+                None => Status::default(),
+            };
+            response.audit_annotations = verdict.audit_annotations.clone().into_iter().collect();
+            response.warnings = (!verdict.warnings.is_empty()).then(|| verdict.warnings.clone());
+            let review: AdmissionReview<DynamicObject> = response.into_review();
+            serde_json::to_value(review).expect("serializes")
+        };
+        let refused = Verdict {
+            refusal: Some(decide::Refusal {
+                code: 503,
+                reason: "ServiceUnavailable",
+                message: "cannot read locks".into(),
+            }),
+            outcome: Outcome::Error,
+            ..Verdict::allow()
+        };
+        let warned = Verdict {
+            warnings: vec!["one".into(), "two".into()],
+            audit_annotations: [
+                ("a".to_owned(), "1".to_owned()),
+                ("b".to_owned(), "2".to_owned()),
+            ]
+            .into(),
+            outcome: Outcome::Warned,
+            ..Verdict::allow()
+        };
+        for version in [ADMISSION_V1, ADMISSION_V1BETA1] {
+            let body = format!(
+                r#"{{"kind":"AdmissionReview","apiVersion":"{version}","request":{{"uid":"u-1","resource":{{"group":"","version":"v1","resource":"pods"}},"operation":"DELETE","userInfo":{{}}}}}}"#
+            );
+            let parsed = parse(body.as_bytes()).expect("valid");
+            for verdict in [Verdict::allow(), refused.clone(), warned.clone()] {
+                let expected = kube_answer(&parsed, &verdict);
+                let answer = respond(parsed.clone(), verdict);
+                assert_eq!(serde_json::to_value(&answer).expect("serializes"), expected);
+            }
+        }
+    }
+
+    /// The tape reader gives what serde_json gives, or leaves the body to it: on every captured
+    /// review (all of which it reads itself) and on the shapes it must leave alone.
+    #[test]
+    fn tape_reading_agrees_with_serde_json() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
+        let mut fixtures: Vec<Vec<u8>> = std::fs::read_dir(dir)
+            .expect("fixtures")
+            .map(|entry| entry.expect("entry").path())
+            .filter(|path| path.extension().is_some_and(|e| e == "json"))
+            .map(|path| std::fs::read(path).expect("readable"))
+            .collect();
+        let captured = fixtures.len();
+        assert!(captured > 20, "{captured} fixtures");
+        let envelope = |request: &str| {
+            format!(r#"{{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{request}}}"#)
+                .into_bytes()
+        };
+        let base = r#""uid":"u","resource":{"group":"","version":"v1","resource":"configmaps"},"operation":"UPDATE","userInfo":{"username":"me","groups":["g"]}"#;
+        let edges = [
+            format!(r#"{{{base},"uid":"again"}}"#),
+            format!(r#"{{{base},"name":null,"namespace":"ns","subResource":null,"dryRun":null}}"#),
+            format!(r#"{{{base},"name":5}}"#),
+            format!(r#"{{{base},"dryRun":"yes"}}"#),
+            format!(r#"{{{base},"object":null,"oldObject":{{"metadata":{{"name":"a","labels":{{"k":"1","k":"2"}}}}}}}}"#),
+            format!(r#"{{{base},"oldObject":{{"metadata":{{"labels":{{"k":null}}}}}}}}"#),
+            format!(r#"{{{base},"oldObject":{{"metadata":null}}}}"#),
+            format!(r#"{{{base},"oldObject":{{"metadata":{{}},"metadata":{{}}}}}}"#),
+            format!(r#"{{{base},"oldObject":{{"metadata":{{"deletionTimestamp":"2026-01-01T00:00:00Z","finalizers":["f"]}}}}}}"#),
+            format!(r#"{{{base},"oldObject":[]}}"#),
+            format!(r#"{{{base},"oldObject":{{"spec":{{"a":[1,2.5,-3,true,null,"\u00e9"]}}}}}}"#),
+            r#"{"uid":"u","resource":["","v1","pods"],"operation":"DELETE","userInfo":{}}"#.to_owned(),
+            r#"{"uid":"u","resource":{"resource":"pods","group":null},"operation":"DELETE","userInfo":{}}"#.to_owned(),
+            r#"{"uid":"u","resource":{"resource":"pods"},"operation":{"DELETE":null},"userInfo":{}}"#.to_owned(),
+            r#"{"uid":"u","resource":{"resource":"pods"},"operation":"PATCH","userInfo":{}}"#.to_owned(),
+            r#"{"uid":"u","resource":{"resource":"pods"},"operation":"DELETE","userInfo":{"groups":null}}"#.to_owned(),
+            r#"{"uid":"u","resource":{"resource":"pods"},"operation":"DELETE"}"#.to_owned(),
+            r#"{"uid":"u","resource":{"resource":"p\u006fds"},"operation":"DEL\u0045TE","userInfo":{}}"#.to_owned(),
+            "null".to_owned(),
+        ];
+        fixtures.extend(edges.iter().map(|request| envelope(request)));
+        fixtures.push(br#"["admission.k8s.io/v1","AdmissionReview",null]"#.to_vec());
+        fixtures.push(br#"{"apiVersion":null,"kind":"AdmissionReview"}"#.to_vec());
+        fixtures.push(br#"{"kind":"AdmissionReview","kind":"AdmissionReview"}"#.to_vec());
+        let mut read_by_tape = 0;
+        for body in &fixtures {
+            let text = String::from_utf8_lossy(body);
+            let tape = super::super::json::with_tape(body, super::super::tape::review);
+            match (tape, serde_json::from_slice::<IncomingReview>(body)) {
+                (Some(tape), Ok(serde)) => {
+                    read_by_tape += 1;
+                    assert_eq!(tape.api_version, serde.api_version, "{text}");
+                    assert_eq!(tape.kind, serde.kind, "{text}");
+                    assert_eq!(tape.request, serde.request, "{text}");
+                }
+                (Some(_), Err(e)) => {
+                    panic!("the tape reader accepted what serde_json refuses ({e}): {text}")
+                }
+                (None, _) => {}
+            }
+        }
+        // Every fixture, and the six plainly valid edges, take the fast path.
+        assert_eq!(read_by_tape, captured + 6, "of {}", fixtures.len());
     }
 }

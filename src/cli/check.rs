@@ -75,7 +75,7 @@ pub async fn check(settings: &Settings, input: &Path) -> Result<CheckResult, Che
         .review(&body, None)
         .await
         .map_err(|source| CheckError::Review { path: name, source })?;
-    let allowed = answer.review.response.as_ref().is_some_and(|r| r.allowed);
+    let allowed = answer.review.response.allowed;
     let response = serde_json::to_string_pretty(&answer.review).unwrap_or_default();
     Ok(CheckResult {
         response,
