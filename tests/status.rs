@@ -256,7 +256,7 @@ async fn an_unhealthy_source_withdraws_the_instance_and_a_healthy_one_returns_it
                 namespace: Some("prod".into()),
                 name: "web".into(),
             },
-            lock(status),
+            Arc::new(lock(status)),
         )])),
     };
     let (tx, rx) = watch::channel(snapshot(true, Value::Null));

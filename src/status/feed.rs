@@ -53,7 +53,8 @@ pub fn watch_locks(
 
 #[derive(Default)]
 struct FeedState {
-    locks: BTreeMap<LockKey, KnownLock>,
+    /// Values shared with the published snapshots: a snapshot copies the map, not the locks.
+    locks: BTreeMap<LockKey, Arc<KnownLock>>,
     /// Per kind (Lock, ClusterLock): listed, and not failing since.
     healthy: [bool; 2],
 }
@@ -82,7 +83,7 @@ async fn watch_kind(
     let mut delay = backoff.next().unwrap_or(crate::locks::watch::MAX_WAIT);
     loop {
         let mut stream = watcher(api.clone(), watcher::Config::default()).boxed();
-        let mut listing: BTreeMap<LockKey, KnownLock> = BTreeMap::new();
+        let mut listing: BTreeMap<LockKey, Arc<KnownLock>> = BTreeMap::new();
         'stream: loop {
             let mut next = match stream.try_next().await {
                 Ok(Some(event)) => Some(event),
@@ -104,7 +105,7 @@ async fn watch_kind(
                     watcher::Event::Init => listing.clear(),
                     watcher::Event::InitApply(obj) => {
                         if let Some(lock) = known(obj, kind.namespace.is_some()) {
-                            listing.insert(lock.key.clone(), lock);
+                            listing.insert(lock.key.clone(), Arc::new(lock));
                         }
                     }
                     watcher::Event::InitDone => {
@@ -118,7 +119,7 @@ async fn watch_kind(
                     }
                     watcher::Event::Apply(obj) => {
                         if let Some(lock) = known(obj, kind.namespace.is_some()) {
-                            st.locks.insert(lock.key.clone(), lock);
+                            st.locks.insert(lock.key.clone(), Arc::new(lock));
                             changed = true;
                         }
                     }

@@ -54,6 +54,9 @@ pub const CONDITION: &str = "Enforced";
 pub const FIELD_MANAGER_PREFIX: &str = "kube-object-lock/";
 /// Writes in flight at once.
 const CONCURRENT_WRITES: usize = 8;
+/// Writes started by one pass at most: a first start with thousands of Locks neither holds
+/// them all in memory at once nor keeps changes (a new Lock) waiting until every one is done.
+const WRITES_PER_PASS: usize = 64;
 /// Longest wait between retries of a failed write.
 const MAX_RETRY: Duration = Duration::from_secs(30);
 /// Longest instance name: it is part of a field manager (at most 128 characters).
@@ -137,7 +140,7 @@ pub struct LockSnapshot {
     /// True while the source has a complete, current view (synced, watch not failing).
     pub healthy: bool,
     /// Every known lock.
-    pub locks: Arc<BTreeMap<LockKey, KnownLock>>,
+    pub locks: Arc<BTreeMap<LockKey, Arc<KnownLock>>>,
 }
 
 /// Whether the webhook configuration sends a lock's requests to the webhook.
@@ -754,6 +757,7 @@ pub async fn run(
                 needs_write(lock, &want, &instance, applied.get(&lock.key))
                     .then(|| (lock.clone(), want))
             })
+            .take(WRITES_PER_PASS)
             .map(|(lock, want)| {
                 let (client, manager) = (client.clone(), manager.clone());
                 async move {
@@ -762,6 +766,12 @@ pub async fn run(
                 }
             })
             .collect();
+        // More to write than one pass takes: the next pass starts at once and looks at every
+        // lock again (those left out were not looked at).
+        let more = writes.len() == WRITES_PER_PASS;
+        if more {
+            every_lock = true;
+        }
         let results: Vec<_> = futures::stream::iter(writes)
             .buffer_unordered(CONCURRENT_WRITES)
             .collect()
@@ -826,8 +836,11 @@ pub async fn run(
                 let wait = at.duration_since(Timestamp::now()).unsigned_abs();
                 Instant::now() + wait + Duration::from_millis(1)
             });
-        if stopping {
+        if stopping && !more {
             return;
+        }
+        if more {
+            continue;
         }
         let wake = [next_retry, next_expiry].into_iter().flatten().min();
         tokio::select! {
