@@ -35,11 +35,14 @@ use crate::metrics::{KindLabels, LockLabels, ModeLabels, SourceMetrics};
 
 /// Objects per LIST page (client-go's default).
 const PAGE_SIZE: u32 = 500;
-/// The server ends each watch after this long; it is then resumed, which also bounds how long a
-/// silently dead connection can pass for a live one (plus [`IDLE_MARGIN`]).
+/// The server ends each watch after this long; it is then resumed.
 const WATCH_TIMEOUT_SECS: u32 = 290;
-/// How long past the server's timeout a silent stream is given before it is dropped.
-const IDLE_MARGIN: Duration = Duration::from_secs(5);
+/// Longest silence before a watch stream is taken for dead and resumed. The API server's watch
+/// cache sends a bookmark about every minute to a watch that asks for them (they are asked for),
+/// so a live stream is never this quiet; a black-holed connection is noticed after this long,
+/// not after the server's timeout. Where no bookmarks come (watch cache disabled), a quiet
+/// stream is merely resumed.
+const IDLE_LIMIT: Duration = Duration::from_secs(75);
 /// A watch that lived at least this long resets the backoff.
 const HEALTHY_FOR: Duration = Duration::from_secs(1);
 /// Retry delays: from 50 ms, doubling, capped at 500 ms before jitter; the jitter adds up to as
@@ -279,7 +282,7 @@ impl Writer {
         mut version: String,
         unparseable: &mut HashSet<(String, String)>,
     ) -> (String, Option<Failure>) {
-        let idle = Duration::from_secs(u64::from(WATCH_TIMEOUT_SECS)) + IDLE_MARGIN;
+        let idle = IDLE_LIMIT;
         let label = KindLabels { kind: self.label() };
         loop {
             let event = match tokio::time::timeout(idle, stream.try_next()).await {
@@ -427,6 +430,30 @@ impl Writer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_watch_is_dropped_after_the_idle_limit() {
+        let config = kube::Config::new("http://127.0.0.1:9".parse().expect("url"));
+        let client = kube::Client::try_from(config).expect("client");
+        let writer = Writer {
+            api: Writer::api(client, LockKind::Lock),
+            kind: LockKind::Lock,
+            index: Arc::new(LockIndex::new(Duration::from_secs(3))),
+            metrics: SourceMetrics::default(),
+        };
+        let started = tokio::time::Instant::now();
+        let silent = futures::stream::pending().boxed();
+        let (version, ended) = writer
+            .follow(silent, "42".into(), &mut HashSet::new())
+            .await;
+        assert_eq!(version, "42");
+        assert!(ended.is_none(), "a clean end: resumed at once");
+        let waited = started.elapsed();
+        assert!(
+            waited >= IDLE_LIMIT && waited < IDLE_LIMIT + Duration::from_secs(1),
+            "{waited:?}"
+        );
+    }
 
     #[test]
     fn no_retry_waits_longer_than_a_second_jitter_included() {
