@@ -7,13 +7,8 @@ mod support;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kube_object_lock::app::Source;
-use kube_object_lock::locks::kube::KubeSource;
-use kube_object_lock::metrics::Metrics;
-use kube_object_lock::status::{DecisionInputs, Reporting};
 use serde_json::{Value, json};
 use support::fake_apiserver::FakeApiServer;
 use support::{TestServer, fixture};
@@ -52,34 +47,7 @@ async fn setup(webhook: bool, registered: bool) -> Setup {
     let server = match webhook {
         false => None,
         true => {
-            let metrics = Arc::new(Metrics::new());
-            let source = KubeSource::with_metrics(
-                api.client(),
-                support::cache_config(),
-                metrics.source.clone(),
-            );
-            let refresh = tokio::spawn(source.watch());
-            let reporting = Reporting::start(
-                api.client(),
-                "cp-1".into(),
-                metrics.enforcement.clone(),
-                DecisionInputs {
-                    registered: None,
-                    index: Some(source.index().clone()),
-                },
-            );
-            let source = Source {
-                source: Arc::new(source),
-                refresh: Some(refresh),
-            };
-            let server = TestServer::start_reporting(
-                support::Certs::new(),
-                source,
-                metrics,
-                Some(reporting),
-                |_| {},
-            )
-            .await;
+            let server = TestServer::start_reporting_on(&api).await;
             if registered {
                 api.register_webhook(&server.url("/validate"), &server.certs.path("ca.crt"));
             }

@@ -7,14 +7,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kube_object_lock::admission::{OnLookupError, ReviewPolicy, Reviewer};
-use kube_object_lock::app::Source;
 use kube_object_lock::events::{self, EventSink, WriterConfig};
 use kube_object_lock::locks::LockSource;
 use kube_object_lock::locks::kube::KubeSource;
-use kube_object_lock::metrics::Metrics;
-use kube_object_lock::status::{
-    DecisionInputs, DropLabels, EnforcementMetrics, EventWriteLabels, Reporting, feed,
-};
+use kube_object_lock::status::{DropLabels, EnforcementMetrics, EventWriteLabels, feed};
 use serde_json::{Value, json};
 use support::fake_apiserver::FakeApiServer;
 use support::{TestServer, fixture};
@@ -251,33 +247,7 @@ async fn the_webhook_writes_status_and_events_and_withdraws_on_stop() {
     support::init();
     let api = FakeApiServer::start().await;
     api.create_lock(NS, "locked-a", json!({}));
-    let metrics = Arc::new(Metrics::new());
-    let source = KubeSource::with_metrics(
-        api.client(),
-        support::cache_config(),
-        metrics.source.clone(),
-    );
-    let refresh = tokio::spawn(source.watch());
-    let reporting = Reporting::start(
-        api.client(),
-        "cp-1".into(),
-        metrics.enforcement.clone(),
-        DecisionInputs {
-            registered: None,
-            index: Some(source.index().clone()),
-        },
-    );
-    let server = TestServer::start_reporting(
-        support::Certs::new(),
-        Source {
-            source: Arc::new(source),
-            refresh: Some(refresh),
-        },
-        metrics,
-        Some(reporting),
-        |_| {},
-    )
-    .await;
+    let server = TestServer::start_reporting_on(&api).await;
     support::until(
         "status shows the instance",
         || api.lock(NS, "locked-a").expect("lock")["status"]["enforcedCount"].clone(),

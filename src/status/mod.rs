@@ -844,10 +844,12 @@ pub async fn run(
         }
         let wake = [next_retry, next_expiry].into_iter().flatten().min();
         tokio::select! {
-            changed = snapshots.changed() => if changed.is_err() { return },
+            next = snapshots.changed() => if next.is_err() { return },
             // The admission path's index loaded or dropped a lock.
-            _ = index_changed(&mut index_changes) => {}
-            alive = registration_changed(&mut registered) => if alive {
+            alive = changed(&mut index_changes) => if !alive {
+                index_changes = None;
+            },
+            alive = changed(&mut registered) => if alive {
                 every_lock = true;
             } else {
                 // The configuration keeper stopped: what it last confirmed stays true.
@@ -864,21 +866,11 @@ pub async fn run(
     }
 }
 
-/// Resolves when the index changes; never without one.
-async fn index_changed(changes: &mut Option<watch::Receiver<u64>>) {
-    if let Some(changes) = changes
-        && changes.changed().await.is_ok()
-    {
-        return;
-    }
-    std::future::pending().await
-}
-
-/// Resolves when the configuration keeper publishes (`true`) or is gone (`false`); never
-/// without one.
-async fn registration_changed(registered: &mut Option<watch::Receiver<Registered>>) -> bool {
-    match registered {
-        Some(registered) => registered.changed().await.is_ok(),
+/// Resolves when the channel publishes (`true`) or its sender is gone (`false`); never without
+/// a channel.
+async fn changed<T>(channel: &mut Option<watch::Receiver<T>>) -> bool {
+    match channel {
+        Some(channel) => channel.changed().await.is_ok(),
         None => std::future::pending().await,
     }
 }

@@ -108,6 +108,30 @@ impl TestServer {
         TestServer::start_reporting(certs, source, metrics, None, tune).await
     }
 
+    /// The production wiring on `api`: the watch-fed lock source, and lock status and events
+    /// written as instance `cp-1`, decided from that source's index.
+    pub async fn start_reporting_on(api: &fake_apiserver::FakeApiServer) -> TestServer {
+        use kube_object_lock::locks::kube::KubeSource;
+        use kube_object_lock::status::{DecisionInputs, Reporting};
+        let metrics = Arc::new(Metrics::new());
+        let source = KubeSource::with_metrics(api.client(), cache_config(), metrics.source.clone());
+        let refresh = tokio::spawn(source.watch());
+        let reporting = Reporting::start(
+            api.client(),
+            "cp-1".into(),
+            metrics.enforcement.clone(),
+            DecisionInputs {
+                registered: None,
+                index: Some(source.index().clone()),
+            },
+        );
+        let source = Source {
+            source: Arc::new(source),
+            refresh: Some(refresh),
+        };
+        TestServer::start_reporting(Certs::new(), source, metrics, Some(reporting), |_| {}).await
+    }
+
     /// Like [`TestServer::start_full`], writing lock status and events through `reporting`.
     pub async fn start_reporting(
         certs: Certs,
