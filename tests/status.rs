@@ -251,13 +251,13 @@ async fn an_unhealthy_source_withdraws_the_instance_and_a_healthy_one_returns_it
     };
     let snapshot = |healthy: bool, status: Value| LockSnapshot {
         healthy,
-        locks: Arc::new(BTreeMap::from([(
+        locks: imbl::OrdMap::unit(
             LockKey {
                 namespace: Some("prod".into()),
                 name: "web".into(),
             },
             Arc::new(lock(status)),
-        )])),
+        ),
     };
     let (tx, rx) = watch::channel(snapshot(true, Value::Null));
     let writer = tokio::spawn(status::run(

@@ -53,8 +53,8 @@ pub fn watch_locks(
 
 #[derive(Default)]
 struct FeedState {
-    /// Values shared with the published snapshots: a snapshot copies the map, not the locks.
-    locks: BTreeMap<LockKey, Arc<KnownLock>>,
+    /// Shared with the published snapshots (a persistent map: publishing copies nothing).
+    locks: imbl::OrdMap<LockKey, Arc<KnownLock>>,
     /// Per kind (Lock, ClusterLock): listed, and not failing since.
     healthy: [bool; 2],
 }
@@ -63,7 +63,7 @@ impl FeedState {
     fn publish(&self, tx: &watch::Sender<LockSnapshot>) {
         tx.send_replace(LockSnapshot {
             healthy: self.healthy.iter().all(|h| *h),
-            locks: Arc::new(self.locks.clone()),
+            locks: self.locks.clone(),
         });
     }
 }
@@ -109,8 +109,20 @@ async fn watch_kind(
                         }
                     }
                     watcher::Event::InitDone => {
-                        st.locks.retain(|key, _| !is_kind(key));
-                        st.locks.append(&mut listing);
+                        // Only what the list changed is replaced, so that a re-list keeps the
+                        // snapshots' shared structure (and their diff small).
+                        let gone: Vec<LockKey> = (st.locks.keys())
+                            .filter(|key| is_kind(key) && !listing.contains_key(*key))
+                            .cloned()
+                            .collect();
+                        for key in gone {
+                            st.locks.remove(&key);
+                        }
+                        for (key, lock) in std::mem::take(&mut listing) {
+                            if st.locks.get(&key).is_none_or(|old| **old != *lock) {
+                                st.locks.insert(key, lock);
+                            }
+                        }
                         st.healthy[slot] = true;
                         backoff.reset();
                         delay = backoff.next().unwrap_or(crate::locks::watch::MAX_WAIT);

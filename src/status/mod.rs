@@ -28,7 +28,7 @@
 
 pub mod feed;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -139,8 +139,9 @@ pub struct KnownLock {
 pub struct LockSnapshot {
     /// True while the source has a complete, current view (synced, watch not failing).
     pub healthy: bool,
-    /// Every known lock.
-    pub locks: Arc<BTreeMap<LockKey, Arc<KnownLock>>>,
+    /// Every known lock. A persistent map: publishing a snapshot per change costs no copy, and
+    /// the diff of two snapshots visits only the parts that changed.
+    pub locks: imbl::OrdMap<LockKey, Arc<KnownLock>>,
 }
 
 /// Whether the webhook configuration sends a lock's requests to the webhook.
@@ -689,10 +690,22 @@ pub async fn run(
     let mut applied: HashMap<LockKey, Applied> = HashMap::new();
     let mut retries: HashMap<LockKey, Retry> = HashMap::new();
     let mut was_healthy = None;
-    // The resourceVersion and health each lock's status was last computed from: a pass looks
-    // again only at locks whose object changed (a burst of status writes is a burst of passes),
-    // unless time, the registration or stopping may change every answer.
+    // The resourceVersion, health and index state each lock's status was last computed from.
     let mut computed: HashMap<LockKey, (String, bool, bool)> = HashMap::new();
+    // A pass looks only at the locks in `todo`: those that changed since the snapshot the last
+    // pass saw (a burst of status writes is a burst of passes, each over a few locks), those
+    // whose retry or expiry is due, those waiting for the index. `true` = compute even if
+    // nothing it was computed from changed (the registration, time or stopping may change
+    // every answer).
+    let mut todo: BTreeMap<LockKey, bool> = BTreeMap::new();
+    let mut seen: imbl::OrdMap<LockKey, Arc<KnownLock>> = imbl::OrdMap::new();
+    // Computed as not yet in the index: looked at again whenever the index changes.
+    let mut unloaded: HashSet<LockKey> = HashSet::new();
+    // Locks with an `expiresAt`, to wake up when the next one passes.
+    let mut expiring: HashMap<LockKey, Timestamp> = HashMap::new();
+    let mut index_fresh = None;
+    let mut index_moved = false;
+    let mut due = false;
     let mut every_lock = true;
     loop {
         let mut snapshot = snapshots.borrow_and_update().clone();
@@ -710,54 +723,112 @@ pub async fn run(
             info!(%instance, healthy = snapshot.healthy, locks = snapshot.locks.len(),
                 "lock status: {}", if snapshot.healthy { "marking locks enforced" } else { "lock source unhealthy; withdrawing this instance from lock status" });
             was_healthy = Some(snapshot.healthy);
+            every_lock = true;
+        }
+        // A stale index is not asked (see `loaded`): its freshness changes every answer.
+        let fresh = index.as_deref().map(LockIndex::is_fresh);
+        if index_fresh != fresh {
+            index_fresh = fresh;
+            every_lock = true;
         }
         let now = Timestamp::now();
         let clock = Instant::now();
-        applied.retain(|key, _| snapshot.locks.contains_key(key));
-        for (key, write) in applied.iter_mut() {
-            if snapshot
+        if std::mem::replace(&mut every_lock, false) {
+            applied.retain(|key, _| snapshot.locks.contains_key(key));
+            retries.retain(|key, _| snapshot.locks.contains_key(key));
+            computed.retain(|key, _| snapshot.locks.contains_key(key));
+            unloaded.retain(|key| snapshot.locks.contains_key(key));
+            expiring.retain(|key, _| snapshot.locks.contains_key(key));
+            todo = snapshot
                 .locks
-                .get(key)
-                .is_some_and(|l| l.resource_version == write.version)
+                .keys()
+                .map(|key| (key.clone(), true))
+                .collect();
+        } else {
+            for change in seen.diff(&snapshot.locks) {
+                match change {
+                    imbl::ordmap::DiffItem::Add(key, _)
+                    | imbl::ordmap::DiffItem::Update { new: (key, _), .. } => {
+                        todo.entry(key.clone()).or_insert(false);
+                    }
+                    imbl::ordmap::DiffItem::Remove(key, _) => {
+                        applied.remove(key);
+                        retries.remove(key);
+                        computed.remove(key);
+                        unloaded.remove(key);
+                        expiring.remove(key);
+                        todo.remove(key);
+                    }
+                }
+            }
+            if std::mem::take(&mut index_moved) {
+                for key in &unloaded {
+                    todo.entry(key.clone()).or_insert(false);
+                }
+            }
+            if std::mem::take(&mut due) {
+                let retry_due = retries.iter().filter(|(_, r)| r.at <= clock);
+                let expired = expiring.iter().filter(|(_, at)| **at <= now);
+                for key in retry_due.map(|(k, _)| k).chain(expired.map(|(k, _)| k)) {
+                    todo.insert(key.clone(), true);
+                }
+            }
+        }
+        seen = snapshot.locks.clone();
+        let mut picked = Vec::new();
+        while picked.len() < WRITES_PER_PASS {
+            let Some((key, force)) = todo.pop_first() else {
+                break;
+            };
+            let Some(lock) = snapshot.locks.get(&key) else {
+                continue;
+            };
+            if let Some(write) = applied.get_mut(&key)
+                && lock.resource_version == write.version
             {
                 write.echoed = true;
             }
+            // Not due yet: the retry's wake-up brings it back.
+            if retries.get(&key).is_some_and(|r| r.at > clock) {
+                continue;
+            }
+            match lock.spec.as_ref().ok().and_then(|s| s.expires_at.as_ref()) {
+                Some(at) => expiring.insert(key.clone(), at.0),
+                None => expiring.remove(&key),
+            };
+            let is_loaded = index
+                .as_deref()
+                .is_none_or(|i| loaded(i, &key, lock.generation));
+            if is_loaded {
+                unloaded.remove(&key);
+            } else {
+                unloaded.insert(key.clone());
+            }
+            let unchanged = computed
+                .get(&key)
+                .is_some_and(|(version, healthy, was_loaded)| {
+                    *version == lock.resource_version
+                        && *healthy == snapshot.healthy
+                        && *was_loaded == is_loaded
+                });
+            if unchanged && !force && !retries.contains_key(&key) {
+                continue;
+            }
+            computed.insert(
+                key.clone(),
+                (lock.resource_version.clone(), snapshot.healthy, is_loaded),
+            );
+            let coverage = match Coverage::of(registration, &key) {
+                Coverage::Sent | Coverage::Broad(_) if !is_loaded => Coverage::NotLoaded,
+                coverage => coverage,
+            };
+            let want = desired(lock, snapshot.healthy, &coverage, &instance, now);
+            if needs_write(lock, &want, &instance, applied.get(&key)) {
+                picked.push((lock.clone(), want));
+            }
         }
-        retries.retain(|key, _| snapshot.locks.contains_key(key));
-        computed.retain(|key, _| snapshot.locks.contains_key(key));
-        let every = std::mem::replace(&mut every_lock, false) || stopping;
-        let writes: Vec<_> = snapshot
-            .locks
-            .values()
-            .filter(|lock| retries.get(&lock.key).is_none_or(|r| r.at <= clock))
-            .filter_map(|lock| {
-                let is_loaded = index
-                    .as_deref()
-                    .is_none_or(|i| loaded(i, &lock.key, lock.generation));
-                let unchanged =
-                    computed
-                        .get(&lock.key)
-                        .is_some_and(|(version, healthy, was_loaded)| {
-                            *version == lock.resource_version
-                                && *healthy == snapshot.healthy
-                                && *was_loaded == is_loaded
-                        });
-                if unchanged && !every && !retries.contains_key(&lock.key) {
-                    return None;
-                }
-                computed.insert(
-                    lock.key.clone(),
-                    (lock.resource_version.clone(), snapshot.healthy, is_loaded),
-                );
-                let coverage = match Coverage::of(registration, &lock.key) {
-                    Coverage::Sent | Coverage::Broad(_) if !is_loaded => Coverage::NotLoaded,
-                    coverage => coverage,
-                };
-                let want = desired(lock, snapshot.healthy, &coverage, &instance, now);
-                needs_write(lock, &want, &instance, applied.get(&lock.key))
-                    .then(|| (lock.clone(), want))
-            })
-            .take(WRITES_PER_PASS)
+        let writes: Vec<_> = picked
+            .into_iter()
             .map(|(lock, want)| {
                 let (client, manager) = (client.clone(), manager.clone());
                 async move {
@@ -766,12 +837,8 @@ pub async fn run(
                 }
             })
             .collect();
-        // More to write than one pass takes: the next pass starts at once and looks at every
-        // lock again (those left out were not looked at).
-        let more = writes.len() == WRITES_PER_PASS;
-        if more {
-            every_lock = true;
-        }
+        // More to look at than one pass takes: the next pass starts at once.
+        let more = !todo.is_empty();
         let results: Vec<_> = futures::stream::iter(writes)
             .buffer_unordered(CONCURRENT_WRITES)
             .collect()
@@ -826,16 +893,10 @@ pub async fn run(
         }
         // Sleep until the snapshot changes, a retry is due, or an enforced lock expires.
         let next_retry = retries.values().map(|r| r.at).min();
-        let next_expiry = snapshot
-            .locks
-            .values()
-            .filter_map(|l| l.spec.as_ref().ok()?.expires_at.as_ref().map(|t| t.0))
-            .filter(|at| *at > now)
-            .min()
-            .map(|at| {
-                let wait = at.duration_since(Timestamp::now()).unsigned_abs();
-                Instant::now() + wait + Duration::from_millis(1)
-            });
+        let next_expiry = (expiring.values()).filter(|at| **at > now).min().map(|at| {
+            let wait = at.duration_since(Timestamp::now()).unsigned_abs();
+            Instant::now() + wait + Duration::from_millis(1)
+        });
         if stopping && !more {
             return;
         }
@@ -846,7 +907,9 @@ pub async fn run(
         tokio::select! {
             next = snapshots.changed() => if next.is_err() { return },
             // The admission path's index loaded or dropped a lock.
-            alive = changed(&mut index_changes) => if !alive {
+            alive = changed(&mut index_changes) => if alive {
+                index_moved = true;
+            } else {
                 index_changes = None;
             },
             alive = changed(&mut registered) => if alive {
@@ -856,10 +919,11 @@ pub async fn run(
                 registered = None;
             },
             // A retry or an expiry is due.
-            () = sleep_until(wake) => every_lock = true,
+            () = sleep_until(wake) => due = true,
             () = &mut stop => {
                 info!(%instance, "stopping: withdrawing this instance from lock status");
                 stopping = true;
+                every_lock = true;
                 retries.clear();
             }
         }
