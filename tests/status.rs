@@ -3,7 +3,6 @@
 
 mod support;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -463,4 +462,55 @@ async fn the_fake_applies_status_like_a_real_api_server() {
             .is_some(),
         "{object}"
     );
+}
+
+#[tokio::test]
+async fn each_lock_is_written_once_and_a_change_to_one_lock_writes_only_that_lock() {
+    support::init();
+    const LOCKS: usize = 3_000;
+    let api = FakeApiServer::start().await;
+    for i in 0..LOCKS {
+        api.create_lock(&format!("ns-{i}"), "held", json!({}));
+    }
+    let (snapshots, feed) = feed::watch_locks(api.client());
+    let feed = tokio::spawn(feed);
+    let metrics = EnforcementMetrics::default();
+    let written = {
+        let counter = metrics
+            .status_writes
+            .get_or_create(&status::OutcomeLabels { outcome: "success" });
+        move || counter.get()
+    };
+    let writer = tokio::spawn(status::run(
+        api.client(),
+        "cp-1".into(),
+        snapshots,
+        DecisionInputs::default(),
+        metrics.clone(),
+        std::future::pending(),
+    ));
+    let all_enforced = || {
+        (0..LOCKS)
+            .all(|i| instances(&status_of(&api, Some(&format!("ns-{i}")), "held")) == ["cp-1"])
+    };
+    support::until("every lock enforced", all_enforced, |done| *done).await;
+    // Every write's echo is an event; none of them may cause a second write of its lock.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(written(), LOCKS as u64, "one write per lock at start");
+
+    api.create_lock("ns-7", "held", json!({"mode": "Warn"}));
+    support::until(
+        "the changed lock rewritten",
+        || status_of(&api, Some("ns-7"), "held"),
+        |s| condition(s).1 == "WarnMode",
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        written(),
+        LOCKS as u64 + 1,
+        "only the changed lock is written"
+    );
+    writer.abort();
+    feed.abort();
 }
