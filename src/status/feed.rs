@@ -3,8 +3,8 @@
 //! Objects are read as `DynamicObject`s and each spec is parsed on its own, so one lock this
 //! version cannot parse is reported as such instead of breaking the feed. The feed is healthy
 //! once both kinds are listed and until a watch fails; a failed watch is started over with a
-//! fresh list (so health comes back only with a complete, current view), after a delay that
-//! starts at 100 ms and is capped at 2 s.
+//! fresh list (so health comes back only with a complete, current view), after the delays of
+//! every watch on Locks (at most a second, see [`crate::locks::watch::retry_backoff`]).
 //!
 //! This is a stand-in: a lock index fed by the same watch can publish the same snapshot, and
 //! then this second watch goes away.
