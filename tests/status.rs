@@ -467,7 +467,7 @@ async fn the_fake_applies_status_like_a_real_api_server() {
 #[tokio::test]
 async fn each_lock_is_written_once_and_a_change_to_one_lock_writes_only_that_lock() {
     support::init();
-    const LOCKS: usize = 3_000;
+    const LOCKS: usize = 1_000;
     let api = FakeApiServer::start().await;
     for i in 0..LOCKS {
         api.create_lock(&format!("ns-{i}"), "held", json!({}));
