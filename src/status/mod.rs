@@ -733,6 +733,9 @@ pub async fn run(
         }
         let now = Timestamp::now();
         let clock = Instant::now();
+        // Every pass consumes the wake-ups; a pass over every lock covers them.
+        let (index_moved_now, due_now) =
+            (std::mem::take(&mut index_moved), std::mem::take(&mut due));
         if std::mem::replace(&mut every_lock, false) {
             applied.retain(|key, _| snapshot.locks.contains_key(key));
             retries.retain(|key, _| snapshot.locks.contains_key(key));
@@ -761,12 +764,12 @@ pub async fn run(
                     }
                 }
             }
-            if std::mem::take(&mut index_moved) {
+            if index_moved_now {
                 for key in &unloaded {
                     todo.entry(key.clone()).or_insert(false);
                 }
             }
-            if std::mem::take(&mut due) {
+            if due_now {
                 let retry_due = retries.iter().filter(|(_, r)| r.at <= clock);
                 let expired = expiring.iter().filter(|(_, at)| **at <= now);
                 for key in retry_due.map(|(k, _)| k).chain(expired.map(|(k, _)| k)) {
