@@ -169,8 +169,8 @@ pub async fn lock_source_with_metrics(
 }
 
 /// The writer keeping the webhook configuration narrowed, when reading locks from a cluster
-/// with `registration.narrow` on. It has its own client (and watches), so that it does not
-/// depend on how the admission path reads locks.
+/// with `registration.narrow` on. It follows the admission path's lock index; its own client
+/// watches and writes the configuration.
 async fn narrower(settings: &Settings, metrics: &Metrics) -> Result<Option<Narrower>, StartError> {
     if settings.locks.dir.is_some() || !settings.registration.narrow {
         info!(
@@ -376,7 +376,10 @@ impl Webhook {
             reporting,
             narrower,
         } = self;
-        let narrowing = narrower.map(|n| tokio::spawn(n.run()));
+        // Built only for a cluster source, which has an index.
+        let narrowing = narrower
+            .zip(source.source.index())
+            .map(|(n, index)| tokio::spawn(n.run(index)));
         let mut reviewer = Reviewer::with_metrics(
             source.source.clone(),
             settings.review_policy(),

@@ -89,6 +89,8 @@ struct Published {
     /// By namespace (`""` for ClusterLocks); namespaces without locks are absent.
     sets: HashMap<String, Arc<LockSet>>,
     count: u64,
+    /// A list has completed at least once: `sets` is knowledge, not emptiness by default.
+    listed: bool,
 }
 
 impl Default for Published {
@@ -97,6 +99,7 @@ impl Default for Published {
             health: Health::new(WatchState::NotSynced, Some("not listed yet".into())),
             sets: HashMap::new(),
             count: 0,
+            listed: false,
         }
     }
 }
@@ -110,6 +113,10 @@ pub struct IndexSnapshot {
     pub cluster_locks: Health,
     /// Lock sets by namespace (`""` holds the ClusterLocks).
     pub sets: HashMap<String, Arc<LockSet>>,
+    /// Whether Locks, and ClusterLocks, have been listed at least once. Until then their sets
+    /// are empty for want of knowledge (health alone does not say: a first list that fails is
+    /// `Stale` too).
+    pub listed: (bool, bool),
     /// The change counter this snapshot reflects (see [`LockIndex::subscribe`]).
     pub version: u64,
 }
@@ -195,6 +202,7 @@ impl LockIndex {
             locks: locks.health.clone(),
             cluster_locks: cluster.health.clone(),
             sets,
+            listed: (locks.listed, cluster.listed),
             version,
         }
     }
@@ -275,6 +283,7 @@ impl LockIndex {
             .collect();
         published.sets = sets;
         published.count = count;
+        published.listed = true;
         drop(published);
         self.changed();
     }

@@ -12,9 +12,12 @@
 //!   the last resourceVersion at once; the index stays trusted meanwhile, for at most
 //!   `stale_after`, after which it is marked `Stale` even if the resume is still hanging;
 //! - any error (LIST or WATCH refused, 410 Gone, a broken stream) marks it `Stale` at once: lookups
-//!   go to the API server until the watch is back. A resume is tried only while what the index
-//!   holds is younger than `stale_after`; otherwise the kind is listed again, so the index never
-//!   goes live holding state older than the bound;
+//!   go to the API server until the watch is back, and every retry lists the kind again before
+//!   it watches. So what the index holds is never older than one retry, even when no watch can
+//!   run (an identity that may list but not watch, a proxy cutting every watch): the narrowed
+//!   registration, which follows the index, learns of a new Lock from the next list. A resume
+//!   after a clean end is tried only while what the index holds is younger than `stale_after`,
+//!   so the index never goes live holding state older than the bound;
 //! - retries back off from 50 ms to at most 1 s (jittered), so a restarted API server is
 //!   watched again within about a second of answering.
 
@@ -78,15 +81,12 @@ pub(super) struct Writer {
 /// Why a list or watch ended.
 struct Failure {
     message: String,
-    /// 410 Gone: the resourceVersion is too old; only a new list helps.
-    expired: bool,
 }
 
 impl Failure {
     fn from_kube(error: &kube::Error) -> Failure {
         Failure {
             message: error.to_string(),
-            expired: matches!(error, kube::Error::Api(s) if s.code == 410),
         }
     }
 }
@@ -134,10 +134,8 @@ impl Writer {
             let stream = match self.start_watch(&version, known_at).await {
                 Ok(stream) => stream,
                 Err(failure) => {
+                    // Listed again on the next try: see the module docs.
                     self.failed("watch", &failure);
-                    if !failure.expired {
-                        resume = Some((version, known_at));
-                    }
                     tokio::time::sleep(backoff.next().unwrap_or(MAX_WAIT)).await;
                     continue;
                 }
@@ -166,9 +164,6 @@ impl Writer {
                 }
                 Some(failure) => {
                     self.failed("watch", &failure);
-                    if !failure.expired {
-                        resume = Some((version, Instant::now()));
-                    }
                     if opened.elapsed() >= HEALTHY_FOR {
                         backoff.reset();
                     }
@@ -202,7 +197,6 @@ impl Writer {
         if version.is_empty() {
             return Err(Failure {
                 message: "the list carries no resourceVersion".into(),
-                expired: true,
             });
         }
         let broken: HashSet<(String, String)> = locks
@@ -330,7 +324,6 @@ impl Writer {
                 WatchEvent::Error(status) => {
                     let failure = Failure {
                         message: format!("{} ({}): {}", status.code, status.reason, status.message),
-                        expired: status.code == 410,
                     };
                     return (version, Some(failure));
                 }

@@ -1,31 +1,35 @@
 //! Keeps the ValidatingWebhookConfiguration narrowed to the live locks.
 //!
-//! One task per instance: it watches Locks, ClusterLocks and the configuration itself (one
-//! object, by name), and whenever the entries [`super::webhooks`] computes differ from what the
+//! One task per instance: it follows the admission path's lock index ([`index_events`]) and
+//! watches the configuration itself (one object, by name), and whenever the entries [`super::webhooks`] computes differ from what the
 //! API server holds, applies them with server-side apply (field manager `kube-object-lock`,
 //! forced) and checks the answer, which is the stored object: the write is read back before it
 //! counts. The content is deterministic, so several instances converge on the same
 //! configuration and an instance that finds it already current writes nothing. Expired locks
 //! leave the registration at their `expiresAt` (the task sleeps until the next one).
 //!
-//! Nothing is written before both lock watches have listed everything once: a partial view
-//! would drop locked names. The lock view comes from its own watchers here, so the module does
-//! not depend on how the admission path reads locks; a shared index can replace them by
-//! feeding [`Narrower::run_with`] the same events.
+//! Nothing is written before both lock kinds have been listed once: a partial view would drop
+//! locked names. The locks come from the index the admissions are decided from, not from a
+//! watch of their own. With its own kube-runtime watchers, the writer was once seen to learn of a
+//! Lock created just after an API server restart 5 s late (its first LIST took that long), and
+//! writes to the Lock's object were not sent to the webhook meanwhile. The index retries within
+//! a second and lists in pages, which a restarted API server answers from etcd while its cache
+//! is still filling (KEP-4568). One view of the Locks also means the registration and the decisions never
+//! disagree about which Locks exist. Tests feed [`Narrower::run_with`] their own events.
 //!
 //! Needs `get`, `list`, `watch` and `patch` on `validatingwebhookconfigurations` restricted by
 //! `resourceNames` to the one configuration (`manifests cluster` grants them).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{FutureExt, Stream, StreamExt};
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::jiff::Timestamp;
+use kube::Client;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Client, ResourceExt};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -35,8 +39,8 @@ use tracing::{debug, info, warn};
 
 use super::conditions::{self, Limits, Plan, Scope};
 use super::{is_current, webhooks};
-use crate::api::{ClusterLock, Lock};
-use crate::locks::LockRef;
+use crate::locks::index::{IndexSnapshot, LockIndex};
+use crate::locks::{LockRef, LockSet};
 
 /// The field manager of the writes.
 pub const FIELD_MANAGER: &str = "kube-object-lock";
@@ -234,18 +238,10 @@ impl Narrower {
         self.registered.subscribe()
     }
 
-    /// Watches Locks and ClusterLocks itself and keeps the configuration current, until the
-    /// future is dropped.
-    pub async fn run(self) {
-        let locks = lock_events::<Lock>(self.client.clone(), Kind::Lock, |l| {
-            LockRef::lock(&l.namespace().unwrap_or_default(), &l.name_any(), l.spec)
-        });
-        let cluster_locks =
-            lock_events::<ClusterLock>(self.client.clone(), Kind::ClusterLock, |l| {
-                LockRef::cluster_lock(&l.name_any(), l.spec.into())
-            });
-        self.run_with(futures::stream::select(locks, cluster_locks))
-            .await;
+    /// Keeps the configuration current from what the admission path's `index` holds, until
+    /// the future is dropped.
+    pub async fn run(self, index: Arc<LockIndex>) {
+        self.run_with(index_events(index)).await;
     }
 
     /// Keeps the configuration current from `locks`, until the future is dropped.
@@ -532,41 +528,100 @@ impl ConfigView {
     }
 }
 
-/// A watcher on one lock kind, as [`LockEvent`]s; errors are logged and retried with backoff.
-fn lock_events<K>(
-    client: Client,
-    kind: Kind,
-    convert: fn(K) -> LockRef,
-) -> impl Stream<Item = LockEvent> + Send + 'static
-where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
-{
-    let api: Api<K> = Api::all(client);
-    let convert = Arc::new(convert);
-    watcher(api, watcher::Config::default())
-        .backoff(crate::locks::watch::retry_backoff())
-        .filter_map(move |event| {
-            let convert = convert.clone();
-            async move {
-                match event {
-                    Ok(watcher::Event::Init) => Some(LockEvent::Init(kind)),
-                    Ok(watcher::Event::InitApply(l)) => Some(LockEvent::InitApply(convert(l))),
-                    Ok(watcher::Event::InitDone) => Some(LockEvent::InitDone(kind)),
-                    Ok(watcher::Event::Apply(l)) => Some(LockEvent::Apply(convert(l))),
-                    Ok(watcher::Event::Delete(l)) => Some(LockEvent::Delete(convert(l))),
-                    Err(error) => {
-                        debug!(?kind, %error, "lock watch for the registration failed; retrying");
-                        None
-                    }
-                }
+/// The changes of the admission path's lock index, as [`LockEvent`]s.
+///
+/// A kind counts as listed once the index has listed it, whatever its watch is doing since: a
+/// re-list replaces the index's sets even while the watch is failing (watch forbidden, an API
+/// server restarting), so the registration follows every list the index makes, and the moment
+/// its watch is back. Namespaces are compared by `Arc` (the index replaces only the sets that
+/// changed), so a change costs the namespaces that changed, plus one pointer comparison per
+/// namespace.
+pub fn index_events(index: Arc<LockIndex>) -> impl Stream<Item = LockEvent> + Send + 'static {
+    struct Follow {
+        index: Arc<LockIndex>,
+        changes: watch::Receiver<u64>,
+        first: bool,
+        listed: BTreeSet<Kind>,
+        seen: HashMap<String, Arc<LockSet>>,
+    }
+    let changes = index.subscribe();
+    let follow = Follow {
+        index,
+        changes,
+        first: true,
+        listed: BTreeSet::new(),
+        seen: HashMap::new(),
+    };
+    futures::stream::unfold(follow, |mut f| async move {
+        loop {
+            if !std::mem::take(&mut f.first) && f.changes.changed().await.is_err() {
+                return None;
             }
-        })
+            f.changes.borrow_and_update();
+            let snapshot = f.index.snapshot();
+            let events = index_diff(&mut f.listed, &f.seen, &snapshot);
+            f.seen = snapshot.sets;
+            if !events.is_empty() {
+                return Some((futures::stream::iter(events), f));
+            }
+        }
+    })
+    .flatten()
+}
+
+/// The events that take a view from `seen` to `snapshot`; a kind listed for the first time is
+/// sent as a list.
+fn index_diff(
+    listed: &mut BTreeSet<Kind>,
+    seen: &HashMap<String, Arc<LockSet>>,
+    snapshot: &IndexSnapshot,
+) -> Vec<LockEvent> {
+    let kind_of = |namespace: &str| {
+        if namespace.is_empty() {
+            Kind::ClusterLock
+        } else {
+            Kind::Lock
+        }
+    };
+    let mut events = Vec::new();
+    for (kind, is_listed) in [
+        (Kind::Lock, snapshot.listed.0),
+        (Kind::ClusterLock, snapshot.listed.1),
+    ] {
+        if !is_listed {
+            continue;
+        }
+        let sets = snapshot.sets.iter().filter(|(ns, _)| kind_of(ns) == kind);
+        if listed.insert(kind) {
+            events.push(LockEvent::Init(kind));
+            for (_, set) in sets {
+                events.extend(set.iter().cloned().map(LockEvent::InitApply));
+            }
+            events.push(LockEvent::InitDone(kind));
+            continue;
+        }
+        for (namespace, set) in sets {
+            let old = seen.get(namespace);
+            if old.is_some_and(|old| Arc::ptr_eq(old, set)) {
+                continue;
+            }
+            events.extend(set.iter().cloned().map(LockEvent::Apply));
+            if let Some(old) = old {
+                events.extend(
+                    old.iter()
+                        .filter(|l| set.get(&l.name).is_none())
+                        .cloned()
+                        .map(LockEvent::Delete),
+                );
+            }
+        }
+        for (namespace, old) in seen.iter().filter(|(ns, _)| kind_of(ns) == kind) {
+            if !snapshot.sets.contains_key(namespace) {
+                events.extend(old.iter().cloned().map(LockEvent::Delete));
+            }
+        }
+    }
+    events
 }
 
 #[cfg(test)]
@@ -693,6 +748,68 @@ mod tests {
                 .and_then(|c| c.metadata.resource_version.as_deref()),
             Some("4")
         );
+    }
+
+    #[test]
+    fn the_index_feeds_the_view_once_listed_and_then_by_changed_namespace() {
+        use crate::locks::LockKind;
+        use crate::locks::index::WatchState;
+        let index = LockIndex::new(Duration::from_secs(3));
+        let lock = |ns: &str, name: &str| LockRef::lock(ns, name, LockSpec::default());
+        let (mut listed, mut seen, mut view) =
+            (BTreeSet::new(), HashMap::new(), LockView::default());
+        let mut step = |index: &LockIndex, view: &mut LockView| {
+            let snapshot = index.snapshot();
+            let events = index_diff(&mut listed, &seen, &snapshot);
+            seen = snapshot.sets;
+            let n = events.len();
+            for event in events {
+                view.apply(event);
+            }
+            n
+        };
+        // A first list that fails is not an empty list: nothing is sent.
+        index.set_state(
+            LockKind::ClusterLock,
+            WatchState::Stale,
+            Some("forbidden".into()),
+        );
+        assert_eq!(step(&index, &mut view), 0);
+        index.reset(LockKind::Lock, vec![lock("a", "x"), lock("b", "y")]);
+        step(&index, &mut view);
+        assert_eq!(view.locks.len(), 2);
+        assert!(!view.complete(), "ClusterLocks not listed yet");
+        index.reset(
+            LockKind::ClusterLock,
+            vec![LockRef::cluster_lock("n", LockSpec::default())],
+        );
+        step(&index, &mut view);
+        assert!(view.complete());
+        assert_eq!(view.locks.len(), 3);
+        // A change in one namespace sends that namespace only.
+        index.apply(LockKind::Lock, lock("a", "z"));
+        assert_eq!(step(&index, &mut view), 2, "a/x and a/z");
+        index.delete(LockKind::Lock, "b", "y");
+        assert_eq!(step(&index, &mut view), 1);
+        // A re-list while the watch fails: what it drops, the view drops.
+        index.set_state(
+            LockKind::Lock,
+            WatchState::Stale,
+            Some("watch forbidden".into()),
+        );
+        index.reset(LockKind::Lock, vec![lock("a", "x"), lock("c", "w")]);
+        step(&index, &mut view);
+        let keys: Vec<_> = view.locks.keys().cloned().collect();
+        assert_eq!(
+            keys,
+            [
+                (None, "n".to_owned()),
+                (Some("a".to_owned()), "x".to_owned()),
+                (Some("c".to_owned()), "w".to_owned()),
+            ]
+        );
+        // Nothing changed: nothing sent.
+        assert_eq!(step(&index, &mut view), 0);
     }
 
     #[test]

@@ -148,6 +148,20 @@ impl Ctx<'_> {
         }
     }
 
+    /// Stops the suite's webhook and starts it again with the same settings.
+    pub fn restart_webhook(&self) -> Result<()> {
+        let mut slot = self
+            .env
+            .serve
+            .lock()
+            .map_err(|_| anyhow::anyhow!("the webhook's slot is poisoned"))?;
+        let serve = slot
+            .take()
+            .ok_or_else(|| anyhow::anyhow!("the suite's webhook is not running"))?;
+        *slot = Some(serve.restart(&self.env.cfg.server_bin, &self.env.files)?);
+        Ok(())
+    }
+
     /// `kubectl ARGS...`.
     pub fn k(&self, args: &[&str]) -> Out {
         self.env.kubectl.run(args)

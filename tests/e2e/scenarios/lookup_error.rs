@@ -36,7 +36,7 @@ pub fn run(ctx: &Ctx) -> Result<()> {
     }
     ctx.k(&["delete", "clusterrolebinding", "kube-object-lock"])
         .check()?;
-    let result = restart_webhook(ctx).and_then(|()| check(ctx, n, &path));
+    let result = ctx.restart_webhook().and_then(|()| check(ctx, n, &path));
     // Bind it again, as the README's registration step does. Updates of the objects that
     // exist (CRDs, ClusterRole) are themselves refused while the webhook cannot read
     // ClusterLocks; the binding is a CREATE, never sent, so it goes through.
@@ -65,19 +65,6 @@ pub fn run(ctx: &Ctx) -> Result<()> {
         took.as_secs_f64()
     ));
     result
-}
-
-fn restart_webhook(ctx: &Ctx) -> Result<()> {
-    let mut slot = ctx
-        .env
-        .serve
-        .lock()
-        .map_err(|_| anyhow::anyhow!("the webhook's slot is poisoned"))?;
-    let serve = slot
-        .take()
-        .ok_or_else(|| anyhow::anyhow!("the suite's webhook is not running"))?;
-    *slot = Some(serve.restart(&ctx.env.cfg.server_bin, &ctx.env.files)?);
-    Ok(())
 }
 
 fn check(ctx: &Ctx, n: &str, path: &str) -> Result<()> {

@@ -17,6 +17,7 @@ mod restart;
 mod scale;
 mod spec;
 mod terminating;
+mod watch_forbidden;
 mod writes;
 
 use crate::suite::Scenario;
@@ -60,5 +61,6 @@ pub fn all() -> Vec<Scenario> {
         alone("audit", audit::run),
         alone("mtls", mtls::run),
         alone("lookup-error", lookup_error::run),
+        alone("watch-forbidden", watch_forbidden::run),
     ]
 }
