@@ -97,6 +97,18 @@ fn journald_layer() -> std::io::Result<tracing_journald::Layer> {
     )
 }
 
+/// kube-client logs an ERROR line of its own for every failed HTTP request ("failed with error
+/// ..."), with nothing saying what the request was for: while an API server restarts, that is
+/// several lines a second next to the webhook's own line about the same failure (the lock
+/// watch stale, a lookup failed, a status write retried). Off unless the filter names kube_client.
+fn with_quiet_client(filter: &str) -> String {
+    if filter.contains("kube_client") || filter.trim().is_empty() {
+        filter.to_owned()
+    } else {
+        format!("{filter},kube_client::client::builder=off")
+    }
+}
+
 /// Installs the global subscriber. Call once, first thing. Returns where events go.
 pub fn init(log: &LogSettings) -> Result<Sink, TelemetryError> {
     let filter = match std::env::var("RUST_LOG") {
@@ -104,7 +116,7 @@ pub fn init(log: &LogSettings) -> Result<Sink, TelemetryError> {
         _ => log.level.clone(),
     };
     let env_filter = EnvFilter::builder()
-        .parse(&filter)
+        .parse(with_quiet_client(&filter))
         .map_err(|e| TelemetryError::Filter {
             filter: filter.clone(),
             message: e.to_string(),
@@ -153,6 +165,51 @@ mod tests {
         assert_eq!(choose(auto, Some("garbage"), Some((8, 1234))), Sink::Stderr);
         assert_eq!(choose(auto, Some(""), None), Sink::Stderr);
         assert_eq!(choose(auto, Some("8:1234"), None), Sink::Stderr);
+    }
+
+    #[test]
+    fn kube_clients_own_failure_lines_are_off_unless_asked_for() {
+        use std::sync::{Arc, Mutex};
+        use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
+
+        #[derive(Clone, Default)]
+        struct Targets(Arc<Mutex<Vec<String>>>);
+        impl<S: tracing::Subscriber> Layer<S> for Targets {
+            fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
+                self.0
+                    .lock()
+                    .unwrap()
+                    .push(event.metadata().target().to_owned());
+            }
+        }
+        let seen = |filter: &str| {
+            let targets = Targets::default();
+            let subscriber = tracing_subscriber::registry()
+                .with(
+                    EnvFilter::builder()
+                        .parse(with_quiet_client(filter))
+                        .unwrap(),
+                )
+                .with(targets.clone());
+            tracing::subscriber::with_default(subscriber, || {
+                tracing::error!(target: "kube_client::client::builder", "failed with error");
+                tracing::error!(target: "kube_client::api", "other");
+                tracing::warn!(target: "kube_object_lock::locks", "lock index stale");
+            });
+            targets.0.lock().unwrap().clone()
+        };
+        assert_eq!(
+            seen("info"),
+            ["kube_client::api", "kube_object_lock::locks"]
+        );
+        assert_eq!(
+            seen("info,kube_client=error"),
+            [
+                "kube_client::client::builder",
+                "kube_client::api",
+                "kube_object_lock::locks"
+            ]
+        );
     }
 
     #[test]

@@ -324,6 +324,43 @@ async fn watch_forbidden_falls_back_to_list_and_enforces_within_the_bound() {
 }
 
 #[tokio::test]
+async fn while_the_watch_fails_every_retry_lists_so_the_index_holds_new_locks() {
+    // The narrowed registration follows the index, so the index must learn of a new Lock even
+    // when no watch can run; a resume that never lists (here for up to 600 s) would not.
+    let api = FakeApiServer::start().await;
+    api.set_watch_fault(WatchFault::Status(403));
+    let setup = setup_with(api, TTL, Duration::from_secs(600), |_| {}).await;
+    setup.wait_lock_watch(WatchState::Stale).await;
+    setup.api.create_lock(NS, "locked-a", json!({}));
+    let created = Instant::now();
+    let holds = || {
+        setup
+            .source
+            .index()
+            .snapshot()
+            .sets
+            .get(NS)
+            .is_some_and(|set| set.get("locked-a").is_some())
+    };
+    while !holds() {
+        assert!(
+            created.elapsed() < Duration::from_secs(5),
+            "the index did not list the new Lock within 5s while its watch failed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        setup
+            .source
+            .index()
+            .health(kube_object_lock::locks::LockKind::Lock)
+            .state,
+        WatchState::Stale,
+        "listed, but not live: lookups still ask the API server"
+    );
+}
+
+#[tokio::test]
 async fn while_stale_an_acknowledged_lock_is_seen_by_the_next_admission() {
     // With the default cache.ttl, a fallback LIST is never reused by a later lookup, so there is
     // no window in which a stored Lock is missed (an API server restart, before the watch is back).
