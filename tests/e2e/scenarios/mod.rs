@@ -17,6 +17,7 @@ mod restart;
 mod scale;
 mod spec;
 mod terminating;
+mod unreadable;
 mod watch_forbidden;
 mod writes;
 
@@ -62,5 +63,7 @@ pub fn all() -> Vec<Scenario> {
         alone("mtls", mtls::run),
         alone("lookup-error", lookup_error::run),
         alone("watch-forbidden", watch_forbidden::run),
+        // Alone: it widens the Lock CRD for a while.
+        alone("unreadable-lock", unreadable::run),
     ]
 }

@@ -1,0 +1,113 @@
+//! A Lock this version cannot read still locks its own name, for every operation, through the
+//! real API server and the narrowed registration; the other Locks of its namespace work as
+//! usual, and its unlocked objects stay writable (no namespace-wide refusal).
+//!
+//! Such a Lock comes from a newer version during an upgrade: its CRD allows a value this one
+//! does not know. The Lock CRD is widened here the same way (`mode: Audit`) for the length of the
+//! scenario, then narrowed back once the Lock is gone.
+
+use anyhow::{Context, Result, ensure};
+use serde_json::{Value, json};
+
+use crate::suite::Ctx;
+
+const CRD: &str = "locks.objectlock.dev";
+
+pub fn run(ctx: &Ctx) -> Result<()> {
+    let ns = ctx.namespace("")?;
+    for name in ["odd", "delete-only", "free"] {
+        ctx.configmap(&ns, name, json!({}))?;
+    }
+    let enum_path = mode_enum(ctx)?;
+    patch_crd(
+        ctx,
+        json!([{"op": "add", "path": format!("{enum_path}/-"), "value": "Audit"}]),
+    )?;
+    let result = check(ctx, &ns);
+    // The Lock goes before the CRD is narrowed back, as after a downgrade.
+    let cleanup = ctx.unlock(&ns, "odd").and_then(|()| {
+        patch_crd(
+            ctx,
+            json!([{"op": "test", "path": format!("{enum_path}/2"), "value": "Audit"},
+                   {"op": "remove", "path": format!("{enum_path}/2")}]),
+        )
+    });
+    result.and(cleanup)
+}
+
+fn check(ctx: &Ctx, ns: &str) -> Result<()> {
+    let path = |name: &str| format!("/api/v1/namespaces/{ns}/configmaps/{name}");
+    // Meant as "DELETE only, audited": unreadable here, so every operation is refused.
+    ctx.lock(
+        ns,
+        "odd",
+        json!({"mode": "Audit", "operations": ["DELETE"], "reason": "from a newer version"}),
+    )?;
+    ctx.lock(ns, "delete-only", json!({"operations": ["DELETE"]}))?;
+    let refused = ctx.update_enforced(&path("odd"))?.refusal;
+    ensure!(
+        refused
+            .message()
+            .contains(&format!("Lock {ns}/odd: from a newer version")),
+        "refused, but not by the unreadable Lock: {}",
+        refused.message()
+    );
+    ensure!(
+        refused
+            .warnings
+            .iter()
+            .any(|w| w.contains(&format!("Lock {ns}/odd: unreadable spec"))
+                && w.contains("spec.mode")),
+        "the refusal does not say the Lock is unreadable: {:?}",
+        refused.warnings
+    );
+    ctx.delete_enforced(&path("odd"))?;
+    // The rest of the namespace as usual.
+    ctx.delete_enforced(&path("delete-only"))?;
+    ctx.rest()
+        .probe_update(&path("delete-only"))?
+        .allowed("update of an object whose Lock locks DELETE only")?;
+    ctx.rest()
+        .probe_update(&path("free"))?
+        .allowed("update of an unlocked object next to an unreadable Lock")?;
+    ctx.rest()
+        .probe_delete(&path("free"))?
+        .allowed("delete of an unlocked object next to an unreadable Lock")?;
+    ctx.note(format!(
+        "refusal of the unreadable Lock's object: {}; warning: {}",
+        refused.message(),
+        refused.warnings.join(" | ")
+    ));
+    Ok(())
+}
+
+/// The JSON pointer of `spec.mode`'s enum in the served version of the Lock CRD.
+fn mode_enum(ctx: &Ctx) -> Result<String> {
+    let out = ctx.k(&["get", "crd", CRD, "-o", "json"]).check()?;
+    let crd: Value = serde_json::from_str(&out.stdout).context("CRD JSON")?;
+    let versions = crd["spec"]["versions"]
+        .as_array()
+        .context("the Lock CRD has no versions")?;
+    let index = versions
+        .iter()
+        .position(|v| v["served"] == true && v["storage"] == true)
+        .context("the Lock CRD has no stored version")?;
+    let path = format!(
+        "/spec/versions/{index}/schema/openAPIV3Schema/properties/spec/properties/mode/enum"
+    );
+    let values = crd
+        .pointer(&path)
+        .and_then(Value::as_array)
+        .context("the Lock CRD has no enum for spec.mode")?;
+    ensure!(
+        values.len() == 2 && !values.iter().any(|v| v == "Audit"),
+        "spec.mode's enum is not this version's: {values:?}"
+    );
+    Ok(path)
+}
+
+fn patch_crd(ctx: &Ctx, patch: Value) -> Result<()> {
+    ctx.k(&["patch", "crd", CRD, "--type=json", "-p", &patch.to_string()])
+        .check()?;
+    Ok(())
+}
