@@ -97,16 +97,29 @@ fn journald_layer() -> std::io::Result<tracing_journald::Layer> {
     )
 }
 
-/// kube-client logs an ERROR line of its own for every failed HTTP request ("failed with error
-/// ..."), with nothing saying what the request was for: while an API server restarts, that is
-/// several lines a second next to the webhook's own line about the same failure (the lock
-/// watch stale, a lookup failed, a status write retried). Off unless the filter names kube_client.
+/// kube's own lines about a failed request, one per try, saying neither what the request was for
+/// nor what happens next: kube-client's ERROR per failed HTTP request ("failed with error ...")
+/// and kube-runtime's watcher WARN per failed list or watch. While an API server restarts, or
+/// while a permission is missing, that is several lines a second, beside the webhook's own line
+/// about the same failure (the lock watch stale, a lookup failed, the registration not
+/// written). Each is off unless the filter names its crate.
+const QUIET: [(&str, &str); 2] = [
+    ("kube_client", "kube_client::client::builder=off"),
+    ("kube_runtime", "kube_runtime::watcher=off"),
+];
+
 fn with_quiet_client(filter: &str) -> String {
-    if filter.contains("kube_client") || filter.trim().is_empty() {
-        filter.to_owned()
-    } else {
-        format!("{filter},kube_client::client::builder=off")
+    if filter.trim().is_empty() {
+        return filter.to_owned();
     }
+    let mut filter = filter.to_owned();
+    for (krate, directive) in QUIET {
+        if !filter.contains(krate) {
+            filter.push(',');
+            filter.push_str(directive);
+        }
+    }
+    filter
 }
 
 /// Installs the global subscriber. Call once, first thing. Returns where events go.
@@ -168,7 +181,7 @@ mod tests {
     }
 
     #[test]
-    fn kube_clients_own_failure_lines_are_off_unless_asked_for() {
+    fn kubes_own_failure_lines_are_off_unless_asked_for() {
         use std::sync::{Arc, Mutex};
         use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
 
@@ -194,6 +207,7 @@ mod tests {
             tracing::subscriber::with_default(subscriber, || {
                 tracing::error!(target: "kube_client::client::builder", "failed with error");
                 tracing::error!(target: "kube_client::api", "other");
+                tracing::warn!(target: "kube_runtime::watcher", "watch list error with 403");
                 tracing::warn!(target: "kube_object_lock::locks", "lock index stale");
             });
             targets.0.lock().unwrap().clone()
@@ -207,6 +221,14 @@ mod tests {
             [
                 "kube_client::client::builder",
                 "kube_client::api",
+                "kube_object_lock::locks"
+            ]
+        );
+        assert_eq!(
+            seen("info,kube_runtime=warn"),
+            [
+                "kube_client::api",
+                "kube_runtime::watcher",
                 "kube_object_lock::locks"
             ]
         );

@@ -259,6 +259,7 @@ impl Narrower {
         let mut wake: Option<tokio::time::Instant> = None;
         let mut retry = Duration::from_millis(250);
         let mut last_problem: Option<String> = None;
+        let mut last_config_error: Option<String> = None;
         // Whether anything the plan or the write depends on changed since the last reconcile.
         let mut dirty = true;
         // At most one write at a time; lock changes keep being taken in while it runs, and the
@@ -298,8 +299,20 @@ impl Narrower {
                     }
                 },
                 event = configs.next() => match event {
-                    Some(Ok(event)) => dirty |= config.apply(event),
-                    Some(Err(error)) => warn!(%error, name = %self.config.name, "watching the webhook configuration failed; retrying with backoff (registered with `manifests cluster --broad`? set registration.narrow = false)"),
+                    Some(Ok(event)) => {
+                        last_config_error = None;
+                        dirty |= config.apply(event);
+                    }
+                    Some(Err(error)) => {
+                        // Once per distinct error: the watcher retries several times a second.
+                        let error = error.to_string();
+                        if last_config_error.as_deref() != Some(error.as_str()) {
+                            warn!(%error, name = %self.config.name, "watching the webhook configuration failed; retrying with backoff (registered with `manifests cluster --broad`? set registration.narrow = false)");
+                        } else {
+                            debug!(%error, "watching the webhook configuration failed again");
+                        }
+                        last_config_error = Some(error);
+                    }
                     None => return,
                 },
                 // An expiry or a retry is due.

@@ -81,6 +81,7 @@ async fn watch_kind(
     // The same retry delays as every other watch on Locks (at most a second).
     let mut backoff = crate::locks::watch::retry_backoff();
     let mut delay = backoff.next().unwrap_or(crate::locks::watch::MAX_WAIT);
+    let mut last_error: Option<String> = None;
     loop {
         let mut stream = watcher(api.clone(), watcher::Config::default()).boxed();
         let mut listing: BTreeMap<LockKey, Arc<KnownLock>> = BTreeMap::new();
@@ -89,7 +90,7 @@ async fn watch_kind(
                 Ok(Some(event)) => Some(event),
                 Ok(None) => break,
                 Err(error) => {
-                    warn!(kind = %resource.kind, %error, retry_in = ?delay, "lock status feed: watch failed; listing again");
+                    report(&mut last_error, &resource.kind, &error, delay);
                     break;
                 }
             };
@@ -124,6 +125,7 @@ async fn watch_kind(
                             }
                         }
                         st.healthy[slot] = true;
+                        last_error = None;
                         backoff.reset();
                         delay = backoff.next().unwrap_or(crate::locks::watch::MAX_WAIT);
                         changed = true;
@@ -149,7 +151,7 @@ async fn watch_kind(
                         None
                     }
                     Some(Err(error)) => {
-                        warn!(kind = %resource.kind, %error, retry_in = ?delay, "lock status feed: watch failed; listing again");
+                        report(&mut last_error, &resource.kind, &error, delay);
                         ended = true;
                         None
                     }
@@ -199,4 +201,21 @@ pub fn known(obj: DynamicObject, namespaced: bool) -> Option<KnownLock> {
         spec,
         status,
     })
+}
+
+/// Logs a failed watch once per distinct error (it is retried every second at most), and each
+/// repeat at debug.
+fn report(
+    last: &mut Option<String>,
+    kind: &str,
+    error: &kube::runtime::watcher::Error,
+    retry_in: std::time::Duration,
+) {
+    let error = error.to_string();
+    if last.as_deref() == Some(error.as_str()) {
+        debug!(kind, %error, ?retry_in, "lock status feed: watch failed again");
+    } else {
+        warn!(kind, %error, ?retry_in, "lock status feed: watch failed; listing again");
+    }
+    *last = Some(error);
 }
