@@ -97,6 +97,28 @@ fn journald_layer() -> std::io::Result<tracing_journald::Layer> {
     )
 }
 
+/// The last error of a retry loop, so that a failure repeated on every retry is logged once
+/// (at warn), and its repeats at debug; a different error, or the same one after a success,
+/// counts as new again.
+#[derive(Debug, Default)]
+pub struct LastError(Option<String>);
+
+impl LastError {
+    /// Records `error`; true when it differs from the one before (log it).
+    pub fn is_new(&mut self, error: &str) -> bool {
+        if self.0.as_deref() == Some(error) {
+            return false;
+        }
+        self.0 = Some(error.to_owned());
+        true
+    }
+
+    /// The loop succeeded: the next error is new, whatever it is.
+    pub fn clear(&mut self) {
+        self.0 = None;
+    }
+}
+
 /// kube's own lines about a failed request, one per try, saying neither what the request was for
 /// nor what happens next: kube-client's ERROR per failed HTTP request ("failed with error ...")
 /// and kube-runtime's watcher WARN per failed list or watch. While an API server restarts, or
@@ -108,7 +130,7 @@ const QUIET: [(&str, &str); 2] = [
     ("kube_runtime", "kube_runtime::watcher=off"),
 ];
 
-fn with_quiet_client(filter: &str) -> String {
+fn with_quiet_kube(filter: &str) -> String {
     if filter.trim().is_empty() {
         return filter.to_owned();
     }
@@ -129,7 +151,7 @@ pub fn init(log: &LogSettings) -> Result<Sink, TelemetryError> {
         _ => log.level.clone(),
     };
     let env_filter = EnvFilter::builder()
-        .parse(with_quiet_client(&filter))
+        .parse(with_quiet_kube(&filter))
         .map_err(|e| TelemetryError::Filter {
             filter: filter.clone(),
             message: e.to_string(),
@@ -181,6 +203,17 @@ mod tests {
     }
 
     #[test]
+    fn an_error_repeated_on_every_retry_is_new_once() {
+        let mut last = LastError::default();
+        assert!(last.is_new("403"));
+        assert!(!last.is_new("403"));
+        assert!(last.is_new("connection refused"));
+        assert!(last.is_new("403"), "a different error came between");
+        last.clear();
+        assert!(last.is_new("403"), "after a success");
+    }
+
+    #[test]
     fn kubes_own_failure_lines_are_off_unless_asked_for() {
         use std::sync::{Arc, Mutex};
         use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
@@ -198,11 +231,7 @@ mod tests {
         let seen = |filter: &str| {
             let targets = Targets::default();
             let subscriber = tracing_subscriber::registry()
-                .with(
-                    EnvFilter::builder()
-                        .parse(with_quiet_client(filter))
-                        .unwrap(),
-                )
+                .with(EnvFilter::builder().parse(with_quiet_kube(filter)).unwrap())
                 .with(targets.clone());
             tracing::subscriber::with_default(subscriber, || {
                 tracing::error!(target: "kube_client::client::builder", "failed with error");

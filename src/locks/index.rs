@@ -153,12 +153,7 @@ impl LockIndex {
     /// The locks of `namespace` (`""`: ClusterLocks) when the index may answer; `None` when the
     /// API server must be asked.
     pub fn get(&self, namespace: &str) -> Option<Arc<LockSet>> {
-        let kind = if namespace.is_empty() {
-            LockKind::ClusterLock
-        } else {
-            LockKind::Lock
-        };
-        let published = self.read(kind);
+        let published = self.read(LockKind::for_namespace(namespace));
         if !published.health.is_fresh(self.stale_after) {
             return None;
         }

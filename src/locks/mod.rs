@@ -23,12 +23,23 @@ use futures::future::BoxFuture;
 use crate::api::LockSpec;
 
 /// Which of the two lock resources a lock is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum LockKind {
     /// A namespaced `Lock`.
     Lock,
     /// A cluster-scoped `ClusterLock`.
     ClusterLock,
+}
+
+impl LockKind {
+    /// The kind whose locks are kept under `namespace`, where `""` holds the ClusterLocks.
+    pub fn for_namespace(namespace: &str) -> LockKind {
+        if namespace.is_empty() {
+            LockKind::ClusterLock
+        } else {
+            LockKind::Lock
+        }
+    }
 }
 
 /// One lock, as the decision needs it.

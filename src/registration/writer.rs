@@ -1,21 +1,23 @@
 //! Keeps the ValidatingWebhookConfiguration narrowed to the live locks.
 //!
 //! One task per instance: it follows the admission path's lock index ([`index_events`]) and
-//! watches the configuration itself (one object, by name), and whenever the entries [`super::webhooks`] computes differ from what the
-//! API server holds, applies them with server-side apply (field manager `kube-object-lock`,
-//! forced) and checks the answer, which is the stored object: the write is read back before it
-//! counts. The content is deterministic, so several instances converge on the same
-//! configuration and an instance that finds it already current writes nothing. Expired locks
-//! leave the registration at their `expiresAt` (the task sleeps until the next one).
+//! watches the configuration itself (one object, by name), and whenever the entries
+//! [`super::webhooks`] computes differ from what the API server holds, applies them with
+//! server-side apply (field manager `kube-object-lock`, forced) and checks the answer, which is
+//! the stored object: the write is read back before it counts. The content is deterministic, so
+//! several instances converge on the same configuration and an instance that finds it already
+//! current writes nothing. Expired locks leave the registration at their `expiresAt` (the task
+//! sleeps until the next one).
 //!
 //! Nothing is written before both lock kinds have been listed once: a partial view would drop
 //! locked names. The locks come from the index the admissions are decided from, not from a
-//! watch of their own. With its own kube-runtime watchers, the writer was once seen to learn of a
-//! Lock created just after an API server restart 5 s late (its first LIST took that long), and
-//! writes to the Lock's object were not sent to the webhook meanwhile. The index retries within
-//! a second and lists in pages, which a restarted API server answers from etcd while its cache
-//! is still filling (KEP-4568). One view of the Locks also means the registration and the decisions never
-//! disagree about which Locks exist. Tests feed [`Narrower::run_with`] their own events.
+//! watch of their own. With its own kube-runtime watchers, the writer was once seen to learn of
+//! a Lock created just after an API server restart 5 s late (its first LIST took that long),
+//! and writes to the Lock's object were not sent to the webhook meanwhile. The index retries
+//! within a second and lists in pages, which a restarted API server answers from etcd while its
+//! cache is still filling (KEP-4568). One view of the Locks also means the registration and the
+//! decisions never disagree about which Locks exist. Tests feed [`Narrower::run_with`] their
+//! own events.
 //!
 //! Needs `get`, `list`, `watch` and `patch` on `validatingwebhookconfigurations` restricted by
 //! `resourceNames` to the one configuration (`manifests cluster` grants them).
@@ -40,7 +42,8 @@ use tracing::{debug, info, warn};
 use super::conditions::{self, Limits, Plan, Scope};
 use super::{is_current, webhooks};
 use crate::locks::index::{IndexSnapshot, LockIndex};
-use crate::locks::{LockRef, LockSet};
+use crate::locks::{LockKind, LockRef, LockSet};
+use crate::telemetry::LastError;
 
 /// The field manager of the writes.
 pub const FIELD_MANAGER: &str = "kube-object-lock";
@@ -129,24 +132,15 @@ pub struct NarrowerConfig {
 #[derive(Debug, Clone)]
 pub enum LockEvent {
     /// A (re-)list of one kind starts.
-    Init(Kind),
+    Init(LockKind),
     /// A lock seen during a (re-)list.
     InitApply(LockRef),
     /// A (re-)list of one kind is complete.
-    InitDone(Kind),
+    InitDone(LockKind),
     /// A lock created or changed.
     Apply(LockRef),
     /// A lock deleted.
     Delete(LockRef),
-}
-
-/// Lock or ClusterLock, for the list events.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Kind {
-    /// Locks.
-    Lock,
-    /// ClusterLocks.
-    ClusterLock,
 }
 
 type Key = (Option<String>, String);
@@ -159,18 +153,11 @@ fn key(lock: &LockRef) -> Key {
 #[derive(Default)]
 struct LockView {
     locks: BTreeMap<Key, LockRef>,
-    listing: BTreeMap<Kind, BTreeMap<Key, LockRef>>,
-    synced: BTreeSet<Kind>,
+    listing: BTreeMap<LockKind, BTreeMap<Key, LockRef>>,
+    synced: BTreeSet<LockKind>,
 }
 
 impl LockView {
-    fn kind_of(lock: &LockRef) -> Kind {
-        match lock.namespace {
-            Some(_) => Kind::Lock,
-            None => Kind::ClusterLock,
-        }
-    }
-
     /// Applies `event`; true when the live view changed. Most events do not change it: every
     /// status write of every instance is a MODIFIED event of a lock whose spec is the same.
     fn apply(&mut self, event: LockEvent) -> bool {
@@ -180,7 +167,7 @@ impl LockView {
                 false
             }
             LockEvent::InitApply(lock) => {
-                let kind = Self::kind_of(&lock);
+                let kind = lock.kind;
                 self.listing
                     .entry(kind)
                     .or_default()
@@ -189,7 +176,7 @@ impl LockView {
             }
             LockEvent::InitDone(kind) => {
                 let listed = self.listing.remove(&kind).unwrap_or_default();
-                self.locks.retain(|_, l| Self::kind_of(l) != kind);
+                self.locks.retain(|_, l| l.kind != kind);
                 self.locks.extend(listed);
                 self.synced.insert(kind);
                 true
@@ -258,8 +245,8 @@ impl Narrower {
         let mut config = ConfigView::default();
         let mut wake: Option<tokio::time::Instant> = None;
         let mut retry = Duration::from_millis(250);
-        let mut last_problem: Option<String> = None;
-        let mut last_config_error: Option<String> = None;
+        let mut last_problem = LastError::default();
+        let mut last_config_error = LastError::default();
         // Whether anything the plan or the write depends on changed since the last reconcile.
         let mut dirty = true;
         // At most one write at a time; lock changes keep being taken in while it runs, and the
@@ -275,16 +262,15 @@ impl Narrower {
                         Ok(Some(written)) => {
                             config.wrote(written);
                             retry = Duration::from_millis(250);
-                            last_problem = None;
+                            last_problem.clear();
                         }
                         Ok(None) => {
                             retry = Duration::from_millis(250);
                         }
                         Err(problem) => {
-                            if last_problem.as_deref() != Some(problem.as_str()) {
+                            if last_problem.is_new(&problem) {
                                 warn!(%problem, name = %self.config.name, retry_in = ?retry, "cannot narrow the webhook configuration");
                             }
-                            last_problem = Some(problem);
                             let again = tokio::time::Instant::now() + retry;
                             wake = Some(wake.map_or(again, |w| w.min(again)));
                             retry = (retry * 2).min(MAX_RETRY);
@@ -300,18 +286,17 @@ impl Narrower {
                 },
                 event = configs.next() => match event {
                     Some(Ok(event)) => {
-                        last_config_error = None;
+                        last_config_error.clear();
                         dirty |= config.apply(event);
                     }
+                    // Once per distinct error: the watcher retries several times a second.
                     Some(Err(error)) => {
-                        // Once per distinct error: the watcher retries several times a second.
                         let error = error.to_string();
-                        if last_config_error.as_deref() != Some(error.as_str()) {
+                        if last_config_error.is_new(&error) {
                             warn!(%error, name = %self.config.name, "watching the webhook configuration failed; retrying with backoff (registered with `manifests cluster --broad`? set registration.narrow = false)");
                         } else {
                             debug!(%error, "watching the webhook configuration failed again");
                         }
-                        last_config_error = Some(error);
                     }
                     None => return,
                 },
@@ -553,21 +538,21 @@ pub fn index_events(index: Arc<LockIndex>) -> impl Stream<Item = LockEvent> + Se
     struct Follow {
         index: Arc<LockIndex>,
         changes: watch::Receiver<u64>,
-        first: bool,
-        listed: BTreeSet<Kind>,
+        listed: BTreeSet<LockKind>,
         seen: HashMap<String, Arc<LockSet>>,
     }
-    let changes = index.subscribe();
+    let mut changes = index.subscribe();
+    // The first round reads what the index already holds.
+    changes.mark_changed();
     let follow = Follow {
         index,
         changes,
-        first: true,
         listed: BTreeSet::new(),
         seen: HashMap::new(),
     };
     futures::stream::unfold(follow, |mut f| async move {
         loop {
-            if !std::mem::take(&mut f.first) && f.changes.changed().await.is_err() {
+            if f.changes.changed().await.is_err() {
                 return None;
             }
             f.changes.borrow_and_update();
@@ -585,21 +570,15 @@ pub fn index_events(index: Arc<LockIndex>) -> impl Stream<Item = LockEvent> + Se
 /// The events that take a view from `seen` to `snapshot`; a kind listed for the first time is
 /// sent as a list.
 fn index_diff(
-    listed: &mut BTreeSet<Kind>,
+    listed: &mut BTreeSet<LockKind>,
     seen: &HashMap<String, Arc<LockSet>>,
     snapshot: &IndexSnapshot,
 ) -> Vec<LockEvent> {
-    let kind_of = |namespace: &str| {
-        if namespace.is_empty() {
-            Kind::ClusterLock
-        } else {
-            Kind::Lock
-        }
-    };
+    let kind_of = LockKind::for_namespace;
     let mut events = Vec::new();
     for (kind, is_listed) in [
-        (Kind::Lock, snapshot.listed.0),
-        (Kind::ClusterLock, snapshot.listed.1),
+        (LockKind::Lock, snapshot.listed.0),
+        (LockKind::ClusterLock, snapshot.listed.1),
     ] {
         if !is_listed {
             continue;
@@ -645,16 +624,16 @@ mod tests {
     #[test]
     fn the_view_is_complete_only_after_both_lists() {
         let mut view = LockView::default();
-        view.apply(LockEvent::Init(Kind::Lock));
+        view.apply(LockEvent::Init(LockKind::Lock));
         view.apply(LockEvent::InitApply(LockRef::lock(
             "a",
             "x",
             LockSpec::default(),
         )));
-        view.apply(LockEvent::InitDone(Kind::Lock));
+        view.apply(LockEvent::InitDone(LockKind::Lock));
         assert!(!view.complete());
-        view.apply(LockEvent::Init(Kind::ClusterLock));
-        view.apply(LockEvent::InitDone(Kind::ClusterLock));
+        view.apply(LockEvent::Init(LockKind::ClusterLock));
+        view.apply(LockEvent::InitDone(LockKind::ClusterLock));
         assert!(view.complete());
         view.apply(LockEvent::Apply(LockRef::cluster_lock(
             "c",
@@ -662,13 +641,13 @@ mod tests {
         )));
         assert_eq!(view.locks.len(), 2);
         // A re-list of Locks replaces the Locks and keeps the ClusterLocks.
-        view.apply(LockEvent::Init(Kind::Lock));
+        view.apply(LockEvent::Init(LockKind::Lock));
         view.apply(LockEvent::InitApply(LockRef::lock(
             "b",
             "y",
             LockSpec::default(),
         )));
-        view.apply(LockEvent::InitDone(Kind::Lock));
+        view.apply(LockEvent::InitDone(LockKind::Lock));
         let keys: Vec<_> = view.locks.keys().cloned().collect();
         assert_eq!(
             keys,
@@ -689,9 +668,9 @@ mod tests {
     fn only_changes_of_the_live_view_count_as_changes() {
         let mut view = LockView::default();
         let lock = || LockRef::lock("prod", "web", LockSpec::default());
-        assert!(!view.apply(LockEvent::Init(Kind::Lock)));
+        assert!(!view.apply(LockEvent::Init(LockKind::Lock)));
         assert!(!view.apply(LockEvent::InitApply(lock())));
-        assert!(view.apply(LockEvent::InitDone(Kind::Lock)));
+        assert!(view.apply(LockEvent::InitDone(LockKind::Lock)));
         // A status write: the same lock again.
         assert!(!view.apply(LockEvent::Apply(lock())));
         let mut changed = lock();

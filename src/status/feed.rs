@@ -21,6 +21,7 @@ use tracing::{debug, warn};
 
 use super::{KnownLock, LockKey, LockSnapshot};
 use crate::api::{LockSpec, LockStatus};
+use crate::telemetry::LastError;
 
 /// Starts watching: the receiver sees a new snapshot on every change; the future runs the
 /// watches until dropped.
@@ -81,7 +82,7 @@ async fn watch_kind(
     // The same retry delays as every other watch on Locks (at most a second).
     let mut backoff = crate::locks::watch::retry_backoff();
     let mut delay = backoff.next().unwrap_or(crate::locks::watch::MAX_WAIT);
-    let mut last_error: Option<String> = None;
+    let mut last_error = LastError::default();
     loop {
         let mut stream = watcher(api.clone(), watcher::Config::default()).boxed();
         let mut listing: BTreeMap<LockKey, Arc<KnownLock>> = BTreeMap::new();
@@ -125,7 +126,7 @@ async fn watch_kind(
                             }
                         }
                         st.healthy[slot] = true;
-                        last_error = None;
+                        last_error.clear();
                         backoff.reset();
                         delay = backoff.next().unwrap_or(crate::locks::watch::MAX_WAIT);
                         changed = true;
@@ -206,16 +207,15 @@ pub fn known(obj: DynamicObject, namespaced: bool) -> Option<KnownLock> {
 /// Logs a failed watch once per distinct error (it is retried every second at most), and each
 /// repeat at debug.
 fn report(
-    last: &mut Option<String>,
+    last: &mut LastError,
     kind: &str,
     error: &kube::runtime::watcher::Error,
     retry_in: std::time::Duration,
 ) {
     let error = error.to_string();
-    if last.as_deref() == Some(error.as_str()) {
-        debug!(kind, %error, ?retry_in, "lock status feed: watch failed again");
-    } else {
+    if last.is_new(&error) {
         warn!(kind, %error, ?retry_in, "lock status feed: watch failed; listing again");
+    } else {
+        debug!(kind, %error, ?retry_in, "lock status feed: watch failed again");
     }
-    *last = Some(error);
 }

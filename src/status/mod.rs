@@ -667,6 +667,41 @@ impl Reporting {
 /// Refusals queued for events at most; more are dropped (and counted) until the writer catches up.
 const EVENT_QUEUE: usize = 4096;
 
+/// What the status writer remembers per lock, dropped together when the lock goes.
+#[derive(Default)]
+struct Books {
+    /// The last status this instance wrote, and whether its echo came back.
+    applied: HashMap<LockKey, Applied>,
+    /// Failed writes, and when to try again.
+    retries: HashMap<LockKey, Retry>,
+    /// The resourceVersion, health and index state each lock's status was last computed from.
+    computed: HashMap<LockKey, (String, bool, bool)>,
+    /// Computed as not yet in the index: looked at again whenever the index changes.
+    unloaded: HashSet<LockKey>,
+    /// Locks with an `expiresAt`, to wake up when the next one passes.
+    expiring: HashMap<LockKey, Timestamp>,
+}
+
+impl Books {
+    /// Forgets a lock that is gone.
+    fn forget(&mut self, key: &LockKey) {
+        self.applied.remove(key);
+        self.retries.remove(key);
+        self.computed.remove(key);
+        self.unloaded.remove(key);
+        self.expiring.remove(key);
+    }
+
+    /// Keeps only the locks for which `exists` holds.
+    fn keep(&mut self, exists: impl Fn(&LockKey) -> bool) {
+        self.applied.retain(|key, _| exists(key));
+        self.retries.retain(|key, _| exists(key));
+        self.computed.retain(|key, _| exists(key));
+        self.unloaded.retain(|key| exists(key));
+        self.expiring.retain(|key, _| exists(key));
+    }
+}
+
 /// Keeps this instance's part of every lock's status in line with `snapshots` and `inputs`
 /// until `stop` completes, then withdraws it (as when the source is unhealthy) and returns.
 pub async fn run(
@@ -687,11 +722,8 @@ pub async fn run(
     let mut stop = std::pin::pin!(stop);
     let mut stopping = false;
     let manager = format!("{FIELD_MANAGER_PREFIX}{instance}");
-    let mut applied: HashMap<LockKey, Applied> = HashMap::new();
-    let mut retries: HashMap<LockKey, Retry> = HashMap::new();
+    let mut books = Books::default();
     let mut was_healthy = None;
-    // The resourceVersion, health and index state each lock's status was last computed from.
-    let mut computed: HashMap<LockKey, (String, bool, bool)> = HashMap::new();
     // A pass looks only at the locks in `todo`: those that changed since the snapshot the last
     // pass saw (a burst of status writes is a burst of passes, each over a few locks), those
     // whose retry or expiry is due, those waiting for the index. `true` = compute even if
@@ -699,10 +731,6 @@ pub async fn run(
     // every answer).
     let mut todo: BTreeMap<LockKey, bool> = BTreeMap::new();
     let mut seen: imbl::OrdMap<LockKey, Arc<KnownLock>> = imbl::OrdMap::new();
-    // Computed as not yet in the index: looked at again whenever the index changes.
-    let mut unloaded: HashSet<LockKey> = HashSet::new();
-    // Locks with an `expiresAt`, to wake up when the next one passes.
-    let mut expiring: HashMap<LockKey, Timestamp> = HashMap::new();
     let mut index_fresh = None;
     let mut index_moved = false;
     let mut due = false;
@@ -737,11 +765,7 @@ pub async fn run(
         let (index_moved_now, due_now) =
             (std::mem::take(&mut index_moved), std::mem::take(&mut due));
         if std::mem::replace(&mut every_lock, false) {
-            applied.retain(|key, _| snapshot.locks.contains_key(key));
-            retries.retain(|key, _| snapshot.locks.contains_key(key));
-            computed.retain(|key, _| snapshot.locks.contains_key(key));
-            unloaded.retain(|key| snapshot.locks.contains_key(key));
-            expiring.retain(|key, _| snapshot.locks.contains_key(key));
+            books.keep(|key| snapshot.locks.contains_key(key));
             todo = snapshot
                 .locks
                 .keys()
@@ -755,23 +779,19 @@ pub async fn run(
                         todo.entry(key.clone()).or_insert(false);
                     }
                     imbl::ordmap::DiffItem::Remove(key, _) => {
-                        applied.remove(key);
-                        retries.remove(key);
-                        computed.remove(key);
-                        unloaded.remove(key);
-                        expiring.remove(key);
+                        books.forget(key);
                         todo.remove(key);
                     }
                 }
             }
             if index_moved_now {
-                for key in &unloaded {
+                for key in &books.unloaded {
                     todo.entry(key.clone()).or_insert(false);
                 }
             }
             if due_now {
-                let retry_due = retries.iter().filter(|(_, r)| r.at <= clock);
-                let expired = expiring.iter().filter(|(_, at)| **at <= now);
+                let retry_due = books.retries.iter().filter(|(_, r)| r.at <= clock);
+                let expired = books.expiring.iter().filter(|(_, at)| **at <= now);
                 for key in retry_due.map(|(k, _)| k).chain(expired.map(|(k, _)| k)) {
                     todo.insert(key.clone(), true);
                 }
@@ -786,38 +806,40 @@ pub async fn run(
             let Some(lock) = snapshot.locks.get(&key) else {
                 continue;
             };
-            if let Some(write) = applied.get_mut(&key)
+            if let Some(write) = books.applied.get_mut(&key)
                 && lock.resource_version == write.version
             {
                 write.echoed = true;
             }
             // Not due yet: the retry's wake-up brings it back.
-            if retries.get(&key).is_some_and(|r| r.at > clock) {
+            if books.retries.get(&key).is_some_and(|r| r.at > clock) {
                 continue;
             }
             match lock.spec.as_ref().ok().and_then(|s| s.expires_at.as_ref()) {
-                Some(at) => expiring.insert(key.clone(), at.0),
-                None => expiring.remove(&key),
+                Some(at) => books.expiring.insert(key.clone(), at.0),
+                None => books.expiring.remove(&key),
             };
             let is_loaded = index
                 .as_deref()
                 .is_none_or(|i| loaded(i, &key, lock.generation));
             if is_loaded {
-                unloaded.remove(&key);
+                books.unloaded.remove(&key);
             } else {
-                unloaded.insert(key.clone());
+                books.unloaded.insert(key.clone());
             }
-            let unchanged = computed
-                .get(&key)
-                .is_some_and(|(version, healthy, was_loaded)| {
-                    *version == lock.resource_version
-                        && *healthy == snapshot.healthy
-                        && *was_loaded == is_loaded
-                });
-            if unchanged && !force && !retries.contains_key(&key) {
+            let unchanged =
+                books
+                    .computed
+                    .get(&key)
+                    .is_some_and(|(version, healthy, was_loaded)| {
+                        *version == lock.resource_version
+                            && *healthy == snapshot.healthy
+                            && *was_loaded == is_loaded
+                    });
+            if unchanged && !force && !books.retries.contains_key(&key) {
                 continue;
             }
-            computed.insert(
+            books.computed.insert(
                 key.clone(),
                 (lock.resource_version.clone(), snapshot.healthy, is_loaded),
             );
@@ -826,7 +848,7 @@ pub async fn run(
                 coverage => coverage,
             };
             let want = desired(lock, snapshot.healthy, &coverage, &instance, now);
-            if needs_write(lock, &want, &instance, applied.get(&key)) {
+            if needs_write(lock, &want, &instance, books.applied.get(&key)) {
                 picked.push((lock.clone(), want));
             }
         }
@@ -863,13 +885,15 @@ pub async fn run(
             match result {
                 Ok(version) => {
                     debug!(lock = %lock.key, enforced = want.entry.is_some(), count = want.count, "lock status written");
-                    retries.remove(&lock.key);
-                    applied.insert(lock.key.clone(), Applied::new(want, version));
+                    books.retries.remove(&lock.key);
+                    books
+                        .applied
+                        .insert(lock.key.clone(), Applied::new(want, version));
                 }
                 // Deleted meanwhile: the watch will drop it.
                 Err(kube::Error::Api(s)) if s.code == 404 => {}
                 Err(error) => {
-                    let attempts = retries.get(&lock.key).map_or(1, |r| r.attempts + 1);
+                    let attempts = books.retries.get(&lock.key).map_or(1, |r| r.attempts + 1);
                     let delay = Duration::from_millis(500)
                         .saturating_mul(1 << attempts.min(6))
                         .min(MAX_RETRY);
@@ -880,7 +904,7 @@ pub async fn run(
                             lock.key
                         );
                     }
-                    retries.insert(
+                    books.retries.insert(
                         lock.key.clone(),
                         Retry {
                             at: Instant::now() + delay,
@@ -895,11 +919,14 @@ pub async fn run(
                 "cannot write lock status (the webhook's identity needs patch on locks/status and clusterlocks/status); retrying with backoff");
         }
         // Sleep until the snapshot changes, a retry is due, or an enforced lock expires.
-        let next_retry = retries.values().map(|r| r.at).min();
-        let next_expiry = (expiring.values()).filter(|at| **at > now).min().map(|at| {
-            let wait = at.duration_since(Timestamp::now()).unsigned_abs();
-            Instant::now() + wait + Duration::from_millis(1)
-        });
+        let next_retry = books.retries.values().map(|r| r.at).min();
+        let next_expiry = (books.expiring.values())
+            .filter(|at| **at > now)
+            .min()
+            .map(|at| {
+                let wait = at.duration_since(Timestamp::now()).unsigned_abs();
+                Instant::now() + wait + Duration::from_millis(1)
+            });
         if stopping && !more {
             return;
         }
@@ -927,7 +954,7 @@ pub async fn run(
                 info!(%instance, "stopping: withdrawing this instance from lock status");
                 stopping = true;
                 every_lock = true;
-                retries.clear();
+                books.retries.clear();
             }
         }
     }

@@ -167,6 +167,13 @@ impl Ctx<'_> {
         self.env.kubectl.run(args)
     }
 
+    /// A JSON patch (RFC 6902) of the cluster-scoped `kind/name`, as an administrator makes it.
+    pub fn json_patch(&self, kind: &str, name: &str, patch: &serde_json::Value) -> Result<()> {
+        self.k(&["patch", kind, name, "--type=json", "-p", &patch.to_string()])
+            .check()
+            .map(drop)
+    }
+
     /// `kubectl ARGS...` with stdin.
     pub fn k_in(&self, args: &[&str], stdin: &str) -> Out {
         self.env.kubectl.run_stdin(args, Some(stdin))

@@ -19,16 +19,18 @@ pub fn run(ctx: &Ctx) -> Result<()> {
         ctx.configmap(&ns, name, json!({}))?;
     }
     let enum_path = mode_enum(ctx)?;
-    patch_crd(
-        ctx,
-        json!([{"op": "add", "path": format!("{enum_path}/-"), "value": "Audit"}]),
+    ctx.json_patch(
+        "crd",
+        CRD,
+        &json!([{"op": "add", "path": format!("{enum_path}/-"), "value": "Audit"}]),
     )?;
     let result = check(ctx, &ns);
     // The Lock goes before the CRD is narrowed back, as after a downgrade.
     let cleanup = ctx.unlock(&ns, "odd").and_then(|()| {
-        patch_crd(
-            ctx,
-            json!([{"op": "test", "path": format!("{enum_path}/2"), "value": "Audit"},
+        ctx.json_patch(
+            "crd",
+            CRD,
+            &json!([{"op": "test", "path": format!("{enum_path}/2"), "value": "Audit"},
                    {"op": "remove", "path": format!("{enum_path}/2")}]),
         )
     });
@@ -104,10 +106,4 @@ fn mode_enum(ctx: &Ctx) -> Result<String> {
         "spec.mode's enum is not this version's: {values:?}"
     );
     Ok(path)
-}
-
-fn patch_crd(ctx: &Ctx, patch: Value) -> Result<()> {
-    ctx.k(&["patch", "crd", CRD, "--type=json", "-p", &patch.to_string()])
-        .check()?;
-    Ok(())
 }

@@ -123,15 +123,9 @@ fn locks_rule(ctx: &Ctx) -> Result<usize> {
 }
 
 fn set_verbs(ctx: &Ctx, rule: usize, verbs: &[&str]) -> Result<()> {
-    let patch = json!([{"op": "replace", "path": format!("/rules/{rule}/verbs"), "value": verbs}]);
-    ctx.k(&[
-        "patch",
+    ctx.json_patch(
         "clusterrole",
         "kube-object-lock",
-        "--type=json",
-        "-p",
-        &patch.to_string(),
-    ])
-    .check()?;
-    Ok(())
+        &json!([{"op": "replace", "path": format!("/rules/{rule}/verbs"), "value": verbs}]),
+    )
 }
