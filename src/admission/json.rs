@@ -9,7 +9,7 @@
 
 use std::cell::RefCell;
 
-use simd_json::tape::Value;
+use simd_json::tape::{Tape, Value};
 
 /// The largest body read here, with scratch space kept per thread so that a review allocates
 /// no parser buffers. Larger bodies are left to serde_json: they are mostly long strings (a
@@ -17,16 +17,27 @@ use simd_json::tape::Value;
 /// its buffers (1.1 MB: 0.57 ms against 1.6 ms), and they would pin their buffers' memory.
 const KEEP_BYTES: usize = 64 * 1024;
 
+/// The largest tape kept between reviews, in nodes of 16 bytes (simd-json sizes it by the
+/// body's structural characters, ~2,000 for a 14 KB Deployment): a body near [`KEEP_BYTES`]
+/// full of short values may need more, and is not left pinning that memory.
+const KEEP_NODES: usize = 16 * 1024;
+
 struct Scratch {
+    /// The body, followed by the padding simd-json's SIMD loads may read past its end, so that
+    /// simd-json reads it in place instead of copying it once more.
     input: Vec<u8>,
     buffers: simd_json::Buffers,
+    /// Kept, empty, between reviews: a tape made per review (grown node by node) cost an
+    /// allocation, its reallocations and their copies on every request.
+    tape: Tape<'static>,
 }
 
 impl Scratch {
     fn new() -> Scratch {
         Scratch {
-            input: Vec::with_capacity(KEEP_BYTES),
+            input: Vec::with_capacity(KEEP_BYTES + simd_json::INPUT_PADDING),
             buffers: simd_json::Buffers::new(KEEP_BYTES),
+            tape: Tape(Vec::new()),
         }
     }
 }
@@ -44,11 +55,24 @@ pub fn with_tape<T>(body: &[u8], read: impl FnOnce(Value<'_, '_>) -> Option<T>) 
     SCRATCH.with(|scratch| {
         // Only a re-entrant call (none today) would find it taken.
         let mut scratch = scratch.try_borrow_mut().ok()?;
-        let Scratch { input, buffers } = &mut *scratch;
+        let Scratch {
+            input,
+            buffers,
+            tape,
+        } = &mut *scratch;
         input.clear();
         input.extend_from_slice(body);
-        let tape = simd_json::to_tape_with_buffers(input, buffers).ok()?;
-        read(tape.as_value())
+        input.resize(body.len() + simd_json::INPUT_PADDING, b' ');
+        let mut filled = std::mem::replace(tape, Tape(Vec::new())).reset();
+        let read = match simd_json::fill_tape_padded(input, body.len(), buffers, &mut filled) {
+            Ok(()) => read(filled.as_value()),
+            Err(_) => None,
+        };
+        let filled = filled.reset();
+        if filled.0.capacity() <= KEEP_NODES {
+            *tape = filled;
+        }
+        read
     })
 }
 
@@ -118,5 +142,27 @@ mod tests {
         assert_eq!(read(&body(KEEP_BYTES)), Some(KEEP_BYTES - 8));
         assert_eq!(read(&body(KEEP_BYTES + 1)), None);
         assert_eq!(read(small), Some(1));
+    }
+
+    /// The tape is kept between bodies, empty, unless a body needed more than [`KEEP_NODES`]
+    /// nodes; bodies read after either are read whole.
+    #[test]
+    fn the_tape_is_kept_only_up_to_its_bound() {
+        let kept = || SCRATCH.with(|s| s.borrow().tape.0.capacity());
+        let count = |body: &[u8]| {
+            with_tape(body, |root| {
+                root.as_object()?.get("n")?.as_array().map(|a| a.len())
+            })
+        };
+        let list = |n: usize| format!(r#"{{"n":[{}0]}}"#, "0,".repeat(n - 1)).into_bytes();
+        assert_eq!(count(&list(100)), Some(100));
+        let after_small = kept();
+        assert!((100..=KEEP_NODES).contains(&after_small), "{after_small}");
+        // 20,000 nodes in 40 KB: read, then not kept.
+        assert_eq!(count(&list(20_000)), Some(20_000));
+        assert!(kept() <= KEEP_NODES, "{} nodes kept", kept());
+        assert_eq!(count(&list(3)), Some(3));
+        assert_eq!(count(&list(3_000)), Some(3_000));
+        assert!(kept() >= 3_000, "a tape within the bound is kept");
     }
 }
