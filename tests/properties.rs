@@ -17,7 +17,7 @@
 //! - (f) and, so that the ones above are not vacuous: an UPDATE or DELETE (or an eviction) of
 //!   an object whose `request.name` has a lock in its scope is refused with 403, unless it is
 //!   on a lock resource, on `status`, or an UPDATE of a Terminating object.
-//! - (g) `review::parse` (simd-json's tape first) gives the same request, or the same error, as
+//! - (g) `review::parse` (its one-pass reader first) gives the same request, or the same error, as
 //!   parsing with serde_json alone.
 
 use std::sync::Arc;

@@ -80,12 +80,10 @@ fn parse_with(body: &[u8], fast: bool) -> Result<ParsedReview, ReviewError> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Err(ReviewError::Empty);
     }
-    // The fast path reads simd-json's tape; what it leaves is read by serde_json, and only a
-    // body that fails that too is parsed again to name the field (tracking the path costs a
-    // third of a parse).
-    let read = fast
-        .then(|| super::json::with_tape(body, super::tape::review))
-        .flatten();
+    // The fast path reads the fields in one pass; what it leaves is read by serde_json, and
+    // only a body that fails that too is parsed again to name the field (tracking the path
+    // costs a third of a parse).
+    let read = fast.then(|| super::scan::review(body)).flatten();
     let review = match read {
         Some(review) => review,
         None => match serde_json::from_slice::<IncomingReview>(body) {
@@ -535,10 +533,10 @@ mod tests {
         }
     }
 
-    /// The tape reader gives what serde_json gives, or leaves the body to it: on every captured
-    /// review (all of which it reads itself) and on the shapes it must leave alone.
+    /// The one-pass reader gives what serde_json gives, or leaves the body to it: on every
+    /// captured review (all of which it reads itself) and on the shapes it must leave alone.
     #[test]
-    fn tape_reading_agrees_with_serde_json() {
+    fn scanning_agrees_with_serde_json() {
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
         let mut fixtures: Vec<Vec<u8>> = std::fs::read_dir(dir)
             .expect("fixtures")
@@ -578,24 +576,24 @@ mod tests {
         fixtures.push(br#"["admission.k8s.io/v1","AdmissionReview",null]"#.to_vec());
         fixtures.push(br#"{"apiVersion":null,"kind":"AdmissionReview"}"#.to_vec());
         fixtures.push(br#"{"kind":"AdmissionReview","kind":"AdmissionReview"}"#.to_vec());
-        let mut read_by_tape = 0;
+        let mut read_fast = 0;
         for body in &fixtures {
             let text = String::from_utf8_lossy(body);
-            let tape = super::super::json::with_tape(body, super::super::tape::review);
-            match (tape, serde_json::from_slice::<IncomingReview>(body)) {
-                (Some(tape), Ok(serde)) => {
-                    read_by_tape += 1;
-                    assert_eq!(tape.api_version, serde.api_version, "{text}");
-                    assert_eq!(tape.kind, serde.kind, "{text}");
-                    assert_eq!(tape.request, serde.request, "{text}");
+            let fast = super::super::scan::review(body);
+            match (fast, serde_json::from_slice::<IncomingReview>(body)) {
+                (Some(fast), Ok(serde)) => {
+                    read_fast += 1;
+                    assert_eq!(fast.api_version, serde.api_version, "{text}");
+                    assert_eq!(fast.kind, serde.kind, "{text}");
+                    assert_eq!(fast.request, serde.request, "{text}");
                 }
                 (Some(_), Err(e)) => {
-                    panic!("the tape reader accepted what serde_json refuses ({e}): {text}")
+                    panic!("the one-pass reader accepted what serde_json refuses ({e}): {text}")
                 }
                 (None, _) => {}
             }
         }
         // Every fixture, and the six plainly valid edges, take the fast path.
-        assert_eq!(read_by_tape, captured + 6, "of {}", fixtures.len());
+        assert_eq!(read_fast, captured + 6, "of {}", fixtures.len());
     }
 }
