@@ -242,11 +242,10 @@ async fn collect(
     // Sized once from Content-Length (already checked against the limit), not grown in steps.
     let capacity = declared_length.unwrap_or(0).min(limit);
     let mut buf = BytesMut::with_capacity(usize::try_from(capacity).unwrap_or(0));
-    let mut next = Some(second);
     append(&mut buf, &mut first, limit)?;
-    while let Some(chunk) = next {
+    append(&mut buf, &mut read(second)?, limit)?;
+    while let Some(chunk) = body.next().await {
         append(&mut buf, &mut read(chunk)?, limit)?;
-        next = body.next().await;
     }
     Ok(buf.freeze())
 }

@@ -184,7 +184,6 @@ fn set<T>(field: &mut Option<T>, value: T) -> Option<()> {
 /// included.
 struct Reader<'a> {
     text: &'a str,
-    bytes: &'a [u8],
     at: usize,
     depth: u32,
 }
@@ -196,15 +195,18 @@ impl<'a> Reader<'a> {
         let text = simdutf8::basic::from_utf8(body).ok()?;
         Some(Reader {
             text,
-            bytes: body,
             at: 0,
             depth: 0,
         })
     }
 
+    fn bytes(&self) -> &'a [u8] {
+        self.text.as_bytes()
+    }
+
     /// The next byte after whitespace, not consumed.
     fn peek(&mut self) -> Option<u8> {
-        while let Some(&b) = self.bytes.get(self.at) {
+        while let Some(&b) = self.bytes().get(self.at) {
             if !matches!(b, b' ' | b'\n' | b'\t' | b'\r') {
                 return Some(b);
             }
@@ -242,7 +244,7 @@ impl<'a> Reader<'a> {
 
     fn literal(&mut self, word: &[u8]) -> Option<()> {
         let end = self.at + word.len();
-        (self.bytes.get(self.at..end)? == word).then(|| self.at = end)
+        (self.bytes().get(self.at..end)? == word).then(|| self.at = end)
     }
 
     /// An object, each member's value read (or skipped) by `member`.
@@ -316,32 +318,32 @@ impl<'a> Reader<'a> {
 
     /// A number as JSON writes it: `-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?`.
     fn number(&mut self) -> Option<()> {
-        if self.bytes.get(self.at) == Some(&b'-') {
+        if self.bytes().get(self.at) == Some(&b'-') {
             self.at += 1;
         }
-        match self.bytes.get(self.at)? {
+        match self.bytes().get(self.at)? {
             b'0' => self.at += 1,
             b'1'..=b'9' => self.digits(),
             _ => return None,
         }
-        if self.bytes.get(self.at) == Some(&b'.') {
+        if self.bytes().get(self.at) == Some(&b'.') {
             self.at += 1;
-            self.bytes.get(self.at)?.is_ascii_digit().then_some(())?;
+            self.bytes().get(self.at)?.is_ascii_digit().then_some(())?;
             self.digits();
         }
-        if matches!(self.bytes.get(self.at), Some(b'e' | b'E')) {
+        if matches!(self.bytes().get(self.at), Some(b'e' | b'E')) {
             self.at += 1;
-            if matches!(self.bytes.get(self.at), Some(b'+' | b'-')) {
+            if matches!(self.bytes().get(self.at), Some(b'+' | b'-')) {
                 self.at += 1;
             }
-            self.bytes.get(self.at)?.is_ascii_digit().then_some(())?;
+            self.bytes().get(self.at)?.is_ascii_digit().then_some(())?;
             self.digits();
         }
         Some(())
     }
 
     fn digits(&mut self) {
-        while self.bytes.get(self.at).is_some_and(u8::is_ascii_digit) {
+        while self.bytes().get(self.at).is_some_and(u8::is_ascii_digit) {
             self.at += 1;
         }
     }
@@ -370,8 +372,8 @@ impl<'a> Reader<'a> {
         let start = self.at;
         let mut escaped = false;
         loop {
-            self.at = special(self.bytes, self.at)?;
-            match self.bytes[self.at] {
+            self.at = special(self.bytes(), self.at)?;
+            match self.bytes()[self.at] {
                 b'"' => {
                     self.at += 1;
                     return Some((start..self.at - 1, escaped));
@@ -379,10 +381,10 @@ impl<'a> Reader<'a> {
                 b'\\' => {
                     escaped = true;
                     self.at += 1;
-                    match self.bytes.get(self.at)? {
+                    match self.bytes().get(self.at)? {
                         b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => self.at += 1,
                         b'u' => {
-                            let hex = self.bytes.get(self.at + 1..self.at + 5)?;
+                            let hex = self.bytes().get(self.at + 1..self.at + 5)?;
                             hex.iter().all(u8::is_ascii_hexdigit).then_some(())?;
                             self.at += 5;
                         }
