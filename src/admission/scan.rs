@@ -18,6 +18,9 @@
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::ops::Range;
+
+use wide::u8x16;
 
 use super::request::{AdmissionRequest, Object, ObjectMeta, Operation, Resource, UserInfo};
 use super::review::IncomingReview;
@@ -186,6 +189,9 @@ struct Reader<'a> {
     text: &'a str,
     at: usize,
     depth: u32,
+    /// The 64-byte block last looked at by [`Reader::special`], and its [`special_bytes`].
+    block: usize,
+    specials: u64,
 }
 
 impl<'a> Reader<'a> {
@@ -197,6 +203,8 @@ impl<'a> Reader<'a> {
             text,
             at: 0,
             depth: 0,
+            block: usize::MAX,
+            specials: 0,
         })
     }
 
@@ -297,23 +305,72 @@ impl<'a> Reader<'a> {
         (self.depth <= MAX_DEPTH).then_some(())
     }
 
-    /// Any value, checked and thrown away.
+    /// Any value, checked and thrown away. A loop over its tokens rather than a call per value
+    /// (most of a review is skipped): the open containers are kept as bits, 1 for an object.
     fn skip(&mut self) -> Option<()> {
-        match self.peek()? {
-            // Keys of skipped objects are checked, not decoded.
-            b'{' => self.container(b'{', b'}', |r| {
-                r.raw_string()?;
-                r.eat(b':')?;
-                r.skip()
-            }),
-            b'[' => self.container(b'[', b']', Reader::skip),
-            b'"' => self.raw_string().map(drop),
-            b't' => self.literal(b"true"),
-            b'f' => self.literal(b"false"),
-            b'n' => self.literal(b"null"),
-            b'-' | b'0'..=b'9' => self.number(),
-            _ => None,
+        let mut objects: u128 = 0;
+        let mut open = 0u32;
+        loop {
+            // A value.
+            match self.peek()? {
+                open_byte @ (b'{' | b'[') => {
+                    self.at += 1;
+                    self.enter()?;
+                    open += 1;
+                    let object = open_byte == b'{';
+                    objects = objects << 1 | u128::from(object);
+                    let close = if object { b'}' } else { b']' };
+                    if self.peek()? != close {
+                        if object {
+                            self.key()?;
+                        }
+                        continue;
+                    }
+                    self.at += 1;
+                    self.depth -= 1;
+                    open -= 1;
+                    objects >>= 1;
+                }
+                b'"' => self.skip_string()?,
+                b't' => self.literal(b"true")?,
+                b'f' => self.literal(b"false")?,
+                b'n' => self.literal(b"null")?,
+                b'-' | b'0'..=b'9' => self.number()?,
+                _ => return None,
+            }
+            // What follows a value: a comma and the next member, or the end of its container.
+            loop {
+                if open == 0 {
+                    return Some(());
+                }
+                let object = objects & 1 == 1;
+                match self.peek()? {
+                    b',' => {
+                        self.at += 1;
+                        if object {
+                            self.key()?;
+                        }
+                        break;
+                    }
+                    b'}' if object => {}
+                    b']' if !object => {}
+                    _ => return None,
+                }
+                self.at += 1;
+                self.depth -= 1;
+                open -= 1;
+                objects >>= 1;
+            }
         }
+    }
+
+    /// A key of a skipped object and its colon, checked, not decoded.
+    fn key(&mut self) -> Option<()> {
+        if self.peek()? != b'"' {
+            return None;
+        }
+        self.skip_string()?;
+        self.eat(b':')
     }
 
     /// A number as JSON writes it: `-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?`.
@@ -365,62 +422,109 @@ impl<'a> Reader<'a> {
         self.string().map(Cow::into_owned)
     }
 
+    /// A string checked and thrown away.
+    #[inline]
+    fn skip_string(&mut self) -> Option<()> {
+        self.raw_string().map(drop)
+    }
+
     /// Where a string's content lies (between its quotes), and whether it holds escapes; its
     /// escapes are checked and it may hold no control character, as serde_json requires.
-    fn raw_string(&mut self) -> Option<(std::ops::Range<usize>, bool)> {
+    /// Inlined for the common case, a string without escapes; the rest is [`Self::escaped`].
+    #[inline]
+    fn raw_string(&mut self) -> Option<(Range<usize>, bool)> {
         self.eat(b'"')?;
         let start = self.at;
-        let mut escaped = false;
+        let end = self.special(start)?;
+        if self.bytes()[end] == b'"' {
+            self.at = end + 1;
+            Some((start..end, false))
+        } else {
+            self.escaped(start, end)
+        }
+    }
+
+    /// The rest of a string from its first special byte at `at` (not a closing quote) on.
+    #[inline(never)]
+    fn escaped(&mut self, start: usize, mut at: usize) -> Option<(Range<usize>, bool)> {
         loop {
-            self.at = special(self.bytes(), self.at)?;
-            match self.bytes()[self.at] {
+            match self.bytes()[at] {
                 b'"' => {
-                    self.at += 1;
-                    return Some((start..self.at - 1, escaped));
+                    self.at = at + 1;
+                    return Some((start..at, true));
                 }
                 b'\\' => {
-                    escaped = true;
-                    self.at += 1;
-                    match self.bytes().get(self.at)? {
-                        b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => self.at += 1,
+                    at += 1;
+                    match self.bytes().get(at)? {
+                        b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => at += 1,
                         b'u' => {
-                            let hex = self.bytes().get(self.at + 1..self.at + 5)?;
+                            let hex = self.bytes().get(at + 1..at + 5)?;
                             hex.iter().all(u8::is_ascii_hexdigit).then_some(())?;
-                            self.at += 5;
+                            at += 5;
                         }
                         _ => return None,
                     }
                 }
                 _ => return None,
             }
+            at = self.special(at)?;
         }
+    }
+
+    /// The first `"`, `\\` or control character from `at` on, found in the bitmask of its
+    /// 64-byte block; a block's mask is computed once, as strings are read front to back.
+    #[inline]
+    fn special(&mut self, mut at: usize) -> Option<usize> {
+        loop {
+            let block = at / 64;
+            if block != self.block {
+                self.load_block(block)?;
+            }
+            let found = self.specials >> (at % 64);
+            if found != 0 {
+                return Some(at + found.trailing_zeros() as usize);
+            }
+            at = (block + 1) * 64;
+        }
+    }
+
+    /// Makes `block` the one [`Self::special`] looks at, if the body reaches it.
+    #[inline(never)]
+    fn load_block(&mut self, block: usize) -> Option<()> {
+        if block * 64 >= self.text.len() {
+            return None;
+        }
+        self.block = block;
+        self.specials = special_bytes(self.bytes(), block * 64);
+        Some(())
     }
 }
 
-/// The first `"`, `\\` or control character in `bytes` from `at` on: where a string's content
-/// stops (JSON allows no control character in a string). Eight bytes at a time, read from the
-/// rest of the body rather than the string alone, so that a short string takes one step.
-fn special(bytes: &[u8], mut at: usize) -> Option<usize> {
-    const ONES: u64 = u64::MAX / 255;
-    while let Some(chunk) = bytes.get(at..at + 8) {
-        let chars = u64::from_le_bytes(chunk.try_into().ok()?);
-        // Mycroft's test for a zero byte, as serde_json's string scan does: the lowest flagged
-        // byte is exact (only bytes above a true match can be flagged falsely).
-        let control = chars.wrapping_sub(ONES * 0x20) & !chars;
-        let quote = chars ^ (ONES * u64::from(b'"'));
-        let quote = quote.wrapping_sub(ONES) & !quote;
-        let backslash = chars ^ (ONES * u64::from(b'\\'));
-        let backslash = backslash.wrapping_sub(ONES) & !backslash;
-        let found = (control | quote | backslash) & (ONES << 7);
-        if found != 0 {
-            return Some(at + found.trailing_zeros() as usize / 8);
+/// Which bytes of the 64 from `start` on are a `"`, a `\\` or a control character (bit `i` for
+/// byte `start + i`): where a string's content may stop, since JSON allows no control character
+/// in a string. Sixteen bytes at a time with SIMD instructions (SSE2 on x86-64, NEON on
+/// aarch64); bytes past the end of `bytes` count as none of these.
+fn special_bytes(bytes: &[u8], start: usize) -> u64 {
+    let block: [u8; 64] = match bytes.get(start..start + 64) {
+        Some(block) => block.try_into().unwrap_or([b' '; 64]),
+        None => {
+            let mut padded = [b' '; 64];
+            let rest = bytes.get(start..).unwrap_or_default();
+            padded[..rest.len()].copy_from_slice(rest);
+            padded
         }
-        at += 8;
+    };
+    let quote = u8x16::splat(b'"');
+    let backslash = u8x16::splat(b'\\');
+    let control = u8x16::splat(0x1f);
+    let mut found = 0;
+    for (i, lane) in block.chunks_exact(16).enumerate() {
+        let chars = u8x16::from(<[u8; 16]>::try_from(lane).unwrap_or([b' '; 16]));
+        // Unsigned: `min(c, 0x1f) == c` is `c <= 0x1f`.
+        let hits = chars.cmp_eq(quote) | chars.cmp_eq(backslash) | chars.min(control).cmp_eq(chars);
+        found |= u64::from(hits.move_mask() as u16) << (16 * i);
     }
-    let rest = bytes.get(at..)?;
-    rest.iter()
-        .position(|&b| b == b'"' || b == b'\\' || b < 0x20)
-        .map(|offset| at + offset)
+    found
 }
 
 #[cfg(test)]
@@ -509,27 +613,62 @@ mod tests {
         }
     }
 
+    fn is_special(b: u8) -> bool {
+        b == b'"' || b == b'\\' || b < 0x20
+    }
+
+    /// Every byte value, at every position of a block, the last block cut short included:
+    /// bytes above 0x7f are no control characters (an unsigned comparison).
+    #[test]
+    fn special_bytes_flags_quotes_backslashes_and_control_characters() {
+        for byte in 0..=255u8 {
+            for len in [1, 17, 64, 100, 128] {
+                for at in 0..len {
+                    let mut bytes = vec![b'a'; len];
+                    bytes[at] = byte;
+                    for start in (0..len).step_by(64) {
+                        let expected = (start..len.min(start + 64))
+                            .filter(|&i| is_special(bytes[i]))
+                            .fold(0u64, |mask, i| mask | 1 << (i - start));
+                        assert_eq!(
+                            special_bytes(&bytes, start),
+                            expected,
+                            "byte {byte:#x} at {at} of {len}, block from {start}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// The reader's search, block by block, against a byte-at-a-time one, from every start.
     #[test]
     fn special_finds_the_first_quote_backslash_or_control_character() {
-        for (text, from, expected) in [
-            (&b"abc\"def"[..], 0, Some(3)),
-            (b"abcdefgh\\", 0, Some(8)),
-            (b"abcdefghijklmnop\x1fq", 0, Some(16)),
-            (b"abcdefghijklmnop\x1fq", 17, None),
-            (b"\"", 0, Some(0)),
-            (b"a\"b\"", 2, Some(3)),
-            (b"abcdefghijklmnopqrstuvwxyz", 0, None),
-            (b"\xc3\xa9\xe2\x9c\x93abcdefgh\x7f\x80\xff\"", 0, Some(16)),
-            (b"\x01\"\\", 0, Some(0)),
-            (b"ab\\\x01\"", 0, Some(2)),
-            (b"", 0, None),
+        let long = format!(
+            "{}\"{}\\{}\u{1}{}",
+            "é".repeat(40),
+            "x".repeat(70),
+            "✓".repeat(30),
+            "y".repeat(63)
+        );
+        for text in [
+            "",
+            "\"",
+            "abc\"def",
+            "abcdefghijklmnopqrstuvwxyz",
+            long.as_str(),
+            &"z".repeat(128),
         ] {
-            assert_eq!(
-                special(text, from),
-                expected,
-                "{}",
-                String::from_utf8_lossy(text)
-            );
+            let mut reader = Reader::new(text.as_bytes()).expect("UTF-8");
+            for from in 0..=text.len() {
+                let expected = (from..text.len()).find(|&i| is_special(text.as_bytes()[i]));
+                assert_eq!(reader.special(from), expected, "from {from} in {text:?}");
+            }
+            // Backwards too: a block looked at earlier is looked at again.
+            for from in (0..=text.len()).rev() {
+                let expected = (from..text.len()).find(|&i| is_special(text.as_bytes()[i]));
+                assert_eq!(reader.special(from), expected, "from {from} in {text:?}");
+            }
         }
     }
 
