@@ -71,8 +71,8 @@ fn ours(body: &[u8], locks: &Locks, now: Timestamp) -> Vec<u8> {
     let verdict = match decide::plan(&parsed.request) {
         Plan::Allow(_) => Verdict::allow(),
         Plan::Lookup(lookup) => {
-            let scope = locks.get(&lookup.scope);
-            let contents = lookup.contents_of.as_deref().map(|ns| locks.get(ns));
+            let scope = locks.get(lookup.scope);
+            let contents = lookup.contents_of.map(|ns| locks.get(ns));
             decide::decide(&parsed.request, &lookup, &scope, contents.as_deref(), now)
         }
     };

@@ -240,6 +240,17 @@ async fn with_the_watch_live_lookups_make_no_api_requests() {
     assert!(setup.allowed("configmap-create.json").await);
     assert!(setup.allowed("deployment-update.json").await);
     assert!(setup.allowed("clusterrole-update.json").await);
+    // What the index has at hand is what a lookup answers, locks or none.
+    for ns in [NS, "ns-0", "ns-1", "ns-7", ""] {
+        let at_hand = setup.source.locks_at_hand(ns).expect("the index answers");
+        let looked_up = setup.source.locks(ns).await.expect("looked up");
+        assert_eq!(at_hand, looked_up, "{ns:?}");
+        assert_eq!(
+            at_hand.is_empty(),
+            !matches!(ns, NS | "ns-0" | "ns-7"),
+            "{ns:?}"
+        );
+    }
     let lookups = setup.api.list_calls() - watch_lists;
     println!("332 admissions over 201 namespaces with the watch live: {lookups} LIST call(s)");
     assert_eq!(lookups, 0, "{:?}", setup.api.request_log());
@@ -402,6 +413,8 @@ async fn a_watch_error_makes_the_index_stale_at_once() {
     setup.api.set_watch_fault(WatchFault::Status(403));
     setup.api.drop_watches();
     setup.wait_lock_watch(WatchState::Stale).await;
+    // Nothing is at hand any more: every lookup asks the API server.
+    assert!(setup.source.locks_at_hand(NS).is_none());
     setup
         .api
         .create_lock(NS, "locked-a", json!({"reason": "after the error"}));

@@ -316,7 +316,7 @@ impl Template {
         );
         Ok(Template {
             file,
-            uid: req.uid.clone(),
+            uid: req.uid.to_string(),
             bytes,
             name,
         })

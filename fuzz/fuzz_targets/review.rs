@@ -58,7 +58,7 @@ fuzz_target!(|data: &[u8]| {
             let response = serde_json::to_value(&answer.review).expect("the answer serializes");
             assert_eq!(response["apiVersion"], parsed.api_version);
             assert_eq!(response["kind"], "AdmissionReview");
-            assert_eq!(response["response"]["uid"], parsed.request.uid.as_str());
+            assert_eq!(response["response"]["uid"], parsed.request.uid.as_ref());
             assert!(response["response"]["allowed"].is_boolean());
         }
         (Err(p), Err(r)) => assert_eq!(p, r, "parse and review fail alike"),

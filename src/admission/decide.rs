@@ -5,6 +5,7 @@
 //! table test, without a server or a cluster. It runs in two steps so the caller knows what to
 //! fetch: [`plan`] says whether locks are needed at all and which; [`decide`] reads them.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -49,24 +50,24 @@ impl Exempt {
     }
 }
 
-/// What must be read before deciding.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Lookup {
+/// What must be read before deciding, borrowed from the request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lookup<'a> {
     /// The lock set that may hold the object's lock: its namespace, or `""` for ClusterLocks.
-    pub scope: String,
+    pub scope: &'a str,
     /// The object's name, which is the name of a lock on it.
-    pub name: String,
+    pub name: &'a str,
     /// For a Namespace DELETE: the namespace whose Locks would block its deletion.
-    pub contents_of: Option<String>,
+    pub contents_of: Option<&'a str>,
 }
 
 /// The first step's answer.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Plan {
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Plan<'a> {
     /// Decided already; no lock needs reading.
     Allow(Exempt),
     /// Read these locks, then call [`decide`].
-    Lookup(Lookup),
+    Lookup(Lookup<'a>),
 }
 
 /// What kind of answer a verdict is, for logs and metrics.
@@ -175,7 +176,7 @@ pub enum OnLookupError {
 }
 
 /// Step one: decide what can be decided without locks, or say what to read.
-pub fn plan(req: &AdmissionRequest) -> Plan {
+pub fn plan<'a>(req: &'a AdmissionRequest<'_>) -> Plan<'a> {
     let sub = req.subresource();
     let eviction = req.operation == Operation::Create
         && req.resource.group.is_empty()
@@ -187,10 +188,7 @@ pub fn plan(req: &AdmissionRequest) -> Plan {
         _ => {}
     }
     if req.resource.group == api::GROUP
-        && matches!(
-            req.resource.resource.as_str(),
-            api::LOCKS | api::CLUSTER_LOCKS
-        )
+        && matches!(&*req.resource.resource, api::LOCKS | api::CLUSTER_LOCKS)
     {
         return Plan::Allow(Exempt::LockResource);
     }
@@ -200,11 +198,11 @@ pub fn plan(req: &AdmissionRequest) -> Plan {
     let Some(name) = req.object_name() else {
         return Plan::Allow(Exempt::Unnamed);
     };
-    let contents_of = (req.operation == Operation::Delete && req.is_namespace() && sub.is_none())
-        .then(|| name.to_owned());
+    let contents_of =
+        (req.operation == Operation::Delete && req.is_namespace() && sub.is_none()).then_some(name);
     Plan::Lookup(Lookup {
-        scope: req.object_namespace().unwrap_or_default().to_owned(),
-        name: name.to_owned(),
+        scope: req.object_namespace().unwrap_or_default(),
+        name,
         contents_of,
     })
 }
@@ -217,12 +215,12 @@ pub fn plan(req: &AdmissionRequest) -> Plan {
 /// message names every Enforce lock), Warn locks only warn.
 pub fn decide(
     req: &AdmissionRequest,
-    lookup: &Lookup,
+    lookup: &Lookup<'_>,
     scope_locks: &LockSet,
     contents: Option<&LockSet>,
     now: Timestamp,
 ) -> Verdict {
-    let found = applicable(req, &lookup.name, scope_locks, now);
+    let found = applicable(req, lookup.name, scope_locks, now);
     let mut verdict = if !found.enforcing.is_empty() {
         if req.operation == Operation::Update && req.is_terminating() {
             // Refusing this would wedge the object in Terminating: finalizer removal is an UPDATE.
@@ -235,10 +233,10 @@ pub fn decide(
                 ))
                 .annotate("terminating-object-update", names)
         } else {
-            deny_locked(req, &describe_object(req, &lookup.name), &found.enforcing)
+            deny_locked(req, &describe_object(req, lookup.name), &found.enforcing)
         }
     } else if let Some(contents) = contents.filter(|set| !set.is_empty()) {
-        namespace_deletion(req, &lookup.name, contents, now)
+        namespace_deletion(req, lookup.name, contents, now)
     } else {
         Verdict::allow()
     };
@@ -359,10 +357,14 @@ fn selects(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool 
 /// Which exemption of `spec` the user has, worded for the warning.
 fn exemption(spec: &LockSpec, user: &UserInfo) -> Option<String> {
     let exempt = spec.exempt.as_ref()?;
-    if exempt.users.contains(&user.username) {
+    if exempt.users.iter().any(|u| *u == user.username) {
         return Some(format!("user {}", user.username));
     }
-    if let Some(group) = user.groups.iter().find(|g| exempt.groups.contains(g)) {
+    if let Some(group) = user
+        .groups
+        .iter()
+        .find(|g| exempt.groups.iter().any(|e| e == g.as_ref()))
+    {
         return Some(format!("group {group}"));
     }
     let account = user.username.strip_prefix("system:serviceaccount:")?;
@@ -439,11 +441,11 @@ fn unlock_command(locks: &[&LockRef]) -> String {
 /// The verdict when the locks could not be read.
 pub fn decide_unreadable(
     req: &AdmissionRequest,
-    lookup: &Lookup,
+    lookup: &Lookup<'_>,
     policy: OnLookupError,
     error: &LookupError,
 ) -> Verdict {
-    let what = describe_object(req, &lookup.name);
+    let what = describe_object(req, lookup.name);
     let mut verdict = if req.operation == Operation::Update && req.is_terminating() {
         // Allowed whatever the locks say; nothing to add.
         Verdict::allow()
@@ -468,15 +470,15 @@ pub fn decide_unreadable(
 /// Who deletes a Namespace's contents once its deletion is admitted: the namespace controller
 /// of kube-controller-manager, with its own service account (`--use-service-account-credentials`,
 /// as kubeadm runs it). Its DELETE of each object goes through admission like anyone's.
-fn namespace_controller() -> UserInfo {
+fn namespace_controller() -> UserInfo<'static> {
     UserInfo {
-        username: "system:serviceaccount:kube-system:namespace-controller".to_owned(),
+        username: "system:serviceaccount:kube-system:namespace-controller".into(),
         groups: [
             "system:serviceaccounts",
             "system:serviceaccounts:kube-system",
             "system:authenticated",
         ]
-        .map(str::to_owned)
+        .map(Cow::Borrowed)
         .to_vec(),
     }
 }

@@ -3,7 +3,10 @@
 //! The API server sends whole objects (a Secret's data, a 512 KiB ConfigMap); the decision needs
 //! a handful of strings. These types deserialize only those and let serde skip the rest
 //! unparsed, which keeps large reviews cheap and keeps object bodies out of memory and logs.
+//! The strings are borrowed from the body wherever it holds them as they are (no escapes), so
+//! reading a review allocates next to nothing.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use serde::Deserialize;
@@ -43,22 +46,23 @@ impl Operation {
 
 /// A resource: group, version and plural name.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
-pub struct Resource {
+pub struct Resource<'a> {
     /// API group, `""` for the core group.
-    #[serde(default)]
-    pub group: String,
+    #[serde(default, borrow)]
+    pub group: Cow<'a, str>,
     /// API version.
-    #[serde(default)]
-    pub version: String,
+    #[serde(default, borrow)]
+    pub version: Cow<'a, str>,
     /// Plural resource name, e.g. `configmaps`.
-    pub resource: String,
+    #[serde(borrow)]
+    pub resource: Cow<'a, str>,
 }
 
-impl Resource {
+impl Resource<'_> {
     /// `configmaps`, `deployments.apps`: the form kubectl and the API server use in messages.
     pub fn qualified(&self) -> String {
         if self.group.is_empty() {
-            self.resource.clone()
+            self.resource.clone().into_owned()
         } else {
             format!("{}.{}", self.resource, self.group)
         }
@@ -67,25 +71,25 @@ impl Resource {
 
 /// Who is asking.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
-pub struct UserInfo {
+pub struct UserInfo<'a> {
     /// The user name, e.g. `system:serviceaccount:kube-system:namespace-controller`.
-    #[serde(default)]
-    pub username: String,
+    #[serde(default, borrow)]
+    pub username: Cow<'a, str>,
     /// The user's groups.
-    #[serde(default)]
-    pub groups: Vec<String>,
+    #[serde(default, borrow)]
+    pub groups: Vec<Cow<'a, str>>,
 }
 
 /// The metadata fields of `object` / `oldObject` that matter.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct ObjectMeta {
+pub struct ObjectMeta<'a> {
     /// The object's name (the only place a DELETECOLLECTION item carries it).
-    #[serde(default)]
-    pub name: Option<String>,
+    #[serde(default, borrow)]
+    pub name: Option<Cow<'a, str>>,
     /// Set once the object is Terminating.
-    #[serde(default)]
-    pub deletion_timestamp: Option<String>,
+    #[serde(default, borrow)]
+    pub deletion_timestamp: Option<Cow<'a, str>>,
     /// The object's labels, for selector locks. Absent means none: the API server leaves out
     /// an empty map. Whether these are the labels of the object being changed is for
     /// [`AdmissionRequest::labels`] to say.
@@ -95,45 +99,95 @@ pub struct ObjectMeta {
 
 /// `object` / `oldObject`, reduced to its metadata.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
-pub struct Object {
+pub struct Object<'a> {
     /// The object's metadata.
-    #[serde(default)]
-    pub metadata: ObjectMeta,
+    #[serde(default, borrow)]
+    pub metadata: ObjectMeta<'a>,
 }
 
 /// An admission request, reduced to what the decision reads.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct AdmissionRequest {
+pub struct AdmissionRequest<'a> {
     /// Echoed in the response; the API server matches answers by it.
-    pub uid: String,
+    #[serde(borrow)]
+    pub uid: Cow<'a, str>,
     /// The resource the request was converted to (see `requestResource` for what was called).
-    pub resource: Resource,
+    #[serde(borrow)]
+    pub resource: Resource<'a>,
     /// `status`, `scale`, `eviction`, ...; absent for the object itself.
-    #[serde(default)]
-    pub sub_resource: Option<String>,
+    #[serde(default, borrow)]
+    pub sub_resource: Option<Cow<'a, str>>,
     /// The object's name; absent on DELETECOLLECTION items.
-    #[serde(default)]
-    pub name: Option<String>,
+    #[serde(default, borrow)]
+    pub name: Option<Cow<'a, str>>,
     /// Absent for cluster-scoped objects; a Namespace's own name for a Namespace.
-    #[serde(default)]
-    pub namespace: Option<String>,
+    #[serde(default, borrow)]
+    pub namespace: Option<Cow<'a, str>>,
     /// What is being done.
     pub operation: Operation,
     /// Who is doing it.
-    pub user_info: UserInfo,
+    #[serde(borrow)]
+    pub user_info: UserInfo<'a>,
     /// The new object (null on DELETE).
-    #[serde(default)]
-    pub object: Option<Object>,
+    #[serde(default, borrow)]
+    pub object: Option<Object<'a>>,
     /// The existing object (null on CREATE).
-    #[serde(default)]
-    pub old_object: Option<Object>,
+    #[serde(default, borrow)]
+    pub old_object: Option<Object<'a>>,
     /// A dry run; decided the same way, since the webhook has no side effects.
     #[serde(default)]
     pub dry_run: Option<bool>,
 }
 
-impl AdmissionRequest {
+impl AdmissionRequest<'_> {
+    /// A request from JSON held elsewhere, for tests.
+    #[cfg(test)]
+    pub(crate) fn from_json(
+        value: serde_json::Value,
+    ) -> serde_json::Result<AdmissionRequest<'static>> {
+        serde_json::from_str::<AdmissionRequest<'_>>(&value.to_string())
+            .map(AdmissionRequest::into_owned)
+    }
+
+    /// The same request, no longer borrowing the body it was read from.
+    pub fn into_owned(self) -> AdmissionRequest<'static> {
+        let owned = |s: Option<Cow<'_, str>>| s.map(|s| Cow::Owned(s.into_owned()));
+        let object = |o: Option<Object<'_>>| {
+            o.map(|o| Object {
+                metadata: ObjectMeta {
+                    name: owned(o.metadata.name),
+                    deletion_timestamp: owned(o.metadata.deletion_timestamp),
+                    labels: o.metadata.labels,
+                },
+            })
+        };
+        AdmissionRequest {
+            uid: Cow::Owned(self.uid.into_owned()),
+            resource: Resource {
+                group: Cow::Owned(self.resource.group.into_owned()),
+                version: Cow::Owned(self.resource.version.into_owned()),
+                resource: Cow::Owned(self.resource.resource.into_owned()),
+            },
+            sub_resource: owned(self.sub_resource),
+            name: owned(self.name),
+            namespace: owned(self.namespace),
+            operation: self.operation,
+            user_info: UserInfo {
+                username: Cow::Owned(self.user_info.username.into_owned()),
+                groups: self
+                    .user_info
+                    .groups
+                    .into_iter()
+                    .map(|g| Cow::Owned(g.into_owned()))
+                    .collect(),
+            },
+            object: object(self.object),
+            old_object: object(self.old_object),
+            dry_run: self.dry_run,
+        }
+    }
+
     /// `request.name`, or `oldObject.metadata.name` when that is empty (DELETECOLLECTION items).
     pub fn object_name(&self) -> Option<&str> {
         self.name

@@ -6,6 +6,7 @@
 //! AdmissionReview carrying the request's uid, in the request's `apiVersion`, even when the locks
 //! cannot be read.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -43,25 +44,26 @@ pub enum ReviewError {
     NoUid,
 }
 
-/// The top of an AdmissionReview, as it arrives.
+/// The top of an AdmissionReview, as it arrives. `apiVersion` and `kind` are only compared, so
+/// they are borrowed from the body unless escaped.
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub(super) struct IncomingReview {
+pub(super) struct IncomingReview<'a> {
+    #[serde(default, borrow)]
+    pub(super) api_version: Cow<'a, str>,
+    #[serde(default, borrow)]
+    pub(super) kind: Cow<'a, str>,
     #[serde(default)]
-    pub(super) api_version: String,
-    #[serde(default)]
-    pub(super) kind: String,
-    #[serde(default)]
-    pub(super) request: Option<AdmissionRequest>,
+    pub(super) request: Option<AdmissionRequest<'a>>,
 }
 
 /// A parsed review: the request and the version to answer in.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ParsedReview {
+pub struct ParsedReview<'a> {
     /// `admission.k8s.io/v1` or `admission.k8s.io/v1beta1`.
     pub api_version: &'static str,
     /// The request.
-    pub request: AdmissionRequest,
+    pub request: AdmissionRequest<'a>,
 }
 
 /// Parses an AdmissionReview, reading only what the decision needs.
@@ -92,12 +94,12 @@ fn parse_with(body: &[u8], fast: bool) -> Result<ParsedReview, ReviewError> {
         },
     };
     if review.kind != "AdmissionReview" {
-        return Err(ReviewError::WrongKind(review.kind));
+        return Err(ReviewError::WrongKind(review.kind.into_owned()));
     }
-    let api_version = match review.api_version.as_str() {
+    let api_version = match &*review.api_version {
         ADMISSION_V1 => ADMISSION_V1,
         ADMISSION_V1BETA1 => ADMISSION_V1BETA1,
-        _ => return Err(ReviewError::WrongVersion(review.api_version)),
+        _ => return Err(ReviewError::WrongVersion(review.api_version.into_owned())),
     };
     let request = review.request.ok_or(ReviewError::NoRequest)?;
     if request.uid.is_empty() {
@@ -140,6 +142,31 @@ pub struct ReviewAnswer {
     pub kind: &'static str,
     /// The answer.
     pub response: ReviewResponse,
+}
+
+impl ReviewAnswer {
+    /// The answer's JSON, written into one allocation: an allowed answer is about 110 bytes and a
+    /// refusal a few hundred, where `serde_json::to_vec` starts empty and grows three times. A
+    /// plain allow, nearly every answer, is written around its one variable part, the uid
+    /// (escaped by serde_json), exactly as serde would write it.
+    pub fn to_json(&self) -> serde_json::Result<Vec<u8>> {
+        let mut json = Vec::with_capacity(512);
+        let response = &self.response;
+        let plain_allow = response.allowed
+            && response.status == ReviewStatus::default()
+            && response.audit_annotations.is_empty()
+            && response.warnings.is_empty();
+        if plain_allow && self.kind == "AdmissionReview" {
+            json.extend_from_slice(br#"{"apiVersion":"#);
+            serde_json::to_writer(&mut json, self.api_version)?;
+            json.extend_from_slice(br#","kind":"AdmissionReview","response":{"uid":"#);
+            serde_json::to_writer(&mut json, &response.uid)?;
+            json.extend_from_slice(br#","allowed":true,"status":{}}}"#);
+        } else {
+            serde_json::to_writer(&mut json, self)?;
+        }
+        Ok(json)
+    }
 }
 
 /// An AdmissionReview's `response`.
@@ -197,7 +224,7 @@ pub fn respond(review: ParsedReview, verdict: Verdict) -> ReviewAnswer {
         api_version: review.api_version,
         kind: "AdmissionReview",
         response: ReviewResponse {
-            uid: review.request.uid,
+            uid: review.request.uid.into_owned(),
             allowed,
             status,
             audit_annotations: verdict.audit_annotations,
@@ -353,11 +380,22 @@ impl Reviewer {
 
     async fn read(
         &self,
-        lookup: &decide::Lookup,
+        lookup: &decide::Lookup<'_>,
         timeout: Duration,
     ) -> Result<(Arc<LockSet>, Option<Arc<LockSet>>), LookupError> {
+        // Nearly every lookup is answered from the watch-fed index: no future, no timer.
+        if let Some(scope) = self.source.locks_at_hand(lookup.scope) {
+            match lookup.contents_of {
+                None => return Ok((scope, None)),
+                Some(ns) => {
+                    if let Some(contents) = self.source.locks_at_hand(ns) {
+                        return Ok((scope, Some(contents)));
+                    }
+                }
+            }
+        }
         let work = async {
-            let scope = self.source.locks(&lookup.scope);
+            let scope = self.source.locks(lookup.scope);
             match &lookup.contents_of {
                 Some(ns) => {
                     let (scope, contents) = futures::try_join!(scope, self.source.locks(ns))?;
@@ -399,6 +437,56 @@ fn log_verdict(req: &AdmissionRequest, verdict: &Verdict, elapsed: Duration) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The written plain allow is byte for byte what serde writes, whatever the uid holds; other
+    /// answers are serde's own.
+    #[test]
+    fn answers_are_written_as_serde_writes_them() {
+        let uids = [
+            "",
+            "5fca7edf-b7d1-4f64-a583-95cf5caa0d8e",
+            "q\"b\\s/\u{1}\u{7f}é✓😀\n",
+        ];
+        for api_version in [ADMISSION_V1, ADMISSION_V1BETA1] {
+            for uid in uids {
+                let allow = ReviewAnswer {
+                    api_version,
+                    kind: "AdmissionReview",
+                    response: ReviewResponse {
+                        uid: uid.to_owned(),
+                        allowed: true,
+                        status: ReviewStatus::default(),
+                        audit_annotations: BTreeMap::new(),
+                        warnings: Vec::new(),
+                    },
+                };
+                let mut warned = allow.clone();
+                warned.response.warnings.push("locked \"x\"".to_owned());
+                let mut annotated = allow.clone();
+                annotated
+                    .response
+                    .audit_annotations
+                    .insert("lock".to_owned(), "x".to_owned());
+                let mut denied = allow.clone();
+                denied.response.allowed = false;
+                denied.response.status = ReviewStatus {
+                    status: Some("Failure"),
+                    code: 403,
+                    message: "locked".to_owned(),
+                    reason: "Forbidden",
+                };
+                for answer in [allow, warned, annotated, denied] {
+                    let written = answer.to_json().expect("written");
+                    let serde = serde_json::to_vec(&answer).expect("serialized");
+                    assert_eq!(
+                        String::from_utf8_lossy(&written),
+                        String::from_utf8_lossy(&serde),
+                        "{answer:?}"
+                    );
+                }
+            }
+        }
+    }
 
     #[test]
     fn parse_rejects_what_cannot_be_answered() {
@@ -490,7 +578,7 @@ mod tests {
                 api_version: parsed.api_version.to_owned(),
                 kind: "AdmissionReview".to_owned(),
             };
-            response.uid = parsed.request.uid.clone();
+            response.uid = parsed.request.uid.to_string();
             response.allowed = verdict.allowed();
             response.result = match &verdict.refusal {
                 Some(r) => Status::failure(&r.message, r.reason).with_code(r.code),

@@ -29,7 +29,7 @@ use super::review::IncomingReview;
 const MAX_DEPTH: u32 = 100;
 
 /// Reads a review from a whole body, or `None` to leave it to serde_json.
-pub(super) fn review(body: &[u8]) -> Option<IncomingReview> {
+pub(super) fn review(body: &[u8]) -> Option<IncomingReview<'_>> {
     let mut reader = Reader::new(body)?;
     let mut api_version = None;
     let mut kind = None;
@@ -42,13 +42,13 @@ pub(super) fn review(body: &[u8]) -> Option<IncomingReview> {
     })?;
     reader.end()?;
     Some(IncomingReview {
-        api_version: api_version.map(Cow::into_owned).unwrap_or_default(),
-        kind: kind.map(Cow::into_owned).unwrap_or_default(),
+        api_version: api_version.unwrap_or_default(),
+        kind: kind.unwrap_or_default(),
         request: request.flatten(),
     })
 }
 
-fn admission_request(r: &mut Reader<'_>) -> Option<AdmissionRequest> {
+fn admission_request<'a>(r: &mut Reader<'a>) -> Option<AdmissionRequest<'a>> {
     let mut uid = None;
     let mut resource = None;
     let mut sub_resource = None;
@@ -60,11 +60,11 @@ fn admission_request(r: &mut Reader<'_>) -> Option<AdmissionRequest> {
     let mut old_object = None;
     let mut dry_run = None;
     r.object(|r, key| match &*key {
-        "uid" => set(&mut uid, r.owned()?),
+        "uid" => set(&mut uid, r.string()?),
         "resource" => set(&mut resource, group_version_resource(r)?),
-        "subResource" => set(&mut sub_resource, r.optional(Reader::owned)?),
-        "name" => set(&mut name, r.optional(Reader::owned)?),
-        "namespace" => set(&mut namespace, r.optional(Reader::owned)?),
+        "subResource" => set(&mut sub_resource, r.optional(Reader::string)?),
+        "name" => set(&mut name, r.optional(Reader::string)?),
+        "namespace" => set(&mut namespace, r.optional(Reader::string)?),
         "operation" => set(&mut operation, self::operation(r)?),
         "userInfo" => set(&mut user_info, self::user_info(r)?),
         "object" => set(&mut object, r.optional(self::object)?),
@@ -86,14 +86,14 @@ fn admission_request(r: &mut Reader<'_>) -> Option<AdmissionRequest> {
     })
 }
 
-fn group_version_resource(r: &mut Reader<'_>) -> Option<Resource> {
+fn group_version_resource<'a>(r: &mut Reader<'a>) -> Option<Resource<'a>> {
     let mut group = None;
     let mut version = None;
     let mut resource = None;
     r.object(|r, key| match &*key {
-        "group" => set(&mut group, r.owned()?),
-        "version" => set(&mut version, r.owned()?),
-        "resource" => set(&mut resource, r.owned()?),
+        "group" => set(&mut group, r.string()?),
+        "version" => set(&mut version, r.string()?),
+        "resource" => set(&mut resource, r.string()?),
         _ => r.skip(),
     })?;
     Some(Resource {
@@ -113,15 +113,15 @@ fn operation(r: &mut Reader<'_>) -> Option<Operation> {
     }
 }
 
-fn user_info(r: &mut Reader<'_>) -> Option<UserInfo> {
+fn user_info<'a>(r: &mut Reader<'a>) -> Option<UserInfo<'a>> {
     let mut username = None;
     let mut groups = None;
     r.object(|r, key| match &*key {
-        "username" => set(&mut username, r.owned()?),
+        "username" => set(&mut username, r.string()?),
         "groups" => {
             let mut list = Vec::new();
             r.array(|r| {
-                list.push(r.owned()?);
+                list.push(r.string()?);
                 Some(())
             })?;
             set(&mut groups, list)
@@ -134,7 +134,7 @@ fn user_info(r: &mut Reader<'_>) -> Option<UserInfo> {
     })
 }
 
-fn object(r: &mut Reader<'_>) -> Option<Object> {
+fn object<'a>(r: &mut Reader<'a>) -> Option<Object<'a>> {
     let mut metadata = None;
     r.object(|r, key| match &*key {
         "metadata" => set(&mut metadata, object_meta(r)?),
@@ -145,13 +145,13 @@ fn object(r: &mut Reader<'_>) -> Option<Object> {
     })
 }
 
-fn object_meta(r: &mut Reader<'_>) -> Option<ObjectMeta> {
+fn object_meta<'a>(r: &mut Reader<'a>) -> Option<ObjectMeta<'a>> {
     let mut name = None;
     let mut deletion_timestamp = None;
     let mut labels = None;
     r.object(|r, key| match &*key {
-        "name" => set(&mut name, r.optional(Reader::owned)?),
-        "deletionTimestamp" => set(&mut deletion_timestamp, r.optional(Reader::owned)?),
+        "name" => set(&mut name, r.optional(Reader::string)?),
+        "deletionTimestamp" => set(&mut deletion_timestamp, r.optional(Reader::string)?),
         "labels" => set(&mut labels, r.optional(string_map)?),
         _ => r.skip(),
     })?;
@@ -166,7 +166,7 @@ fn object_meta(r: &mut Reader<'_>) -> Option<ObjectMeta> {
 fn string_map(r: &mut Reader<'_>) -> Option<BTreeMap<String, String>> {
     let mut map = BTreeMap::new();
     r.object(|r, key| {
-        map.insert(key.into_owned(), r.owned()?);
+        map.insert(key.into_owned(), r.string()?.into_owned());
         Some(())
     })?;
     Some(map)
@@ -212,8 +212,18 @@ impl<'a> Reader<'a> {
         self.text.as_bytes()
     }
 
-    /// The next byte after whitespace, not consumed.
+    /// The next byte after whitespace, not consumed. The API server sends reviews compact, so
+    /// the next byte is usually it: anything above a space is no whitespace.
+    #[inline(always)]
     fn peek(&mut self) -> Option<u8> {
+        match self.bytes().get(self.at) {
+            Some(&b) if b > b' ' => Some(b),
+            _ => self.peek_past_whitespace(),
+        }
+    }
+
+    #[inline(never)]
+    fn peek_past_whitespace(&mut self) -> Option<u8> {
         while let Some(&b) = self.bytes().get(self.at) {
             if !matches!(b, b' ' | b'\n' | b'\t' | b'\r') {
                 return Some(b);
@@ -223,6 +233,7 @@ impl<'a> Reader<'a> {
         None
     }
 
+    #[inline(always)]
     fn eat(&mut self, expected: u8) -> Option<()> {
         (self.peek()? == expected).then(|| self.at += 1)
     }
@@ -365,6 +376,7 @@ impl<'a> Reader<'a> {
     }
 
     /// A key of a skipped object and its colon, checked, not decoded.
+    #[inline(always)]
     fn key(&mut self) -> Option<()> {
         if self.peek()? != b'"' {
             return None;
@@ -418,12 +430,8 @@ impl<'a> Reader<'a> {
         }
     }
 
-    fn owned(&mut self) -> Option<String> {
-        self.string().map(Cow::into_owned)
-    }
-
     /// A string checked and thrown away.
-    #[inline]
+    #[inline(always)]
     fn skip_string(&mut self) -> Option<()> {
         self.raw_string().map(drop)
     }
@@ -431,7 +439,7 @@ impl<'a> Reader<'a> {
     /// Where a string's content lies (between its quotes), and whether it holds escapes; its
     /// escapes are checked and it may hold no control character, as serde_json requires.
     /// Inlined for the common case, a string without escapes; the rest is [`Self::escaped`].
-    #[inline]
+    #[inline(always)]
     fn raw_string(&mut self) -> Option<(Range<usize>, bool)> {
         self.eat(b'"')?;
         let start = self.at;
@@ -473,7 +481,7 @@ impl<'a> Reader<'a> {
 
     /// The first `"`, `\\` or control character from `at` on, found in the bitmask of its
     /// 64-byte block; a block's mask is computed once, as strings are read front to back.
-    #[inline]
+    #[inline(always)]
     fn special(&mut self, mut at: usize) -> Option<usize> {
         loop {
             let block = at / 64;

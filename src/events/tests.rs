@@ -3,7 +3,7 @@ use crate::admission::decide::{self, Plan};
 use crate::api::LockSpec;
 use serde_json::json;
 
-fn request(patch: serde_json::Value) -> AdmissionRequest {
+fn request(patch: serde_json::Value) -> AdmissionRequest<'static> {
     let mut base = json!({
         "uid": "u-1",
         "resource": {"group": "", "version": "v1", "resource": "configmaps"},
@@ -16,7 +16,7 @@ fn request(patch: serde_json::Value) -> AdmissionRequest {
     for (k, v) in patch.as_object().expect("object") {
         base[k] = v.clone();
     }
-    serde_json::from_value(base).expect("valid request")
+    AdmissionRequest::from_json(base).expect("valid request")
 }
 
 fn verdict(req: &AdmissionRequest, set: &LockSet) -> Verdict {

@@ -206,16 +206,22 @@ impl FilesSource {
 
 impl LockSource for FilesSource {
     fn locks(&self, namespace: &str) -> BoxFuture<'_, Result<Arc<LockSet>, LookupError>> {
+        let set = self.locks_at_hand(namespace);
+        Box::pin(async move { Ok(set.unwrap_or_else(LockSet::empty)) })
+    }
+
+    fn locks_at_hand(&self, namespace: &str) -> Option<Arc<LockSet>> {
         let snapshot = self
             .snapshot
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
-        let set = snapshot
-            .get(namespace)
-            .cloned()
-            .unwrap_or_else(LockSet::empty);
-        Box::pin(async move { Ok(set) })
+        Some(
+            snapshot
+                .get(namespace)
+                .cloned()
+                .unwrap_or_else(LockSet::empty),
+        )
     }
 
     fn is_ready(&self) -> bool {

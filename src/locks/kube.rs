@@ -230,6 +230,10 @@ impl LockSource for KubeSource {
         Box::pin(self.fallback(namespace.to_owned()))
     }
 
+    fn locks_at_hand(&self, namespace: &str) -> Option<Arc<LockSet>> {
+        self.shared.index.get(namespace)
+    }
+
     fn is_ready(&self) -> bool {
         self.shared.index.is_fresh()
     }

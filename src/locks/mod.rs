@@ -213,6 +213,14 @@ pub trait LockSource: Send + Sync + 'static {
     /// The locks of `namespace`; `""` asks for the ClusterLocks.
     fn locks(&self, namespace: &str) -> BoxFuture<'_, Result<Arc<LockSet>, LookupError>>;
 
+    /// The locks of `namespace` when they are at hand, in memory, with nothing to wait for: the
+    /// same answer [`LockSource::locks`] would give at once, without a future or a timer for it.
+    /// `None` when they must be asked for.
+    fn locks_at_hand(&self, namespace: &str) -> Option<Arc<LockSet>> {
+        let _ = namespace;
+        None
+    }
+
     /// True once the source has a complete view (the first watch list synced, the first scan
     /// of the directory done).
     fn is_ready(&self) -> bool;
@@ -286,12 +294,17 @@ impl StaticSource {
 
 impl LockSource for StaticSource {
     fn locks(&self, namespace: &str) -> BoxFuture<'_, Result<Arc<LockSet>, LookupError>> {
-        let set = self
-            .namespaces
-            .get(namespace)
-            .cloned()
-            .unwrap_or_else(LockSet::empty);
-        Box::pin(async move { Ok(set) })
+        let set = self.locks_at_hand(namespace);
+        Box::pin(async move { Ok(set.unwrap_or_else(LockSet::empty)) })
+    }
+
+    fn locks_at_hand(&self, namespace: &str) -> Option<Arc<LockSet>> {
+        Some(
+            self.namespaces
+                .get(namespace)
+                .cloned()
+                .unwrap_or_else(LockSet::empty),
+        )
     }
 
     fn is_ready(&self) -> bool {

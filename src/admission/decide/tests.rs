@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 
 /// A request as the API server would send it; `patch` overrides fields of a DELETE of
 /// ConfigMap `app-config` in `prod`.
-fn request(patch: Value) -> AdmissionRequest {
+fn request(patch: Value) -> AdmissionRequest<'static> {
     let mut base = json!({
         "uid": "u-1",
         "kind": {"group": "", "version": "v1", "kind": "ConfigMap"},
@@ -29,7 +29,7 @@ fn request(patch: Value) -> AdmissionRequest {
             map.insert(k.clone(), v.clone());
         }
     }
-    serde_json::from_value(base).expect("valid request")
+    AdmissionRequest::from_json(base).expect("valid request")
 }
 
 fn reason(text: &str) -> LockSpec {
@@ -60,7 +60,7 @@ fn run(
     };
     let ns_set: LockSet = namespaced
         .iter()
-        .filter(|l| l.namespace.as_deref() == Some(lookup.scope.as_str()))
+        .filter(|l| l.namespace.as_deref() == Some(lookup.scope))
         .cloned()
         .collect();
     let scope_set = if lookup.scope.is_empty() {
@@ -68,10 +68,10 @@ fn run(
     } else {
         ns_set
     };
-    let contents: Option<LockSet> = lookup.contents_of.as_ref().map(|ns| {
+    let contents: Option<LockSet> = lookup.contents_of.map(|ns| {
         namespaced
             .iter()
-            .filter(|l| l.namespace.as_deref() == Some(ns.as_str()))
+            .filter(|l| l.namespace.as_deref() == Some(ns))
             .cloned()
             .collect()
     });
@@ -142,7 +142,7 @@ fn rule_1_cluster_scoped_objects_are_locked_by_cluster_locks() {
     assert_eq!(
         plan(&req),
         Plan::Lookup(Lookup {
-            scope: String::new(),
+            scope: "",
             name: "reader".into(),
             contents_of: None
         })
@@ -293,7 +293,7 @@ fn rule_8_namespace_deletion_is_denied_while_it_holds_locks() {
     assert_eq!(
         plan(&req),
         Plan::Lookup(Lookup {
-            scope: String::new(),
+            scope: "",
             name: "doomed".into(),
             contents_of: Some("doomed".into())
         })
@@ -404,7 +404,7 @@ fn lock(name: &str, value: Value) -> LockRef {
     LockRef::lock("prod", name, spec(value))
 }
 
-fn update(patch: Value) -> AdmissionRequest {
+fn update(patch: Value) -> AdmissionRequest<'static> {
     let mut base = json!({"operation": "UPDATE", "object": {"metadata": {"name": "app-config"}}});
     for (k, v) in patch.as_object().expect("object") {
         base[k] = v.clone();
@@ -412,7 +412,7 @@ fn update(patch: Value) -> AdmissionRequest {
     request(base)
 }
 
-fn eviction(name: &str) -> AdmissionRequest {
+fn eviction(name: &str) -> AdmissionRequest<'static> {
     request(json!({
         "operation": "CREATE", "subResource": "eviction", "name": name,
         "resource": {"group": "", "version": "v1", "resource": "pods"},
@@ -891,7 +891,7 @@ mod unknown_labels {
 
     /// Requests without labels: evictions, Scale updates, and updates or deletes whose
     /// `oldObject` is missing.
-    fn unlabelled_request() -> BoxedStrategy<AdmissionRequest> {
+    fn unlabelled_request() -> BoxedStrategy<AdmissionRequest<'static>> {
         let resource = prop::sample::select(vec![
             json!({"group": "apps", "version": "v1", "resource": "deployments"}),
             json!({"group": "apps", "version": "v1", "resource": "statefulsets"}),
@@ -942,7 +942,7 @@ mod unknown_labels {
 }
 
 /// A Namespace DELETE, by `user`.
-fn namespace_delete(user: Value) -> AdmissionRequest {
+fn namespace_delete(user: Value) -> AdmissionRequest<'static> {
     request(json!({
         "resource": {"group": "", "version": "v1", "resource": "namespaces"},
         "name": "doomed", "namespace": "doomed", "userInfo": user,

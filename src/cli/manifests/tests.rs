@@ -439,7 +439,7 @@ fn the_registration_sends_every_subresource_the_decision_locks() {
     for &(group, resource, subresource, namespaced, operations) in API_SERVER_SUBRESOURCES {
         for &operation in operations {
             let name = if resource == "namespaces" { "ns" } else { "x" };
-            let request: AdmissionRequest = serde_json::from_value(serde_json::json!({
+            let request = AdmissionRequest::from_json(serde_json::json!({
                 "uid": "u",
                 "resource": {"group": group, "version": "v1", "resource": resource},
                 "subResource": subresource,
