@@ -67,18 +67,18 @@ pub struct ParsedReview<'a> {
 }
 
 /// Parses an AdmissionReview, reading only what the decision needs.
-pub fn parse(body: &[u8]) -> Result<ParsedReview, ReviewError> {
+pub fn parse(body: &[u8]) -> Result<ParsedReview<'_>, ReviewError> {
     parse_with(body, true)
 }
 
 /// [`parse`] with serde_json alone: the reference the fast path is held to (the same request or
 /// the same error for every body), for tests.
 #[doc(hidden)]
-pub fn parse_with_serde_json(body: &[u8]) -> Result<ParsedReview, ReviewError> {
+pub fn parse_with_serde_json(body: &[u8]) -> Result<ParsedReview<'_>, ReviewError> {
     parse_with(body, false)
 }
 
-fn parse_with(body: &[u8], fast: bool) -> Result<ParsedReview, ReviewError> {
+fn parse_with(body: &[u8], fast: bool) -> Result<ParsedReview<'_>, ReviewError> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Err(ReviewError::Empty);
     }
@@ -145,26 +145,33 @@ pub struct ReviewAnswer {
 }
 
 impl ReviewAnswer {
-    /// The answer's JSON, written into one allocation: an allowed answer is about 110 bytes and a
-    /// refusal a few hundred, where `serde_json::to_vec` starts empty and grows three times. A
-    /// plain allow, nearly every answer, is written around its one variable part, the uid
-    /// (escaped by serde_json), exactly as serde would write it.
+    /// The answer's JSON, written into one allocation, where `serde_json::to_vec` starts empty
+    /// and grows three times. A plain allow, nearly every answer, is written around its one
+    /// variable part, the uid (escaped by serde_json), exactly as serde would write it, into an
+    /// allocation of its exact size, which the response body then takes over without another.
     pub fn to_json(&self) -> serde_json::Result<Vec<u8>> {
-        let mut json = Vec::with_capacity(512);
+        const HEAD: &[u8] = br#"{"apiVersion":"#;
+        const KIND: &[u8] = br#","kind":"AdmissionReview","response":{"uid":"#;
+        const TAIL: &[u8] = br#","allowed":true,"status":{}}}"#;
         let response = &self.response;
         let plain_allow = response.allowed
             && response.status == ReviewStatus::default()
             && response.audit_annotations.is_empty()
             && response.warnings.is_empty();
-        if plain_allow && self.kind == "AdmissionReview" {
-            json.extend_from_slice(br#"{"apiVersion":"#);
-            serde_json::to_writer(&mut json, self.api_version)?;
-            json.extend_from_slice(br#","kind":"AdmissionReview","response":{"uid":"#);
-            serde_json::to_writer(&mut json, &response.uid)?;
-            json.extend_from_slice(br#","allowed":true,"status":{}}}"#);
-        } else {
+        if !(plain_allow && self.kind == "AdmissionReview") {
+            let mut json = Vec::with_capacity(512);
             serde_json::to_writer(&mut json, self)?;
+            return Ok(json);
         }
+        // Exact when neither string needs escaping; otherwise it grows.
+        let size =
+            HEAD.len() + KIND.len() + TAIL.len() + self.api_version.len() + response.uid.len() + 4;
+        let mut json = Vec::with_capacity(size);
+        json.extend_from_slice(HEAD);
+        serde_json::to_writer(&mut json, self.api_version)?;
+        json.extend_from_slice(KIND);
+        serde_json::to_writer(&mut json, &response.uid)?;
+        json.extend_from_slice(TAIL);
         Ok(json)
     }
 }
@@ -232,6 +239,9 @@ pub fn respond(review: ParsedReview, verdict: Verdict) -> ReviewAnswer {
         },
     }
 }
+
+/// A lookup's locks: those of its scope and, for a Namespace DELETE, the namespace's own.
+type ReadLocks = (Arc<LockSet>, Option<Arc<LockSet>>);
 
 /// The settings the review path needs.
 #[derive(Debug, Clone, Copy)]
@@ -314,43 +324,12 @@ impl Reviewer {
                 });
             }
             Plan::Lookup(lookup) => {
-                let timeout = self.lookup_timeout(deadline);
-                match self.read(&lookup, timeout).await {
-                    Ok((scope, contents)) => {
-                        let verdict = decide::decide(
-                            req,
-                            &lookup,
-                            &scope,
-                            contents.as_deref(),
-                            Timestamp::now(),
-                        );
-                        if let Some(events) = &self.events {
-                            events.record_verdict(req, &verdict, &scope, contents.as_deref());
-                        }
-                        verdict
-                    }
-                    Err(error) => {
-                        warn!(uid = %req.uid, operation = req.operation.as_str(), resource = %req.resource_path(),
-                            namespace = req.object_namespace().unwrap_or(""), name = %lookup.name,
-                            policy = ?self.policy.on_lookup_error, %error, "lock lookup failed");
-                        let verdict = decide::decide_unreadable(
-                            req,
-                            &lookup,
-                            self.policy.on_lookup_error,
-                            &error,
-                        );
-                        let labels = LookupErrorLabels {
-                            reason: match error {
-                                LookupError::Timeout(_) => "timeout",
-                                LookupError::Forbidden { .. } => "forbidden",
-                                LookupError::Api { .. } => "api",
-                            },
-                            decision: if verdict.allowed() { "allow" } else { "deny" },
-                        };
-                        self.metrics.lookup_errors.get_or_create(&labels).inc();
-                        verdict
-                    }
-                }
+                let read = match self.locks_at_hand(&lookup) {
+                    Some(locks) => Ok(locks),
+                    // Boxed: the review's future stays small for the answers that never wait.
+                    None => Box::pin(self.read(&lookup, self.lookup_timeout(deadline))).await,
+                };
+                self.verdict(req, &lookup, read)
             }
         };
         let elapsed = started.elapsed();
@@ -378,22 +357,58 @@ impl Reviewer {
         }
     }
 
+    /// The locks a lookup needs, when the source has them at hand (nearly every lookup, from
+    /// the watch-fed index): no future, no timer.
+    fn locks_at_hand(&self, lookup: &decide::Lookup<'_>) -> Option<ReadLocks> {
+        let scope = self.source.locks_at_hand(lookup.scope)?;
+        let contents = match lookup.contents_of {
+            Some(ns) => Some(self.source.locks_at_hand(ns)?),
+            None => None,
+        };
+        Some((scope, contents))
+    }
+
+    /// The verdict from the locks read, or from the policy when they could not be.
+    fn verdict(
+        &self,
+        req: &AdmissionRequest<'_>,
+        lookup: &decide::Lookup<'_>,
+        read: Result<ReadLocks, LookupError>,
+    ) -> Verdict {
+        match read {
+            Ok((scope, contents)) => {
+                let verdict =
+                    decide::decide(req, lookup, &scope, contents.as_deref(), Timestamp::now());
+                if let Some(events) = &self.events {
+                    events.record_verdict(req, &verdict, &scope, contents.as_deref());
+                }
+                verdict
+            }
+            Err(error) => {
+                warn!(uid = %req.uid, operation = req.operation.as_str(), resource = %req.resource_path(),
+                    namespace = req.object_namespace().unwrap_or(""), name = %lookup.name,
+                    policy = ?self.policy.on_lookup_error, %error, "lock lookup failed");
+                let verdict =
+                    decide::decide_unreadable(req, lookup, self.policy.on_lookup_error, &error);
+                let labels = LookupErrorLabels {
+                    reason: match error {
+                        LookupError::Timeout(_) => "timeout",
+                        LookupError::Forbidden { .. } => "forbidden",
+                        LookupError::Api { .. } => "api",
+                    },
+                    decision: if verdict.allowed() { "allow" } else { "deny" },
+                };
+                self.metrics.lookup_errors.get_or_create(&labels).inc();
+                verdict
+            }
+        }
+    }
+
     async fn read(
         &self,
         lookup: &decide::Lookup<'_>,
         timeout: Duration,
-    ) -> Result<(Arc<LockSet>, Option<Arc<LockSet>>), LookupError> {
-        // Nearly every lookup is answered from the watch-fed index: no future, no timer.
-        if let Some(scope) = self.source.locks_at_hand(lookup.scope) {
-            match lookup.contents_of {
-                None => return Ok((scope, None)),
-                Some(ns) => {
-                    if let Some(contents) = self.source.locks_at_hand(ns) {
-                        return Ok((scope, Some(contents)));
-                    }
-                }
-            }
-        }
+    ) -> Result<ReadLocks, LookupError> {
         let work = async {
             let scope = self.source.locks(lookup.scope);
             match &lookup.contents_of {
@@ -475,6 +490,10 @@ mod tests {
                     message: "locked".to_owned(),
                     reason: "Forbidden",
                 };
+                let plain = allow.to_json().expect("written");
+                if !uid.contains(['"', '\\', '\u{1}']) {
+                    assert_eq!(plain.len(), plain.capacity(), "{uid:?}: sized exactly");
+                }
                 for answer in [allow, warned, annotated, denied] {
                     let written = answer.to_json().expect("written");
                     let serde = serde_json::to_vec(&answer).expect("serialized");

@@ -143,7 +143,7 @@ fn rule_1_cluster_scoped_objects_are_locked_by_cluster_locks() {
         plan(&req),
         Plan::Lookup(Lookup {
             scope: "",
-            name: "reader".into(),
+            name: "reader",
             contents_of: None
         })
     );
@@ -178,8 +178,8 @@ fn rule_3_deletecollection_items_take_the_name_from_old_object() {
     assert_eq!(
         plan(&req),
         Plan::Lookup(Lookup {
-            scope: "prod".into(),
-            name: "app-config".into(),
+            scope: "prod",
+            name: "app-config",
             contents_of: None
         })
     );
@@ -294,8 +294,8 @@ fn rule_8_namespace_deletion_is_denied_while_it_holds_locks() {
         plan(&req),
         Plan::Lookup(Lookup {
             scope: "",
-            name: "doomed".into(),
-            contents_of: Some("doomed".into())
+            name: "doomed",
+            contents_of: Some("doomed")
         })
     );
     assert!(run(&req, &[prod_lock()], &[]).expect("lookup").allowed());
