@@ -163,9 +163,11 @@ impl ReviewAnswer {
             serde_json::to_writer(&mut json, self)?;
             return Ok(json);
         }
-        // Exact when neither string needs escaping; otherwise it grows.
+        // Exact when neither string needs escaping (otherwise it grows): the two strings and
+        // their quotes between the constant parts.
+        let quoted = |text: &str| text.len() + 2;
         let size =
-            HEAD.len() + KIND.len() + TAIL.len() + self.api_version.len() + response.uid.len() + 4;
+            HEAD.len() + quoted(self.api_version) + KIND.len() + quoted(&response.uid) + TAIL.len();
         let mut json = Vec::with_capacity(size);
         json.extend_from_slice(HEAD);
         serde_json::to_writer(&mut json, self.api_version)?;

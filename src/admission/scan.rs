@@ -422,8 +422,9 @@ impl<'a> Reader<'a> {
 
     /// A string, borrowed from the body when it has no escapes.
     fn string(&mut self) -> Option<Cow<'a, str>> {
-        let start = self.at;
-        let (content, escaped) = self.raw_string()?;
+        self.eat(b'"')?;
+        let start = self.at - 1;
+        let (content, escaped) = self.string_content()?;
         if escaped {
             // The quotes included: serde_json decodes the escapes as it would have.
             let quoted = self.text.get(start..self.at)?;
@@ -440,16 +441,10 @@ impl<'a> Reader<'a> {
         self.string_content().map(drop)
     }
 
-    /// Where a string's content lies (between its quotes), and whether it holds escapes; its
-    /// escapes are checked and it may hold no control character, as serde_json requires.
-    /// Inlined for the common case, a string without escapes; the rest is [`Self::escaped`].
-    #[inline(always)]
-    fn raw_string(&mut self) -> Option<(Range<usize>, bool)> {
-        self.eat(b'"')?;
-        self.string_content()
-    }
-
-    /// The rest of a string whose opening quote was just consumed.
+    /// Where the content of a string whose opening quote was just consumed lies, and whether it
+    /// holds escapes; its escapes are checked and it may hold no control character, as
+    /// serde_json requires. Inlined for the common case, a string without escapes; the rest is
+    /// [`Self::escaped`].
     #[inline(always)]
     fn string_content(&mut self) -> Option<(Range<usize>, bool)> {
         let start = self.at;
@@ -524,7 +519,7 @@ impl<'a> Reader<'a> {
 /// aarch64); bytes past the end of `bytes` count as none of these.
 fn special_bytes(bytes: &[u8], start: usize) -> u64 {
     let block: [u8; 64] = match bytes.get(start..start + 64) {
-        Some(block) => block.try_into().unwrap_or([b' '; 64]),
+        Some(block) => block.try_into().expect("a slice of 64 bytes"),
         None => {
             let mut padded = [b' '; 64];
             let rest = bytes.get(start..).unwrap_or_default();
@@ -537,7 +532,7 @@ fn special_bytes(bytes: &[u8], start: usize) -> u64 {
     let control = u8x16::splat(0x1f);
     let mut found = 0;
     for (i, lane) in block.chunks_exact(16).enumerate() {
-        let chars = u8x16::from(<[u8; 16]>::try_from(lane).unwrap_or([b' '; 16]));
+        let chars = u8x16::from(<[u8; 16]>::try_from(lane).expect("chunks of 16 bytes"));
         // Unsigned: `min(c, 0x1f) == c` is `c <= 0x1f`.
         let hits = chars.cmp_eq(quote) | chars.cmp_eq(backslash) | chars.min(control).cmp_eq(chars);
         found |= u64::from(hits.move_mask() as u16) << (16 * i);
