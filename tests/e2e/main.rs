@@ -17,6 +17,8 @@
 //!   cluster, else `kubectl` on PATH, else the control plane's).
 //! - `KOL_E2E_WEBHOOK=external`: a webhook is already running and registered (the kind setup);
 //!   only the lock checks run.
+//! - `KOL_E2E_REQUIRE=1`: a cluster is known to be there (`.ci/run` sets it after building the
+//!   local control plane): a suite that cannot run fails instead of skipping.
 //! - `KOL_E2E_TRIES`: lock-to-enforcement samples (default 20). `KOL_E2E_JOBS`: scenarios run at
 //!   once (default 4).
 //!
