@@ -28,6 +28,130 @@ pub const LOCKS: &str = "locks";
 /// Plural resource name of [`ClusterLock`].
 pub const CLUSTER_LOCKS: &str = "clusterlocks";
 
+/// Which of the two lock resources a lock is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum LockKind {
+    /// A namespaced `Lock`.
+    Lock,
+    /// A cluster-scoped `ClusterLock`.
+    ClusterLock,
+}
+
+impl LockKind {
+    /// The kind whose locks are kept under `namespace`, where `""` holds the ClusterLocks.
+    pub fn for_namespace(namespace: &str) -> LockKind {
+        if namespace.is_empty() {
+            LockKind::ClusterLock
+        } else {
+            LockKind::Lock
+        }
+    }
+
+    /// `Lock` or `ClusterLock`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LockKind::Lock => "Lock",
+            LockKind::ClusterLock => "ClusterLock",
+        }
+    }
+
+    /// `locks` or `clusterlocks`.
+    pub fn plural(self) -> &'static str {
+        match self {
+            LockKind::Lock => LOCKS,
+            LockKind::ClusterLock => CLUSTER_LOCKS,
+        }
+    }
+
+    /// The kind's `ApiResource`, for `Api<DynamicObject>`: every reader of Locks reads them raw,
+    /// so that one spec this version cannot parse does not fail a whole list.
+    pub fn api_resource(self) -> kube::api::ApiResource {
+        match self {
+            LockKind::Lock => kube::api::ApiResource::erase::<Lock>(&()),
+            LockKind::ClusterLock => kube::api::ApiResource::erase::<ClusterLock>(&()),
+        }
+    }
+}
+
+impl std::fmt::Display for LockKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Which lock: a Lock (`namespace: Some`) or a ClusterLock (`None`), by name. The one identity
+/// of a lock in the index, verdicts, status, events, the registration and the plugin.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LockKey {
+    /// The Lock's namespace; `None` for a ClusterLock.
+    pub namespace: Option<String>,
+    /// The lock's name, which is also the name of the object it locks.
+    pub name: String,
+}
+
+impl LockKey {
+    /// A namespaced Lock.
+    pub fn lock(namespace: &str, name: &str) -> LockKey {
+        LockKey {
+            namespace: Some(namespace.to_owned()),
+            name: name.to_owned(),
+        }
+    }
+
+    /// A ClusterLock.
+    pub fn cluster_lock(name: &str) -> LockKey {
+        LockKey {
+            namespace: None,
+            name: name.to_owned(),
+        }
+    }
+
+    /// `Lock` or `ClusterLock`.
+    pub fn kind(&self) -> LockKind {
+        if self.namespace.is_some() {
+            LockKind::Lock
+        } else {
+            LockKind::ClusterLock
+        }
+    }
+
+    /// The namespace the index keeps the lock under (`""` for ClusterLocks).
+    pub fn index_namespace(&self) -> &str {
+        self.namespace.as_deref().unwrap_or("")
+    }
+
+    /// The `ApiResource` of the lock's kind.
+    pub fn api_resource(&self) -> kube::api::ApiResource {
+        self.kind().api_resource()
+    }
+
+    /// An `Api` for the lock's kind, in its namespace.
+    pub fn api(&self, client: kube::Client) -> kube::Api<kube::api::DynamicObject> {
+        match &self.namespace {
+            Some(ns) => kube::Api::namespaced_with(client, ns, &self.api_resource()),
+            None => kube::Api::all_with(client, &self.api_resource()),
+        }
+    }
+
+    /// The kubectl command that removes this lock.
+    pub fn unlock_command(&self) -> String {
+        match &self.namespace {
+            Some(ns) => format!("kubectl delete lock {} -n {ns}", self.name),
+            None => format!("kubectl delete clusterlock {}", self.name),
+        }
+    }
+}
+
+impl std::fmt::Display for LockKey {
+    /// `Lock prod/app-config` or `ClusterLock lock-demo-reader`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.namespace {
+            Some(ns) => write!(f, "Lock {ns}/{}", self.name),
+            None => write!(f, "ClusterLock {}", self.name),
+        }
+    }
+}
+
 /// Namespaces the webhook registration leaves out (`namespaceSelector`): the control plane's
 /// own traffic there must never wait on the webhook. Nothing in them is sent to the webhook, so
 /// a Lock in one of them, or a ClusterLock on one of these Namespaces, is never enforced. The

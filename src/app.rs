@@ -22,9 +22,9 @@ use crate::locks::kube::{CacheConfig, KubeSource};
 use crate::metrics::{Metrics, ScopeLabels, SourceMetrics};
 use crate::registration::conditions::Limits as NarrowLimits;
 use crate::registration::writer::{Narrower, NarrowerConfig};
+use crate::reporting::Reporting;
 use crate::server::{self, Drain, Limits};
 use crate::settings::Settings;
-use crate::status::Reporting;
 use crate::systemd;
 use crate::tls::reload::{Reload, Reloader};
 use crate::tls::{self, CertStore, TlsError};
@@ -87,7 +87,7 @@ async fn reporting(
     inputs: crate::status::DecisionInputs,
 ) -> Result<Reporting, StartError> {
     let instance =
-        crate::status::instance_name(&settings.instance.name).map_err(StartError::Instance)?;
+        crate::settings::instance_name(&settings.instance.name).map_err(StartError::Instance)?;
     let client = kubeconfig::client(kube_config(settings).await?, ToString::to_string).map_err(
         |message| StartError::Kubeconfig {
             path: String::new(),
@@ -337,10 +337,10 @@ impl Webhook {
 
     /// What the narrowed registration says once written and read back, when this instance keeps
     /// it (`None`: broad or files source). A Lock is enforced through the API server only once
-    /// [`crate::registration::writer::Registered::covers`] it.
+    /// [`crate::registration::Registered::covers`] it.
     pub fn registered(
         &self,
-    ) -> Option<tokio::sync::watch::Receiver<crate::registration::writer::Registered>> {
+    ) -> Option<tokio::sync::watch::Receiver<crate::registration::Registered>> {
         self.narrower.as_ref().map(Narrower::registered)
     }
 
@@ -417,7 +417,7 @@ impl Webhook {
                 health: vec![health.clone()],
                 source: source.source.clone(),
             };
-            let service = warp::service(crate::metrics::routes(render, probes));
+            let service = warp::service(crate::http::metrics_routes(render, probes));
             tokio::spawn(server::serve(listener, None, service, limits, async {
                 let _ = metrics_stopped.await;
             }))

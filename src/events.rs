@@ -28,177 +28,19 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use crate::admission::decide::{Outcome, Verdict};
-use crate::admission::request::AdmissionRequest;
-use crate::api;
-use crate::locks::{LockRef, LockSet};
-use crate::status::{
-    DropLabels, EnforcementMetrics, EventLabels, EventWriteLabels, LockKey, LockSnapshot,
-};
+pub use crate::admission::refusals::{BLOCKED, EventSink, Reason, Refusal, WOULD_BLOCK};
+use crate::api::{self, LockKey};
+use crate::metrics::{DropLabels, EnforcementMetrics, EventWriteLabels};
+use crate::status::LockSnapshot;
 
 /// `reportingController` of every event.
 pub const REPORTING_CONTROLLER: &str = "objectlock.dev/kube-object-lock";
-/// Reason of a refusal by an Enforce lock.
-pub const BLOCKED: &str = "Blocked";
-/// Reason of a change a Warn-mode lock would have refused.
-pub const WOULD_BLOCK: &str = "WouldBlock";
 /// A series idle this long is finished; the next refusal starts a new Event (as client-go).
 const SERIES_IDLE: Duration = Duration::from_secs(6 * 60);
 /// Failed writes of one series before its pending count is given up.
 const MAX_FAILURES: u32 = 3;
 /// How often pending counts are looked at.
 const TICK: Duration = Duration::from_millis(200);
-/// An Event's note is at most 1 KiB.
-const MAX_NOTE_BYTES: usize = 1024;
-
-/// What kind of trace a refusal leaves.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Reason {
-    /// Refused by an Enforce lock.
-    Blocked,
-    /// Allowed with a warning by a Warn-mode lock.
-    WouldBlock,
-}
-
-impl Reason {
-    /// The Event's reason.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Reason::Blocked => BLOCKED,
-            Reason::WouldBlock => WOULD_BLOCK,
-        }
-    }
-}
-
-/// One refused (or Warn-mode) request, as the event writer needs it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Refusal {
-    /// The lock that refused it.
-    pub lock: LockKey,
-    /// Blocked or WouldBlock.
-    pub reason: Reason,
-    /// `UPDATE`, `DELETE`, or `CREATE` (of `pods/eviction`).
-    pub operation: &'static str,
-    /// The Event's message: who did what to which object.
-    pub note: String,
-}
-
-/// The admission path's end of the event queue. Cloning shares the queue.
-#[derive(Clone, Debug)]
-pub struct EventSink {
-    tx: mpsc::Sender<Refusal>,
-    metrics: EnforcementMetrics,
-}
-
-impl EventSink {
-    /// A queue of `capacity` records and its receiving end, for [`run`].
-    pub fn channel(
-        capacity: usize,
-        metrics: EnforcementMetrics,
-    ) -> (EventSink, mpsc::Receiver<Refusal>) {
-        let (tx, rx) = mpsc::channel(capacity.max(1));
-        (EventSink { tx, metrics }, rx)
-    }
-
-    /// Queues `refusal` without waiting; a full queue drops it and counts the drop.
-    pub fn record(&self, refusal: Refusal) {
-        let reason = refusal.reason.as_str();
-        match self.tx.try_send(refusal) {
-            Ok(()) => self
-                .metrics
-                .refusal_events
-                .get_or_create(&EventLabels { reason })
-                .inc(),
-            Err(_) => self
-                .metrics
-                .refusal_events_dropped
-                .get_or_create(&DropLabels {
-                    cause: "queue_full",
-                })
-                .inc(),
-        };
-    }
-
-    /// Records what `verdict` says about `req`: a Blocked refusal for each lock that refused it,
-    /// a WouldBlock for each Warn-mode lock that would have. `scope` and `contents` are the lock
-    /// sets the verdict was decided from. Dry runs are skipped.
-    pub fn record_verdict(
-        &self,
-        req: &AdmissionRequest,
-        verdict: &Verdict,
-        scope: &LockSet,
-        contents: Option<&LockSet>,
-    ) {
-        if req.dry_run == Some(true) {
-            return;
-        }
-        for (lock, reason) in refusing_locks(verdict, scope, contents) {
-            self.record(refusal(req, lock, reason));
-        }
-    }
-}
-
-/// The locks a verdict names as refusing (Blocked) or warning (WouldBlock), found by name in
-/// the sets it was decided from.
-pub fn refusing_locks<'a>(
-    verdict: &Verdict,
-    scope: &'a LockSet,
-    contents: Option<&'a LockSet>,
-) -> Vec<(&'a LockRef, Reason)> {
-    let mut found = vec![];
-    let sets = || std::iter::once(scope).chain(contents);
-    if verdict.outcome == Outcome::Denied {
-        for lock in sets().flat_map(LockSet::iter) {
-            if verdict.locks.iter().any(|l| *l == lock.to_string()) {
-                found.push((lock, Reason::Blocked));
-            }
-        }
-    }
-    if let Some(warned) = verdict.audit_annotations.get("warn-locks") {
-        let names: Vec<&str> = warned.split(", ").collect();
-        for lock in scope.iter() {
-            if names.contains(&lock.to_string().as_str()) {
-                found.push((lock, Reason::WouldBlock));
-            }
-        }
-    }
-    found
-}
-
-fn refusal(req: &AdmissionRequest, lock: &LockRef, reason: Reason) -> Refusal {
-    let operation = req.operation.as_str();
-    let mut what = format!("{operation} of {}", req.resource_path());
-    what.push_str(&format!(" \"{}\"", req.object_name().unwrap_or_default()));
-    if let Some(ns) = req.object_namespace() {
-        what.push_str(&format!(" in namespace \"{ns}\""));
-    }
-    let user = &req.user_info.username;
-    let note = match reason {
-        Reason::Blocked => format!("{what} by {user} refused"),
-        Reason::WouldBlock => format!("{what} by {user} allowed with a warning (mode Warn)"),
-    };
-    Refusal {
-        lock: LockKey {
-            namespace: lock.namespace.clone(),
-            name: lock.name.clone(),
-        },
-        reason,
-        operation,
-        note: clip(note),
-    }
-}
-
-fn clip(mut text: String) -> String {
-    if text.len() > MAX_NOTE_BYTES {
-        let mut cut = MAX_NOTE_BYTES - 3;
-        while !text.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        text.truncate(cut);
-        text.push('…');
-    }
-    text
-}
 
 /// How the event writer behaves.
 #[derive(Clone, Debug)]
@@ -423,7 +265,7 @@ async fn write(
                 ),
                 regarding: Some(ObjectReference {
                     api_version: Some(api::API_VERSION.to_owned()),
-                    kind: Some(key.lock.kind().to_owned()),
+                    kind: Some(key.lock.kind().as_str().to_owned()),
                     name: Some(key.lock.name.clone()),
                     namespace: key.lock.namespace.clone(),
                     uid: uid.filter(|u| !u.is_empty()),
@@ -440,4 +282,36 @@ async fn write(
 }
 
 #[cfg(test)]
-mod tests;
+mod tests {
+    use super::*;
+
+    #[test]
+    fn repeats_grow_one_series_and_new_series_are_bounded() {
+        let metrics = EnforcementMetrics::default();
+        let mut series = BTreeMap::new();
+        let refusal = |note: &str| Refusal {
+            lock: LockKey {
+                namespace: Some("prod".into()),
+                name: "web".into(),
+            },
+            reason: Reason::Blocked,
+            operation: "DELETE",
+            note: note.into(),
+        };
+        for _ in 0..10 {
+            add(&mut series, refusal("a"), 2, &metrics);
+        }
+        add(&mut series, refusal("b"), 2, &metrics);
+        add(&mut series, refusal("c"), 2, &metrics);
+        assert_eq!(series.len(), 2);
+        let counts: Vec<i32> = series.values().map(|s| s.count).collect();
+        assert_eq!(counts, [10, 1]);
+        let dropped = DropLabels {
+            cause: "series_limit",
+        };
+        assert_eq!(
+            metrics.refusal_events_dropped.get_or_create(&dropped).get(),
+            1
+        );
+    }
+}

@@ -1,4 +1,5 @@
-//! The HTTP routes: `POST /validate`, `GET /healthz`, `GET /readyz`.
+//! The HTTP routes: `POST /validate`, `GET /healthz`, `GET /readyz`, and `GET /metrics` on
+//! its own listener.
 //!
 //! Anything the webhook cannot answer with an AdmissionReview (wrong method or path, wrong
 //! content type, a body too large, too slow, empty or not an AdmissionReview) gets a 4xx with a
@@ -85,6 +86,38 @@ pub fn probes(
         .and(with_probes)
         .map(|method: Method, probes: Arc<Probes>| probe(&method, probes.source.readiness()));
     healthz.or(readyz).unify()
+}
+
+/// `GET /metrics`; `render` produces the body (refreshing scrape-time gauges first). The
+/// probes are served here too: plain HTTP, so a health check needs no client certificate when
+/// the webhook port requires one.
+pub fn metrics_routes(
+    render: Arc<dyn Fn() -> String + Send + Sync>,
+    probes: Probes,
+) -> impl Filter<Extract = (Response,), Error = Infallible> + Clone + Send + Sync + 'static {
+    use warp::Reply;
+    warp::path!("metrics")
+        .and(warp::get())
+        .map(move || {
+            warp::reply::with_header(
+                render(),
+                "content-type",
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )
+            .into_response()
+        })
+        .or(self::probes(probes))
+        .unify()
+        .recover(|_| async {
+            Ok::<_, Infallible>(
+                warp::reply::with_status(
+                    "only GET /metrics, /healthz and /readyz are served here\n",
+                    StatusCode::NOT_FOUND,
+                )
+                .into_response(),
+            )
+        })
+        .unify()
 }
 
 /// One header's value, if present: the two `validate` reads, without copying the header map.

@@ -19,6 +19,8 @@ pub mod locks;
 pub mod metrics;
 pub mod plugin;
 pub mod registration;
+pub mod reporting;
+pub mod retry;
 pub mod server;
 pub mod settings;
 pub mod status;

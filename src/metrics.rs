@@ -187,6 +187,110 @@ pub struct SourceMetrics {
     pub unparseable_locks: Family<LockLabels, Gauge>,
 }
 
+/// Labels of a writer's writes.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    /// `success` (status) or `written` (registration), or the failure (`forbidden`,
+    /// `not_found`, `missing`, `conflict`, `error`).
+    pub outcome: &'static str,
+}
+
+/// Labels of refusal events.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EventLabels {
+    /// `Blocked` or `WouldBlock`.
+    pub reason: &'static str,
+}
+
+/// Labels of refusal events that were not written.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DropLabels {
+    /// `queue_full`, `series_limit` or `write_failed`.
+    pub cause: &'static str,
+}
+
+/// Labels of event API writes.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EventWriteLabels {
+    /// `create` or `patch`.
+    pub verb: &'static str,
+    /// `success` or `failure`.
+    pub outcome: &'static str,
+}
+
+/// Metrics of lock status and refusal events.
+#[derive(Clone, Debug, Default)]
+pub struct EnforcementMetrics {
+    /// Status writes, by outcome.
+    pub status_writes: Family<OutcomeLabels, Counter>,
+    /// Refusals handed to the event writer, by reason.
+    pub refusal_events: Family<EventLabels, Counter>,
+    /// Refusals that never made it into an event, by cause.
+    pub refusal_events_dropped: Family<DropLabels, Counter>,
+    /// Event API writes, by verb and outcome.
+    pub event_writes: Family<EventWriteLabels, Counter>,
+}
+
+impl EnforcementMetrics {
+    /// Registers every metric in `registry`.
+    pub fn registered(registry: &mut Registry) -> EnforcementMetrics {
+        let metrics = EnforcementMetrics::default();
+        registry.register(
+            "status_writes",
+            "Lock status writes (server-side apply of this instance's entry), by outcome",
+            metrics.status_writes.clone(),
+        );
+        registry.register(
+            "refusal_events",
+            "Refusals (Blocked) and Warn-mode matches (WouldBlock) queued for a Kubernetes Event",
+            metrics.refusal_events.clone(),
+        );
+        registry.register(
+            "refusal_events_dropped",
+            "Refusals left out of events, by cause (queue_full, series_limit, write_failed)",
+            metrics.refusal_events_dropped.clone(),
+        );
+        registry.register(
+            "event_writes",
+            "Kubernetes Event writes (create a series, patch its count), by verb and outcome",
+            metrics.event_writes.clone(),
+        );
+        metrics
+    }
+}
+
+/// Metrics of the registration writer.
+#[derive(Clone, Debug, Default)]
+pub struct RegistrationMetrics {
+    /// 1 while the written registration is narrowed, 0 while it is broad (or not written).
+    pub narrowed: Gauge,
+    /// Live locks in the last plan.
+    pub locked_names: Gauge,
+    /// Writes of the configuration, by outcome.
+    pub writes: Family<OutcomeLabels, Counter>,
+}
+
+impl RegistrationMetrics {
+    /// Registers the metrics under `registration_*`.
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "registration_narrowed",
+            "1 while the webhook configuration is narrowed to the locked names, 0 while it is broad",
+            self.narrowed.clone(),
+        );
+        registry.register(
+            "registration_locked_names",
+            "Live locks the webhook configuration was computed from",
+            self.locked_names.clone(),
+        );
+        registry.register(
+            "registration_writes",
+            "Writes of the webhook configuration, by outcome",
+            self.writes.clone(),
+        );
+    }
+}
+
 /// All metrics and their registry.
 #[derive(Debug)]
 pub struct Metrics {
@@ -202,9 +306,9 @@ pub struct Metrics {
     /// Requests refused before admission (not an AdmissionReview).
     pub invalid: Counter,
     /// Lock status writes and refusal events.
-    pub enforcement: crate::status::EnforcementMetrics,
+    pub enforcement: EnforcementMetrics,
     /// The narrowed registration.
-    pub registration: crate::registration::writer::RegistrationMetrics,
+    pub registration: RegistrationMetrics,
 }
 
 impl Default for Metrics {
@@ -295,8 +399,8 @@ impl Metrics {
             certificate_expiry.clone(),
         );
         registry.register("build_info", "Build information", build);
-        let enforcement = crate::status::EnforcementMetrics::registered(&mut registry);
-        let registration = crate::registration::writer::RegistrationMetrics::default();
+        let enforcement = EnforcementMetrics::registered(&mut registry);
+        let registration = RegistrationMetrics::default();
         registration.register(&mut registry);
         Metrics {
             enforcement,
@@ -317,42 +421,6 @@ impl Metrics {
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
     }
-}
-
-/// `GET /metrics`; `render` produces the body (refreshing scrape-time gauges first). The
-/// probes are served here too: plain HTTP, so a health check needs no client certificate when
-/// the webhook port requires one.
-pub fn routes(
-    render: Arc<dyn Fn() -> String + Send + Sync>,
-    probes: crate::http::Probes,
-) -> impl warp::Filter<Extract = (warp::reply::Response,), Error = std::convert::Infallible>
-+ Clone
-+ Send
-+ Sync
-+ 'static {
-    use warp::{Filter, Reply};
-    warp::path!("metrics")
-        .and(warp::get())
-        .map(move || {
-            warp::reply::with_header(
-                render(),
-                "content-type",
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            )
-            .into_response()
-        })
-        .or(crate::http::probes(probes))
-        .unify()
-        .recover(|_| async {
-            Ok::<_, std::convert::Infallible>(
-                warp::reply::with_status(
-                    "only GET /metrics, /healthz and /readyz are served here\n",
-                    warp::http::StatusCode::NOT_FOUND,
-                )
-                .into_response(),
-            )
-        })
-        .unify()
 }
 
 #[cfg(test)]

@@ -13,8 +13,6 @@ use std::time::Duration;
 use config::{Config, Environment, File, FileFormat, Map, Source, Value, ValueKind};
 use serde::{Deserialize, Serialize};
 
-use crate::admission::OnLookupError;
-
 /// Prefix of the environment variables: `KUBE_OBJECT_LOCK__SECTION__KEY`.
 pub const ENV_PREFIX: &str = "KUBE_OBJECT_LOCK";
 
@@ -420,8 +418,8 @@ impl Settings {
     }
 
     /// The settings the review path needs.
-    pub fn review_policy(&self) -> crate::admission::ReviewPolicy {
-        crate::admission::ReviewPolicy {
+    pub fn review_policy(&self) -> ReviewPolicy {
+        ReviewPolicy {
             on_lookup_error: self.on_lookup_error,
             lookup_timeout: self.kube.lookup_timeout,
         }
@@ -486,7 +484,7 @@ impl Settings {
             );
         }
         if !self.instance.name.is_empty()
-            && let Err(message) = crate::status::check_instance_name(&self.instance.name)
+            && let Err(message) = check_instance_name(&self.instance.name)
         {
             return fail("instance.name", &message);
         }
@@ -627,6 +625,59 @@ fn describe_origin(origin: Option<&str>, key: &str, file: Option<&Path>) -> Stri
         ),
         None => "from the command line".to_owned(),
     }
+}
+
+/// What to do when the locks cannot be read.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnLookupError {
+    /// Refuse the change: a lock that cannot be seen is still a lock.
+    #[default]
+    Deny,
+    /// Let the change through with a warning: availability over protection.
+    Allow,
+}
+
+/// The settings the review path needs.
+#[derive(Debug, Clone, Copy)]
+pub struct ReviewPolicy {
+    /// What to do when the locks cannot be read.
+    pub on_lookup_error: OnLookupError,
+    /// The longest a lock lookup may take.
+    pub lookup_timeout: Duration,
+}
+
+/// Longest instance name: it is part of a field manager (at most 128 characters).
+pub const MAX_INSTANCE_NAME: usize = 100;
+
+/// This instance's name: `configured` if set, else the host name.
+pub fn instance_name(configured: &str) -> Result<String, String> {
+    let name = if configured.is_empty() {
+        hostname::get()
+            .map_err(|e| format!("cannot read the host name ({e}); set instance.name"))?
+            .to_string_lossy()
+            .into_owned()
+    } else {
+        configured.to_owned()
+    };
+    check_instance_name(&name)?;
+    Ok(name)
+}
+
+/// An instance name is a list key and part of a field manager: printable, at most 100 characters.
+pub fn check_instance_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.chars().count() > MAX_INSTANCE_NAME {
+        return Err(format!(
+            "must be 1 to {MAX_INSTANCE_NAME} characters (got {:?})",
+            name
+        ));
+    }
+    if name.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        return Err(format!(
+            "must not contain spaces or control characters (got {name:?})"
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -798,5 +849,16 @@ mod tests {
             ..Layers::default()
         })
         .expect("example file loads");
+    }
+
+    #[test]
+    fn instance_names_are_checked() {
+        assert!(check_instance_name("cp-1.example.com").is_ok());
+        assert!(check_instance_name("").is_err());
+        assert!(check_instance_name("two words").is_err());
+        assert!(check_instance_name(&"x".repeat(101)).is_err());
+        assert_eq!(instance_name("cp-1").as_deref(), Ok("cp-1"));
+        let host = instance_name("").expect("the host name");
+        assert!(!host.is_empty());
     }
 }

@@ -97,28 +97,6 @@ fn journald_layer() -> std::io::Result<tracing_journald::Layer> {
     )
 }
 
-/// The last error of a retry loop, so that a failure repeated on every retry is logged once
-/// (at warn), and its repeats at debug; a different error, or the same one after a success,
-/// counts as new again.
-#[derive(Debug, Default)]
-pub struct LastError(Option<String>);
-
-impl LastError {
-    /// Records `error`; true when it differs from the one before (log it).
-    pub fn is_new(&mut self, error: &str) -> bool {
-        if self.0.as_deref() == Some(error) {
-            return false;
-        }
-        self.0 = Some(error.to_owned());
-        true
-    }
-
-    /// The loop succeeded: the next error is new, whatever it is.
-    pub fn clear(&mut self) {
-        self.0 = None;
-    }
-}
-
 /// kube's own lines about a failed request, one per try, saying neither what the request was for
 /// nor what happens next: kube-client's ERROR per failed HTTP request ("failed with error ...")
 /// and kube-runtime's watcher WARN per failed list or watch. While an API server restarts, or
@@ -200,17 +178,6 @@ mod tests {
         assert_eq!(choose(auto, Some("garbage"), Some((8, 1234))), Sink::Stderr);
         assert_eq!(choose(auto, Some(""), None), Sink::Stderr);
         assert_eq!(choose(auto, Some("8:1234"), None), Sink::Stderr);
-    }
-
-    #[test]
-    fn an_error_repeated_on_every_retry_is_new_once() {
-        let mut last = LastError::default();
-        assert!(last.is_new("403"));
-        assert!(!last.is_new("403"));
-        assert!(last.is_new("connection refused"));
-        assert!(last.is_new("403"), "a different error came between");
-        last.clear();
-        assert!(last.is_new("403"), "after a success");
     }
 
     #[test]

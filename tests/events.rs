@@ -10,7 +10,8 @@ use kube_object_lock::admission::{OnLookupError, ReviewPolicy, Reviewer};
 use kube_object_lock::events::{self, EventSink, WriterConfig};
 use kube_object_lock::locks::LockSource;
 use kube_object_lock::locks::kube::KubeSource;
-use kube_object_lock::status::{DropLabels, EnforcementMetrics, EventWriteLabels, feed};
+use kube_object_lock::metrics::{DropLabels, EnforcementMetrics, EventWriteLabels};
+use kube_object_lock::status::feed;
 use serde_json::{Value, json};
 use support::fake_apiserver::FakeApiServer;
 use support::{TestServer, fixture};
@@ -139,7 +140,7 @@ async fn a_client_retrying_in_a_loop_makes_one_series_and_at_most_two_writes() {
         event["series"]["count"], 50,
         "every refusal counted, dry runs not"
     );
-    let queued = kube_object_lock::status::EventLabels { reason: "Blocked" };
+    let queued = kube_object_lock::metrics::EventLabels { reason: "Blocked" };
     assert_eq!(metrics.refusal_events.get_or_create(&queued).get(), 50);
 }
 
@@ -215,7 +216,7 @@ async fn answers_never_wait_for_events_and_failed_writes_are_counted_not_retried
         metrics.clone(),
     ));
     let refusal = events::Refusal {
-        lock: kube_object_lock::status::LockKey {
+        lock: kube_object_lock::api::LockKey {
             namespace: Some(NS.into()),
             name: "locked-a".into(),
         },

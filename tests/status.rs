@@ -6,10 +6,10 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube_object_lock::registration::writer::{Registered, RegisteredScope};
-use kube_object_lock::status::{
-    self, DecisionInputs, EnforcementMetrics, LockKey, LockSnapshot, feed,
-};
+use kube_object_lock::api::LockKey;
+use kube_object_lock::metrics::EnforcementMetrics;
+use kube_object_lock::registration::{Registered, RegisteredScope};
+use kube_object_lock::status::{self, DecisionInputs, LockSnapshot, feed};
 use serde_json::{Value, json};
 use support::fake_apiserver::FakeApiServer;
 use tokio::sync::{oneshot, watch};
@@ -324,7 +324,7 @@ async fn a_lock_counts_as_enforced_only_once_the_registration_names_it() {
     // Narrowed to other names: still not sent.
     registration.send_replace(Registered {
         scope: Some(RegisteredScope::Narrow(
-            [(Some("prod".to_owned()), "other".to_owned())].into(),
+            [LockKey::lock("prod", "other")].into(),
         )),
     });
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -332,7 +332,7 @@ async fn a_lock_counts_as_enforced_only_once_the_registration_names_it() {
     // Named: enforced.
     registration.send_replace(Registered {
         scope: Some(RegisteredScope::Narrow(
-            [(Some("prod".to_owned()), "web".to_owned())].into(),
+            [LockKey::lock("prod", "web")].into(),
         )),
     });
     let status = support::until(
@@ -478,7 +478,7 @@ async fn each_lock_is_written_once_and_a_change_to_one_lock_writes_only_that_loc
     let written = {
         let counter = metrics
             .status_writes
-            .get_or_create(&status::OutcomeLabels { outcome: "success" });
+            .get_or_create(&kube_object_lock::metrics::OutcomeLabels { outcome: "success" });
         move || counter.get()
     };
     let writer = tokio::spawn(status::run(

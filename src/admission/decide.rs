@@ -13,8 +13,9 @@ use k8s_openapi::jiff::Timestamp;
 use kube::core::{Selector, SelectorExt};
 
 use super::request::{AdmissionRequest, Operation, UserInfo};
-use crate::api::{self, LockMode, LockOperation, LockSpec};
+use crate::api::{self, LockKey, LockMode, LockOperation, LockSpec};
 use crate::locks::{LockRef, LockSet, LookupError};
+use crate::settings::OnLookupError;
 
 /// How many Locks a namespace-deletion denial names.
 const NAMED_IN_NAMESPACE_DENIAL: usize = 5;
@@ -117,8 +118,11 @@ pub struct Verdict {
     pub audit_annotations: BTreeMap<String, String>,
     /// The kind of answer.
     pub outcome: Outcome,
-    /// The locks that decided it, e.g. `Lock prod/app-config`, for logs.
-    pub locks: Vec<String>,
+    /// The locks that refused it (for a Namespace DELETE, those the message names), for logs
+    /// and events.
+    pub locks: Vec<LockKey>,
+    /// The Warn-mode locks that would have refused it.
+    pub warned: Vec<LockKey>,
 }
 
 impl Verdict {
@@ -130,6 +134,7 @@ impl Verdict {
             audit_annotations: BTreeMap::new(),
             outcome: Outcome::Allowed,
             locks: Vec::new(),
+            warned: Vec::new(),
         }
     }
 
@@ -162,17 +167,6 @@ impl Verdict {
     pub fn allowed(&self) -> bool {
         self.refusal.is_none()
     }
-}
-
-/// What to do when the locks cannot be read.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum OnLookupError {
-    /// Refuse the change: a lock that cannot be seen is still a lock.
-    #[default]
-    Deny,
-    /// Let the change through with a warning: availability over protection.
-    Allow,
 }
 
 /// Step one: decide what can be decided without locks, or say what to read.
@@ -251,6 +245,7 @@ pub fn decide(
     }
     if !found.warning.is_empty() {
         verdict = verdict.annotate("warn-locks", names(&found.warning));
+        verdict.warned = found.warning.iter().map(|l| l.key()).collect();
     }
     for (lock, how) in &found.exempted {
         verdict = verdict.warn(format!("allowed by exemption: {how} is exempt from {lock}"));
@@ -408,7 +403,7 @@ fn deny_locked(req: &AdmissionRequest, what: &str, locks: &[&LockRef]) -> Verdic
     message.push_str(&described.join("; "));
     message.push_str(&format!(" (to unlock: {})", unlock_command(locks)));
     let mut verdict = Verdict::deny(403, "Forbidden", message);
-    verdict.locks = locks.iter().map(|l| l.to_string()).collect();
+    verdict.locks = locks.iter().map(|l| l.key()).collect();
     // A lock whose spec could not be read locks everything of its name: say why.
     for lock in locks {
         if let Some(problem) = &lock.problem {
@@ -546,6 +541,7 @@ fn namespace_deletion(
                 "namespaces \"{namespace}\" holds {n} Warn-mode {plural}; deleting it deletes the objects they lock"
             ))
             .annotate("warn-locks", names(&warning));
+        verdict.warned = warning.iter().map(|l| l.key()).collect();
     }
     for (lock, how) in &exempted {
         verdict = verdict.warn(format!(
@@ -595,9 +591,12 @@ fn deny_namespace_deletion(req: &AdmissionRequest, namespace: &str, locks: &[&Lo
     let mut verdict = Verdict::deny(403, "Forbidden", message);
     verdict.locks = listed
         .iter()
-        .map(|n| format!("Lock {namespace}/{n}"))
+        .map(|name| LockKey::lock(namespace, name))
         .collect();
-    let annotation = verdict.locks.join(",");
+    let annotation = (verdict.locks.iter())
+        .map(LockKey::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
     verdict.annotate("namespace-locks", annotation)
 }
 

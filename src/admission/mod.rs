@@ -1,15 +1,18 @@
 //! Admission: what arrives, what is decided, what is answered.
 //!
 //! `request` holds the slice of an AdmissionReview the decision reads, `scan` reads it from the
-//! body fast, `decide` is the pure decision, `subresources` says which subresources change their
+//! body fast, `decide` is the pure decision, `refusals` what it hands on to the event writer, `subresources` says which subresources change their
 //! object, and `review` joins them to a lock source: bytes in, AdmissionReview out.
 
 pub mod decide;
+pub mod refusals;
 pub mod request;
 pub mod review;
 mod scan;
 pub mod subresources;
 
-pub use decide::{OnLookupError, Outcome, Verdict};
+/// The review path's settings, defined with the other settings.
+pub use crate::settings::{OnLookupError, ReviewPolicy};
+pub use decide::{Outcome, Verdict};
 pub use request::AdmissionRequest;
-pub use review::{Answer, ReviewError, ReviewPolicy, Reviewer};
+pub use review::{Answer, ReviewError, Reviewer};

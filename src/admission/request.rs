@@ -105,6 +105,19 @@ pub struct Object<'a> {
     pub metadata: ObjectMeta<'a>,
 }
 
+/// The top of an AdmissionReview, as it arrives. `apiVersion` and `kind` are only compared, so
+/// they are borrowed from the body unless escaped.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct IncomingReview<'a> {
+    #[serde(default, borrow)]
+    pub(super) api_version: Cow<'a, str>,
+    #[serde(default, borrow)]
+    pub(super) kind: Cow<'a, str>,
+    #[serde(default)]
+    pub(super) request: Option<AdmissionRequest<'a>>,
+}
+
 /// An admission request, reduced to what the decision reads.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase")]

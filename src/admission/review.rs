@@ -6,20 +6,20 @@
 //! AdmissionReview carrying the request's uid, in the request's `apiVersion`, even when the locks
 //! cannot be read.
 
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::jiff::Timestamp;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use tracing::{debug, info, warn};
 
-use super::decide::{self, OnLookupError, Outcome, Plan, Verdict};
-use super::request::{ADMISSION_V1, ADMISSION_V1BETA1, AdmissionRequest};
-use crate::events::EventSink;
+use super::decide::{self, Outcome, Plan, Verdict};
+use super::refusals::EventSink;
+use super::request::{ADMISSION_V1, ADMISSION_V1BETA1, AdmissionRequest, IncomingReview};
 use crate::locks::{LockSet, LockSource, LookupError};
 use crate::metrics::{AdmissionMetrics, Decision, LookupErrorLabels};
+use crate::settings::ReviewPolicy;
 
 /// Why a body could not be answered with an AdmissionReview.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -42,19 +42,6 @@ pub enum ReviewError {
     /// `request.uid` is empty, so no answer could be matched to it.
     #[error("request.uid is empty")]
     NoUid,
-}
-
-/// The top of an AdmissionReview, as it arrives. `apiVersion` and `kind` are only compared, so
-/// they are borrowed from the body unless escaped.
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub(super) struct IncomingReview<'a> {
-    #[serde(default, borrow)]
-    pub(super) api_version: Cow<'a, str>,
-    #[serde(default, borrow)]
-    pub(super) kind: Cow<'a, str>,
-    #[serde(default)]
-    pub(super) request: Option<AdmissionRequest<'a>>,
 }
 
 /// A parsed review: the request and the version to answer in.
@@ -245,15 +232,6 @@ pub fn respond(review: ParsedReview, verdict: Verdict) -> ReviewAnswer {
 /// A lookup's locks: those of its scope and, for a Namespace DELETE, the namespace's own.
 type ReadLocks = (Arc<LockSet>, Option<Arc<LockSet>>);
 
-/// The settings the review path needs.
-#[derive(Debug, Clone, Copy)]
-pub struct ReviewPolicy {
-    /// What to do when the locks cannot be read.
-    pub on_lookup_error: OnLookupError,
-    /// The longest a lock lookup may take.
-    pub lookup_timeout: Duration,
-}
-
 /// Answers AdmissionReviews from a lock source.
 #[derive(Clone)]
 pub struct Reviewer {
@@ -439,7 +417,10 @@ fn log_verdict(req: &AdmissionRequest, verdict: &Verdict, elapsed: Duration) {
     }
     let namespace = req.object_namespace().unwrap_or("");
     let name = req.object_name().unwrap_or("");
-    let locks = verdict.locks.join(",");
+    let locks = (verdict.locks.iter())
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
     if verdict.outcome == Outcome::Denied {
         info!(uid = %req.uid, operation = req.operation.as_str(), resource = %req.resource_path(),
             %namespace, %name, user = %req.user_info.username, lock = %locks,
@@ -568,7 +549,7 @@ mod tests {
             warnings: vec!["w".into()],
             audit_annotations: [("lock".to_owned(), "Lock a/b".to_owned())].into(),
             outcome: Outcome::Denied,
-            locks: vec![],
+            ..Verdict::allow()
         };
         let json = serde_json::to_value(respond(parsed, verdict)).expect("serializes");
         assert_eq!(

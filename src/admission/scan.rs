@@ -25,8 +25,9 @@ use std::ops::Range;
 
 use wide::u8x16;
 
-use super::request::{AdmissionRequest, Object, ObjectMeta, Operation, Resource, UserInfo};
-use super::review::IncomingReview;
+use super::request::{
+    AdmissionRequest, IncomingReview, Object, ObjectMeta, Operation, Resource, UserInfo,
+};
 
 /// Deeper nesting is left to serde_json (a review nests about ten levels).
 const MAX_DEPTH: u32 = 100;

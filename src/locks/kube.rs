@@ -21,14 +21,14 @@ use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use kube::Client;
-use kube::api::{Api, ApiResource, DynamicObject, ListParams};
+use kube::api::{Api, DynamicObject, ListParams};
 use moka::future::Cache;
 use tracing::debug;
 
 use super::index::LockIndex;
 use super::watch::Writer;
 use super::{LockCounts, LockKind, LockSet, LockSource, LookupError, parse};
-use crate::api::{CLUSTER_LOCKS, ClusterLock, LOCKS, Lock};
+use crate::api::{CLUSTER_LOCKS, LOCKS};
 use crate::metrics::{ApiLabels, CacheLabels, SourceMetrics};
 
 /// How many times a read reloads an entry that keeps landing too old.
@@ -127,11 +127,11 @@ impl KubeSource {
         let started = Instant::now();
         shared.metrics.cache_loads.inc();
         let (kind, resource, api) = if namespace.is_empty() {
-            let ar = ApiResource::erase::<ClusterLock>(&());
+            let ar = LockKind::ClusterLock.api_resource();
             let api = Api::<DynamicObject>::all_with(shared.client.clone(), &ar);
             (LockKind::ClusterLock, CLUSTER_LOCKS, api)
         } else {
-            let ar = ApiResource::erase::<Lock>(&());
+            let ar = LockKind::Lock.api_resource();
             let api = Api::<DynamicObject>::namespaced_with(shared.client.clone(), &namespace, &ar);
             (LockKind::Lock, LOCKS, api)
         };

@@ -21,26 +21,7 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 
 use crate::api::LockSpec;
-
-/// Which of the two lock resources a lock is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum LockKind {
-    /// A namespaced `Lock`.
-    Lock,
-    /// A cluster-scoped `ClusterLock`.
-    ClusterLock,
-}
-
-impl LockKind {
-    /// The kind whose locks are kept under `namespace`, where `""` holds the ClusterLocks.
-    pub fn for_namespace(namespace: &str) -> LockKind {
-        if namespace.is_empty() {
-            LockKind::ClusterLock
-        } else {
-            LockKind::Lock
-        }
-    }
-}
+pub use crate::api::{LockKey, LockKind};
 
 /// One lock, as the decision needs it.
 #[derive(Clone, Debug, PartialEq)]
@@ -87,12 +68,17 @@ impl LockRef {
         }
     }
 
+    /// Which lock this is.
+    pub fn key(&self) -> LockKey {
+        LockKey {
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+        }
+    }
+
     /// The kubectl command that removes this lock.
     pub fn unlock_command(&self) -> String {
-        match &self.namespace {
-            Some(ns) => format!("kubectl delete lock {} -n {ns}", self.name),
-            None => format!("kubectl delete clusterlock {}", self.name),
-        }
+        self.key().unlock_command()
     }
 }
 

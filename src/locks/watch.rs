@@ -26,15 +26,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use futures::{StreamExt, TryStreamExt};
-use kube::api::{Api, ApiResource, DynamicObject, ListParams, WatchEvent, WatchParams};
-use kube::runtime::utils::Backoff;
-use kube::runtime::watcher::ExponentialBackoff;
+use kube::api::{Api, DynamicObject, ListParams, WatchEvent, WatchParams};
 use tracing::{debug, info, warn};
 
 use super::index::{LockIndex, WatchState};
 use super::parse;
-use super::{LockKind, LockRef};
+use super::{LockKey, LockKind, LockRef};
 use crate::metrics::{KindLabels, LockLabels, ModeLabels, SourceMetrics};
+use crate::retry::{self, Backoff};
 
 /// Objects per LIST page (client-go's default).
 const PAGE_SIZE: u32 = 500;
@@ -48,28 +47,6 @@ const WATCH_TIMEOUT_SECS: u32 = 290;
 const IDLE_LIMIT: Duration = Duration::from_secs(75);
 /// A watch that lived at least this long resets the backoff.
 const HEALTHY_FOR: Duration = Duration::from_secs(1);
-/// Retry delays: from 50 ms, doubling, capped at 500 ms before jitter; the jitter adds up to as
-/// much again, so no wait is longer than [`MAX_WAIT`].
-const MIN_DELAY: Duration = Duration::from_millis(50);
-const MAX_DELAY: Duration = Duration::from_millis(500);
-/// The longest wait between two tries, jitter included.
-pub const MAX_WAIT: Duration = Duration::from_secs(1);
-
-/// The retry delays of every watch on Locks (this index's, and the other readers' that use
-/// kube-runtime's watcher): at most [`MAX_WAIT`], jitter included, so that a restarted API
-/// server is watched again within a second of being ready, not after kube-runtime's default of
-/// up to 30 s.
-pub fn retry_backoff() -> ExponentialBackoff {
-    ExponentialBackoff::from(
-        backon::ExponentialBuilder::default()
-            .with_min_delay(MIN_DELAY)
-            .with_max_delay(MAX_DELAY)
-            .with_factor(2.0)
-            .with_jitter()
-            .without_max_times(),
-    )
-}
-
 /// The watch loop of one kind.
 pub(super) struct Writer {
     pub api: Api<DynamicObject>,
@@ -94,27 +71,21 @@ impl Failure {
 impl Writer {
     /// The API of one lock kind, read as raw objects.
     pub fn api(client: kube::Client, kind: LockKind) -> Api<DynamicObject> {
-        let resource = match kind {
-            LockKind::Lock => ApiResource::erase::<crate::api::Lock>(&()),
-            LockKind::ClusterLock => ApiResource::erase::<crate::api::ClusterLock>(&()),
-        };
+        let resource = kind.api_resource();
         // Lock is namespaced; `all` lists it across namespaces, as it does ClusterLocks.
         Api::all_with(client, &resource)
     }
 
     fn label(&self) -> &'static str {
-        match self.kind {
-            LockKind::Lock => "Lock",
-            LockKind::ClusterLock => "ClusterLock",
-        }
+        self.kind.as_str()
     }
 
     /// Runs until dropped.
     pub async fn run(self) {
-        let mut backoff = retry_backoff();
+        let mut backoff = retry::watch();
         self.publish_mode(WatchState::NotSynced);
         // Names of locks whose spec does not parse, for the metric.
-        let mut unparseable: HashSet<(String, String)> = HashSet::new();
+        let mut unparseable: HashSet<LockKey> = HashSet::new();
         // The resourceVersion to resume from, and until when the index was known complete.
         let mut resume: Option<(String, Instant)> = None;
         loop {
@@ -126,7 +97,7 @@ impl Writer {
                     Ok(version) => (version, Instant::now()),
                     Err(failure) => {
                         self.failed("list", &failure);
-                        tokio::time::sleep(backoff.next().unwrap_or(MAX_WAIT)).await;
+                        tokio::time::sleep(backoff.next().unwrap_or(retry::MAX_WAIT)).await;
                         continue;
                     }
                 },
@@ -136,7 +107,7 @@ impl Writer {
                 Err(failure) => {
                     // Listed again on the next try: see the module docs.
                     self.failed("watch", &failure);
-                    tokio::time::sleep(backoff.next().unwrap_or(MAX_WAIT)).await;
+                    tokio::time::sleep(backoff.next().unwrap_or(retry::MAX_WAIT)).await;
                     continue;
                 }
             };
@@ -159,7 +130,7 @@ impl Writer {
                     if opened.elapsed() >= HEALTHY_FOR {
                         backoff.reset();
                     } else {
-                        tokio::time::sleep(backoff.next().unwrap_or(MAX_WAIT)).await;
+                        tokio::time::sleep(backoff.next().unwrap_or(retry::MAX_WAIT)).await;
                     }
                 }
                 Some(failure) => {
@@ -167,7 +138,7 @@ impl Writer {
                     if opened.elapsed() >= HEALTHY_FOR {
                         backoff.reset();
                     }
-                    tokio::time::sleep(backoff.next().unwrap_or(MAX_WAIT)).await;
+                    tokio::time::sleep(backoff.next().unwrap_or(retry::MAX_WAIT)).await;
                 }
             }
         }
@@ -175,7 +146,7 @@ impl Writer {
 
     /// Lists every lock of the kind (paged, one snapshot) into the index; returns its
     /// resourceVersion.
-    async fn list(&self, unparseable: &mut HashSet<(String, String)>) -> Result<String, Failure> {
+    async fn list(&self, unparseable: &mut HashSet<LockKey>) -> Result<String, Failure> {
         let mut locks: Vec<LockRef> = Vec::new();
         let mut params = ListParams::default().limit(PAGE_SIZE);
         let version = loop {
@@ -199,20 +170,16 @@ impl Writer {
                 message: "the list carries no resourceVersion".into(),
             });
         }
-        let broken: HashSet<(String, String)> = locks
+        let broken: HashSet<LockKey> = locks
             .iter()
             .filter(|l| l.problem.is_some())
-            .map(|l| (l.namespace.clone().unwrap_or_default(), l.name.clone()))
+            .map(LockRef::key)
             .collect();
         for gone in unparseable.difference(&broken) {
             self.forget_unparseable(gone);
         }
         for lock in locks.iter().filter(|l| l.problem.is_some()) {
-            let key = (
-                lock.namespace.clone().unwrap_or_default(),
-                lock.name.clone(),
-            );
-            if !unparseable.contains(&key) {
+            if !unparseable.contains(&lock.key()) {
                 self.report_unparseable(lock);
             }
         }
@@ -274,7 +241,7 @@ impl Writer {
         &self,
         mut stream: futures::stream::BoxStream<'static, kube::Result<WatchEvent<DynamicObject>>>,
         mut version: String,
-        unparseable: &mut HashSet<(String, String)>,
+        unparseable: &mut HashSet<LockKey>,
     ) -> (String, Option<Failure>) {
         let idle = IDLE_LIMIT;
         let label = KindLabels { kind: self.label() };
@@ -293,10 +260,7 @@ impl Writer {
                     let Some(lock) = parse::lock_ref(self.kind, &object) else {
                         continue;
                     };
-                    let key = (
-                        lock.namespace.clone().unwrap_or_default(),
-                        lock.name.clone(),
-                    );
+                    let key = lock.key();
                     if lock.problem.is_some() {
                         if unparseable.insert(key) {
                             self.report_unparseable(&lock);
@@ -311,14 +275,16 @@ impl Writer {
                     if let Some(v) = object.metadata.resource_version.clone() {
                         version = v;
                     }
-                    let namespace = object.metadata.namespace.clone().unwrap_or_default();
-                    let name = object.metadata.name.clone().unwrap_or_default();
-                    let key = (namespace, name);
+                    let key = LockKey {
+                        namespace: object.metadata.namespace.clone(),
+                        name: object.metadata.name.clone().unwrap_or_default(),
+                    };
                     if unparseable.remove(&key) {
                         self.forget_unparseable(&key);
                     }
-                    debug!(kind = self.label(), namespace = %key.0, name = %key.1, "lock deleted");
-                    self.index.delete(self.kind, &key.0, &key.1);
+                    debug!(kind = self.label(), lock = %key, "lock deleted");
+                    self.index
+                        .delete(self.kind, key.index_namespace(), &key.name);
                 }
                 WatchEvent::Bookmark(bookmark) => version = bookmark.metadata.resource_version,
                 WatchEvent::Error(status) => {
@@ -411,11 +377,11 @@ impl Writer {
             .set(1);
     }
 
-    fn forget_unparseable(&self, (namespace, name): &(String, String)) {
+    fn forget_unparseable(&self, key: &LockKey) {
         self.metrics.unparseable_locks.remove(&LockLabels {
             kind: self.label(),
-            namespace: namespace.clone(),
-            name: name.clone(),
+            namespace: key.index_namespace().to_owned(),
+            name: key.name.clone(),
         });
     }
 }
@@ -446,17 +412,5 @@ mod tests {
             waited >= IDLE_LIMIT && waited < IDLE_LIMIT + Duration::from_secs(1),
             "{waited:?}"
         );
-    }
-
-    #[test]
-    fn no_retry_waits_longer_than_a_second_jitter_included() {
-        for _ in 0..20 {
-            let waits: Vec<Duration> = retry_backoff().take(40).collect();
-            assert_eq!(waits.len(), 40, "retries forever");
-            assert!(waits[0] < Duration::from_millis(101), "{waits:?}");
-            assert!(waits.iter().all(|w| *w <= MAX_WAIT), "{waits:?}");
-            // Past the cap, jitter still spreads the tries out.
-            assert!(waits[10..].iter().all(|w| *w >= MAX_DELAY), "{waits:?}");
-        }
     }
 }

@@ -255,18 +255,12 @@ fn lock_kind(namespaced: bool) -> &'static str {
 
 /// The `ApiResource` of `Lock` (namespaced) or `ClusterLock`.
 fn lock_resource(namespaced: bool) -> ApiResource {
-    ApiResource {
-        group: api::GROUP.to_owned(),
-        version: api::VERSION.to_owned(),
-        api_version: api::API_VERSION.to_owned(),
-        kind: lock_kind(namespaced).to_owned(),
-        plural: if namespaced {
-            api::LOCKS
-        } else {
-            api::CLUSTER_LOCKS
-        }
-        .to_owned(),
+    if namespaced {
+        api::LockKind::Lock
+    } else {
+        api::LockKind::ClusterLock
     }
+    .api_resource()
 }
 
 /// `RESOURCE/NAME`, or `RESOURCE NAME`.

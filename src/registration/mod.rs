@@ -16,6 +16,9 @@ pub mod writer;
 use k8s_openapi::api::admissionregistration::v1::{MatchCondition, ValidatingWebhook};
 
 use conditions::{CONDITION_NAME, Plan, Scope};
+use std::collections::BTreeSet;
+
+use crate::api::LockKey;
 
 /// The entry for namespaced objects (and the first chunk of their conditions).
 pub const NAMESPACED_ENTRY: &str = "namespaced.objectlock.dev";
@@ -141,6 +144,33 @@ pub fn is_current(current: &[ValidatingWebhook], desired: &[ValidatingWebhook]) 
         && desired
             .iter()
             .all(|d| current.iter().any(|c| c.name == d.name && c == d))
+}
+
+/// What the configuration says, once written and read back.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Registered {
+    /// `None` until the first write is confirmed.
+    pub scope: Option<RegisteredScope>,
+}
+
+/// Narrowed to these locks, or broad.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RegisteredScope {
+    /// The locks it sends requests for.
+    Narrow(BTreeSet<LockKey>),
+    /// Everything is sent, for this reason (the bound, or a name CEL cannot hold).
+    Broad(String),
+}
+
+impl Registered {
+    /// Whether requests concerning this lock reach the webhook.
+    pub fn covers(&self, key: &LockKey) -> bool {
+        match &self.scope {
+            None => false,
+            Some(RegisteredScope::Broad(_)) => true,
+            Some(RegisteredScope::Narrow(keys)) => keys.contains(key),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -305,5 +335,16 @@ mod tests {
             webhooks(&current[2..], &plan),
             Err(MissingEntry(NAMESPACED_ENTRY.to_owned()))
         );
+    }
+
+    #[test]
+    fn covers() {
+        let mut registered = Registered::default();
+        assert!(!registered.covers(&LockKey::lock("a", "x")));
+        registered.scope = Some(RegisteredScope::Narrow([LockKey::lock("a", "x")].into()));
+        assert!(registered.covers(&LockKey::lock("a", "x")));
+        assert!(!registered.covers(&LockKey::cluster_lock("x")));
+        registered.scope = Some(RegisteredScope::Broad("test".to_owned()));
+        assert!(registered.covers(&LockKey::cluster_lock("anything")));
     }
 }

@@ -32,92 +32,22 @@ use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use super::conditions::{self, Limits, Plan, Scope};
+use super::{Registered, RegisteredScope};
 use super::{is_current, webhooks};
 use crate::locks::index::{IndexSnapshot, LockIndex};
-use crate::locks::{LockKind, LockRef, LockSet};
-use crate::telemetry::LastError;
+use crate::locks::{LockKey, LockKind, LockRef, LockSet};
+use crate::metrics::{OutcomeLabels, RegistrationMetrics};
+use crate::retry::{self, Backoff, LastError};
 
 /// The field manager of the writes.
 pub const FIELD_MANAGER: &str = "kube-object-lock";
 
-/// Longest wait before a failed write is tried again.
-const MAX_RETRY: Duration = Duration::from_secs(30);
-
-/// Metrics of the registration writer.
-#[derive(Clone, Debug, Default)]
-pub struct RegistrationMetrics {
-    /// 1 while the written registration is narrowed, 0 while it is broad (or not written).
-    pub narrowed: Gauge,
-    /// Live locks in the last plan.
-    pub locked_names: Gauge,
-    /// Writes of the configuration, by outcome.
-    pub writes: Family<OutcomeLabels, Counter>,
-}
-
-/// `outcome` label.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct OutcomeLabels {
-    /// `written`, `forbidden`, `missing`, `error`.
-    pub outcome: &'static str,
-}
-
-impl RegistrationMetrics {
-    /// Registers the metrics under `registration_*`.
-    pub fn register(&self, registry: &mut prometheus_client::registry::Registry) {
-        registry.register(
-            "registration_narrowed",
-            "1 while the webhook configuration is narrowed to the locked names, 0 while it is broad",
-            self.narrowed.clone(),
-        );
-        registry.register(
-            "registration_locked_names",
-            "Live locks the webhook configuration was computed from",
-            self.locked_names.clone(),
-        );
-        registry.register(
-            "registration_writes",
-            "Writes of the webhook configuration, by outcome",
-            self.writes.clone(),
-        );
-    }
-}
-
-/// What the configuration says, once written and read back.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Registered {
-    /// `None` until the first write is confirmed.
-    pub scope: Option<RegisteredScope>,
-}
-
-/// Narrowed to these locks, or broad.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RegisteredScope {
-    /// The locks (namespace, name; namespace `None` for ClusterLocks) it sends requests for.
-    Narrow(BTreeSet<(Option<String>, String)>),
-    /// Everything is sent, for this reason (the bound, or a name CEL cannot hold).
-    Broad(String),
-}
-
-impl Registered {
-    /// Whether requests concerning this lock reach the webhook.
-    pub fn covers(&self, namespace: Option<&str>, name: &str) -> bool {
-        match &self.scope {
-            None => false,
-            Some(RegisteredScope::Broad(_)) => true,
-            Some(RegisteredScope::Narrow(keys)) => {
-                keys.contains(&(namespace.map(str::to_owned), name.to_owned()))
-            }
-        }
-    }
-}
+/// The first wait before a failed write is tried again (then doubling, see [`retry::write`]).
+const FIRST_RETRY: Duration = Duration::from_millis(250);
 
 /// The writer's configuration.
 #[derive(Debug, Clone)]
@@ -143,10 +73,10 @@ pub enum LockEvent {
     Delete(LockRef),
 }
 
-type Key = (Option<String>, String);
+type Key = LockKey;
 
 fn key(lock: &LockRef) -> Key {
-    (lock.namespace.clone(), lock.name.clone())
+    lock.key()
 }
 
 /// The live view of the locks, complete once both kinds have been listed.
@@ -238,13 +168,13 @@ impl Narrower {
             api.clone(),
             watcher::Config::default().fields(&format!("metadata.name={}", self.config.name)),
         )
-        .backoff(crate::locks::watch::retry_backoff())
+        .backoff(retry::watch())
         .boxed();
         let mut locks = std::pin::pin!(locks);
         let mut view = LockView::default();
         let mut config = ConfigView::default();
         let mut wake: Option<tokio::time::Instant> = None;
-        let mut retry = Duration::from_millis(250);
+        let mut backoff = retry::write(FIRST_RETRY);
         let mut last_problem = LastError::default();
         let mut last_config_error = LastError::default();
         // Whether anything the plan or the write depends on changed since the last reconcile.
@@ -261,19 +191,17 @@ impl Narrower {
                     match result {
                         Ok(Some(written)) => {
                             config.wrote(written);
-                            retry = Duration::from_millis(250);
+                            backoff.reset();
                             last_problem.clear();
                         }
-                        Ok(None) => {
-                            retry = Duration::from_millis(250);
-                        }
+                        Ok(None) => backoff.reset(),
                         Err(problem) => {
+                            let retry = backoff.next().unwrap_or(retry::MAX_WRITE_WAIT);
                             if last_problem.is_new(&problem) {
                                 warn!(%problem, name = %self.config.name, retry_in = ?retry, "cannot narrow the webhook configuration");
                             }
                             let again = tokio::time::Instant::now() + retry;
                             wake = Some(wake.map_or(again, |w| w.min(again)));
-                            retry = (retry * 2).min(MAX_RETRY);
                         }
                     }
                 }
@@ -649,13 +577,7 @@ mod tests {
         )));
         view.apply(LockEvent::InitDone(LockKind::Lock));
         let keys: Vec<_> = view.locks.keys().cloned().collect();
-        assert_eq!(
-            keys,
-            [
-                (None, "c".to_owned()),
-                (Some("b".to_owned()), "y".to_owned())
-            ]
-        );
+        assert_eq!(keys, [LockKey::cluster_lock("c"), LockKey::lock("b", "y")]);
         view.apply(LockEvent::Delete(LockRef::lock(
             "b",
             "y",
@@ -795,25 +717,12 @@ mod tests {
         assert_eq!(
             keys,
             [
-                (None, "n".to_owned()),
-                (Some("a".to_owned()), "x".to_owned()),
-                (Some("c".to_owned()), "w".to_owned()),
+                LockKey::cluster_lock("n"),
+                LockKey::lock("a", "x"),
+                LockKey::lock("c", "w"),
             ]
         );
         // Nothing changed: nothing sent.
         assert_eq!(step(&index, &mut view), 0);
-    }
-
-    #[test]
-    fn covers() {
-        let mut registered = Registered::default();
-        assert!(!registered.covers(Some("a"), "x"));
-        registered.scope = Some(RegisteredScope::Narrow(
-            [(Some("a".to_owned()), "x".to_owned())].into(),
-        ));
-        assert!(registered.covers(Some("a"), "x"));
-        assert!(!registered.covers(None, "x"));
-        registered.scope = Some(RegisteredScope::Broad("test".to_owned()));
-        assert!(registered.covers(None, "anything"));
     }
 }

@@ -4,7 +4,7 @@
 //! version cannot parse is reported as such instead of breaking the feed. The feed is healthy
 //! once both kinds are listed and until a watch fails; a failed watch is started over with a
 //! fresh list (so health comes back only with a complete, current view), after the delays of
-//! every watch on Locks (at most a second, see [`crate::locks::watch::retry_backoff`]).
+//! every watch on Locks (at most a second, see [`crate::retry::watch`]).
 //!
 //! This is a stand-in: a lock index fed by the same watch can publish the same snapshot, and
 //! then this second watch goes away.
@@ -21,7 +21,7 @@ use tracing::{debug, warn};
 
 use super::{KnownLock, LockKey, LockSnapshot};
 use crate::api::{LockSpec, LockStatus};
-use crate::telemetry::LastError;
+use crate::retry::LastError;
 
 /// Starts watching: the receiver sees a new snapshot on every change; the future runs the
 /// watches until dropped.
@@ -80,8 +80,8 @@ async fn watch_kind(
     let api: Api<DynamicObject> = Api::all_with(client, &resource);
     let is_kind = |key: &LockKey| key.namespace.is_some() == kind.namespace.is_some();
     // The same retry delays as every other watch on Locks (at most a second).
-    let mut backoff = crate::locks::watch::retry_backoff();
-    let mut delay = backoff.next().unwrap_or(crate::locks::watch::MAX_WAIT);
+    let mut backoff = crate::retry::watch();
+    let mut delay = backoff.next().unwrap_or(crate::retry::MAX_WAIT);
     let mut last_error = LastError::default();
     loop {
         let mut stream = watcher(api.clone(), watcher::Config::default()).boxed();
@@ -128,7 +128,7 @@ async fn watch_kind(
                         st.healthy[slot] = true;
                         last_error.clear();
                         backoff.reset();
-                        delay = backoff.next().unwrap_or(crate::locks::watch::MAX_WAIT);
+                        delay = backoff.next().unwrap_or(crate::retry::MAX_WAIT);
                         changed = true;
                         debug!(kind = %resource.kind, "lock status feed listed");
                     }
@@ -172,7 +172,7 @@ async fn watch_kind(
             st.publish(&tx);
         }
         tokio::time::sleep(delay).await;
-        delay = backoff.next().unwrap_or(crate::locks::watch::MAX_WAIT);
+        delay = backoff.next().unwrap_or(crate::retry::MAX_WAIT);
     }
 }
 

@@ -35,18 +35,16 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::registry::Registry;
+use kube::api::{Patch, PatchParams};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use crate::api::{self, Enforcer, LockCondition, LockMode, LockSpec, LockStatus};
+use crate::api::{self, Enforcer, LockCondition, LockKey, LockMode, LockSpec, LockStatus};
 use crate::locks::index::LockIndex;
-use crate::registration::writer::{Registered, RegisteredScope};
+use crate::metrics::{EnforcementMetrics, OutcomeLabels};
+use crate::registration::{Registered, RegisteredScope};
+use crate::retry;
 
 /// The condition type written by every instance.
 pub const CONDITION: &str = "Enforced";
@@ -57,65 +55,8 @@ const CONCURRENT_WRITES: usize = 8;
 /// Writes started by one pass at most: a first start with thousands of Locks neither holds
 /// them all in memory at once nor keeps changes (a new Lock) waiting until every one is done.
 const WRITES_PER_PASS: usize = 64;
-/// Longest wait between retries of a failed write.
-const MAX_RETRY: Duration = Duration::from_secs(30);
-/// Longest instance name: it is part of a field manager (at most 128 characters).
-pub const MAX_INSTANCE_NAME: usize = 100;
-
-/// A Lock (`namespace: Some`) or ClusterLock (`None`), by name.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct LockKey {
-    /// The Lock's namespace; `None` for a ClusterLock.
-    pub namespace: Option<String>,
-    /// The lock's name.
-    pub name: String,
-}
-
-impl LockKey {
-    /// `Lock` or `ClusterLock`.
-    pub fn kind(&self) -> &'static str {
-        if self.namespace.is_some() {
-            "Lock"
-        } else {
-            "ClusterLock"
-        }
-    }
-
-    /// The `ApiResource` of the lock's kind.
-    pub fn api_resource(&self) -> ApiResource {
-        let namespaced = self.namespace.is_some();
-        ApiResource {
-            group: api::GROUP.to_owned(),
-            version: api::VERSION.to_owned(),
-            api_version: api::API_VERSION.to_owned(),
-            kind: self.kind().to_owned(),
-            plural: if namespaced {
-                api::LOCKS
-            } else {
-                api::CLUSTER_LOCKS
-            }
-            .to_owned(),
-        }
-    }
-
-    /// An `Api` for the lock's kind, in its namespace.
-    pub fn api(&self, client: kube::Client) -> Api<DynamicObject> {
-        match &self.namespace {
-            Some(ns) => Api::namespaced_with(client, ns, &self.api_resource()),
-            None => Api::all_with(client, &self.api_resource()),
-        }
-    }
-}
-
-impl std::fmt::Display for LockKey {
-    /// `Lock prod/web`, `ClusterLock prod`.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.namespace {
-            Some(ns) => write!(f, "Lock {ns}/{}", self.name),
-            None => write!(f, "ClusterLock {}", self.name),
-        }
-    }
-}
+/// The first wait before retrying a failed write (then doubling, see [`retry::write`]).
+const FIRST_RETRY: Duration = Duration::from_secs(1);
 
 /// One lock as the lock source last saw it.
 #[derive(Clone, Debug, PartialEq)]
@@ -168,11 +109,7 @@ impl Coverage {
         match &registered.scope {
             None => Coverage::NotYet,
             Some(RegisteredScope::Broad(reason)) => Coverage::Broad(reason.clone()),
-            Some(RegisteredScope::Narrow(_))
-                if registered.covers(key.namespace.as_deref(), &key.name) =>
-            {
-                Coverage::Sent
-            }
+            Some(RegisteredScope::Narrow(_)) if registered.covers(key) => Coverage::Sent,
             Some(RegisteredScope::Narrow(_)) => Coverage::NotYet,
         }
     }
@@ -363,7 +300,7 @@ impl Desired {
         }
         serde_json::json!({
             "apiVersion": api::API_VERSION,
-            "kind": key.kind(),
+            "kind": key.kind().as_str(),
             "metadata": metadata,
             "status": status,
         })
@@ -497,175 +434,6 @@ struct Retry {
     at: Instant,
     attempts: u32,
 }
-
-/// Labels of status writes.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct OutcomeLabels {
-    /// `success`, or the failure (`forbidden`, `not_found`, `conflict`, `error`).
-    pub outcome: &'static str,
-}
-
-/// Labels of refusal events.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct EventLabels {
-    /// `Blocked` or `WouldBlock`.
-    pub reason: &'static str,
-}
-
-/// Labels of refusal events that were not written.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct DropLabels {
-    /// `queue_full`, `series_limit` or `write_failed`.
-    pub cause: &'static str,
-}
-
-/// Labels of event API writes.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct EventWriteLabels {
-    /// `create` or `patch`.
-    pub verb: &'static str,
-    /// `success` or `failure`.
-    pub outcome: &'static str,
-}
-
-/// Metrics of lock status and refusal events.
-#[derive(Clone, Debug, Default)]
-pub struct EnforcementMetrics {
-    /// Status writes, by outcome.
-    pub status_writes: Family<OutcomeLabels, Counter>,
-    /// Refusals handed to the event writer, by reason.
-    pub refusal_events: Family<EventLabels, Counter>,
-    /// Refusals that never made it into an event, by cause.
-    pub refusal_events_dropped: Family<DropLabels, Counter>,
-    /// Event API writes, by verb and outcome.
-    pub event_writes: Family<EventWriteLabels, Counter>,
-}
-
-impl EnforcementMetrics {
-    /// Registers every metric in `registry`.
-    pub fn registered(registry: &mut Registry) -> EnforcementMetrics {
-        let metrics = EnforcementMetrics::default();
-        registry.register(
-            "status_writes",
-            "Lock status writes (server-side apply of this instance's entry), by outcome",
-            metrics.status_writes.clone(),
-        );
-        registry.register(
-            "refusal_events",
-            "Refusals (Blocked) and Warn-mode matches (WouldBlock) queued for a Kubernetes Event",
-            metrics.refusal_events.clone(),
-        );
-        registry.register(
-            "refusal_events_dropped",
-            "Refusals left out of events, by cause (queue_full, series_limit, write_failed)",
-            metrics.refusal_events_dropped.clone(),
-        );
-        registry.register(
-            "event_writes",
-            "Kubernetes Event writes (create a series, patch its count), by verb and outcome",
-            metrics.event_writes.clone(),
-        );
-        metrics
-    }
-}
-
-/// This instance's name: `configured` if set, else the host name.
-pub fn instance_name(configured: &str) -> Result<String, String> {
-    let name = if configured.is_empty() {
-        hostname::get()
-            .map_err(|e| format!("cannot read the host name ({e}); set instance.name"))?
-            .to_string_lossy()
-            .into_owned()
-    } else {
-        configured.to_owned()
-    };
-    check_instance_name(&name)?;
-    Ok(name)
-}
-
-/// An instance name is a list key and part of a field manager: printable, at most 100 characters.
-pub fn check_instance_name(name: &str) -> Result<(), String> {
-    if name.is_empty() || name.chars().count() > MAX_INSTANCE_NAME {
-        return Err(format!(
-            "must be 1 to {MAX_INSTANCE_NAME} characters (got {:?})",
-            name
-        ));
-    }
-    if name.chars().any(|c| c.is_control() || c.is_whitespace()) {
-        return Err(format!(
-            "must not contain spaces or control characters (got {name:?})"
-        ));
-    }
-    Ok(())
-}
-
-/// The status writer and the event writer of one instance, fed by one lock watch.
-pub struct Reporting {
-    /// The admission path's end of the event queue.
-    pub events: crate::events::EventSink,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    status: tokio::task::JoinHandle<()>,
-    writer: tokio::task::JoinHandle<()>,
-    feed: tokio::task::JoinHandle<()>,
-}
-
-impl Reporting {
-    /// Starts the lock watch ([`feed`]), the status writer ([`run`]) and the event writer
-    /// ([`crate::events::run`]) for `instance`.
-    pub fn start(
-        client: kube::Client,
-        instance: String,
-        metrics: EnforcementMetrics,
-        inputs: DecisionInputs,
-    ) -> Reporting {
-        let (snapshots, feed) = feed::watch_locks(client.clone());
-        let (events, queue) = crate::events::EventSink::channel(EVENT_QUEUE, metrics.clone());
-        let (stop, stopped) = tokio::sync::oneshot::channel();
-        let writer = tokio::spawn(crate::events::run(
-            client.clone(),
-            crate::events::WriterConfig::new(instance.clone()),
-            queue,
-            snapshots.clone(),
-            metrics.clone(),
-        ));
-        let status = tokio::spawn(run(client, instance, snapshots, inputs, metrics, async {
-            let _ = stopped.await;
-        }));
-        Reporting {
-            events,
-            stop: Some(stop),
-            status,
-            writer,
-            feed: tokio::spawn(feed),
-        }
-    }
-
-    /// Withdraws this instance from the status of the locks and writes the pending events,
-    /// within `grace`; the rest is abandoned.
-    pub async fn stop(mut self, grace: Duration) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        // The queue closes when the last sink (the reviewer's) is gone.
-        drop(self.events);
-        let work = async {
-            let _ = (&mut self.status).await;
-            let _ = (&mut self.writer).await;
-        };
-        if tokio::time::timeout(grace, work).await.is_err() {
-            warn!(
-                ?grace,
-                "lock status and events not fully written at shutdown"
-            );
-        }
-        for task in [&self.status, &self.writer, &self.feed] {
-            task.abort();
-        }
-    }
-}
-
-/// Refusals queued for events at most; more are dropped (and counted) until the writer catches up.
-const EVENT_QUEUE: usize = 4096;
 
 /// What the status writer remembers per lock, dropped together when the lock goes.
 #[derive(Default)]
@@ -894,9 +662,7 @@ pub async fn run(
                 Err(kube::Error::Api(s)) if s.code == 404 => {}
                 Err(error) => {
                     let attempts = books.retries.get(&lock.key).map_or(1, |r| r.attempts + 1);
-                    let delay = Duration::from_millis(500)
-                        .saturating_mul(1 << attempts.min(6))
-                        .min(MAX_RETRY);
+                    let delay = retry::write_delay(FIRST_RETRY, attempts);
                     failed += 1;
                     if failed == 1 {
                         first_failure = format!(

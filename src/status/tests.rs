@@ -187,23 +187,15 @@ fn writes_happen_only_when_the_status_differs() {
 }
 
 #[test]
-fn instance_names_are_checked() {
-    assert!(check_instance_name("cp-1.example.com").is_ok());
-    assert!(check_instance_name("").is_err());
-    assert!(check_instance_name("two words").is_err());
-    assert!(check_instance_name(&"x".repeat(101)).is_err());
-    assert_eq!(instance_name("cp-1").as_deref(), Ok("cp-1"));
-    let host = instance_name("").expect("the host name");
-    assert!(!host.is_empty());
-}
-
-#[test]
 fn coverage_follows_what_the_registration_names() {
     let l = lock(Some("prod"), serde_json::json!({}));
     let named = |keys: &[(Option<&str>, &str)]| Registered {
         scope: Some(RegisteredScope::Narrow(
             keys.iter()
-                .map(|(ns, name)| (ns.map(str::to_owned), (*name).to_owned()))
+                .map(|(ns, name)| LockKey {
+                    namespace: ns.map(str::to_owned),
+                    name: (*name).to_owned(),
+                })
                 .collect(),
         )),
     };

@@ -112,7 +112,8 @@ impl TestServer {
     /// written as instance `cp-1`, decided from that source's index.
     pub async fn start_reporting_on(api: &fake_apiserver::FakeApiServer) -> TestServer {
         use kube_object_lock::locks::kube::KubeSource;
-        use kube_object_lock::status::{DecisionInputs, Reporting};
+        use kube_object_lock::reporting::Reporting;
+        use kube_object_lock::status::DecisionInputs;
         let metrics = Arc::new(Metrics::new());
         let source = KubeSource::with_metrics(api.client(), cache_config(), metrics.source.clone());
         let refresh = tokio::spawn(source.watch());
@@ -137,7 +138,7 @@ impl TestServer {
         certs: Certs,
         source: Source,
         metrics: Arc<Metrics>,
-        reporting: Option<kube_object_lock::status::Reporting>,
+        reporting: Option<kube_object_lock::reporting::Reporting>,
         tune: impl FnOnce(&mut Settings),
     ) -> TestServer {
         init();

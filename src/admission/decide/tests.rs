@@ -729,10 +729,10 @@ fn combinations_take_the_most_restrictive_and_name_every_lock() {
         json!({"oldObject": {"metadata": {"name": "app-config", "labels": {"app": "web"}}}}),
     );
     let verdict = run(&delete, &split, &[]).expect("lookup");
-    assert_eq!(verdict.locks, ["Lock prod/freeze"]);
+    assert_eq!(verdict.locks, [LockKey::lock("prod", "freeze")]);
     // And on an UPDATE, the UPDATE one refuses, alone.
     let verdict = run(&labelled, &split, &[]).expect("lookup");
-    assert_eq!(verdict.locks, ["Lock prod/app-config"]);
+    assert_eq!(verdict.locks, [LockKey::lock("prod", "app-config")]);
     let both = [lock(
         "evict-me",
         json!({"operations": ["DELETE"], "mode": "Warn"}),

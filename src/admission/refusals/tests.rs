@@ -1,6 +1,7 @@
 use super::*;
 use crate::admission::decide::{self, Plan};
 use crate::api::LockSpec;
+use k8s_openapi::jiff::Timestamp;
 use serde_json::json;
 
 fn request(patch: serde_json::Value) -> AdmissionRequest<'static> {
@@ -154,36 +155,6 @@ fn a_full_queue_drops_and_counts_without_waiting() {
     assert_eq!(
         metrics.refusal_events_dropped.get_or_create(&dropped).get(),
         3
-    );
-}
-
-#[test]
-fn repeats_grow_one_series_and_new_series_are_bounded() {
-    let metrics = EnforcementMetrics::default();
-    let mut series = BTreeMap::new();
-    let refusal = |note: &str| Refusal {
-        lock: LockKey {
-            namespace: Some("prod".into()),
-            name: "web".into(),
-        },
-        reason: Reason::Blocked,
-        operation: "DELETE",
-        note: note.into(),
-    };
-    for _ in 0..10 {
-        add(&mut series, refusal("a"), 2, &metrics);
-    }
-    add(&mut series, refusal("b"), 2, &metrics);
-    add(&mut series, refusal("c"), 2, &metrics);
-    assert_eq!(series.len(), 2);
-    let counts: Vec<i32> = series.values().map(|s| s.count).collect();
-    assert_eq!(counts, [10, 1]);
-    let dropped = DropLabels {
-        cause: "series_limit",
-    };
-    assert_eq!(
-        metrics.refusal_events_dropped.get_or_create(&dropped).get(),
-        1
     );
 }
 

@@ -1,0 +1,85 @@
+//! The two writers that report what this instance enforces, started and stopped together: lock
+//! status ([`crate::status`]) and refusal events ([`crate::events`]), fed by one lock watch.
+
+use std::time::Duration;
+
+use tracing::warn;
+
+use crate::events::{self, EventSink};
+use crate::metrics::EnforcementMetrics;
+use crate::status::{self, DecisionInputs};
+
+/// The status writer and the event writer of one instance, fed by one lock watch.
+pub struct Reporting {
+    /// The admission path's end of the event queue.
+    pub events: EventSink,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    status: tokio::task::JoinHandle<()>,
+    writer: tokio::task::JoinHandle<()>,
+    feed: tokio::task::JoinHandle<()>,
+}
+
+impl Reporting {
+    /// Starts the lock watch ([`status::feed`]), the status writer ([`status::run`]) and the
+    /// event writer ([`events::run`]) for `instance`.
+    pub fn start(
+        client: kube::Client,
+        instance: String,
+        metrics: EnforcementMetrics,
+        inputs: DecisionInputs,
+    ) -> Reporting {
+        let (snapshots, feed) = status::feed::watch_locks(client.clone());
+        let (events, queue) = EventSink::channel(EVENT_QUEUE, metrics.clone());
+        let (stop, stopped) = tokio::sync::oneshot::channel();
+        let writer = tokio::spawn(events::run(
+            client.clone(),
+            events::WriterConfig::new(instance.clone()),
+            queue,
+            snapshots.clone(),
+            metrics.clone(),
+        ));
+        let status = tokio::spawn(status::run(
+            client,
+            instance,
+            snapshots,
+            inputs,
+            metrics,
+            async {
+                let _ = stopped.await;
+            },
+        ));
+        Reporting {
+            events,
+            stop: Some(stop),
+            status,
+            writer,
+            feed: tokio::spawn(feed),
+        }
+    }
+
+    /// Withdraws this instance from the status of the locks and writes the pending events,
+    /// within `grace`; the rest is abandoned.
+    pub async fn stop(mut self, grace: Duration) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        // The queue closes when the last sink (the reviewer's) is gone.
+        drop(self.events);
+        let work = async {
+            let _ = (&mut self.status).await;
+            let _ = (&mut self.writer).await;
+        };
+        if tokio::time::timeout(grace, work).await.is_err() {
+            warn!(
+                ?grace,
+                "lock status and events not fully written at shutdown"
+            );
+        }
+        for task in [&self.status, &self.writer, &self.feed] {
+            task.abort();
+        }
+    }
+}
+
+/// Refusals queued for events at most; more are dropped (and counted) until the writer catches up.
+const EVENT_QUEUE: usize = 4096;
