@@ -1,10 +1,11 @@
 //! The Kubernetes lock source against a fake API server speaking the real REST and watch wire
 //! format to a real `kube::Client`, with the real webhook in front, over real HTTPS.
 //!
-//! Staleness cases follow one pattern: a Lock created at time T must be enforced by the first
-//! admission after T + `kube.stale_after` + `cache.ttl` (when a TTL is set), whatever the watch is going through
-//! (refused, cut, delayed, expired), because lookups then fall back to LIST. The settings are
-//! small and the assertions are about behaviour, never about how fast it happened.
+//! Staleness cases follow one pattern: a Lock created at time T must be enforced by every
+//! admission after T + `kube.stale_after` + `cache.ttl` (when a TTL is set) that the index cannot
+//! answer, whatever the watch is going through (refused, cut, delayed, expired), because lookups
+//! then fall back to LIST; one the index answers waits for the watch to deliver it. The settings
+//! are small and the assertions are about behaviour, never about how fast it happened.
 
 mod support;
 
@@ -168,19 +169,49 @@ impl Setup {
         }
     }
 
-    /// Creates `locked-a` now (time T) and checks that the first admission after
-    /// T + stale_after + ttl refuses the DELETE of its object because of it.
+    /// Creates `locked-a` now (time T) and checks that the DELETE of its object is refused
+    /// because of it by every admission after T + stale_after + ttl that the index cannot answer
+    /// (see [`Setup::until_bound_gives`]).
     async fn lock_is_enforced_within_the_bound(&self, case: &str) {
+        let created = Instant::now();
         self.api
             .create_lock(NS, "locked-a", json!({"reason": case}));
-        tokio::time::sleep(self.stale_after + self.ttl + Duration::from_millis(50)).await;
-        let answer = self.review("configmap-delete-locked.json").await;
-        assert_eq!(answer["allowed"], false, "{case}: {answer}");
+        let answer = self.until_bound_gives(created, false, case).await;
         let message = answer["status"]["message"].as_str().unwrap_or("");
         assert!(
             message.contains(&format!("is locked by Lock {NS}/locked-a: {case}")),
             "{case}: refused by the lock, not by a failed lookup: {message}"
         );
+    }
+
+    /// Polls the DELETE of `locked-a`'s object until `allowed == want`, `locked-a` having been
+    /// created or deleted at `changed`; returns that answer. From `changed` + stale_after + ttl on,
+    /// a lookup that the index cannot answer lists the namespace (a fallback answer is reused for at
+    /// most `ttl`, and a watch that has not come back is stale by then), so an earlier answer then
+    /// fails the test at once. Only while the index answers may it come later: a live watch
+    /// delivers the change when the scheduler lets it, which is waited for (10 s at most).
+    async fn until_bound_gives(&self, changed: Instant, want: bool, case: &str) -> Value {
+        let bound = changed + self.stale_after + self.ttl;
+        let deadline = changed + Duration::from_secs(10);
+        loop {
+            let indexed_before = self.source.locks_at_hand(NS).is_some();
+            let arrived = Instant::now();
+            let answer = self.review("configmap-delete-locked.json").await;
+            if answer["allowed"] == want {
+                println!("{case}: allowed={want} after {:?}", changed.elapsed());
+                return answer;
+            }
+            let indexed = indexed_before || self.source.locks_at_hand(NS).is_some();
+            assert!(
+                arrived < bound || indexed,
+                "{case}: past the bound, a lookup that listed still answered {answer}"
+            );
+            assert!(
+                Instant::now() < deadline,
+                "{case}: never allowed={want}: {answer}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     /// Lookups made by the fallback for the fixture namespace so far.
@@ -343,7 +374,6 @@ async fn while_the_watch_fails_every_retry_lists_so_the_index_holds_new_locks() 
     let setup = setup_with(api, TTL, Duration::from_secs(600), |_| {}).await;
     setup.wait_lock_watch(WatchState::Stale).await;
     setup.api.create_lock(NS, "locked-a", json!({}));
-    let created = Instant::now();
     let holds = || {
         setup
             .source
@@ -353,13 +383,12 @@ async fn while_the_watch_fails_every_retry_lists_so_the_index_holds_new_locks() 
             .get(NS)
             .is_some_and(|set| set.get("locked-a").is_some())
     };
-    while !holds() {
-        assert!(
-            created.elapsed() < Duration::from_secs(5),
-            "the index did not list the new Lock within 5s while its watch failed"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    support::until(
+        "the index lists the new Lock while its watch fails",
+        holds,
+        |held| *held,
+    )
+    .await;
     assert_eq!(
         setup
             .source
@@ -418,10 +447,11 @@ async fn a_watch_error_makes_the_index_stale_at_once() {
     setup
         .api
         .create_lock(NS, "locked-a", json!({"reason": "after the error"}));
-    tokio::time::sleep(TTL + Duration::from_millis(50)).await;
+    // No lookup has been cached here, and the watch stays refused: the next admission lists.
+    let lists = setup.namespace_lists();
     let answer = setup.review("configmap-delete-locked.json").await;
     assert_eq!(answer["allowed"], false, "{answer}");
-    assert!(setup.namespace_lists() >= 1);
+    assert!(setup.namespace_lists() > lists, "answered by a LIST");
 }
 
 #[tokio::test]
@@ -481,16 +511,17 @@ async fn a_proxy_cutting_watches_does_not_stop_enforcement() {
     setup.api.drop_watches();
     assert!(setup.allowed("configmap-delete-locked.json").await);
     setup.lock_is_enforced_within_the_bound("proxy cut").await;
+    let deleted = Instant::now();
     setup.api.delete_lock(NS, "locked-a");
-    tokio::time::sleep(BOUND + TTL + Duration::from_millis(50)).await;
-    assert!(
-        setup.allowed("configmap-delete-locked.json").await,
-        "released too"
-    );
-    assert!(
-        setup.api.watch_calls() > watches + 2,
-        "each cut watch was resumed"
-    );
+    setup
+        .until_bound_gives(deleted, true, "proxy cut, released too")
+        .await;
+    support::until(
+        "each cut watch was resumed",
+        || setup.api.watch_calls(),
+        |calls| *calls > watches + 2,
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -723,7 +754,8 @@ async fn api_outage_gives_the_configured_decision_within_the_lookup_timeout() {
         );
         let before = sample(&setup.server.scrape().await, &lookup_errors);
         setup.api.set_fault(fault.clone());
-        tokio::time::sleep(Duration::from_millis(60)).await; // let the cached entry expire
+        // The cause: the cached entry's TTL passes, so the next lookup lists (counted below).
+        tokio::time::sleep(setup.ttl + Duration::from_millis(10)).await;
         let started = Instant::now();
         let answer = setup.review("configmap-delete-unlocked.json").await;
         let took = started.elapsed();

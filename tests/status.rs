@@ -296,9 +296,18 @@ async fn a_lock_counts_as_enforced_only_once_the_registration_names_it() {
     support::init();
     let api = FakeApiServer::start().await;
     api.create_lock("prod", "web", json!({}));
+    // Another lock, whose status shows when a registration has been acted on.
+    api.create_lock("prod", "other", json!({}));
     let (snapshots, feed) = feed::watch_locks(api.client());
     let feed = tokio::spawn(feed);
     let (registration, registered) = watch::channel(Registered::default());
+    let metrics = EnforcementMetrics::default();
+    let written = {
+        let counter = metrics
+            .status_writes
+            .get_or_create(&status::OutcomeLabels { outcome: "success" });
+        move || counter.get()
+    };
     let writer = tokio::spawn(status::run(
         api.client(),
         "cp-1".into(),
@@ -307,7 +316,7 @@ async fn a_lock_counts_as_enforced_only_once_the_registration_names_it() {
             registered: Some(registered),
             index: None,
         },
-        EnforcementMetrics::default(),
+        metrics.clone(),
         std::future::pending(),
     ));
     let condition = |s: &Value| s["conditions"][0].clone();
@@ -321,13 +330,32 @@ async fn a_lock_counts_as_enforced_only_once_the_registration_names_it() {
     assert_eq!(condition(&status)["status"], "False", "{status}");
     assert!(instances(&status).is_empty(), "{status}");
     assert_eq!(status["enforcedCount"], 0, "{status}");
-    // Narrowed to other names: still not sent.
+    // Narrowed to other names: still not sent. Looked at once the pass that acted on the new
+    // registration has ended (the other lock enforced, its write counted with its pass's), so a
+    // write of this lock from it would have landed.
+    let before = support::until(
+        "both locks not yet registered",
+        || {
+            (
+                written(),
+                condition(&status_of(&api, Some("prod"), "other")),
+            )
+        },
+        |(count, other)| *count >= 2 && other["reason"] == "NotYetRegistered",
+    )
+    .await
+    .0;
     registration.send_replace(Registered {
         scope: Some(RegisteredScope::Narrow(
             [LockKey::lock("prod", "other")].into(),
         )),
     });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    support::until(
+        "the other lock enforced once named",
+        || (written(), status_of(&api, Some("prod"), "other")),
+        |(count, other)| *count > before && instances(other) == ["cp-1"],
+    )
+    .await;
     assert!(instances(&status_of(&api, Some("prod"), "web")).is_empty());
     // Named: enforced.
     registration.send_replace(Registered {
@@ -494,9 +522,27 @@ async fn each_lock_is_written_once_and_a_change_to_one_lock_writes_only_that_loc
             .all(|i| instances(&status_of(&api, Some(&format!("ns-{i}")), "held")) == ["cp-1"])
     };
     support::until("every lock enforced", all_enforced, |done| *done).await;
+    // A change to a lock that sorts after every other, looked at once it has been written: the
+    // watch delivers events in order and the writer takes changed locks in key order, so once its
+    // write is counted (a pass's writes are counted when the pass ends), every earlier event has
+    // had its pass, and any write it caused has been counted.
+    let (counted, api_ref) = (&written, &api);
+    let last_written = move |count: u64, reason: &'static str| {
+        support::until(
+            "the last lock written",
+            move || {
+                (
+                    counted(),
+                    condition(&status_of(api_ref, Some("zz-last"), "held")).1,
+                )
+            },
+            move |(writes, why)| *writes >= count && why == reason,
+        )
+    };
     // Every write's echo is an event; none of them may cause a second write of its lock.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(written(), LOCKS as u64, "one write per lock at start");
+    api.create_lock("zz-last", "held", json!({}));
+    last_written(LOCKS as u64 + 1, "Enforcing").await;
+    assert_eq!(written(), LOCKS as u64 + 1, "one write per lock at start");
 
     api.create_lock("ns-7", "held", json!({"mode": "Warn"}));
     support::until(
@@ -505,11 +551,12 @@ async fn each_lock_is_written_once_and_a_change_to_one_lock_writes_only_that_loc
         |s| condition(s).1 == "WarnMode",
     )
     .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    api.create_lock("zz-last", "held", json!({"mode": "Warn"}));
+    last_written(LOCKS as u64 + 3, "WarnMode").await;
     assert_eq!(
         written(),
-        LOCKS as u64 + 1,
-        "only the changed lock is written"
+        LOCKS as u64 + 3,
+        "only the changed locks are written"
     );
     writer.abort();
     feed.abort();

@@ -134,16 +134,21 @@ async fn a_rotated_certificate_is_served_without_a_restart() {
     let client = support::HttpsClient::new(&new_ca, support::Protocol::Http1);
     for _ in 0..2 {
         server.reload.send(()).await.expect("reload");
-        tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let health = client.get(&server.url("/healthz")).await;
-    assert_eq!(
-        health.status,
-        503,
-        "{}",
-        String::from_utf8_lossy(&health.body)
-    );
-    assert!(String::from_utf8_lossy(&health.body).contains("reloads of"));
+    // Each reload is answered in turn: /healthz turns red once both have failed.
+    let health = support::until_async(
+        "/healthz red after two failed reloads",
+        || async {
+            let reply = client.get(&server.url("/healthz")).await;
+            (
+                reply.status,
+                String::from_utf8_lossy(&reply.body).into_owned(),
+            )
+        },
+        |(status, _)| *status == 503,
+    )
+    .await;
+    assert!(health.1.contains("the last 2 reloads of"), "{}", health.1);
     let review = client
         .post_json(&server.url("/validate"), fixture("configmap-create.json"))
         .await;

@@ -437,3 +437,24 @@ pub async fn until<T: std::fmt::Debug>(
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// Like [`until`], for a read that awaits (a request, a scrape): polls until `check` holds, 10 s
+/// at most.
+pub async fn until_async<T: std::fmt::Debug, F: std::future::Future<Output = T>>(
+    what: &str,
+    read: impl Fn() -> F,
+    check: impl Fn(&T) -> bool,
+) -> T {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let value = read().await;
+        if check(&value) {
+            return value;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: never happened; last: {value:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
