@@ -84,7 +84,8 @@ const REPORTING_GRACE: Duration = Duration::from_secs(2);
 async fn reporting(
     settings: &Settings,
     metrics: &Metrics,
-    inputs: crate::status::DecisionInputs,
+    index: Arc<crate::locks::index::LockIndex>,
+    registered: Option<tokio::sync::watch::Receiver<crate::registration::Registered>>,
 ) -> Result<Reporting, StartError> {
     let instance =
         crate::settings::instance_name(&settings.instance.name).map_err(StartError::Instance)?;
@@ -99,7 +100,8 @@ async fn reporting(
         client,
         instance,
         metrics.enforcement.clone(),
-        inputs,
+        index,
+        registered,
     ))
 }
 
@@ -245,13 +247,10 @@ impl Webhook {
         let mut webhook =
             Webhook::bind_with_source(settings.clone(), source, metrics.clone()).await?;
         webhook.narrower = narrower;
-        // Lock status and events exist only in a cluster.
-        if settings.locks.dir.is_none() {
-            let inputs = crate::status::DecisionInputs {
-                registered: webhook.narrower.as_ref().map(Narrower::registered),
-                index,
-            };
-            webhook.reporting = Some(reporting(&settings, &metrics, inputs).await?);
+        // Lock status and events exist only in a cluster, read from the lock index.
+        if let Some(index) = index.filter(|_| settings.locks.dir.is_none()) {
+            let registered = webhook.narrower.as_ref().map(Narrower::registered);
+            webhook.reporting = Some(reporting(&settings, &metrics, index, registered).await?);
         }
         Ok(webhook)
     }

@@ -179,7 +179,11 @@ async fn flush(
         let Some(s) = series.get_mut(&key) else {
             continue;
         };
-        let uid = locks.borrow().locks.get(&key.lock).map(|l| l.uid.clone());
+        let uid = locks
+            .borrow()
+            .locks
+            .get(&key.lock)
+            .map(|l| l.meta.uid.clone());
         let (verb, result) = write(client, config, &key, s, uid).await;
         let outcome = if result.is_ok() { "success" } else { "failure" };
         metrics

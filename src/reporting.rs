@@ -1,12 +1,17 @@
 //! The two writers that report what this instance enforces, started and stopped together: lock
-//! status ([`crate::status`]) and refusal events ([`crate::events`]), fed by one lock watch.
+//! status ([`crate::status`]) and refusal events ([`crate::events`]), both reading the admission
+//! path's lock index ([`status::view`]).
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::watch;
 use tracing::warn;
 
 use crate::events::{self, EventSink};
+use crate::locks::index::LockIndex;
 use crate::metrics::EnforcementMetrics;
+use crate::registration::Registered;
 use crate::status::{self, DecisionInputs};
 
 /// The status writer and the event writer of one instance, fed by one lock watch.
@@ -20,15 +25,21 @@ pub struct Reporting {
 }
 
 impl Reporting {
-    /// Starts the lock watch ([`status::feed`]), the status writer ([`status::run`]) and the
-    /// event writer ([`events::run`]) for `instance`.
+    /// Starts following `index` ([`status::view`]), the status writer ([`status::run`]) and the
+    /// event writer ([`events::run`]) for `instance`. `registered` is what the narrowed
+    /// configuration names, when this instance keeps one.
     pub fn start(
         client: kube::Client,
         instance: String,
         metrics: EnforcementMetrics,
-        inputs: DecisionInputs,
+        index: Arc<LockIndex>,
+        registered: Option<watch::Receiver<Registered>>,
     ) -> Reporting {
-        let (snapshots, feed) = status::feed::watch_locks(client.clone());
+        let (snapshots, feed) = status::view::follow(index.clone());
+        let inputs = DecisionInputs {
+            registered,
+            index: Some(index),
+        };
         let (events, queue) = EventSink::channel(EVENT_QUEUE, metrics.clone());
         let (stop, stopped) = tokio::sync::oneshot::channel();
         let writer = tokio::spawn(events::run(

@@ -11,7 +11,6 @@ use kube_object_lock::events::{self, EventSink, WriterConfig};
 use kube_object_lock::locks::LockSource;
 use kube_object_lock::locks::kube::KubeSource;
 use kube_object_lock::metrics::{DropLabels, EnforcementMetrics, EventWriteLabels};
-use kube_object_lock::status::feed;
 use serde_json::{Value, json};
 use support::fake_apiserver::FakeApiServer;
 use support::{TestServer, fixture};
@@ -54,11 +53,11 @@ fn with_dry_run(name: &str) -> Vec<u8> {
     serde_json::to_vec(&review).expect("json")
 }
 
-/// The uid the lock source's feed knows for each lock.
+/// The uid the lock index knows for each lock.
 fn snapshots(
     api: &FakeApiServer,
 ) -> tokio::sync::watch::Receiver<kube_object_lock::status::LockSnapshot> {
-    let (rx, run) = feed::watch_locks(api.client());
+    let (rx, run) = support::lock_view(api.client());
     tokio::spawn(run);
     rx
 }
@@ -73,7 +72,7 @@ async fn a_client_retrying_in_a_loop_makes_one_series_and_at_most_two_writes() {
     let (reviewer, queue) = reviewer(&api, 1024, &metrics).await;
     let locks = snapshots(&api);
     support::until(
-        "the feed knows the lock",
+        "the index knows the lock",
         || locks.borrow().locks.len(),
         |n| *n == 1,
     )

@@ -7,15 +7,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kube_object_lock::api::LockKey;
+use kube_object_lock::locks::{LockKind, parse};
 use kube_object_lock::metrics::EnforcementMetrics;
 use kube_object_lock::registration::{Registered, RegisteredScope};
-use kube_object_lock::status::{self, DecisionInputs, LockSnapshot, feed};
+use kube_object_lock::status::{self, DecisionInputs, KnownLock, LockSnapshot};
 use serde_json::{Value, json};
 use support::fake_apiserver::FakeApiServer;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
-/// One instance: its own watch feed and status writer.
+/// One instance: its own lock index and view of it, and its status writer.
 struct Instance {
     stop: Option<oneshot::Sender<()>>,
     writer: JoinHandle<()>,
@@ -24,7 +25,7 @@ struct Instance {
 
 impl Instance {
     fn start(api: &FakeApiServer, name: &str) -> Instance {
-        let (snapshots, feed) = feed::watch_locks(api.client());
+        let (snapshots, feed) = support::lock_view(api.client());
         let (stop, stopped) = oneshot::channel::<()>();
         let writer = tokio::spawn(status::run(
             api.client(),
@@ -246,7 +247,7 @@ async fn an_unhealthy_source_withdraws_the_instance_and_a_healthy_one_returns_it
         let mut object = api.lock("prod", "web").expect("lock");
         object["status"] = status;
         let object: kube::api::DynamicObject = serde_json::from_value(object).expect("object");
-        feed::known(object, true).expect("a lock")
+        KnownLock::from(&parse::lock_ref(LockKind::Lock, &object).expect("a lock"))
     };
     let snapshot = |healthy: bool, status: Value| LockSnapshot {
         healthy,
@@ -298,14 +299,14 @@ async fn a_lock_counts_as_enforced_only_once_the_registration_names_it() {
     api.create_lock("prod", "web", json!({}));
     // Another lock, whose status shows when a registration has been acted on.
     api.create_lock("prod", "other", json!({}));
-    let (snapshots, feed) = feed::watch_locks(api.client());
+    let (snapshots, feed) = support::lock_view(api.client());
     let feed = tokio::spawn(feed);
     let (registration, registered) = watch::channel(Registered::default());
     let metrics = EnforcementMetrics::default();
     let written = {
         let counter = metrics
             .status_writes
-            .get_or_create(&status::OutcomeLabels { outcome: "success" });
+            .get_or_create(&kube_object_lock::metrics::OutcomeLabels { outcome: "success" });
         move || counter.get()
     };
     let writer = tokio::spawn(status::run(
@@ -500,7 +501,7 @@ async fn each_lock_is_written_once_and_a_change_to_one_lock_writes_only_that_loc
     for i in 0..LOCKS {
         api.create_lock(&format!("ns-{i}"), "held", json!({}));
     }
-    let (snapshots, feed) = feed::watch_locks(api.client());
+    let (snapshots, feed) = support::lock_view(api.client());
     let feed = tokio::spawn(feed);
     let metrics = EnforcementMetrics::default();
     let written = {

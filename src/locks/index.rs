@@ -178,6 +178,16 @@ impl LockIndex {
             .all(|kind| self.read(kind).health.is_fresh(self.stale_after))
     }
 
+    /// True once both kinds have been listed at least once.
+    pub fn listed(&self) -> bool {
+        self.read(LockKind::Lock).listed && self.read(LockKind::ClusterLock).listed
+    }
+
+    /// The change counter (see [`LockIndex::subscribe`]).
+    pub fn version(&self) -> u64 {
+        *self.changes.borrow()
+    }
+
     /// Locks known by scope.
     pub fn counts(&self) -> LockCounts {
         LockCounts {

@@ -108,7 +108,7 @@ impl KubeSource {
 
     /// Lists and watches Locks and ClusterLocks into the index until the returned future is
     /// dropped. Errors are logged and retried with a backoff of at most a second, forever.
-    pub fn watch(&self) -> impl Future<Output = ()> + Send + 'static {
+    pub fn watch(&self) -> impl Future<Output = ()> + Send + 'static + use<> {
         let writer = |kind| Writer {
             api: Writer::api(self.shared.client.clone(), kind),
             kind,

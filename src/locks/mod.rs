@@ -20,8 +20,8 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 
-use crate::api::LockSpec;
 pub use crate::api::{LockKey, LockKind};
+use crate::api::{LockSpec, LockStatus};
 
 /// One lock, as the decision needs it.
 #[derive(Clone, Debug, PartialEq)]
@@ -41,6 +41,21 @@ pub struct LockRef {
     pub problem: Option<String>,
     /// `metadata.generation` as the API server reported it (`None` for files and tests).
     pub generation: Option<i64>,
+    /// What the status and event writers read besides: shared, so that copying a set of locks
+    /// copies a pointer per lock.
+    pub meta: Arc<LockMeta>,
+}
+
+/// A lock's object metadata and status, as the watch last delivered them. The admission path
+/// never reads them; they ride along in the index so that one watch serves every reader.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LockMeta {
+    /// `metadata.uid` (events name it, so that `kubectl describe` finds them).
+    pub uid: String,
+    /// `metadata.resourceVersion`: the status writer recognises the echo of its own write by it.
+    pub resource_version: String,
+    /// The status as last seen (every instance's entries); empty when it cannot be read.
+    pub status: LockStatus,
 }
 
 impl LockRef {
@@ -53,6 +68,7 @@ impl LockRef {
             spec,
             problem: None,
             generation: None,
+            meta: Arc::default(),
         }
     }
 
@@ -65,7 +81,20 @@ impl LockRef {
             spec,
             problem: None,
             generation: None,
+            meta: Arc::default(),
         }
+    }
+
+    /// True when `other` decides every request as this lock does: the same lock, spec,
+    /// readability and generation, whatever its status and resourceVersion (every instance's
+    /// status write changes those, and nothing else).
+    pub fn same_rule(&self, other: &LockRef) -> bool {
+        self.kind == other.kind
+            && self.namespace == other.namespace
+            && self.name == other.name
+            && self.spec == other.spec
+            && self.problem == other.problem
+            && self.generation == other.generation
     }
 
     /// Which lock this is.

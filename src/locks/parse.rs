@@ -10,8 +10,12 @@
 use kube::api::DynamicObject;
 use serde_json::Value;
 
-use super::{LockKind, LockRef};
-use crate::api::LockSpec;
+use std::sync::Arc;
+
+use serde::Deserialize;
+
+use super::{LockKind, LockMeta, LockRef};
+use crate::api::{LockSpec, LockStatus};
 
 /// The lock an object stands for; `None` only for an object without a name (never served by a
 /// real API server). Never fails on the spec: see the module docs.
@@ -26,6 +30,17 @@ pub fn lock_ref(kind: LockKind, object: &DynamicObject) -> Option<LockRef> {
         LockKind::ClusterLock => LockRef::cluster_lock(name, LockSpec::default()),
     };
     lock.generation = object.metadata.generation;
+    lock.meta = Arc::new(LockMeta {
+        uid: object.metadata.uid.clone().unwrap_or_default(),
+        resource_version: object.metadata.resource_version.clone().unwrap_or_default(),
+        // A status this version cannot read is taken as empty: the status writer then writes
+        // its own part again.
+        status: object
+            .data
+            .get("status")
+            .and_then(|s| LockStatus::deserialize(s).ok())
+            .unwrap_or_default(),
+    });
     match spec(object.data.get("spec")) {
         Ok(spec) => lock.spec = spec,
         Err((problem, reason)) => {

@@ -20,7 +20,8 @@ use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams};
 use serde_json::{Value, json};
 
 use super::error::{NotInForce, detail, status_code};
-use super::{Cluster, LockRef, PluginError, Target};
+use super::{Cluster, PluginError, Target, lock_api};
+use crate::api::LockKey;
 
 /// How often the status is read and the dry run tried.
 const POLL: Duration = Duration::from_millis(250);
@@ -104,13 +105,13 @@ impl std::fmt::Display for Pending {
 pub(super) async fn confirm(
     cluster: &Cluster,
     target: &Target,
-    lock: &LockRef,
+    lock: &LockKey,
     probe: Probe,
     timeout: Duration,
 ) -> Result<Confirmed, PluginError> {
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
-        let pending = match lock.api(cluster).get(&lock.name).await {
+        let pending = match lock_api(cluster, lock).get(&lock.name).await {
             Ok(object) => match assess(&object, probe) {
                 Assessment::Done(confirmed) => return Ok(confirmed),
                 Assessment::Fatal(why) => return Err(not_in_force(lock, None, &why)),
@@ -139,7 +140,7 @@ pub(super) async fn confirm(
     }
 }
 
-fn not_in_force(lock: &LockRef, waited: Option<Duration>, why: &Pending) -> PluginError {
+fn not_in_force(lock: &LockKey, waited: Option<Duration>, why: &Pending) -> PluginError {
     PluginError::from(NotInForce {
         lock: lock.to_string(),
         waited: waited
@@ -197,7 +198,7 @@ enum Tried {
 }
 
 /// Dry-runs the guarded operation on the target; `Refused` only when this lock refused it.
-async fn try_refusal(cluster: &Cluster, target: &Target, lock: &LockRef, probe: Probe) -> Tried {
+async fn try_refusal(cluster: &Cluster, target: &Target, lock: &LockKey, probe: Probe) -> Tried {
     let api = cluster.api(&target.resource.api_resource(), target.namespace.as_deref());
     let result = match probe {
         Probe::Delete => {
@@ -225,7 +226,7 @@ async fn try_refusal(cluster: &Cluster, target: &Target, lock: &LockRef, probe: 
     }
 }
 
-fn classify(error: &kube::Error, lock: &LockRef) -> Tried {
+fn classify(error: &kube::Error, lock: &LockKey) -> Tried {
     let message = detail(error);
     match status_code(error) {
         Some(404) => Tried::Missing,
@@ -301,10 +302,7 @@ mod tests {
 
     #[test]
     fn only_a_refusal_by_this_lock_confirms() {
-        let lock = LockRef {
-            name: "web".into(),
-            namespace: Some("prod".into()),
-        };
+        let lock = LockKey::lock("prod", "web");
         let refused = |message: &str| {
             kube::Error::Api(Box::new(
                 kube::core::Status::failure(message, "Forbidden").with_code(403),

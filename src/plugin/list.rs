@@ -127,7 +127,7 @@ pub(super) async fn list(
                     String::new(),
                 ],
             };
-            row.insert(0, lock_kind(namespace.is_some()).to_owned());
+            row.insert(0, lock_kind(namespace.is_some()).as_str().to_owned());
             row.insert(0, name);
             if args.all_namespaces {
                 row.insert(0, namespace.unwrap_or("-").to_owned());

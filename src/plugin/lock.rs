@@ -56,8 +56,7 @@ pub(super) async fn lock(
     let mut object = DynamicObject::new(&lock.name, &lock_resource(namespaced))
         .data(serde_json::json!({ "spec": spec }));
     object.metadata.namespace = lock.namespace.clone();
-    if let Err(e) = lock
-        .api(&cluster)
+    if let Err(e) = super::lock_api(&cluster, &lock)
         .create(&PostParams::default(), &object)
         .await
     {
@@ -130,7 +129,7 @@ pub(super) async fn unlock(
     let mut notes = vec![];
     let target = Target::resolve(&cluster, connection, words, &mut notes).await?;
     let lock = target.lock();
-    let api = lock.api(&cluster);
+    let api = super::lock_api(&cluster, &lock);
     let no_lock = |why: String| PluginError::NoLock {
         target: target.to_string(),
         why,

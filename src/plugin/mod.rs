@@ -20,7 +20,7 @@ mod spec;
 
 use kube::api::{Api, ApiResource, DynamicObject};
 
-use crate::api;
+use crate::api::{self, LockKey, LockKind};
 use crate::kubeconfig::{self, KubeconfigError};
 use cli::ConnectionArgs;
 pub use cli::{Invocation, LockCommand, one_line, parse};
@@ -193,8 +193,8 @@ impl Target {
     }
 
     /// The lock of this object: same name, same namespace.
-    fn lock(&self) -> LockRef {
-        LockRef {
+    fn lock(&self) -> LockKey {
+        LockKey {
             name: self.name.clone(),
             namespace: self.namespace.clone(),
         }
@@ -212,33 +212,9 @@ impl std::fmt::Display for Target {
     }
 }
 
-/// A `Lock` (with a namespace) or a `ClusterLock`.
-struct LockRef {
-    name: String,
-    namespace: Option<String>,
-}
-
-impl LockRef {
-    fn kind(&self) -> &'static str {
-        lock_kind(self.namespace.is_some())
-    }
-
-    fn api(&self, cluster: &Cluster) -> Api<DynamicObject> {
-        cluster.api(
-            &lock_resource(self.namespace.is_some()),
-            self.namespace.as_deref(),
-        )
-    }
-}
-
-/// `Lock prod/web`, `ClusterLock prod`.
-impl std::fmt::Display for LockRef {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.namespace {
-            Some(ns) => write!(f, "{} {ns}/{}", self.kind(), self.name),
-            None => write!(f, "{} {}", self.kind(), self.name),
-        }
-    }
+/// The `Api` of a lock, through the plugin's client.
+fn lock_api(cluster: &Cluster, lock: &LockKey) -> Api<DynamicObject> {
+    cluster.api(&lock.api_resource(), lock.namespace.as_deref())
 }
 
 /// Why nothing in `namespace` is enforced.
@@ -249,18 +225,18 @@ fn unenforced_because(namespace: &str) -> String {
     )
 }
 
-fn lock_kind(namespaced: bool) -> &'static str {
-    if namespaced { "Lock" } else { "ClusterLock" }
+/// `Lock` (namespaced) or `ClusterLock`.
+fn lock_kind(namespaced: bool) -> LockKind {
+    if namespaced {
+        LockKind::Lock
+    } else {
+        LockKind::ClusterLock
+    }
 }
 
 /// The `ApiResource` of `Lock` (namespaced) or `ClusterLock`.
 fn lock_resource(namespaced: bool) -> ApiResource {
-    if namespaced {
-        api::LockKind::Lock
-    } else {
-        api::LockKind::ClusterLock
-    }
-    .api_resource()
+    lock_kind(namespaced).api_resource()
 }
 
 /// `RESOURCE/NAME`, or `RESOURCE NAME`.
@@ -312,15 +288,9 @@ mod tests {
 
     #[test]
     fn lock_names() {
-        let lock = LockRef {
-            name: "web".into(),
-            namespace: Some("prod".into()),
-        };
+        let lock = LockKey::lock("prod", "web");
         assert_eq!(lock.to_string(), "Lock prod/web");
-        let cluster = LockRef {
-            name: "prod".into(),
-            namespace: None,
-        };
+        let cluster = LockKey::cluster_lock("prod");
         assert_eq!(cluster.to_string(), "ClusterLock prod");
         assert_eq!(lock_resource(false).plural, api::CLUSTER_LOCKS);
         assert_eq!(lock_resource(true).api_version, api::API_VERSION);

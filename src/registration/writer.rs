@@ -113,7 +113,7 @@ impl LockView {
             }
             LockEvent::Apply(lock) => {
                 let key = key(&lock);
-                if self.locks.get(&key) == Some(&lock) {
+                if self.locks.get(&key).is_some_and(|old| old.same_rule(&lock)) {
                     return false;
                 }
                 self.locks.insert(key, lock);

@@ -26,7 +26,7 @@
 //! locks known and whether that knowledge is current. [`feed`] provides one from a watch on the
 //! lock resources; any lock index that can publish the same snapshot can replace it.
 
-pub mod feed;
+pub mod view;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -40,8 +40,9 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use crate::api::{self, Enforcer, LockCondition, LockKey, LockMode, LockSpec, LockStatus};
+use crate::api::{self, Enforcer, LockCondition, LockKey, LockMode, LockSpec};
 use crate::locks::index::LockIndex;
+use crate::locks::{LockMeta, LockRef};
 use crate::metrics::{EnforcementMetrics, OutcomeLabels};
 use crate::registration::{Registered, RegisteredScope};
 use crate::retry;
@@ -58,21 +59,32 @@ const WRITES_PER_PASS: usize = 64;
 /// The first wait before retrying a failed write (then doubling, see [`retry::write`]).
 const FIRST_RETRY: Duration = Duration::from_secs(1);
 
-/// One lock as the lock source last saw it.
+/// One lock as the lock index last saw it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct KnownLock {
     /// Which lock.
     pub key: LockKey,
-    /// `metadata.uid` (events name it, so that `kubectl describe` finds them).
-    pub uid: String,
     /// `metadata.generation`.
     pub generation: i64,
-    /// `metadata.resourceVersion`.
-    pub resource_version: String,
-    /// The spec, or why it does not parse as this version's spec.
+    /// The spec, or why it cannot be read (the index's parser said so: such a lock locks its
+    /// object for every change, and its status says so).
     pub spec: Result<LockSpec, String>,
-    /// The status as last seen (every instance's entries).
-    pub status: LockStatus,
+    /// uid, resourceVersion and status, shared with the index.
+    pub meta: Arc<LockMeta>,
+}
+
+impl From<&LockRef> for KnownLock {
+    fn from(lock: &LockRef) -> KnownLock {
+        KnownLock {
+            key: lock.key(),
+            generation: lock.generation.unwrap_or(0),
+            spec: match &lock.problem {
+                Some(problem) => Err(problem.clone()),
+                None => Ok(lock.spec.clone()),
+            },
+            meta: lock.meta.clone(),
+        }
+    }
 }
 
 /// The locks known, and whether that knowledge is current.
@@ -325,6 +337,7 @@ pub fn desired(
     now: Timestamp,
 ) -> Desired {
     let others = lock
+        .meta
         .status
         .enforced_by
         .iter()
@@ -340,6 +353,7 @@ pub fn desired(
     let enforcement = Enforcement::with_coverage(lock, coverage, now);
     let entry = enforcement.is_enforced().then(|| {
         let since = lock
+            .meta
             .status
             .enforced_by
             .iter()
@@ -374,6 +388,7 @@ fn needs_write(
         return false;
     }
     let mine = lock
+        .meta
         .status
         .enforced_by
         .iter()
@@ -382,7 +397,7 @@ fn needs_write(
     if mine != desired.entry.as_ref().map(|e| e.observed_generation) {
         return true;
     }
-    if lock.status.enforced_count != Some(desired.count) {
+    if lock.meta.status.enforced_count != Some(desired.count) {
         return true;
     }
     match applied {
@@ -392,7 +407,7 @@ fn needs_write(
         None => desired
             .conditions
             .iter()
-            .any(|c| !lock.status.conditions.contains(c)),
+            .any(|c| !lock.meta.status.conditions.contains(c)),
     }
 }
 
@@ -575,7 +590,7 @@ pub async fn run(
                 continue;
             };
             if let Some(write) = books.applied.get_mut(&key)
-                && lock.resource_version == write.version
+                && lock.meta.resource_version == write.version
             {
                 write.echoed = true;
             }
@@ -600,7 +615,7 @@ pub async fn run(
                     .computed
                     .get(&key)
                     .is_some_and(|(version, healthy, was_loaded)| {
-                        *version == lock.resource_version
+                        *version == lock.meta.resource_version
                             && *healthy == snapshot.healthy
                             && *was_loaded == is_loaded
                     });
@@ -609,7 +624,11 @@ pub async fn run(
             }
             books.computed.insert(
                 key.clone(),
-                (lock.resource_version.clone(), snapshot.healthy, is_loaded),
+                (
+                    lock.meta.resource_version.clone(),
+                    snapshot.healthy,
+                    is_loaded,
+                ),
             );
             let coverage = match Coverage::of(registration, &key) {
                 Coverage::Sent | Coverage::Broad(_) if !is_loaded => Coverage::NotLoaded,

@@ -1,4 +1,5 @@
 use super::*;
+use crate::api::LockStatus;
 
 fn now() -> Timestamp {
     "2026-11-22T12:00:00Z".parse().expect("timestamp")
@@ -10,11 +11,13 @@ fn lock(namespace: Option<&str>, spec: serde_json::Value) -> KnownLock {
             namespace: namespace.map(str::to_owned),
             name: "web".to_owned(),
         },
-        uid: "uid-1".to_owned(),
         generation: 3,
-        resource_version: "10".to_owned(),
         spec: serde_json::from_value(spec).map_err(|e| e.to_string()),
-        status: LockStatus::default(),
+        meta: Arc::new(LockMeta {
+            uid: "uid-1".to_owned(),
+            resource_version: "10".to_owned(),
+            status: LockStatus::default(),
+        }),
     }
 }
 
@@ -29,7 +32,8 @@ fn enforcer(instance: &str, generation: i64, since: &str) -> Enforcer {
 #[test]
 fn an_enforced_lock_gets_this_instances_entry_and_the_count() {
     let mut l = lock(Some("prod"), serde_json::json!({}));
-    l.status.enforced_by = vec![enforcer("cp-2", 3, "2026-11-22T10:00:00Z")];
+    Arc::make_mut(&mut l.meta).status.enforced_by =
+        vec![enforcer("cp-2", 3, "2026-11-22T10:00:00Z")];
     let want = desired(&l, true, &Coverage::Sent, "cp-1", now());
     assert_eq!(
         want.entry,
@@ -53,7 +57,8 @@ fn an_enforced_lock_gets_this_instances_entry_and_the_count() {
 fn since_is_kept_from_this_instances_own_entry() {
     let mut l = lock(Some("prod"), serde_json::json!({}));
     l.generation = 4;
-    l.status.enforced_by = vec![enforcer("cp-1", 3, "2026-11-22T09:00:00Z")];
+    Arc::make_mut(&mut l.meta).status.enforced_by =
+        vec![enforcer("cp-1", 3, "2026-11-22T09:00:00Z")];
     let want = desired(&l, true, &Coverage::Sent, "cp-1", now());
     assert_eq!(
         want.entry,
@@ -130,11 +135,11 @@ fn locks_that_are_not_enforced_say_why() {
 #[test]
 fn an_unhealthy_source_withdraws_this_instance_only() {
     let mut l = lock(Some("prod"), serde_json::json!({}));
-    l.status.enforced_by = vec![
+    Arc::make_mut(&mut l.meta).status.enforced_by = vec![
         enforcer("cp-1", 3, "2026-11-22T10:00:00Z"),
         enforcer("cp-2", 3, "2026-11-22T10:00:00Z"),
     ];
-    l.status.enforced_count = Some(2);
+    Arc::make_mut(&mut l.meta).status.enforced_count = Some(2);
     let want = desired(&l, false, &Coverage::Sent, "cp-1", now());
     assert_eq!(want.entry, None);
     assert_eq!(want.count, 1);
@@ -159,12 +164,12 @@ fn writes_happen_only_when_the_status_differs() {
     let want = desired(&l, true, &Coverage::Sent, "cp-1", now());
     assert!(needs_write(&l, &want, "cp-1", None), "nothing written yet");
     // What the API server shows after our write.
-    l.status = LockStatus {
+    Arc::make_mut(&mut l.meta).status = LockStatus {
         enforced_by: vec![want.entry.clone().expect("entry")],
         enforced_count: Some(1),
         conditions: want.conditions.clone(),
     };
-    l.resource_version = "11".to_owned();
+    Arc::make_mut(&mut l.meta).resource_version = "11".to_owned();
     let again = desired(&l, true, &Coverage::Sent, "cp-1", now());
     assert!(
         !needs_write(&l, &again, "cp-1", None),
@@ -176,12 +181,12 @@ fn writes_happen_only_when_the_status_differs() {
     assert!(!needs_write(&before, &want, "cp-1", Some(&applied)));
     applied.echoed = true;
     // Another instance removed the count it owned: write it again, although we wrote it.
-    l.status.enforced_count = None;
-    l.resource_version = "12".to_owned();
+    Arc::make_mut(&mut l.meta).status.enforced_count = None;
+    Arc::make_mut(&mut l.meta).resource_version = "12".to_owned();
     assert!(needs_write(&l, &again, "cp-1", Some(&applied)));
     // A condition another instance wrote differently is left alone once ours is written.
-    l.status.enforced_count = Some(1);
-    l.status.conditions[0].message = "older wording".to_owned();
+    Arc::make_mut(&mut l.meta).status.enforced_count = Some(1);
+    Arc::make_mut(&mut l.meta).status.conditions[0].message = "older wording".to_owned();
     assert!(!needs_write(&l, &again, "cp-1", Some(&applied)));
     assert!(needs_write(&l, &again, "cp-1", None));
 }

@@ -113,7 +113,6 @@ impl TestServer {
     pub async fn start_reporting_on(api: &fake_apiserver::FakeApiServer) -> TestServer {
         use kube_object_lock::locks::kube::KubeSource;
         use kube_object_lock::reporting::Reporting;
-        use kube_object_lock::status::DecisionInputs;
         let metrics = Arc::new(Metrics::new());
         let source = KubeSource::with_metrics(api.client(), cache_config(), metrics.source.clone());
         let refresh = tokio::spawn(source.watch());
@@ -121,10 +120,8 @@ impl TestServer {
             api.client(),
             "cp-1".into(),
             metrics.enforcement.clone(),
-            DecisionInputs {
-                registered: None,
-                index: Some(source.index().clone()),
-            },
+            source.index().clone(),
+            None,
         );
         let source = Source {
             source: Arc::new(source),
@@ -416,6 +413,23 @@ pub fn cache_config() -> kube_object_lock::locks::kube::CacheConfig {
         max_namespaces: 100,
         stale_after: Duration::from_secs(3),
     }
+}
+
+/// The lock view the status and event writers read, built as the service builds it: the lock
+/// index fed by its watch on `client`, followed ([`kube_object_lock::status::view`]). The future
+/// runs both until dropped.
+pub fn lock_view(
+    client: kube::Client,
+) -> (
+    tokio::sync::watch::Receiver<kube_object_lock::status::LockSnapshot>,
+    impl Future<Output = ()> + Send + 'static,
+) {
+    let source = kube_object_lock::locks::kube::KubeSource::new(client, cache_config());
+    let (view, follow) = kube_object_lock::status::view::follow(source.index().clone());
+    let watch = source.watch();
+    (view, async move {
+        futures::future::join(watch, follow).await;
+    })
 }
 
 /// Polls `read` until `check` holds (10 s at most: a hang fails, a slow machine does not).

@@ -1,0 +1,203 @@
+//! The status and event writers' view of the locks, followed from the admission path's lock
+//! index: one list-and-watch per kind serves every reader.
+//!
+//! The index publishes each namespace's locks as an immutable set shared with `Arc`; a namespace
+//! whose set is the same `Arc` as last time has not changed, so each change costs a look at
+//! the namespaces it touched, not at every lock. The view is a persistent map (publishing a
+//! snapshot per change copies nothing), and it is healthy while both kinds are listed and the
+//! index may answer (see [`LockIndex::is_fresh`]): when it may not, the instance cannot vouch
+//! for the locks and withdraws from their status.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use super::{KnownLock, LockSnapshot};
+use crate::api::LockKey;
+use crate::locks::LockSet;
+use crate::locks::index::LockIndex;
+
+/// How often health is looked at again when nothing changes: a reconnecting watch becomes
+/// stale by the passing of time alone.
+const RECHECK: Duration = Duration::from_secs(1);
+
+/// Follows `index`: the receiver sees a new snapshot on every change; the future runs until
+/// dropped.
+pub fn follow(
+    index: Arc<LockIndex>,
+) -> (
+    watch::Receiver<LockSnapshot>,
+    impl Future<Output = ()> + Send + 'static,
+) {
+    let (tx, rx) = watch::channel(LockSnapshot::default());
+    let run = async move {
+        let mut changes = index.subscribe();
+        let mut view = View::default();
+        loop {
+            if view.update(&index) {
+                tx.send_replace(view.snapshot());
+            }
+            tokio::select! {
+                changed = changes.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                }
+                () = tokio::time::sleep(RECHECK) => {}
+                () = tx.closed() => return,
+            }
+        }
+    };
+    (rx, run)
+}
+
+#[derive(Default)]
+struct View {
+    healthy: bool,
+    locks: imbl::OrdMap<LockKey, Arc<KnownLock>>,
+    /// The index's sets as last applied, by namespace (`""`: ClusterLocks).
+    seen: HashMap<String, Arc<LockSet>>,
+    version: Option<u64>,
+}
+
+impl View {
+    /// Applies what changed in the index; true when the snapshot changed.
+    fn update(&mut self, index: &LockIndex) -> bool {
+        // Until the index has first been complete and current there is nothing to say: half a
+        // list would have the writer mark locks unenforced that are merely not seen yet.
+        let healthy = index.is_fresh() && index.listed();
+        if !healthy && self.version.is_none() {
+            return false;
+        }
+        let mut changed = healthy != self.healthy;
+        self.healthy = healthy;
+        let version = index.version();
+        if self.version == Some(version) {
+            return changed;
+        }
+        let snapshot = index.snapshot();
+        self.version = Some(snapshot.version);
+        for (namespace, set) in &snapshot.sets {
+            let old = self.seen.get(namespace);
+            if old.is_some_and(|old| Arc::ptr_eq(old, set)) {
+                continue;
+            }
+            for lock in set.iter() {
+                let known = KnownLock::from(lock);
+                if self.locks.get(&known.key).is_none_or(|k| **k != known) {
+                    self.locks.insert(known.key.clone(), Arc::new(known));
+                    changed = true;
+                }
+            }
+            for gone in old.into_iter().flat_map(|old| old.iter()) {
+                if set.get(&gone.name).is_none() {
+                    changed |= self.locks.remove(&gone.key()).is_some();
+                }
+            }
+        }
+        for (namespace, old) in &self.seen {
+            if !snapshot.sets.contains_key(namespace) {
+                for gone in old.iter() {
+                    changed |= self.locks.remove(&gone.key()).is_some();
+                }
+            }
+        }
+        self.seen = snapshot.sets;
+        changed
+    }
+
+    fn snapshot(&self) -> LockSnapshot {
+        LockSnapshot {
+            healthy: self.healthy,
+            locks: self.locks.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::LockKind;
+    use crate::api::LockSpec;
+    use crate::locks::LockRef;
+    use crate::locks::index::WatchState;
+
+    fn lock(ns: &str, name: &str, reason: &str) -> LockRef {
+        LockRef::lock(
+            ns,
+            name,
+            LockSpec {
+                reason: Some(reason.into()),
+                ..LockSpec::default()
+            },
+        )
+    }
+
+    fn live(index: &LockIndex) {
+        index.reset(LockKind::ClusterLock, vec![]);
+        for kind in [LockKind::Lock, LockKind::ClusterLock] {
+            index.set_state(kind, WatchState::Live, None);
+        }
+    }
+
+    #[test]
+    fn follows_the_index_by_namespace() {
+        let index = LockIndex::new(Duration::from_secs(5));
+        let mut view = View::default();
+        assert!(!view.update(&index), "nothing listed: nothing to say");
+        index.reset(
+            LockKind::Lock,
+            vec![lock("a", "x", "1"), lock("b", "y", "1")],
+        );
+        live(&index);
+        assert!(view.update(&index));
+        let snapshot = view.snapshot();
+        assert!(snapshot.healthy);
+        assert_eq!(snapshot.locks.len(), 2);
+        assert!(!view.update(&index), "nothing new");
+
+        index.apply(LockKind::Lock, lock("a", "x", "2"));
+        index.delete(LockKind::Lock, "b", "y");
+        index.apply(LockKind::Lock, lock("c", "z", "1"));
+        assert!(view.update(&index));
+        let keys: Vec<String> = view
+            .snapshot()
+            .locks
+            .keys()
+            .map(|k| k.to_string())
+            .collect();
+        assert_eq!(keys, ["Lock a/x", "Lock c/z"]);
+        let x = &view.snapshot().locks[&LockKey::lock("a", "x")];
+        assert_eq!(
+            x.spec.as_ref().expect("readable").reason.as_deref(),
+            Some("2")
+        );
+
+        // A re-list without a namespace removes its locks.
+        index.reset(LockKind::Lock, vec![lock("c", "z", "1")]);
+        assert!(view.update(&index));
+        assert_eq!(view.snapshot().locks.len(), 1);
+    }
+
+    #[test]
+    fn health_follows_the_index_and_an_unreadable_spec_is_an_error() {
+        let index = LockIndex::new(Duration::from_secs(5));
+        let mut odd = lock("a", "x", "1");
+        odd.problem = Some("spec.mode: unknown variant".into());
+        index.reset(LockKind::Lock, vec![odd]);
+        live(&index);
+        let mut view = View::default();
+        assert!(view.update(&index));
+        let known = &view.snapshot().locks[&LockKey::lock("a", "x")];
+        assert_eq!(known.spec, Err("spec.mode: unknown variant".to_owned()));
+
+        index.set_state(LockKind::Lock, WatchState::Stale, Some("403".into()));
+        assert!(view.update(&index), "health is a change");
+        assert!(!view.snapshot().healthy);
+        index.set_state(LockKind::Lock, WatchState::Live, None);
+        assert!(view.update(&index));
+        assert!(view.snapshot().healthy);
+    }
+}
