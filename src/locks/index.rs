@@ -121,6 +121,55 @@ pub struct IndexSnapshot {
     pub version: u64,
 }
 
+/// One lock's change between two snapshots (see [`IndexSnapshot::changes_since`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Change<'a> {
+    /// Present now: new, or in a namespace whose set changed.
+    Put(&'a LockRef),
+    /// Gone since.
+    Gone(&'a LockRef),
+}
+
+impl IndexSnapshot {
+    /// Whether the locks of `namespace`'s kind have been listed.
+    pub fn is_listed(&self, namespace: &str) -> bool {
+        match LockKind::for_namespace(namespace) {
+            LockKind::Lock => self.listed.0,
+            LockKind::ClusterLock => self.listed.1,
+        }
+    }
+
+    /// What changed since `seen`, the sets of an earlier snapshot: every lock of a namespace
+    /// whose set is not the same `Arc` as then is put again, and those no longer there are
+    /// gone. Kinds not listed yet are left out (their sets are empty for want of knowledge).
+    pub fn changes_since<'a>(&'a self, seen: &'a HashMap<String, Arc<LockSet>>) -> Vec<Change<'a>> {
+        let mut changes = Vec::new();
+        for (namespace, set) in self.listed_sets() {
+            let old = seen.get(namespace);
+            if old.is_some_and(|old| Arc::ptr_eq(old, set)) {
+                continue;
+            }
+            changes.extend(set.iter().map(Change::Put));
+            let gone = old.into_iter().flat_map(|old| old.iter());
+            changes.extend(
+                gone.filter(|l| set.get(&l.name).is_none())
+                    .map(Change::Gone),
+            );
+        }
+        for (namespace, old) in seen {
+            if !self.sets.contains_key(namespace) || !self.is_listed(namespace) {
+                changes.extend(old.iter().map(Change::Gone));
+            }
+        }
+        changes
+    }
+
+    /// The sets of the kinds listed so far.
+    pub fn listed_sets(&self) -> impl Iterator<Item = (&String, &Arc<LockSet>)> {
+        self.sets.iter().filter(|(ns, _)| self.is_listed(ns))
+    }
+}
+
 /// The index. Share it with `Arc`; see the module docs.
 #[derive(Debug)]
 pub struct LockIndex {

@@ -1,6 +1,6 @@
 //! Keeps the ValidatingWebhookConfiguration narrowed to the live locks.
 //!
-//! One task per instance: it follows the admission path's lock index ([`index_events`]) and
+//! One task per instance: it follows the admission path's lock index ([`LockIndex::subscribe`]) and
 //! watches the configuration itself (one object, by name), and whenever the entries
 //! [`super::webhooks`] computes differ from what the API server holds, applies them with
 //! server-side apply (field manager `kube-object-lock`, forced) and checks the answer, which is
@@ -16,17 +16,19 @@
 //! and writes to the Lock's object were not sent to the webhook meanwhile. The index retries
 //! within a second and lists in pages, which a restarted API server answers from etcd while its
 //! cache is still filling (KEP-4568). One view of the Locks also means the registration and the
-//! decisions never disagree about which Locks exist. Tests feed [`Narrower::run_with`] their
-//! own events.
+//! decisions never disagree about which Locks exist. A kind counts as listed once the index has
+//! listed it, whatever its watch is doing since: a re-list replaces the index's sets even while
+//! the watch is failing (watch forbidden, an API server restarting), so the registration follows
+//! every list the index makes.
 //!
 //! Needs `get`, `list`, `watch` and `patch` on `validatingwebhookconfigurations` restricted by
 //! `resourceNames` to the one configuration (`manifests cluster` grants them).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{FutureExt, Stream, StreamExt};
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
@@ -38,8 +40,8 @@ use tracing::{debug, info, warn};
 use super::conditions::{self, Limits, Plan, Scope};
 use super::{Registered, RegisteredScope};
 use super::{is_current, webhooks};
-use crate::locks::index::{IndexSnapshot, LockIndex};
-use crate::locks::{LockKey, LockKind, LockRef, LockSet};
+use crate::locks::index::{Change, IndexSnapshot, LockIndex};
+use crate::locks::{LockKey, LockRef, LockSet};
 use crate::metrics::{OutcomeLabels, RegistrationMetrics};
 use crate::retry::{self, Backoff, LastError};
 
@@ -58,73 +60,44 @@ pub struct NarrowerConfig {
     pub limits: Limits,
 }
 
-/// A lock change as the writer needs it.
-#[derive(Debug, Clone)]
-pub enum LockEvent {
-    /// A (re-)list of one kind starts.
-    Init(LockKind),
-    /// A lock seen during a (re-)list.
-    InitApply(LockRef),
-    /// A (re-)list of one kind is complete.
-    InitDone(LockKind),
-    /// A lock created or changed.
-    Apply(LockRef),
-    /// A lock deleted.
-    Delete(LockRef),
-}
-
 type Key = LockKey;
 
-fn key(lock: &LockRef) -> Key {
-    lock.key()
-}
-
-/// The live view of the locks, complete once both kinds have been listed.
+/// The live locks, followed from the lock index: complete once both kinds have been listed.
 #[derive(Default)]
 struct LockView {
     locks: BTreeMap<Key, LockRef>,
-    listing: BTreeMap<LockKind, BTreeMap<Key, LockRef>>,
-    synced: BTreeSet<LockKind>,
+    /// The index's sets as last taken in, by namespace (`""`: ClusterLocks).
+    seen: HashMap<String, Arc<LockSet>>,
+    listed: (bool, bool),
 }
 
 impl LockView {
-    /// Applies `event`; true when the live view changed. Most events do not change it: every
-    /// status write of every instance is a MODIFIED event of a lock whose spec is the same.
-    fn apply(&mut self, event: LockEvent) -> bool {
-        match event {
-            LockEvent::Init(kind) => {
-                self.listing.insert(kind, BTreeMap::new());
-                false
-            }
-            LockEvent::InitApply(lock) => {
-                let kind = lock.kind;
-                self.listing
-                    .entry(kind)
-                    .or_default()
-                    .insert(key(&lock), lock);
-                false
-            }
-            LockEvent::InitDone(kind) => {
-                let listed = self.listing.remove(&kind).unwrap_or_default();
-                self.locks.retain(|_, l| l.kind != kind);
-                self.locks.extend(listed);
-                self.synced.insert(kind);
-                true
-            }
-            LockEvent::Apply(lock) => {
-                let key = key(&lock);
-                if self.locks.get(&key).is_some_and(|old| old.same_rule(&lock)) {
-                    return false;
+    /// Takes in what changed in the index; true when the plan may change: a lock came, went
+    /// or changed what it locks. Most changes do not: every status write of every instance
+    /// changes a lock's status only.
+    fn update(&mut self, snapshot: IndexSnapshot) -> bool {
+        let mut changed = snapshot.listed != self.listed;
+        self.listed = snapshot.listed;
+        for change in snapshot.changes_since(&self.seen) {
+            match change {
+                Change::Put(lock) => {
+                    let key = lock.key();
+                    if self.locks.get(&key).is_none_or(|old| !old.same_rule(lock)) {
+                        self.locks.insert(key, lock.clone());
+                        changed = true;
+                    }
                 }
-                self.locks.insert(key, lock);
-                true
+                Change::Gone(lock) => changed |= self.locks.remove(&lock.key()).is_some(),
             }
-            LockEvent::Delete(lock) => self.locks.remove(&key(&lock)).is_some(),
         }
+        self.seen = (snapshot.listed_sets())
+            .map(|(ns, set)| (ns.clone(), set.clone()))
+            .collect();
+        changed
     }
 
     fn complete(&self) -> bool {
-        self.synced.len() == 2
+        self.listed.0 && self.listed.1
     }
 }
 
@@ -158,11 +131,6 @@ impl Narrower {
     /// Keeps the configuration current from what the admission path's `index` holds, until
     /// the future is dropped.
     pub async fn run(self, index: Arc<LockIndex>) {
-        self.run_with(index_events(index)).await;
-    }
-
-    /// Keeps the configuration current from `locks`, until the future is dropped.
-    pub async fn run_with(self, locks: impl Stream<Item = LockEvent> + Send) {
         let api: Api<ValidatingWebhookConfiguration> = Api::all(self.client.clone());
         let mut configs = watcher(
             api.clone(),
@@ -170,7 +138,9 @@ impl Narrower {
         )
         .backoff(retry::watch())
         .boxed();
-        let mut locks = std::pin::pin!(locks);
+        let mut locks = index.subscribe();
+        // The first round reads what the index already holds.
+        locks.mark_changed();
         let mut view = LockView::default();
         let mut config = ConfigView::default();
         let mut wake: Option<tokio::time::Instant> = None;
@@ -205,10 +175,13 @@ impl Narrower {
                         }
                     }
                 }
-                event = locks.next() => match event {
-                    Some(event) => dirty |= view.apply(event),
-                    None => {
-                        warn!("lock events ended; the webhook configuration is no longer kept narrowed");
+                changed = locks.changed() => match changed {
+                    Ok(()) => {
+                        locks.borrow_and_update();
+                        dirty |= view.update(index.snapshot());
+                    }
+                    Err(_) => {
+                        warn!("the lock index is gone; the webhook configuration is no longer kept narrowed");
                         return;
                     }
                 },
@@ -237,8 +210,9 @@ impl Narrower {
             }
             // Take everything already queued before writing: a burst of lock changes becomes
             // one write.
-            while let Some(Some(event)) = locks.next().now_or_never() {
-                dirty |= view.apply(event);
+            if locks.has_changed().unwrap_or(false) {
+                locks.borrow_and_update();
+                dirty |= view.update(index.snapshot());
             }
             while let Some(Some(Ok(event))) = configs.next().now_or_never() {
                 dirty |= config.apply(event);
@@ -454,152 +428,39 @@ impl ConfigView {
     }
 }
 
-/// The changes of the admission path's lock index, as [`LockEvent`]s.
-///
-/// A kind counts as listed once the index has listed it, whatever its watch is doing since: a
-/// re-list replaces the index's sets even while the watch is failing (watch forbidden, an API
-/// server restarting), so the registration follows every list the index makes, and the moment
-/// its watch is back. Namespaces are compared by `Arc` (the index replaces only the sets that
-/// changed), so a change costs the namespaces that changed, plus one pointer comparison per
-/// namespace.
-pub fn index_events(index: Arc<LockIndex>) -> impl Stream<Item = LockEvent> + Send + 'static {
-    struct Follow {
-        index: Arc<LockIndex>,
-        changes: watch::Receiver<u64>,
-        listed: BTreeSet<LockKind>,
-        seen: HashMap<String, Arc<LockSet>>,
-    }
-    let mut changes = index.subscribe();
-    // The first round reads what the index already holds.
-    changes.mark_changed();
-    let follow = Follow {
-        index,
-        changes,
-        listed: BTreeSet::new(),
-        seen: HashMap::new(),
-    };
-    futures::stream::unfold(follow, |mut f| async move {
-        loop {
-            if f.changes.changed().await.is_err() {
-                return None;
-            }
-            f.changes.borrow_and_update();
-            let snapshot = f.index.snapshot();
-            let events = index_diff(&mut f.listed, &f.seen, &snapshot);
-            f.seen = snapshot.sets;
-            if !events.is_empty() {
-                return Some((futures::stream::iter(events), f));
-            }
-        }
-    })
-    .flatten()
-}
-
-/// The events that take a view from `seen` to `snapshot`; a kind listed for the first time is
-/// sent as a list.
-fn index_diff(
-    listed: &mut BTreeSet<LockKind>,
-    seen: &HashMap<String, Arc<LockSet>>,
-    snapshot: &IndexSnapshot,
-) -> Vec<LockEvent> {
-    let kind_of = LockKind::for_namespace;
-    let mut events = Vec::new();
-    for (kind, is_listed) in [
-        (LockKind::Lock, snapshot.listed.0),
-        (LockKind::ClusterLock, snapshot.listed.1),
-    ] {
-        if !is_listed {
-            continue;
-        }
-        let sets = snapshot.sets.iter().filter(|(ns, _)| kind_of(ns) == kind);
-        if listed.insert(kind) {
-            events.push(LockEvent::Init(kind));
-            for (_, set) in sets {
-                events.extend(set.iter().cloned().map(LockEvent::InitApply));
-            }
-            events.push(LockEvent::InitDone(kind));
-            continue;
-        }
-        for (namespace, set) in sets {
-            let old = seen.get(namespace);
-            if old.is_some_and(|old| Arc::ptr_eq(old, set)) {
-                continue;
-            }
-            events.extend(set.iter().cloned().map(LockEvent::Apply));
-            if let Some(old) = old {
-                events.extend(
-                    old.iter()
-                        .filter(|l| set.get(&l.name).is_none())
-                        .cloned()
-                        .map(LockEvent::Delete),
-                );
-            }
-        }
-        for (namespace, old) in seen.iter().filter(|(ns, _)| kind_of(ns) == kind) {
-            if !snapshot.sets.contains_key(namespace) {
-                events.extend(old.iter().cloned().map(LockEvent::Delete));
-            }
-        }
-    }
-    events
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::LockSpec;
+    use crate::api::{LockKind, LockSpec};
 
-    #[test]
-    fn the_view_is_complete_only_after_both_lists() {
-        let mut view = LockView::default();
-        view.apply(LockEvent::Init(LockKind::Lock));
-        view.apply(LockEvent::InitApply(LockRef::lock(
-            "a",
-            "x",
-            LockSpec::default(),
-        )));
-        view.apply(LockEvent::InitDone(LockKind::Lock));
-        assert!(!view.complete());
-        view.apply(LockEvent::Init(LockKind::ClusterLock));
-        view.apply(LockEvent::InitDone(LockKind::ClusterLock));
-        assert!(view.complete());
-        view.apply(LockEvent::Apply(LockRef::cluster_lock(
-            "c",
-            LockSpec::default(),
-        )));
-        assert_eq!(view.locks.len(), 2);
-        // A re-list of Locks replaces the Locks and keeps the ClusterLocks.
-        view.apply(LockEvent::Init(LockKind::Lock));
-        view.apply(LockEvent::InitApply(LockRef::lock(
-            "b",
-            "y",
-            LockSpec::default(),
-        )));
-        view.apply(LockEvent::InitDone(LockKind::Lock));
-        let keys: Vec<_> = view.locks.keys().cloned().collect();
-        assert_eq!(keys, [LockKey::cluster_lock("c"), LockKey::lock("b", "y")]);
-        view.apply(LockEvent::Delete(LockRef::lock(
-            "b",
-            "y",
-            LockSpec::default(),
-        )));
-        assert_eq!(view.locks.len(), 1);
+    fn lock(ns: &str, name: &str) -> LockRef {
+        LockRef::lock(ns, name, LockSpec::default())
     }
 
     #[test]
-    fn only_changes_of_the_live_view_count_as_changes() {
+    fn only_changes_of_what_locks_count_as_changes() {
+        let index = LockIndex::new(Duration::from_secs(3));
         let mut view = LockView::default();
-        let lock = || LockRef::lock("prod", "web", LockSpec::default());
-        assert!(!view.apply(LockEvent::Init(LockKind::Lock)));
-        assert!(!view.apply(LockEvent::InitApply(lock())));
-        assert!(view.apply(LockEvent::InitDone(LockKind::Lock)));
-        // A status write: the same lock again.
-        assert!(!view.apply(LockEvent::Apply(lock())));
-        let mut changed = lock();
+        index.reset(LockKind::Lock, vec![lock("prod", "web")]);
+        index.reset(LockKind::ClusterLock, vec![]);
+        assert!(view.update(index.snapshot()));
+        assert!(view.complete());
+        // A status write: the same rule again.
+        let mut written = lock("prod", "web");
+        written.meta = Arc::new(crate::locks::LockMeta {
+            resource_version: "2".into(),
+            ..Default::default()
+        });
+        index.apply(LockKind::Lock, written);
+        assert!(!view.update(index.snapshot()), "a status write");
+        let mut changed = lock("prod", "web");
         changed.spec.reason = Some("freeze".into());
-        assert!(view.apply(LockEvent::Apply(changed)));
-        assert!(view.apply(LockEvent::Delete(lock())));
-        assert!(!view.apply(LockEvent::Delete(lock())), "already gone");
+        index.apply(LockKind::Lock, changed);
+        assert!(view.update(index.snapshot()));
+        index.delete(LockKind::Lock, "prod", "web");
+        assert!(view.update(index.snapshot()));
+        assert!(!view.update(index.snapshot()), "already gone");
+        assert!(view.locks.is_empty());
     }
 
     #[test]
@@ -666,29 +527,17 @@ mod tests {
 
     #[test]
     fn the_index_feeds_the_view_once_listed_and_then_by_changed_namespace() {
-        use crate::locks::LockKind;
         use crate::locks::index::WatchState;
         let index = LockIndex::new(Duration::from_secs(3));
-        let lock = |ns: &str, name: &str| LockRef::lock(ns, name, LockSpec::default());
-        let (mut listed, mut seen, mut view) =
-            (BTreeSet::new(), HashMap::new(), LockView::default());
-        let mut step = |index: &LockIndex, view: &mut LockView| {
-            let snapshot = index.snapshot();
-            let events = index_diff(&mut listed, &seen, &snapshot);
-            seen = snapshot.sets;
-            let n = events.len();
-            for event in events {
-                view.apply(event);
-            }
-            n
-        };
+        let mut view = LockView::default();
+        let step = |index: &LockIndex, view: &mut LockView| view.update(index.snapshot());
         // A first list that fails is not an empty list: nothing is sent.
         index.set_state(
             LockKind::ClusterLock,
             WatchState::Stale,
             Some("forbidden".into()),
         );
-        assert_eq!(step(&index, &mut view), 0);
+        assert!(!step(&index, &mut view));
         index.reset(LockKind::Lock, vec![lock("a", "x"), lock("b", "y")]);
         step(&index, &mut view);
         assert_eq!(view.locks.len(), 2);
@@ -700,11 +549,13 @@ mod tests {
         step(&index, &mut view);
         assert!(view.complete());
         assert_eq!(view.locks.len(), 3);
-        // A change in one namespace sends that namespace only.
+        // A change in one namespace: the view follows.
         index.apply(LockKind::Lock, lock("a", "z"));
-        assert_eq!(step(&index, &mut view), 2, "a/x and a/z");
+        assert!(step(&index, &mut view));
+        assert_eq!(view.locks.len(), 4);
         index.delete(LockKind::Lock, "b", "y");
-        assert_eq!(step(&index, &mut view), 1);
+        assert!(step(&index, &mut view));
+        assert_eq!(view.locks.len(), 3);
         // A re-list while the watch fails: what it drops, the view drops.
         index.set_state(
             LockKind::Lock,
@@ -722,7 +573,7 @@ mod tests {
                 LockKey::lock("c", "w"),
             ]
         );
-        // Nothing changed: nothing sent.
-        assert_eq!(step(&index, &mut view), 0);
+        // Nothing changed: no change.
+        assert!(!step(&index, &mut view));
     }
 }

@@ -17,7 +17,7 @@ use tokio::sync::watch;
 use super::{KnownLock, LockSnapshot};
 use crate::api::LockKey;
 use crate::locks::LockSet;
-use crate::locks::index::LockIndex;
+use crate::locks::index::{Change, LockIndex};
 
 /// How often health is looked at again when nothing changes: a reconnecting watch becomes
 /// stale by the passing of time alone.
@@ -79,29 +79,16 @@ impl View {
         }
         let snapshot = index.snapshot();
         self.version = Some(snapshot.version);
-        for (namespace, set) in &snapshot.sets {
-            let old = self.seen.get(namespace);
-            if old.is_some_and(|old| Arc::ptr_eq(old, set)) {
-                continue;
-            }
-            for lock in set.iter() {
-                let known = KnownLock::from(lock);
-                if self.locks.get(&known.key).is_none_or(|k| **k != known) {
-                    self.locks.insert(known.key.clone(), Arc::new(known));
-                    changed = true;
+        for change in snapshot.changes_since(&self.seen) {
+            match change {
+                Change::Put(lock) => {
+                    let known = KnownLock::from(lock);
+                    if self.locks.get(&known.key).is_none_or(|k| **k != known) {
+                        self.locks.insert(known.key.clone(), Arc::new(known));
+                        changed = true;
+                    }
                 }
-            }
-            for gone in old.into_iter().flat_map(|old| old.iter()) {
-                if set.get(&gone.name).is_none() {
-                    changed |= self.locks.remove(&gone.key()).is_some();
-                }
-            }
-        }
-        for (namespace, old) in &self.seen {
-            if !snapshot.sets.contains_key(namespace) {
-                for gone in old.iter() {
-                    changed |= self.locks.remove(&gone.key()).is_some();
-                }
+                Change::Gone(lock) => changed |= self.locks.remove(&lock.key()).is_some(),
             }
         }
         self.seen = snapshot.sets;
