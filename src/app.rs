@@ -86,15 +86,10 @@ async fn reporting(
     metrics: &Metrics,
     index: Arc<crate::locks::index::LockIndex>,
     registered: Option<tokio::sync::watch::Receiver<crate::registration::Registered>>,
+    client: kube::Client,
 ) -> Result<Reporting, StartError> {
     let instance =
         crate::settings::instance_name(&settings.instance.name).map_err(StartError::Instance)?;
-    let client = kubeconfig::client(kube_config(settings).await?, ToString::to_string).map_err(
-        |message| StartError::Kubeconfig {
-            path: String::new(),
-            message,
-        },
-    )?;
     info!(%instance, "writing lock status and refusal events as this instance");
     Ok(Reporting::start(
         client,
@@ -111,6 +106,8 @@ pub struct Source {
     pub source: Arc<dyn LockSource>,
     /// The watch or poll task, if any; abort it to stop.
     pub refresh: Option<JoinHandle<()>>,
+    /// The client the source reads the cluster through, shared by every other writer.
+    pub client: Option<kube::Client>,
 }
 
 /// Builds the configured lock source. `refresh: false` skips the watch (one-shot `check`).
@@ -139,23 +136,12 @@ pub async fn lock_source_with_metrics(
         return Ok(Source {
             source: files,
             refresh,
+            client: None,
         });
     }
-    let config = kube_config(settings).await?;
-    info!(cluster = %config.cluster_url, "reading locks from the cluster");
-    let client = kubeconfig::client(config, ToString::to_string).map_err(|message| {
-        StartError::Kubeconfig {
-            path: settings
-                .kube
-                .kubeconfig
-                .as_ref()
-                .map(|path| format!(" {}", path.display()))
-                .unwrap_or_default(),
-            message,
-        }
-    })?;
+    let client = kube_client(settings).await?;
     let source = KubeSource::with_metrics(
-        client,
+        client.clone(),
         CacheConfig {
             ttl: settings.cache.ttl,
             max_namespaces: settings.cache.max_namespaces,
@@ -167,25 +153,17 @@ pub async fn lock_source_with_metrics(
     Ok(Source {
         source: Arc::new(source),
         refresh,
+        client: Some(client),
     })
 }
 
 /// The writer keeping the webhook configuration narrowed, when reading locks from a cluster
-/// with `registration.narrow` on. It follows the admission path's lock index; its own client
-/// watches and writes the configuration.
-async fn narrower(settings: &Settings, metrics: &Metrics) -> Result<Option<Narrower>, StartError> {
-    if settings.locks.dir.is_some() || !settings.registration.narrow {
-        info!(
-            "the webhook configuration is not narrowed (registration.narrow = false or a locks directory)"
-        );
-        return Ok(None);
+/// with `registration.narrow` on. It follows the admission path's lock index.
+fn narrower(settings: &Settings, metrics: &Metrics, client: kube::Client) -> Option<Narrower> {
+    if !settings.registration.narrow {
+        info!("the webhook configuration is not narrowed (registration.narrow = false)");
+        return None;
     }
-    let client = kube::Client::try_from(kube_config(settings).await?).map_err(|e| {
-        StartError::Kubeconfig {
-            path: String::new(),
-            message: e.to_string(),
-        }
-    })?;
     let config = NarrowerConfig {
         name: settings.registration.name.clone(),
         limits: NarrowLimits {
@@ -193,11 +171,20 @@ async fn narrower(settings: &Settings, metrics: &Metrics) -> Result<Option<Narro
             ..NarrowLimits::default()
         },
     };
-    Ok(Some(Narrower::new(
-        client,
-        config,
-        metrics.registration.clone(),
-    )))
+    Some(Narrower::new(client, config, metrics.registration.clone()))
+}
+
+/// The one client of the cluster: the lock source, the registration writer, lock status and
+/// events all go through it.
+async fn kube_client(settings: &Settings) -> Result<kube::Client, StartError> {
+    let config = kube_config(settings).await?;
+    info!(cluster = %config.cluster_url, "reading locks from the cluster");
+    kubeconfig::client(config, ToString::to_string).map_err(|message| StartError::Kubeconfig {
+        path: (settings.kube.kubeconfig.as_ref())
+            .map(|path| format!(" {}", path.display()))
+            .unwrap_or_default(),
+        message,
+    })
 }
 
 async fn kube_config(settings: &Settings) -> Result<kube::Config, StartError> {
@@ -242,15 +229,20 @@ impl Webhook {
         tls::check_covers_url(&tls::load_pair(cert, key)?, &settings.webhook.url)?;
         let metrics = Arc::new(Metrics::new());
         let source = lock_source_with_metrics(&settings, true, metrics.source.clone()).await?;
-        let index = source.source.index();
-        let narrower = narrower(&settings, &metrics).await?;
+        let cluster = source.client.clone().zip(source.source.index());
         let mut webhook =
             Webhook::bind_with_source(settings.clone(), source, metrics.clone()).await?;
-        webhook.narrower = narrower;
-        // Lock status and events exist only in a cluster, read from the lock index.
-        if let Some(index) = index.filter(|_| settings.locks.dir.is_none()) {
+        // The registration, lock status and events exist only in a cluster, and follow the
+        // lock index.
+        if let Some((client, index)) = cluster {
+            webhook.narrower = narrower(&settings, &metrics, client.clone());
             let registered = webhook.narrower.as_ref().map(Narrower::registered);
-            webhook.reporting = Some(reporting(&settings, &metrics, index, registered).await?);
+            webhook.reporting =
+                Some(reporting(&settings, &metrics, index, registered, client).await?);
+        } else {
+            info!(
+                "the webhook configuration is not narrowed, and no lock status or events are written (a locks directory)"
+            );
         }
         Ok(webhook)
     }

@@ -35,11 +35,8 @@ impl Reporting {
         index: Arc<LockIndex>,
         registered: Option<watch::Receiver<Registered>>,
     ) -> Reporting {
-        let (snapshots, feed) = status::view::follow(index.clone());
-        let inputs = DecisionInputs {
-            registered,
-            index: Some(index),
-        };
+        let (snapshots, feed) = status::view::follow(index);
+        let inputs = DecisionInputs { registered };
         let (events, queue) = EventSink::channel(EVENT_QUEUE, metrics.clone());
         let (stop, stopped) = tokio::sync::oneshot::channel();
         let writer = tokio::spawn(events::run(

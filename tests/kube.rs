@@ -74,6 +74,7 @@ async fn setup_with(
         Source {
             source: Arc::new(source.clone()),
             refresh: Some(refresh),
+            client: None,
         },
         metrics,
         tune,
@@ -907,6 +908,7 @@ async fn readiness_waits_for_the_first_watch() {
         Source {
             source: Arc::new(source.clone()),
             refresh: None,
+            client: None,
         },
         |_| {},
     )

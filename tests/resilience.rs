@@ -720,6 +720,7 @@ fn static_source() -> Source {
             LockSpec::default(),
         )])),
         refresh: None,
+        client: None,
     }
 }
 

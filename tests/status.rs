@@ -315,7 +315,6 @@ async fn a_lock_counts_as_enforced_only_once_the_registration_names_it() {
         snapshots,
         DecisionInputs {
             registered: Some(registered),
-            index: None,
         },
         metrics.clone(),
         std::future::pending(),

@@ -243,26 +243,10 @@ pub fn decide(
             .unwrap_or_default();
         verdict = verdict.warn(format!("{lock} (mode Warn) would refuse this{reason}"));
     }
-    if !found.warning.is_empty() {
-        verdict = verdict.annotate("warn-locks", names(&found.warning));
-        verdict.warned = found.warning.iter().map(|l| l.key()).collect();
-    }
     for (lock, how) in &found.exempted {
         verdict = verdict.warn(format!("allowed by exemption: {how} is exempt from {lock}"));
     }
-    if !found.exempted.is_empty() {
-        let list = found
-            .exempted
-            .iter()
-            .map(|(lock, how)| format!("{lock} ({how})"))
-            .collect::<Vec<_>>()
-            .join(", ");
-        verdict = verdict.annotate("exempted-by", list);
-    }
-    if !found.expired.is_empty() {
-        verdict = verdict.annotate("expired-locks", names(&found.expired));
-    }
-    verdict
+    found.annotate(verdict)
 }
 
 /// The locks that cover a request, sorted by what they do to it.
@@ -272,6 +256,43 @@ struct Applicable<'a> {
     warning: Vec<&'a LockRef>,
     exempted: Vec<(&'a LockRef, String)>,
     expired: Vec<&'a LockRef>,
+}
+
+impl<'a> Applicable<'a> {
+    /// Files a lock that covers a request by `user` at `now`: expired, exempting the user,
+    /// Warn or Enforce, in that order.
+    fn sort(&mut self, lock: &'a LockRef, user: &UserInfo, now: Timestamp) {
+        let spec = &lock.spec;
+        if spec.is_expired(now) {
+            self.expired.push(lock);
+        } else if let Some(how) = exemption(spec, user) {
+            self.exempted.push((lock, how));
+        } else if spec.mode.unwrap_or_default() == LockMode::Warn {
+            self.warning.push(lock);
+        } else {
+            self.enforcing.push(lock);
+        }
+    }
+
+    /// The audit annotations (and the Warn-mode keys) every verdict carries about the locks
+    /// that did not refuse it.
+    fn annotate(&self, mut verdict: Verdict) -> Verdict {
+        if !self.warning.is_empty() {
+            verdict = verdict.annotate("warn-locks", names(&self.warning));
+            verdict.warned = self.warning.iter().map(|l| l.key()).collect();
+        }
+        if !self.exempted.is_empty() {
+            let list = (self.exempted.iter())
+                .map(|(lock, how)| format!("{lock} ({how})"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            verdict = verdict.annotate("exempted-by", list);
+        }
+        if !self.expired.is_empty() {
+            verdict = verdict.annotate("expired-locks", names(&self.expired));
+        }
+        verdict
+    }
 }
 
 fn applicable<'a>(
@@ -307,15 +328,7 @@ fn applicable<'a>(
         {
             continue;
         }
-        if spec.is_expired(now) {
-            found.expired.push(lock);
-        } else if let Some(how) = exemption(spec, &req.user_info) {
-            found.exempted.push((lock, how));
-        } else if spec.mode.unwrap_or_default() == LockMode::Warn {
-            found.warning.push(lock);
-        } else {
-            found.enforcing.push(lock);
-        }
+        found.sort(lock, &req.user_info, now);
     }
     found
 }
@@ -509,57 +522,31 @@ fn namespace_deletion(
     now: Timestamp,
 ) -> Verdict {
     let controller = namespace_controller();
-    let mut blocking: Vec<&LockRef> = Vec::new();
-    let mut warning: Vec<&LockRef> = Vec::new();
-    let mut exempted: Vec<(&LockRef, String)> = Vec::new();
-    let mut expired: Vec<&LockRef> = Vec::new();
+    let mut found = Applicable::default();
     for lock in contents.iter() {
         let spec = &lock.spec;
-        if !spec.operations().contains(&LockOperation::Delete) || !covers_deletable(spec) {
-            continue;
-        }
-        if spec.is_expired(now) {
-            expired.push(lock);
-        } else if let Some(how) = exemption(spec, &controller) {
-            exempted.push((lock, how));
-        } else if spec.mode.unwrap_or_default() == LockMode::Warn {
-            warning.push(lock);
-        } else {
-            blocking.push(lock);
+        if spec.operations().contains(&LockOperation::Delete) && covers_deletable(spec) {
+            found.sort(lock, &controller, now);
         }
     }
-    let mut verdict = if blocking.is_empty() {
+    let mut verdict = if found.enforcing.is_empty() {
         Verdict::allow()
     } else {
-        deny_namespace_deletion(req, namespace, &blocking)
+        deny_namespace_deletion(req, namespace, &found.enforcing)
     };
-    if !warning.is_empty() {
-        let n = warning.len();
+    if !found.warning.is_empty() {
+        let n = found.warning.len();
         let plural = if n == 1 { "Lock" } else { "Locks" };
-        verdict = verdict
-            .warn(format!(
-                "namespaces \"{namespace}\" holds {n} Warn-mode {plural}; deleting it deletes the objects they lock"
-            ))
-            .annotate("warn-locks", names(&warning));
-        verdict.warned = warning.iter().map(|l| l.key()).collect();
+        verdict = verdict.warn(format!(
+            "namespaces \"{namespace}\" holds {n} Warn-mode {plural}; deleting it deletes the objects they lock"
+        ));
     }
-    for (lock, how) in &exempted {
+    for (lock, how) in &found.exempted {
         verdict = verdict.warn(format!(
             "{lock} exempts {how}: its objects go with the namespace"
         ));
     }
-    if !exempted.is_empty() {
-        let list = exempted
-            .iter()
-            .map(|(lock, how)| format!("{lock} ({how})"))
-            .collect::<Vec<_>>()
-            .join(", ");
-        verdict = verdict.annotate("exempted-by", list);
-    }
-    if !expired.is_empty() {
-        verdict = verdict.annotate("expired-locks", names(&expired));
-    }
-    verdict
+    found.annotate(verdict)
 }
 
 fn deny_namespace_deletion(req: &AdmissionRequest, namespace: &str, locks: &[&LockRef]) -> Verdict {

@@ -11,7 +11,7 @@
 //!   instance computes it from the list as it last saw it and writes it with `force`; they agree
 //!   once the list settles;
 //! - the condition `Enforced` (True/Enforcing, or False with Expired, WarnMode,
-//!   NotSentToWebhook, NotYetRegistered or NotYetLoaded). Every instance writes the same condition, so it
+//!   NotSentToWebhook or NotYetRegistered). Every instance writes the same condition, so it
 //!   carries no time.
 //!
 //! With a self-narrowing registration ([`crate::registration::writer`]), a lock counts as
@@ -23,12 +23,12 @@
 //! instance withdraws its entries: it cannot vouch for locks it may not see.
 //!
 //! The input is deliberately simple: a [`tokio::sync::watch`] channel of [`LockSnapshot`]s, the
-//! locks known and whether that knowledge is current. [`feed`] provides one from a watch on the
-//! lock resources; any lock index that can publish the same snapshot can replace it.
+//! locks known and whether that knowledge is current. [`view`] provides one from the admission
+//! path's lock index, so a lock counts as enforced from what the admissions are decided from.
 
 pub mod view;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,7 +41,6 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::api::{self, Enforcer, LockCondition, LockKey, LockMode, LockSpec};
-use crate::locks::index::LockIndex;
 use crate::locks::{LockMeta, LockRef};
 use crate::metrics::{EnforcementMetrics, OutcomeLabels};
 use crate::registration::{Registered, RegisteredScope};
@@ -107,8 +106,6 @@ pub enum Coverage {
     Broad(String),
     /// Not named by the configuration yet, or no write of it confirmed yet.
     NotYet,
-    /// Sent, but the index this instance decides from has not loaded this generation yet.
-    NotLoaded,
 }
 
 impl Coverage {
@@ -128,25 +125,12 @@ impl Coverage {
 }
 
 /// What this instance's refusals depend on besides the lock itself: the webhook configuration
-/// it keeps (when narrowed), and the index its admissions are decided from. A lock counts as
-/// enforced only once both have it.
+/// it keeps (when narrowed). A lock counts as enforced only once it names the lock. (The locks
+/// come from the index the admissions are decided from: what the writer sees, they decide by.)
 #[derive(Default)]
 pub struct DecisionInputs {
     /// What the narrowed configuration names; `None` when this instance keeps none.
     pub registered: Option<watch::Receiver<Registered>>,
-    /// The admission path's lock index; `None` when it has none (tests, files).
-    pub index: Option<Arc<LockIndex>>,
-}
-
-/// Whether the admission path would find `key` at `generation` or later. A stale index is not
-/// asked at all (lookups then read the API server), so it does.
-fn loaded(index: &LockIndex, key: &LockKey, generation: i64) -> bool {
-    match index.get(key.namespace.as_deref().unwrap_or("")) {
-        None => true,
-        Some(set) => set
-            .get(&key.name)
-            .is_some_and(|lock| lock.generation.is_none_or(|g| g >= generation)),
-    }
 }
 
 /// Why a lock is or is not enforced, as this instance sees it.
@@ -166,8 +150,6 @@ pub enum Enforcement {
     NotSent(String),
     /// The narrowed configuration does not name the lock yet.
     NotYetRegistered,
-    /// The admission path's index does not hold this generation yet.
-    NotYetLoaded,
 }
 
 impl Enforcement {
@@ -204,7 +186,6 @@ impl Enforcement {
         }
         match (coverage, enforcement) {
             (Coverage::NotYet, _) => Enforcement::NotYetRegistered,
-            (Coverage::NotLoaded, _) => Enforcement::NotYetLoaded,
             (Coverage::Broad(reason), Enforcement::Enforcing) => {
                 Enforcement::EnforcingBroad(reason.clone())
             }
@@ -254,11 +235,6 @@ impl Enforcement {
                 "False",
                 "NotSentToWebhook",
                 format!("namespace {ns} is left out of the webhook registration: its objects never reach the webhook"),
-            ),
-            Enforcement::NotYetLoaded => (
-                "False",
-                "NotYetLoaded",
-                "the webhook has not loaded this generation of the lock into the index it decides from yet; it does within moments".to_owned(),
             ),
             Enforcement::NotYetRegistered => (
                 "False",
@@ -457,10 +433,8 @@ struct Books {
     applied: HashMap<LockKey, Applied>,
     /// Failed writes, and when to try again.
     retries: HashMap<LockKey, Retry>,
-    /// The resourceVersion, health and index state each lock's status was last computed from.
-    computed: HashMap<LockKey, (String, bool, bool)>,
-    /// Computed as not yet in the index: looked at again whenever the index changes.
-    unloaded: HashSet<LockKey>,
+    /// The resourceVersion and health each lock's status was last computed from.
+    computed: HashMap<LockKey, (String, bool)>,
     /// Locks with an `expiresAt`, to wake up when the next one passes.
     expiring: HashMap<LockKey, Timestamp>,
 }
@@ -471,7 +445,6 @@ impl Books {
         self.applied.remove(key);
         self.retries.remove(key);
         self.computed.remove(key);
-        self.unloaded.remove(key);
         self.expiring.remove(key);
     }
 
@@ -480,7 +453,6 @@ impl Books {
         self.applied.retain(|key, _| exists(key));
         self.retries.retain(|key, _| exists(key));
         self.computed.retain(|key, _| exists(key));
-        self.unloaded.retain(|key| exists(key));
         self.expiring.retain(|key, _| exists(key));
     }
 }
@@ -495,11 +467,7 @@ pub async fn run(
     metrics: EnforcementMetrics,
     stop: impl Future<Output = ()>,
 ) {
-    let DecisionInputs {
-        mut registered,
-        index,
-    } = inputs;
-    let mut index_changes = index.as_ref().map(|i| i.subscribe());
+    let DecisionInputs { mut registered } = inputs;
     let keeps_registration = registered.is_some();
     let mut confirmed = Registered::default();
     let mut stop = std::pin::pin!(stop);
@@ -509,13 +477,11 @@ pub async fn run(
     let mut was_healthy = None;
     // A pass looks only at the locks in `todo`: those that changed since the snapshot the last
     // pass saw (a burst of status writes is a burst of passes, each over a few locks), those
-    // whose retry or expiry is due, those waiting for the index. `true` = compute even if
+    // whose retry or expiry is due. `true` = compute even if
     // nothing it was computed from changed (the registration, time or stopping may change
     // every answer).
     let mut todo: BTreeMap<LockKey, bool> = BTreeMap::new();
     let mut seen: imbl::OrdMap<LockKey, Arc<KnownLock>> = imbl::OrdMap::new();
-    let mut index_fresh = None;
-    let mut index_moved = false;
     let mut due = false;
     let mut every_lock = true;
     loop {
@@ -536,17 +502,10 @@ pub async fn run(
             was_healthy = Some(snapshot.healthy);
             every_lock = true;
         }
-        // A stale index is not asked (see `loaded`): its freshness changes every answer.
-        let fresh = index.as_deref().map(LockIndex::is_fresh);
-        if index_fresh != fresh {
-            index_fresh = fresh;
-            every_lock = true;
-        }
         let now = Timestamp::now();
         let clock = Instant::now();
         // Every pass consumes the wake-ups; a pass over every lock covers them.
-        let (index_moved_now, due_now) =
-            (std::mem::take(&mut index_moved), std::mem::take(&mut due));
+        let due_now = std::mem::take(&mut due);
         if std::mem::replace(&mut every_lock, false) {
             books.keep(|key| snapshot.locks.contains_key(key));
             todo = snapshot
@@ -565,11 +524,6 @@ pub async fn run(
                         books.forget(key);
                         todo.remove(key);
                     }
-                }
-            }
-            if index_moved_now {
-                for key in &books.unloaded {
-                    todo.entry(key.clone()).or_insert(false);
                 }
             }
             if due_now {
@@ -602,38 +556,17 @@ pub async fn run(
                 Some(at) => books.expiring.insert(key.clone(), at.0),
                 None => books.expiring.remove(&key),
             };
-            let is_loaded = index
-                .as_deref()
-                .is_none_or(|i| loaded(i, &key, lock.generation));
-            if is_loaded {
-                books.unloaded.remove(&key);
-            } else {
-                books.unloaded.insert(key.clone());
-            }
-            let unchanged =
-                books
-                    .computed
-                    .get(&key)
-                    .is_some_and(|(version, healthy, was_loaded)| {
-                        *version == lock.meta.resource_version
-                            && *healthy == snapshot.healthy
-                            && *was_loaded == is_loaded
-                    });
+            let unchanged = books.computed.get(&key).is_some_and(|(version, healthy)| {
+                *version == lock.meta.resource_version && *healthy == snapshot.healthy
+            });
             if unchanged && !force && !books.retries.contains_key(&key) {
                 continue;
             }
             books.computed.insert(
                 key.clone(),
-                (
-                    lock.meta.resource_version.clone(),
-                    snapshot.healthy,
-                    is_loaded,
-                ),
+                (lock.meta.resource_version.clone(), snapshot.healthy),
             );
-            let coverage = match Coverage::of(registration, &key) {
-                Coverage::Sent | Coverage::Broad(_) if !is_loaded => Coverage::NotLoaded,
-                coverage => coverage,
-            };
+            let coverage = Coverage::of(registration, &key);
             let want = desired(lock, snapshot.healthy, &coverage, &instance, now);
             if needs_write(lock, &want, &instance, books.applied.get(&key)) {
                 picked.push((lock.clone(), want));
@@ -721,12 +654,6 @@ pub async fn run(
         let wake = [next_retry, next_expiry].into_iter().flatten().min();
         tokio::select! {
             next = snapshots.changed() => if next.is_err() { return },
-            // The admission path's index loaded or dropped a lock.
-            alive = changed(&mut index_changes) => if alive {
-                index_moved = true;
-            } else {
-                index_changes = None;
-            },
             alive = changed(&mut registered) => if alive {
                 every_lock = true;
             } else {

@@ -126,6 +126,7 @@ impl TestServer {
         let source = Source {
             source: Arc::new(source),
             refresh: Some(refresh),
+            client: None,
         };
         TestServer::start_reporting(Certs::new(), source, metrics, Some(reporting), |_| {}).await
     }
