@@ -12,7 +12,7 @@ use crate::events::{self, EventSink};
 use crate::locks::index::LockIndex;
 use crate::metrics::EnforcementMetrics;
 use crate::registration::Registered;
-use crate::status::{self, DecisionInputs};
+use crate::status::{self, writer::DecisionInputs};
 
 /// The status writer and the event writer of one instance, fed by one lock watch.
 pub struct Reporting {
@@ -25,7 +25,7 @@ pub struct Reporting {
 }
 
 impl Reporting {
-    /// Starts following `index` ([`status::view`]), the status writer ([`status::run`]) and the
+    /// Starts following `index` ([`status::view`]), the status writer ([`status::writer::run`]) and the
     /// event writer ([`events::run`]) for `instance`. `registered` is what the narrowed
     /// configuration names, when this instance keeps one.
     pub fn start(
@@ -46,7 +46,7 @@ impl Reporting {
             snapshots.clone(),
             metrics.clone(),
         ));
-        let status = tokio::spawn(status::run(
+        let status = tokio::spawn(status::writer::run(
             client,
             instance,
             snapshots,

@@ -10,7 +10,8 @@ use kube_object_lock::api::LockKey;
 use kube_object_lock::locks::{LockKind, parse};
 use kube_object_lock::metrics::EnforcementMetrics;
 use kube_object_lock::registration::{Registered, RegisteredScope};
-use kube_object_lock::status::{self, DecisionInputs, KnownLock, LockSnapshot};
+use kube_object_lock::status::writer::{self, DecisionInputs};
+use kube_object_lock::status::{KnownLock, LockSnapshot};
 use serde_json::{Value, json};
 use support::fake_apiserver::FakeApiServer;
 use tokio::sync::{oneshot, watch};
@@ -27,7 +28,7 @@ impl Instance {
     fn start(api: &FakeApiServer, name: &str) -> Instance {
         let (snapshots, feed) = support::lock_view(api.client());
         let (stop, stopped) = oneshot::channel::<()>();
-        let writer = tokio::spawn(status::run(
+        let writer = tokio::spawn(writer::run(
             api.client(),
             name.to_owned(),
             snapshots,
@@ -260,7 +261,7 @@ async fn an_unhealthy_source_withdraws_the_instance_and_a_healthy_one_returns_it
         ),
     };
     let (tx, rx) = watch::channel(snapshot(true, Value::Null));
-    let writer = tokio::spawn(status::run(
+    let writer = tokio::spawn(writer::run(
         api.client(),
         "cp-1".into(),
         rx,
@@ -309,7 +310,7 @@ async fn a_lock_counts_as_enforced_only_once_the_registration_names_it() {
             .get_or_create(&kube_object_lock::metrics::OutcomeLabels { outcome: "success" });
         move || counter.get()
     };
-    let writer = tokio::spawn(status::run(
+    let writer = tokio::spawn(writer::run(
         api.client(),
         "cp-1".into(),
         snapshots,
@@ -509,7 +510,7 @@ async fn each_lock_is_written_once_and_a_change_to_one_lock_writes_only_that_loc
             .get_or_create(&kube_object_lock::metrics::OutcomeLabels { outcome: "success" });
         move || counter.get()
     };
-    let writer = tokio::spawn(status::run(
+    let writer = tokio::spawn(writer::run(
         api.client(),
         "cp-1".into(),
         snapshots,

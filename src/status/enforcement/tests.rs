@@ -1,5 +1,8 @@
+use std::sync::Arc;
+
 use super::*;
 use crate::api::LockStatus;
+use crate::locks::LockMeta;
 
 fn now() -> Timestamp {
     "2026-11-22T12:00:00Z".parse().expect("timestamp")

@@ -1,0 +1,328 @@
+//! The pure part of lock status: what this instance should say about a lock (enforced or why
+//! not), and whether what the lock's status shows already says it. No I/O: table-tested in
+//! `tests.rs`.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use tokio::time::{Duration, Instant};
+
+use super::{CONDITION, KnownLock};
+use crate::api::{self, Enforcer, LockCondition, LockKey, LockMode, LockSpec};
+use crate::registration::{Registered, RegisteredScope};
+
+/// Whether the webhook configuration sends a lock's requests to the webhook.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Coverage {
+    /// Sent: named by the narrowed configuration, or a configuration this instance does not
+    /// keep (broad by `manifests cluster --broad`, or static files).
+    Sent,
+    /// Sent because the configuration is broad, for this reason.
+    Broad(String),
+    /// Not named by the configuration yet, or no write of it confirmed yet.
+    NotYet,
+}
+
+impl Coverage {
+    /// The coverage of `key` by what this instance last confirmed; `None`: it keeps no
+    /// configuration.
+    pub fn of(registered: Option<&Registered>, key: &LockKey) -> Coverage {
+        let Some(registered) = registered else {
+            return Coverage::Sent;
+        };
+        match &registered.scope {
+            None => Coverage::NotYet,
+            Some(RegisteredScope::Broad(reason)) => Coverage::Broad(reason.clone()),
+            Some(RegisteredScope::Narrow(_)) if registered.covers(key) => Coverage::Sent,
+            Some(RegisteredScope::Narrow(_)) => Coverage::NotYet,
+        }
+    }
+}
+
+/// Why a lock is or is not enforced, as this instance sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Enforcement {
+    /// Refuses changes to its object.
+    Enforcing,
+    /// Refuses changes to its object; the configuration is broad for this reason.
+    EnforcingBroad(String),
+    /// The spec does not parse; the lock's name is locked for every operation (fail closed).
+    EnforcingUnparsed(String),
+    /// `expiresAt` has passed.
+    Expired(Timestamp),
+    /// Mode Warn: changes are allowed with a warning.
+    WarnMode,
+    /// The namespace is left out of the webhook registration.
+    NotSent(String),
+    /// The narrowed configuration does not name the lock yet.
+    NotYetRegistered,
+}
+
+impl Enforcement {
+    /// How `lock` stands at `now`.
+    pub fn of(lock: &KnownLock, now: Timestamp) -> Enforcement {
+        // Nothing in the namespaces the registration leaves out reaches the webhook, nor do
+        // those Namespaces themselves.
+        match &lock.key.namespace {
+            Some(ns) if api::is_excluded_namespace(ns) => {
+                return Enforcement::NotSent(ns.clone());
+            }
+            None if api::is_excluded_namespace(&lock.key.name)
+                && lock.spec.as_ref().is_ok_and(covers_only_namespaces) =>
+            {
+                return Enforcement::NotSent(lock.key.name.clone());
+            }
+            _ => {}
+        }
+        match &lock.spec {
+            Err(why) => Enforcement::EnforcingUnparsed(why.clone()),
+            Ok(spec) => match &spec.expires_at {
+                Some(at) if at.0 <= now => Enforcement::Expired(at.0),
+                _ if spec.mode == Some(LockMode::Warn) => Enforcement::WarnMode,
+                _ => Enforcement::Enforcing,
+            },
+        }
+    }
+
+    /// How `lock` stands at `now`, given whether the configuration sends its requests.
+    pub fn with_coverage(lock: &KnownLock, coverage: &Coverage, now: Timestamp) -> Enforcement {
+        let enforcement = Enforcement::of(lock, now);
+        if !enforcement.is_enforced() {
+            return enforcement;
+        }
+        match (coverage, enforcement) {
+            (Coverage::NotYet, _) => Enforcement::NotYetRegistered,
+            (Coverage::Broad(reason), Enforcement::Enforcing) => {
+                Enforcement::EnforcingBroad(reason.clone())
+            }
+            (_, enforcement) => enforcement,
+        }
+    }
+
+    /// Whether the webhook refuses changes because of the lock.
+    pub fn is_enforced(&self) -> bool {
+        matches!(
+            self,
+            Enforcement::Enforcing
+                | Enforcement::EnforcingBroad(_)
+                | Enforcement::EnforcingUnparsed(_)
+        )
+    }
+
+    /// The `Enforced` condition saying so.
+    pub fn condition(&self, generation: i64) -> LockCondition {
+        let (status, reason, message) = match self {
+            Enforcement::Enforcing => (
+                "True",
+                "Enforcing",
+                "UPDATE and DELETE of the locked object are refused; status.enforcedBy lists the instances".to_owned(),
+            ),
+            Enforcement::EnforcingBroad(reason) => (
+                "True",
+                "Enforcing",
+                format!("UPDATE and DELETE of the locked object are refused; status.enforcedBy lists the instances. The webhook configuration is broad ({reason})"),
+            ),
+            Enforcement::EnforcingUnparsed(why) => (
+                "True",
+                "Unparseable",
+                format!("the spec does not parse ({why}): every operation on objects of the lock's name is refused"),
+            ),
+            Enforcement::Expired(at) => (
+                "False",
+                "Expired",
+                format!("expiresAt {at} has passed; the lock no longer applies (delete it, or move expiresAt)"),
+            ),
+            Enforcement::WarnMode => (
+                "False",
+                "WarnMode",
+                "mode Warn: changes are allowed with a warning, not refused".to_owned(),
+            ),
+            Enforcement::NotSent(ns) => (
+                "False",
+                "NotSentToWebhook",
+                format!("namespace {ns} is left out of the webhook registration: its objects never reach the webhook"),
+            ),
+            Enforcement::NotYetRegistered => (
+                "False",
+                "NotYetRegistered",
+                "the webhook configuration does not name this lock yet, so the API server does not send its object's writes to the webhook; it is rewritten within moments (if this stays, see the log for `cannot narrow the webhook configuration`)".to_owned(),
+            ),
+        };
+        LockCondition {
+            type_: CONDITION.to_owned(),
+            status: status.to_owned(),
+            reason: reason.to_owned(),
+            message,
+            observed_generation: Some(generation),
+        }
+    }
+}
+
+/// A spec whose resources are exactly the core group's `namespaces`.
+fn covers_only_namespaces(spec: &LockSpec) -> bool {
+    match spec.resources.as_deref() {
+        Some([rule]) => rule.api_groups == [""] && rule.resources == ["namespaces"],
+        _ => false,
+    }
+}
+
+/// What this instance wants a lock's status to say.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Desired {
+    /// Its own `enforcedBy` entry, if it enforces the lock.
+    pub entry: Option<Enforcer>,
+    /// `enforcedCount`: the other instances' entries plus its own.
+    pub count: i64,
+    /// The conditions it asserts (none while unhealthy).
+    pub conditions: Vec<LockCondition>,
+}
+
+impl Desired {
+    /// The server-side apply configuration of the status.
+    pub fn apply_config(&self, key: &LockKey) -> serde_json::Value {
+        let mut metadata = serde_json::json!({ "name": key.name });
+        if let Some(ns) = &key.namespace {
+            metadata["namespace"] = serde_json::json!(ns);
+        }
+        let mut status = serde_json::json!({ "enforcedCount": self.count });
+        // An empty list would claim the list itself; leave out what this instance does not own.
+        if let Some(entry) = &self.entry {
+            status["enforcedBy"] = serde_json::json!([entry]);
+        }
+        if !self.conditions.is_empty() {
+            status["conditions"] = serde_json::json!(self.conditions);
+        }
+        serde_json::json!({
+            "apiVersion": api::API_VERSION,
+            "kind": key.kind().as_str(),
+            "metadata": metadata,
+            "status": status,
+        })
+    }
+
+    /// The same, ignoring `since` (which only the first write sets).
+    fn same_as(&self, other: &Desired) -> bool {
+        let generation = |d: &Desired| d.entry.as_ref().map(|e| e.observed_generation);
+        generation(self) == generation(other)
+            && self.count == other.count
+            && self.conditions == other.conditions
+    }
+}
+
+/// What `instance` wants `lock`'s status to say at `now`; `healthy` is the source's health,
+/// `coverage` whether the webhook configuration sends the lock's requests.
+pub fn desired(
+    lock: &KnownLock,
+    healthy: bool,
+    coverage: &Coverage,
+    instance: &str,
+    now: Timestamp,
+) -> Desired {
+    let others = lock
+        .meta
+        .status
+        .enforced_by
+        .iter()
+        .filter(|e| e.instance != instance)
+        .count();
+    if !healthy {
+        return Desired {
+            entry: None,
+            count: others as i64,
+            conditions: vec![],
+        };
+    }
+    let enforcement = Enforcement::with_coverage(lock, coverage, now);
+    let entry = enforcement.is_enforced().then(|| {
+        let since = lock
+            .meta
+            .status
+            .enforced_by
+            .iter()
+            .find(|e| e.instance == instance)
+            .map_or(Time(now), |e| e.since.clone());
+        Enforcer {
+            instance: instance.to_owned(),
+            observed_generation: lock.generation,
+            since,
+        }
+    });
+    Desired {
+        count: (others + usize::from(entry.is_some())) as i64,
+        entry,
+        conditions: vec![enforcement.condition(lock.generation)],
+    }
+}
+
+/// Whether the status as seen differs from what this instance wants, in the parts it writes:
+/// its own entry, the count, and (unless it wrote them already) the conditions.
+pub(super) fn needs_write(
+    lock: &KnownLock,
+    desired: &Desired,
+    instance: &str,
+    applied: Option<&Applied>,
+) -> bool {
+    if let Some(applied) = applied
+        && applied.desired.same_as(desired)
+        && applied.awaiting_echo()
+    {
+        // Our write landed but the watch has not shown it yet: what it shows is older.
+        return false;
+    }
+    let mine = lock
+        .meta
+        .status
+        .enforced_by
+        .iter()
+        .find(|e| e.instance == instance)
+        .map(|e| e.observed_generation);
+    if mine != desired.entry.as_ref().map(|e| e.observed_generation) {
+        return true;
+    }
+    if lock.meta.status.enforced_count != Some(desired.count) {
+        return true;
+    }
+    match applied {
+        // Conditions are shared: rewrite them only when ours change, so that two instances
+        // that disagree (during an upgrade) do not take turns forever.
+        Some(applied) => applied.desired.conditions != desired.conditions,
+        None => desired
+            .conditions
+            .iter()
+            .any(|c| !lock.meta.status.conditions.contains(c)),
+    }
+}
+
+/// A write this instance made.
+#[derive(Debug)]
+pub(super) struct Applied {
+    desired: Desired,
+    /// The lock's resourceVersion after the write.
+    pub(super) version: String,
+    /// When the write was answered.
+    at: Instant,
+    /// Whether the watch has shown that resourceVersion: from then on, what it shows is newer.
+    pub(super) echoed: bool,
+}
+
+impl Applied {
+    pub(super) fn new(desired: Desired, version: String) -> Applied {
+        Applied {
+            desired,
+            version,
+            at: Instant::now(),
+            echoed: false,
+        }
+    }
+
+    /// Still waiting for the watch to show the write (for a few seconds at most: a re-list
+    /// may skip that exact version).
+    fn awaiting_echo(&self) -> bool {
+        !self.echoed && self.at.elapsed() < ECHO_WAIT
+    }
+}
+
+/// How long a write's echo is waited for before what the watch shows is trusted again.
+const ECHO_WAIT: Duration = Duration::from_secs(5);
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,329 @@
+//! The status writer: one task per instance that keeps this instance's part of every lock's
+//! status in line with the lock view ([`super::view`]), with server-side apply under the
+//! instance's own field manager, only when the result changes.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Patch, PatchParams};
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+use super::enforcement::{Applied, Coverage, Desired, desired, needs_write};
+use super::{FIELD_MANAGER_PREFIX, KnownLock, LockSnapshot};
+use crate::api::LockKey;
+use crate::metrics::{EnforcementMetrics, OutcomeLabels};
+use crate::registration::Registered;
+use crate::retry;
+
+/// Writes in flight at once.
+const CONCURRENT_WRITES: usize = 8;
+/// Writes started by one pass at most: a first start with thousands of Locks neither holds
+/// them all in memory at once nor keeps changes (a new Lock) waiting until every one is done.
+const WRITES_PER_PASS: usize = 64;
+/// The first wait before retrying a failed write (then doubling, see [`retry::write`]).
+const FIRST_RETRY: Duration = Duration::from_secs(1);
+
+/// What this instance's refusals depend on besides the lock itself: the webhook configuration
+/// it keeps (when narrowed). A lock counts as enforced only once it names the lock. (The locks
+/// come from the index the admissions are decided from: what the writer sees, they decide by.)
+#[derive(Default)]
+pub struct DecisionInputs {
+    /// What the narrowed configuration names; `None` when this instance keeps none.
+    pub registered: Option<watch::Receiver<Registered>>,
+}
+
+/// A failed write waiting for its retry.
+#[derive(Debug)]
+struct Retry {
+    at: Instant,
+    attempts: u32,
+}
+
+/// What the status writer remembers per lock, dropped together when the lock goes.
+#[derive(Default)]
+struct Books {
+    /// The last status this instance wrote, and whether its echo came back.
+    applied: HashMap<LockKey, Applied>,
+    /// Failed writes, and when to try again.
+    retries: HashMap<LockKey, Retry>,
+    /// The resourceVersion and health each lock's status was last computed from.
+    computed: HashMap<LockKey, (String, bool)>,
+    /// Locks with an `expiresAt`, to wake up when the next one passes.
+    expiring: HashMap<LockKey, Timestamp>,
+}
+
+impl Books {
+    /// Forgets a lock that is gone.
+    fn forget(&mut self, key: &LockKey) {
+        self.applied.remove(key);
+        self.retries.remove(key);
+        self.computed.remove(key);
+        self.expiring.remove(key);
+    }
+
+    /// Keeps only the locks for which `exists` holds.
+    fn keep(&mut self, exists: impl Fn(&LockKey) -> bool) {
+        self.applied.retain(|key, _| exists(key));
+        self.retries.retain(|key, _| exists(key));
+        self.computed.retain(|key, _| exists(key));
+        self.expiring.retain(|key, _| exists(key));
+    }
+}
+
+/// Keeps this instance's part of every lock's status in line with `snapshots` and `inputs`
+/// until `stop` completes, then withdraws it (as when the source is unhealthy) and returns.
+pub async fn run(
+    client: kube::Client,
+    instance: String,
+    mut snapshots: watch::Receiver<LockSnapshot>,
+    inputs: DecisionInputs,
+    metrics: EnforcementMetrics,
+    stop: impl Future<Output = ()>,
+) {
+    let DecisionInputs { mut registered } = inputs;
+    let keeps_registration = registered.is_some();
+    let mut confirmed = Registered::default();
+    let mut stop = std::pin::pin!(stop);
+    let mut stopping = false;
+    let manager = format!("{FIELD_MANAGER_PREFIX}{instance}");
+    let mut books = Books::default();
+    let mut was_healthy = None;
+    // A pass looks only at the locks in `todo`: those that changed since the snapshot the last
+    // pass saw (a burst of status writes is a burst of passes, each over a few locks), those
+    // whose retry or expiry is due. `true` = compute even if
+    // nothing it was computed from changed (the registration, time or stopping may change
+    // every answer).
+    let mut todo: BTreeMap<LockKey, bool> = BTreeMap::new();
+    let mut seen: imbl::OrdMap<LockKey, Arc<KnownLock>> = imbl::OrdMap::new();
+    let mut due = false;
+    let mut every_lock = true;
+    loop {
+        let mut snapshot = snapshots.borrow_and_update().clone();
+        // (`every_lock` is set when it changed; copying it is O(locks).)
+        if let Some(registered) = &mut registered
+            && every_lock
+        {
+            confirmed = registered.borrow_and_update().clone();
+        }
+        let registration = keeps_registration.then_some(&confirmed);
+        if stopping {
+            snapshot.healthy = false;
+        }
+        if was_healthy != Some(snapshot.healthy) {
+            info!(%instance, healthy = snapshot.healthy, locks = snapshot.locks.len(),
+                "lock status: {}", if snapshot.healthy { "marking locks enforced" } else { "lock source unhealthy; withdrawing this instance from lock status" });
+            was_healthy = Some(snapshot.healthy);
+            every_lock = true;
+        }
+        let now = Timestamp::now();
+        let clock = Instant::now();
+        // Every pass consumes the wake-ups; a pass over every lock covers them.
+        let due_now = std::mem::take(&mut due);
+        if std::mem::replace(&mut every_lock, false) {
+            books.keep(|key| snapshot.locks.contains_key(key));
+            todo = snapshot
+                .locks
+                .keys()
+                .map(|key| (key.clone(), true))
+                .collect();
+        } else {
+            for change in seen.diff(&snapshot.locks) {
+                match change {
+                    imbl::ordmap::DiffItem::Add(key, _)
+                    | imbl::ordmap::DiffItem::Update { new: (key, _), .. } => {
+                        todo.entry(key.clone()).or_insert(false);
+                    }
+                    imbl::ordmap::DiffItem::Remove(key, _) => {
+                        books.forget(key);
+                        todo.remove(key);
+                    }
+                }
+            }
+            if due_now {
+                let retry_due = books.retries.iter().filter(|(_, r)| r.at <= clock);
+                let expired = books.expiring.iter().filter(|(_, at)| **at <= now);
+                for key in retry_due.map(|(k, _)| k).chain(expired.map(|(k, _)| k)) {
+                    todo.insert(key.clone(), true);
+                }
+            }
+        }
+        seen = snapshot.locks.clone();
+        let mut picked = Vec::new();
+        while picked.len() < WRITES_PER_PASS {
+            let Some((key, force)) = todo.pop_first() else {
+                break;
+            };
+            let Some(lock) = snapshot.locks.get(&key) else {
+                continue;
+            };
+            if let Some(write) = books.applied.get_mut(&key)
+                && lock.meta.resource_version == write.version
+            {
+                write.echoed = true;
+            }
+            // Not due yet: the retry's wake-up brings it back.
+            if books.retries.get(&key).is_some_and(|r| r.at > clock) {
+                continue;
+            }
+            match lock.spec.as_ref().ok().and_then(|s| s.expires_at.as_ref()) {
+                Some(at) => books.expiring.insert(key.clone(), at.0),
+                None => books.expiring.remove(&key),
+            };
+            let unchanged = books.computed.get(&key).is_some_and(|(version, healthy)| {
+                *version == lock.meta.resource_version && *healthy == snapshot.healthy
+            });
+            if unchanged && !force && !books.retries.contains_key(&key) {
+                continue;
+            }
+            books.computed.insert(
+                key.clone(),
+                (lock.meta.resource_version.clone(), snapshot.healthy),
+            );
+            let coverage = Coverage::of(registration, &key);
+            let want = desired(lock, snapshot.healthy, &coverage, &instance, now);
+            if needs_write(lock, &want, &instance, books.applied.get(&key)) {
+                picked.push((lock.clone(), want));
+            }
+        }
+        let writes: Vec<_> = picked
+            .into_iter()
+            .map(|(lock, want)| {
+                let (client, manager) = (client.clone(), manager.clone());
+                async move {
+                    let result = write(client, &manager, &lock, &want).await;
+                    (lock, want, result)
+                }
+            })
+            .collect();
+        // More to look at than one pass takes: the next pass starts at once.
+        let more = !todo.is_empty();
+        let results: Vec<_> = futures::stream::iter(writes)
+            .buffer_unordered(CONCURRENT_WRITES)
+            .collect()
+            .await;
+        // One line per pass, not per lock: a missing permission fails every lock at once.
+        let (mut failed, mut first_failure) = (0usize, String::new());
+        for (lock, want, result) in results {
+            let outcome = match &result {
+                Ok(_) => "success",
+                Err(kube::Error::Api(s)) if s.code == 403 => "forbidden",
+                Err(kube::Error::Api(s)) if s.code == 404 => "not_found",
+                Err(kube::Error::Api(s)) if s.code == 409 => "conflict",
+                Err(_) => "error",
+            };
+            metrics
+                .status_writes
+                .get_or_create(&OutcomeLabels { outcome })
+                .inc();
+            match result {
+                Ok(version) => {
+                    debug!(lock = %lock.key, enforced = want.entry.is_some(), count = want.count, "lock status written");
+                    books.retries.remove(&lock.key);
+                    books
+                        .applied
+                        .insert(lock.key.clone(), Applied::new(want, version));
+                }
+                // Deleted meanwhile: the watch will drop it.
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(error) => {
+                    let attempts = books.retries.get(&lock.key).map_or(1, |r| r.attempts + 1);
+                    let delay = retry::write_delay(FIRST_RETRY, attempts);
+                    failed += 1;
+                    if failed == 1 {
+                        first_failure = format!(
+                            "{}: {error} (attempt {attempts}, next in {delay:?})",
+                            lock.key
+                        );
+                    }
+                    books.retries.insert(
+                        lock.key.clone(),
+                        Retry {
+                            at: Instant::now() + delay,
+                            attempts,
+                        },
+                    );
+                }
+            }
+        }
+        if failed > 0 {
+            warn!(failed, first = %first_failure,
+                "cannot write lock status (the webhook's identity needs patch on locks/status and clusterlocks/status); retrying with backoff");
+        }
+        // Sleep until the snapshot changes, a retry is due, or an enforced lock expires.
+        let next_retry = books.retries.values().map(|r| r.at).min();
+        let next_expiry = (books.expiring.values())
+            .filter(|at| **at > now)
+            .min()
+            .map(|at| {
+                let wait = at.duration_since(Timestamp::now()).unsigned_abs();
+                Instant::now() + wait + Duration::from_millis(1)
+            });
+        if stopping && !more {
+            return;
+        }
+        if more {
+            continue;
+        }
+        let wake = [next_retry, next_expiry].into_iter().flatten().min();
+        tokio::select! {
+            next = snapshots.changed() => if next.is_err() { return },
+            alive = changed(&mut registered) => if alive {
+                every_lock = true;
+            } else {
+                // The configuration keeper stopped: what it last confirmed stays true.
+                registered = None;
+            },
+            // A retry or an expiry is due.
+            () = sleep_until(wake) => due = true,
+            () = &mut stop => {
+                info!(%instance, "stopping: withdrawing this instance from lock status");
+                stopping = true;
+                every_lock = true;
+                books.retries.clear();
+            }
+        }
+    }
+}
+
+/// Resolves when the channel publishes (`true`) or its sender is gone (`false`); never without
+/// a channel.
+async fn changed<T>(channel: &mut Option<watch::Receiver<T>>) -> bool {
+    match channel {
+        Some(channel) => channel.changed().await.is_ok(),
+        None => std::future::pending().await,
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Applies `want` to the lock's status; returns the new resourceVersion.
+async fn write(
+    client: kube::Client,
+    manager: &str,
+    lock: &KnownLock,
+    want: &Desired,
+) -> Result<String, kube::Error> {
+    // force: enforcedCount and the condition are shared with the other instances, which write
+    // the same values; during a change they may briefly disagree.
+    let params = PatchParams::apply(manager).force();
+    let written = lock
+        .key
+        .api(client)
+        .patch_status(
+            &lock.key.name,
+            &params,
+            &Patch::Apply(want.apply_config(&lock.key)),
+        )
+        .await?;
+    Ok(written.metadata.resource_version.unwrap_or_default())
+}
