@@ -148,6 +148,185 @@ const FIELD_NAMES: &[&str] = &[
     "labels",
 ];
 
+/// For each field the reader reads, values right and nearly right for it.
+const FIELD_VALUES: &[(&str, &[&str])] = &[
+    (
+        "apiVersion",
+        &[
+            "\"admission.k8s.io/v1\"",
+            "\"admission.k8s.io/v1beta1\"",
+            "\"admission.k8s.io\\/v1\"",
+            "\"admission.k8s.io/v2\"",
+            "\"\"",
+            "null",
+        ],
+    ),
+    (
+        "kind",
+        &[
+            "\"AdmissionReview\"",
+            "\"Admission\\u0052eview\"",
+            "\"AdmissionReviewList\"",
+            "\"\"",
+            "null",
+            "{}",
+        ],
+    ),
+    ("request", &["null", "{}", "[]", "\"\"", "{\"uid\":\"u\"}"]),
+    (
+        "uid",
+        &["\"\"", "\"u\"", "\"\\u0075\"", "\"\\ud800\"", "null", "1"],
+    ),
+    (
+        "resource",
+        &[
+            "{\"resource\":\"pods\"}",
+            "{\"group\":\"\",\"resource\":\"pods\"}",
+            "{}",
+            "[\"\",\"v1\",\"pods\"]",
+            "\"pods\"",
+            "null",
+            "{\"resource\":null}",
+            "{\"resource\":\"locks\",\"group\":\"objectlock.dev\"}",
+        ],
+    ),
+    (
+        "subResource",
+        &[
+            "null",
+            "\"\"",
+            "\"status\"",
+            "\"eviction\"",
+            "\"st\\u0061tus\"",
+            "1",
+        ],
+    ),
+    (
+        "name",
+        &[
+            "null",
+            "\"\"",
+            "\"locked-a\"",
+            "\"web\"",
+            "\"w\\u0065b\"",
+            "5",
+            "[]",
+        ],
+    ),
+    (
+        "namespace",
+        &[
+            "null",
+            "\"\"",
+            "\"lock-demo\"",
+            "\"demo-015226\"",
+            "\"prod\"",
+            "false",
+        ],
+    ),
+    (
+        "operation",
+        &[
+            "\"CREATE\"",
+            "\"UPDATE\"",
+            "\"DELETE\"",
+            "\"CONNECT\"",
+            "\"PATCH\"",
+            "\"delete\"",
+            "\"DEL\\u0045TE\"",
+            "\"\"",
+            "null",
+            "{\"DELETE\":null}",
+            "0",
+        ],
+    ),
+    (
+        "userInfo",
+        &[
+            "{}",
+            "null",
+            "{\"username\":null}",
+            "{\"groups\":null}",
+            "{\"groups\":[\"a\",\"b\"]}",
+            "[]",
+        ],
+    ),
+    (
+        "username",
+        &["\"\"", "null", "\"system:admin\"", "\"\\u00e9\"", "[]"],
+    ),
+    (
+        "groups",
+        &[
+            "[]",
+            "null",
+            "[\"\"]",
+            "[\"a\",null]",
+            "[\"a\",\"a\"]",
+            "\"g\"",
+            "{}",
+        ],
+    ),
+    (
+        "object",
+        &[
+            "null",
+            "{}",
+            "[]",
+            "{\"metadata\":null}",
+            "{\"metadata\":{}}",
+            "{\"metadata\":{\"name\":\"web\"}}",
+            "\"\"",
+        ],
+    ),
+    (
+        "oldObject",
+        &[
+            "null",
+            "{}",
+            "[]",
+            "{\"metadata\":null}",
+            "{\"metadata\":{}}",
+            "{\"metadata\":{\"name\":\"locked-a\"}}",
+            "1",
+        ],
+    ),
+    ("dryRun", &["true", "false", "null", "\"true\"", "0", "[]"]),
+    (
+        "group",
+        &["\"\"", "null", "\"apps\"", "\"objectlock.dev\"", "1"],
+    ),
+    ("version", &["\"\"", "null", "\"v1\"", "{}"]),
+    (
+        "metadata",
+        &[
+            "{}",
+            "null",
+            "[]",
+            "{\"name\":null}",
+            "{\"name\":\"x\",\"name\":\"y\"}",
+            "{\"labels\":{}}",
+        ],
+    ),
+    (
+        "deletionTimestamp",
+        &["null", "\"\"", "\"2026-11-22T01:52:29Z\"", "5", "{}"],
+    ),
+    (
+        "labels",
+        &[
+            "{}",
+            "null",
+            "[]",
+            "{\"a\":\"1\",\"a\":\"2\"}",
+            "{\"a\":null}",
+            "{\"a\":1}",
+            "{\"\\u0061\":\"\\u0062\"}",
+            "{\"a\":\"\\ud800\"}",
+        ],
+    ),
+];
+
 /// Values of every type, some nearly right where the reader reads a string.
 const VALUES: &[&str] = &[
     "null",
@@ -411,6 +590,27 @@ fn members(body: &[u8], toks: &[Token]) -> Vec<(usize, usize, usize)> {
     out
 }
 
+/// The members of objects, or half the time only those of the fields the reader reads (by
+/// their keys), where it and serde_json could differ.
+fn some_members(body: &[u8], toks: &[Token], rng: &mut Rng) -> Vec<(usize, usize, usize)> {
+    let all = members(body, toks);
+    if rng.percent(50) {
+        let read: Vec<_> = all
+            .iter()
+            .copied()
+            .filter(|&(key, _, _)| {
+                let t = toks[key];
+                body.get(t.start + 1..t.end.saturating_sub(1))
+                    .is_some_and(|name| FIELD_NAMES.iter().any(|f| f.as_bytes() == name))
+            })
+            .collect();
+        if !read.is_empty() {
+            return read;
+        }
+    }
+    all
+}
+
 /// The values that follow a `:` or sit in an array: `(first token, last token)`.
 fn values(body: &[u8], toks: &[Token]) -> Vec<(usize, usize)> {
     let mut out = Vec::new();
@@ -507,7 +707,7 @@ fn mutate_once(body: &mut Vec<u8>, rng: &mut Rng) {
             rng.next() as u8
         }
     };
-    match rng.below(20) {
+    match rng.below(23) {
         // Byte level: overwrite, insert, remove one or a few.
         0 => {
             let at = rng.below(body.len());
@@ -524,7 +724,14 @@ fn mutate_once(body: &mut Vec<u8>, rng: &mut Rng) {
         }
         // A string re-escaped, meaning the same.
         3 | 4 => {
-            let strings = of_kind(&toks, Kind::Str);
+            let mut strings: Vec<Token> = some_members(body, &toks, rng)
+                .into_iter()
+                .filter(|&(_, first, last)| first == last && toks[first].kind == Kind::Str)
+                .map(|(_, first, _)| toks[first])
+                .collect();
+            if strings.is_empty() || rng.percent(30) {
+                strings = of_kind(&toks, Kind::Str);
+            }
             if strings.is_empty() {
                 return;
             }
@@ -566,7 +773,7 @@ fn mutate_once(body: &mut Vec<u8>, rng: &mut Rng) {
         // A member repeated, right after itself or at the end of its object, with its value or
         // another.
         8 | 9 => {
-            let all = members(body, &toks);
+            let all = some_members(body, &toks, rng);
             if all.is_empty() {
                 return;
             }
@@ -600,11 +807,36 @@ fn mutate_once(body: &mut Vec<u8>, rng: &mut Rng) {
         // A value of another type, or nearly right.
         11 | 12 => {
             let with = rng.pick(VALUES).as_bytes();
-            replace_value(body, &toks, rng, with);
+            let all = some_members(body, &toks, rng);
+            if all.is_empty() || rng.percent(30) {
+                replace_value(body, &toks, rng, with);
+            } else {
+                let &(_, first, last) = rng.pick(&all);
+                splice(body, toks[first].start, toks[last].end, with);
+            }
+        }
+        // A field the reader reads given a value right or nearly right for it.
+        20..=22 => {
+            let all = some_members(body, &toks, rng);
+            let fitting: Vec<(usize, usize, &[&str])> = all
+                .iter()
+                .filter_map(|&(key, first, last)| {
+                    let t = toks[key];
+                    let name = body.get(t.start + 1..t.end.saturating_sub(1))?;
+                    let (_, values) = FIELD_VALUES.iter().find(|(f, _)| f.as_bytes() == name)?;
+                    Some((first, last, *values))
+                })
+                .collect();
+            if fitting.is_empty() {
+                return;
+            }
+            let &(first, last, values) = rng.pick(&fitting);
+            let with = rng.pick(values).as_bytes();
+            splice(body, toks[first].start, toks[last].end, with);
         }
         // A member dropped, with its comma.
         13 => {
-            let all = members(body, &toks);
+            let all = some_members(body, &toks, rng);
             if all.is_empty() {
                 return;
             }
