@@ -770,7 +770,7 @@ fn near_valid_reviews_reach_the_one_pass_reader() {
     for (key, least) in [
         ("one pass, answered", 300),
         ("one pass, changed", 300),
-        ("one pass, refused", 3),
+        ("one pass, refused", 5),
         ("serde_json, answered", 25),
         ("serde_json, refused", 300),
     ] {
