@@ -4,11 +4,11 @@
 //! A body is a captured review (`tests/fixtures/`), indented as captured or compacted as the API
 //! server sends it, with one to four mutations drawn from a seeded generator: bytes overwritten,
 //! inserted or removed, and edits that keep it near valid JSON, found by a tolerant tokenizer
-//! (strings re-escaped, unicode escapes inserted, numbers changed, keys duplicated or renamed,
-//! values of another type, members dropped, closing brackets dropped or doubled, nesting
-//! deepened around the reader's and serde_json's depth limits, raw bytes in strings). The same
-//! seed gives the same bodies on every machine: the generator is defined here, not taken from a
-//! crate.
+//! (the fields the reader reads given values right and nearly right for them, strings
+//! re-escaped, unicode escapes inserted, numbers changed, keys duplicated or renamed, values of
+//! another type, members dropped, closing brackets dropped or doubled, nesting deepened around
+//! the reader's and serde_json's depth limits, raw bytes in strings). The same seed gives the
+//! same bodies on every machine: the generator is defined here, not taken from a crate.
 #![allow(dead_code)]
 
 use std::path::Path;
