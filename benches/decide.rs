@@ -76,7 +76,10 @@ fn ours(body: &[u8], locks: &Locks, now: Timestamp) -> Vec<u8> {
             decide::decide(&parsed.request, &lookup, &scope, contents.as_deref(), now)
         }
     };
-    serde_json::to_vec(&review::respond(parsed, verdict)).expect("responses serialize")
+    serde_json::to_vec(&kube_object_lock::admission::response::respond(
+        parsed, verdict,
+    ))
+    .expect("responses serialize")
 }
 
 fn fixtures() -> Vec<(String, Vec<u8>)> {

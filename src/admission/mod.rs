@@ -7,6 +7,7 @@
 pub mod decide;
 pub mod refusals;
 pub mod request;
+pub mod response;
 pub mod review;
 mod scan;
 pub mod subresources;

@@ -105,6 +105,15 @@ pub struct Object<'a> {
     pub metadata: ObjectMeta<'a>,
 }
 
+/// A parsed review: the request and the version to answer in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParsedReview<'a> {
+    /// `admission.k8s.io/v1` or `admission.k8s.io/v1beta1`.
+    pub api_version: &'static str,
+    /// The request.
+    pub request: AdmissionRequest<'a>,
+}
+
 /// The top of an AdmissionReview, as it arrives. `apiVersion` and `kind` are only compared, so
 /// they are borrowed from the body unless escaped.
 #[derive(Deserialize)]
