@@ -545,6 +545,93 @@ async fn a_watch_that_does_not_come_back_goes_stale_after_the_bound() {
 }
 
 #[tokio::test]
+async fn a_silent_api_server_makes_the_index_stale_and_it_recovers() {
+    use kube_object_lock::locks::LockKind;
+    // The bound is far away and nothing will error or end: only the liveness probe can tell.
+    let setup = setup(Duration::ZERO, |s| {
+        s.kube.lookup_timeout = Duration::from_millis(300)
+    })
+    .await;
+    setup.wait_ready().await;
+    assert!(setup.allowed("configmap-delete-unlocked.json").await);
+
+    // What the probe costs while all is well: its requests, and nothing else.
+    let before = setup.api.request_log().len();
+    let quiet = Instant::now();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let requests: Vec<String> = setup.api.request_log()[before..].to_vec();
+    let probes = requests
+        .iter()
+        .filter(|r| r.starts_with("GET /livez"))
+        .count();
+    println!(
+        "idle for {:?}: {probes} probe(s), {} other request(s)",
+        quiet.elapsed(),
+        requests.len() - probes
+    );
+    assert!(probes >= 1, "the probe asks: {requests:?}");
+    assert_eq!(probes, requests.len(), "only the probe asks: {requests:?}");
+
+    // Frozen: connections stay open, nothing is answered, nothing ends.
+    setup.api.freeze();
+    let frozen = Instant::now();
+    let kinds = [LockKind::Lock, LockKind::ClusterLock];
+    let health = support::until(
+        "both kinds stale",
+        || kinds.map(|kind| setup.source.index().health(kind)),
+        |health| health.iter().all(|h| h.state == WatchState::Stale),
+    )
+    .await;
+    println!("frozen -> stale in {:?}", frozen.elapsed());
+    for h in &health {
+        let reason = h.reason.as_deref().unwrap_or("");
+        assert!(reason.contains("liveness probe"), "{reason}");
+    }
+    assert!(setup.source.locks_at_hand(NS).is_none());
+    // A write in a namespace without Locks: not allowed from the index, but refused because the
+    // lock state cannot be read (on_lookup_error=deny).
+    let answer = setup.review("configmap-delete-unlocked.json").await;
+    assert_eq!(answer["allowed"], false, "{answer}");
+    assert_eq!(answer["status"]["code"], 503, "{answer}");
+    let message = answer["status"]["message"].as_str().unwrap_or("");
+    assert!(
+        message.contains("lock state could not be read") && message.contains("no answer within"),
+        "{message}"
+    );
+    let ready = setup.server.http1().get(&setup.server.url("/readyz")).await;
+    assert_eq!(ready.status, 503);
+    // Meanwhile a Lock is created through another API server.
+    setup
+        .api
+        .create_lock(NS, "locked-a", json!({"reason": "while frozen"}));
+
+    // Answering again: a fresh list and watch, and lookups are answered from the index.
+    setup.api.thaw();
+    let thawed = Instant::now();
+    support::until(
+        "both kinds live again",
+        || kinds.map(|kind| setup.source.index().health(kind).state),
+        |states| states.iter().all(|s| *s == WatchState::Live),
+    )
+    .await;
+    println!("thawed -> live in {:?}", thawed.elapsed());
+    let at_hand = setup.source.locks_at_hand(NS).expect("the index answers");
+    assert!(at_hand.get("locked-a").is_some(), "{at_hand:?}");
+    let lists = setup.namespace_lists();
+    let answer = setup.review("configmap-delete-locked.json").await;
+    assert_eq!(answer["allowed"], false, "{answer}");
+    let message = answer["status"]["message"].as_str().unwrap_or("");
+    assert!(
+        message.contains(&format!("is locked by Lock {NS}/locked-a: while frozen")),
+        "{message}"
+    );
+    assert!(setup.allowed("configmap-delete-unlocked.json").await);
+    assert_eq!(setup.namespace_lists(), lists, "answered from the index");
+    let ready = setup.server.http1().get(&setup.server.url("/readyz")).await;
+    assert_eq!(ready.status, 200);
+}
+
+#[tokio::test]
 async fn a_restarted_webhook_enforces_before_and_after_its_first_sync() {
     let api = FakeApiServer::start().await;
     api.create_lock(NS, "locked-b", json!({}));

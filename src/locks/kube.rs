@@ -26,6 +26,7 @@ use moka::future::Cache;
 use tracing::debug;
 
 use super::index::LockIndex;
+use super::liveness;
 use super::watch::Writer;
 use super::{LockCounts, LockKind, LockSet, LockSource, LookupError, parse};
 use crate::api::{CLUSTER_LOCKS, LOCKS};
@@ -108,17 +109,21 @@ impl KubeSource {
 
     /// Lists and watches Locks and ClusterLocks into the index until the returned future is
     /// dropped. Errors are logged and retried with a backoff of at most a second, forever.
+    /// Beside the watches, a liveness probe asks the API server twice a second and makes the
+    /// index stale when it goes silent ([`super::liveness`]).
     pub fn watch(&self) -> impl Future<Output = ()> + Send + 'static + use<> {
+        let (probe, silence) = liveness::probe(self.shared.client.clone());
         let writer = |kind| Writer {
             api: Writer::api(self.shared.client.clone(), kind),
             kind,
             index: self.shared.index.clone(),
             metrics: self.shared.metrics.clone(),
+            silence: silence.clone(),
         };
         let locks = writer(LockKind::Lock).run();
         let cluster_locks = writer(LockKind::ClusterLock).run();
         async move {
-            futures::future::join(locks, cluster_locks).await;
+            futures::future::join3(locks, cluster_locks, probe.run()).await;
         }
     }
 

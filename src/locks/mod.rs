@@ -12,6 +12,7 @@
 pub mod files;
 pub mod index;
 pub mod kube;
+pub mod liveness;
 pub mod parse;
 pub mod watch;
 

@@ -19,7 +19,12 @@
 //!   after a clean end is tried only while what the index holds is younger than `stale_after`,
 //!   so the index never goes live holding state older than the bound;
 //! - retries back off from 50 ms to at most 1 s (jittered), so a restarted API server is
-//!   watched again within about a second of answering.
+//!   watched again within about a second of answering;
+//! - a watch that goes silent without an error (a frozen API server: its connections stay open,
+//!   nothing ends) is noticed by the liveness probe ([`super::liveness`]) within about 1.5 s:
+//!   while the index is trusted, a probe failure marks it `Stale` at once and drops the stream,
+//!   and the loop lists again as after any failure. Failures reported before a watch was
+//!   answered are about an earlier silence and ignored once it is.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -30,6 +35,7 @@ use kube::api::{Api, DynamicObject, ListParams, WatchEvent, WatchParams};
 use tracing::{debug, info, warn};
 
 use super::index::{LockIndex, WatchState};
+use super::liveness::Silence;
 use super::parse;
 use super::{LockKey, LockKind, LockRef};
 use crate::metrics::{KindLabels, LockLabels, ModeLabels, SourceMetrics};
@@ -43,7 +49,8 @@ const WATCH_TIMEOUT_SECS: u32 = 290;
 /// cache sends a bookmark about every minute to a watch that asks for them (they are asked for),
 /// so a live stream is never this quiet; a black-holed connection is noticed after this long,
 /// not after the server's timeout. Where no bookmarks come (watch cache disabled), a quiet
-/// stream is merely resumed.
+/// stream is merely resumed. A silent API server is noticed far sooner, by the liveness probe;
+/// this remains the bound for a connection lost while the server answers the probe.
 const IDLE_LIMIT: Duration = Duration::from_secs(75);
 /// A watch that lived at least this long resets the backoff.
 const HEALTHY_FOR: Duration = Duration::from_secs(1);
@@ -53,6 +60,8 @@ pub(super) struct Writer {
     pub kind: LockKind,
     pub index: Arc<LockIndex>,
     pub metrics: SourceMetrics,
+    /// The liveness probe's failures.
+    pub silence: Silence,
 }
 
 /// Why a list or watch ended.
@@ -81,7 +90,7 @@ impl Writer {
     }
 
     /// Runs until dropped.
-    pub async fn run(self) {
+    pub async fn run(mut self) {
         let mut backoff = retry::watch();
         self.publish_mode(WatchState::NotSynced);
         // Names of locks whose spec does not parse, for the metric.
@@ -130,7 +139,13 @@ impl Writer {
                     if opened.elapsed() >= HEALTHY_FOR {
                         backoff.reset();
                     } else {
-                        tokio::time::sleep(backoff.next().unwrap_or(retry::MAX_WAIT)).await;
+                        let wait = backoff.next().unwrap_or(retry::MAX_WAIT);
+                        tokio::select! {
+                            () = tokio::time::sleep(wait) => {}
+                            reason = self.silence.reported() => {
+                                self.transition(WatchState::Stale, Some(reason));
+                            }
+                        }
                     }
                 }
                 Some(failure) => {
@@ -203,9 +218,10 @@ impl Writer {
         Ok(version)
     }
 
-    /// Starts a watch; marks the index stale if that takes longer than the bound allows.
+    /// Starts a watch; marks the index stale if that takes longer than the bound allows, or if
+    /// the liveness probe fails meanwhile.
     async fn start_watch(
-        &self,
+        &mut self,
         version: &str,
         known_at: Instant,
     ) -> Result<futures::stream::BoxStream<'static, kube::Result<WatchEvent<DynamicObject>>>, Failure>
@@ -227,18 +243,23 @@ impl Writer {
                     self.transition(WatchState::Stale, Some("the watch did not come back within kube.stale_after".into()));
                     started.await
                 }
+                reason = self.silence.reported() => {
+                    self.transition(WatchState::Stale, Some(reason));
+                    started.await
+                }
             }
         } else {
             started.await
         };
-        result
-            .map(|s| s.boxed())
-            .map_err(|e| Failure::from_kube(&e))
+        let stream = result.map_err(|e| Failure::from_kube(&e))?;
+        // Answered: the API server spoke after any silence reported so far.
+        self.silence.heard();
+        Ok(stream.boxed())
     }
 
     /// Applies events until the stream ends (`None`) or fails; returns the last resourceVersion.
     async fn follow(
-        &self,
+        &mut self,
         mut stream: futures::stream::BoxStream<'static, kube::Result<WatchEvent<DynamicObject>>>,
         mut version: String,
         unparseable: &mut HashSet<LockKey>,
@@ -246,7 +267,13 @@ impl Writer {
         let idle = IDLE_LIMIT;
         let label = KindLabels { kind: self.label() };
         loop {
-            let event = match tokio::time::timeout(idle, stream.try_next()).await {
+            let next = tokio::select! {
+                next = tokio::time::timeout(idle, stream.try_next()) => next,
+                message = self.silence.reported() => {
+                    return (version, Some(Failure { message }));
+                }
+            };
+            let event = match next {
                 Err(_) | Ok(Ok(None)) => return (version, None),
                 Ok(Err(error)) => return (version, Some(Failure::from_kube(&error))),
                 Ok(Ok(Some(event))) => event,
@@ -394,11 +421,12 @@ mod tests {
     async fn a_silent_watch_is_dropped_after_the_idle_limit() {
         let config = kube::Config::new("http://127.0.0.1:9".parse().expect("url"));
         let client = kube::Client::try_from(config).expect("client");
-        let writer = Writer {
+        let mut writer = Writer {
             api: Writer::api(client, LockKind::Lock),
             kind: LockKind::Lock,
             index: Arc::new(LockIndex::new(Duration::from_secs(3))),
             metrics: SourceMetrics::default(),
+            silence: Silence::never(),
         };
         let started = tokio::time::Instant::now();
         let silent = futures::stream::pending().boxed();
@@ -412,5 +440,34 @@ mod tests {
             waited >= IDLE_LIMIT && waited < IDLE_LIMIT + Duration::from_secs(1),
             "{waited:?}"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_probe_failure_ends_a_silent_watch_long_before_the_idle_limit() {
+        let config = kube::Config::new("http://127.0.0.1:9".parse().expect("url"));
+        let client = kube::Client::try_from(config).expect("client");
+        let (report, silence) = Silence::manual();
+        let mut writer = Writer {
+            api: Writer::api(client, LockKind::Lock),
+            kind: LockKind::Lock,
+            index: Arc::new(LockIndex::new(Duration::from_secs(3))),
+            metrics: SourceMetrics::default(),
+            silence,
+        };
+        let started = tokio::time::Instant::now();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            report.send_replace("liveness probe: no answer".into());
+            // Kept until the end, so that the handle does not take a dropped probe for quiet.
+            std::future::pending::<()>().await;
+        });
+        let silent = futures::stream::pending().boxed();
+        let (version, ended) = writer
+            .follow(silent, "42".into(), &mut HashSet::new())
+            .await;
+        assert_eq!(version, "42");
+        let failure = ended.expect("a failure: listed again");
+        assert_eq!(failure.message, "liveness probe: no answer");
+        assert!(started.elapsed() < IDLE_LIMIT, "{:?}", started.elapsed());
     }
 }

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, ensure};
+use anyhow::{Context, Result, ensure};
 
 use crate::env::{canonical, harness_dir};
 
@@ -35,6 +35,27 @@ impl Harness {
             kcm: alive(&dir, "kube-controller-manager"),
             dir,
         })
+    }
+
+    /// The PID of this control plane's running kube-apiserver (`run/kube-apiserver.pid`, checked
+    /// to be `bin/kube-apiserver`, so that a stale file never names another process).
+    pub fn apiserver_pid(&self) -> Result<i32> {
+        let file = self.dir.join("run").join("kube-apiserver.pid");
+        let text = std::fs::read_to_string(&file)
+            .with_context(|| format!("cannot read {}", file.display()))?;
+        let pid: i32 = text
+            .trim()
+            .parse()
+            .with_context(|| format!("{}: not a pid: {text:?}", file.display()))?;
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe"));
+        let ours = self.dir.join("bin").join("kube-apiserver");
+        ensure!(
+            exe.as_ref().is_ok_and(|exe| *exe == ours),
+            "pid {pid} from {} is not {} ({exe:?})",
+            file.display(),
+            ours.display()
+        );
+        Ok(pid)
     }
 
     /// Stops the control plane (etcd's data is kept) and starts it again, the API server with

@@ -15,6 +15,11 @@
 //!   and then an `ERROR` event carrying a 410 `Expired` Status, as a real server sends it.
 //! - Watch faults ([`WatchFault`]) while LIST works: refused (403), delayed, cut after a while;
 //!   and [`FakeApiServer::expire_watches`] (410 on every resume).
+//! - A frozen process ([`FakeApiServer::freeze`], as SIGSTOP does to a real one): connections
+//!   are still accepted and stay open, nothing is answered and open watches deliver nothing, until
+//!   [`FakeApiServer::thaw`]; then what waited is answered, as a process continued with SIGCONT
+//!   answers what its kernel queued.
+//! - `GET /livez` (`ok`, whatever the query), as kube-apiserver answers it.
 //! - Errors are `Status` objects with real reasons and messages (NotFound, Forbidden, ...).
 //! - `fieldSelector` (`metadata.name`, `metadata.namespace`) and `labelSelector` equality terms
 //!   (`k=v`, `k==v`, `k!=v`, `k`, `!k`); other selector syntax is answered 400, never ignored.
@@ -141,6 +146,8 @@ struct State {
     compacted_rv: u64,
     drop_generation: u64,
     stopped: bool,
+    /// Nothing is answered nor sent while set (see [`FakeApiServer::freeze`]).
+    frozen: bool,
     fault: Option<Fault>,
     watch_fault: Option<WatchFault>,
     /// Objects other than locks, by their path (`/api/v1/namespaces/prod/configmaps/web`).
@@ -386,6 +393,30 @@ impl FakeApiServer {
         st.compacted_rv = st.rv;
     }
 
+    /// Freezes the server as SIGSTOP freezes a real one: connections are accepted (a kernel
+    /// does that for a stopped process) but no request is answered and open watch streams send
+    /// nothing, without an error or an end, until [`FakeApiServer::thaw`].
+    pub fn freeze(&self) {
+        self.state().frozen = true;
+        self.notify();
+    }
+
+    /// Ends [`FakeApiServer::freeze`]: what waited is answered, streams go on.
+    pub fn thaw(&self) {
+        self.state().frozen = false;
+        self.notify();
+    }
+
+    /// Returns once the server is not frozen.
+    async fn thawed(&self) {
+        let mut changes = self.inner.changed.subscribe();
+        while self.state().frozen {
+            if changes.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
     /// Closes the listener and every connection; later connects are refused.
     pub async fn stop(&self) {
         self.state().stopped = true;
@@ -460,6 +491,7 @@ impl FakeApiServer {
     }
 
     async fn handle(self, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
+        self.thawed().await;
         let (method, uri) = (req.method().clone(), req.uri().clone());
         let target = uri.path_and_query().map_or("/", |p| p.as_str()).to_string();
         self.state().log.push(format!("{method} {target}"));
@@ -470,6 +502,14 @@ impl FakeApiServer {
             .collect();
         if ext::handles(&method, uri.path(), &query) {
             return Ok(self.handle_ext(req, &query).await);
+        }
+        if method == Method::GET && uri.path() == "/livez" {
+            let ok = Full::new(Bytes::from_static(b"ok")).boxed_unsync();
+            return Ok(Response::builder()
+                .status(StatusCode::OK)
+                .header(http::header::CONTENT_TYPE, "text/plain; charset=utf-8")
+                .body(ok)
+                .expect("valid response"));
         }
         if method == Method::GET
             && let Some(list) = discovery(uri.path())
@@ -913,6 +953,8 @@ struct Cursor {
 
 async fn next_event(mut c: Cursor) -> Option<(Result<Frame<Bytes>, Infallible>, Cursor)> {
     loop {
+        // A frozen server sends nothing, not even what it had ready.
+        c.server.thawed().await;
         if let Some((kind, object)) = c.queue.pop_front() {
             // Written by hand to keep a real server's field order: "type" first.
             let line = format!("{{\"type\":\"{kind}\",\"object\":{object}}}\n");

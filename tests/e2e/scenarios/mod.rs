@@ -15,6 +15,7 @@ mod plugin;
 mod pods;
 mod restart;
 mod scale;
+mod silent_apiserver;
 mod spec;
 mod terminating;
 mod unreadable;
@@ -59,6 +60,8 @@ pub fn all() -> Vec<Scenario> {
         alone("latency", latency::run),
         alone("narrowing", narrowing::run),
         alone("apiserver-restart", restart::run),
+        // Alone: it stops the API server for a few seconds.
+        alone("silent-apiserver", silent_apiserver::run),
         alone("audit", audit::run),
         alone("mtls", mtls::run),
         alone("lookup-error", lookup_error::run),
