@@ -226,12 +226,13 @@ impl Webhook {
             return Err(StartError::NoCertificate);
         };
         // Check the certificate before building the source: it fails faster and more often.
-        tls::check_covers_url(&tls::load_pair(cert, key)?, &settings.webhook.url)?;
+        let pair = tls::load_pair(cert, key)?;
+        tls::check_covers_url(&pair, &settings.webhook.url)?;
         let metrics = Arc::new(Metrics::new());
         let source = lock_source_with_metrics(&settings, true, metrics.source.clone()).await?;
         let cluster = source.client.clone().zip(source.source.index());
         let mut webhook =
-            Webhook::bind_with_source(settings.clone(), source, metrics.clone()).await?;
+            Webhook::bind_with_pair(settings.clone(), pair, source, metrics.clone()).await?;
         // The registration, lock status and events exist only in a cluster, and follow the
         // lock index.
         if let Some((client, index)) = cluster {
@@ -264,6 +265,19 @@ impl Webhook {
             return Err(StartError::NoCertificate);
         };
         let pair = tls::load_pair(cert, key)?;
+        Webhook::bind_with_pair(settings, pair, source, metrics).await
+    }
+
+    /// Like [`Webhook::bind_with_source`], with the certificate already loaded.
+    async fn bind_with_pair(
+        settings: Settings,
+        pair: rustls::sign::CertifiedKey,
+        source: Source,
+        metrics: Arc<Metrics>,
+    ) -> Result<Webhook, StartError> {
+        let (Some(cert), Some(key)) = (&settings.tls.cert, &settings.tls.key) else {
+            return Err(StartError::NoCertificate);
+        };
         let info = tls::check_covers_url(&pair, &settings.webhook.url)?;
         let days_left =
             (info.not_after - time::OffsetDateTime::now_utc().unix_timestamp()) / 86_400;
