@@ -15,9 +15,9 @@
 //! Whoever needs to know which locks this instance enforces (a status writer) takes a
 //! [`LockIndex::snapshot`] and waits on [`LockIndex::subscribe`] for the next change.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant, SystemTime};
 
 use super::{LockCounts, LockKind, LockRef, LockSet};
@@ -121,7 +121,7 @@ pub struct IndexSnapshot {
     pub version: u64,
 }
 
-/// One lock's change between two snapshots (see [`IndexSnapshot::changes_since`]).
+/// One lock's change, as a [`Follower`] learns it.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Change<'a> {
     /// Present now: new, or in a namespace whose set changed.
@@ -130,45 +130,36 @@ pub enum Change<'a> {
     Gone(&'a LockRef),
 }
 
-impl IndexSnapshot {
-    /// Whether the locks of `namespace`'s kind have been listed.
-    pub fn is_listed(&self, namespace: &str) -> bool {
-        match LockKind::for_namespace(namespace) {
-            LockKind::Lock => self.listed.0,
-            LockKind::ClusterLock => self.listed.1,
-        }
-    }
+/// A reader's place in the index: the sets it last took in, and the change counter then. A
+/// reader that follows the index (the status view, the registration writer) catches up with
+/// [`LockIndex::catch_up`], at a cost in proportion to what changed since, not to the number
+/// of locks: during a first start with 10,000 Locks, every status write is a change.
+#[derive(Debug, Default)]
+pub struct Follower {
+    seen: HashMap<String, Arc<LockSet>>,
+    version: u64,
+    listed: (bool, bool),
+}
 
-    /// What changed since `seen`, the sets of an earlier snapshot: every lock of a namespace
-    /// whose set is not the same `Arc` as then is put again, and those no longer there are
-    /// gone. Kinds not listed yet are left out (their sets are empty for want of knowledge).
-    pub fn changes_since<'a>(&'a self, seen: &'a HashMap<String, Arc<LockSet>>) -> Vec<Change<'a>> {
-        let mut changes = Vec::new();
-        for (namespace, set) in self.listed_sets() {
-            let old = seen.get(namespace);
-            if old.is_some_and(|old| Arc::ptr_eq(old, set)) {
-                continue;
-            }
-            changes.extend(set.iter().map(Change::Put));
-            let gone = old.into_iter().flat_map(|old| old.iter());
-            changes.extend(
-                gone.filter(|l| set.get(&l.name).is_none())
-                    .map(Change::Gone),
-            );
-        }
-        for (namespace, old) in seen {
-            if !self.sets.contains_key(namespace) || !self.is_listed(namespace) {
-                changes.extend(old.iter().map(Change::Gone));
-            }
-        }
-        changes
-    }
-
-    /// The sets of the kinds listed so far.
-    pub fn listed_sets(&self) -> impl Iterator<Item = (&String, &Arc<LockSet>)> {
-        self.sets.iter().filter(|(ns, _)| self.is_listed(ns))
+impl Follower {
+    /// Whether Locks, and ClusterLocks, had been listed at the last catch-up.
+    pub fn listed(&self) -> (bool, bool) {
+        self.listed
     }
 }
+
+/// The namespaces changed at each version, so that followers need not compare every set.
+#[derive(Debug, Default)]
+struct Journal {
+    /// (version, namespace), oldest first.
+    entries: VecDeque<(u64, String)>,
+    /// Changes up to this version are not in `entries` (a re-list, or the bound): a follower
+    /// older than this compares every set.
+    horizon: u64,
+}
+
+/// Journal entries kept at most; a follower further behind compares every set once.
+const JOURNAL: usize = 1024;
 
 /// The index. Share it with `Arc`; see the module docs.
 #[derive(Debug)]
@@ -180,6 +171,7 @@ pub struct LockIndex {
     /// when the index stops being fresh again (they may predate what the watch had shown).
     stale_epoch: AtomicU64,
     changes: tokio::sync::watch::Sender<u64>,
+    journal: Mutex<Journal>,
 }
 
 impl LockIndex {
@@ -191,6 +183,7 @@ impl LockIndex {
             stale_after,
             stale_epoch: AtomicU64::new(0),
             changes: tokio::sync::watch::channel(0).0,
+            journal: Mutex::default(),
         }
     }
 
@@ -287,9 +280,9 @@ impl LockIndex {
         set.insert(lock);
         set.shrink_to_fit();
         published.count += (set.len() - before) as u64;
-        published.sets.insert(namespace, Arc::new(set));
+        published.sets.insert(namespace.clone(), Arc::new(set));
         drop(published);
-        self.changed();
+        self.changed(Some(namespace));
     }
 
     /// Removes one lock (writer only).
@@ -311,7 +304,7 @@ impl LockIndex {
             published.sets.insert(namespace.to_owned(), Arc::new(set));
         }
         drop(published);
-        self.changed();
+        self.changed(Some(namespace.to_owned()));
     }
 
     /// Replaces every lock of `kind` with a fresh list (writer only). Namespaces whose locks did
@@ -339,7 +332,11 @@ impl LockIndex {
         published.count = count;
         published.listed = true;
         drop(published);
-        self.changed();
+        // Followers compare every set once: cheaper than a journal entry per namespace.
+        let mut journal = self.journal();
+        self.changes.send_modify(|v| *v += 1);
+        journal.entries.clear();
+        journal.horizon = *self.changes.borrow();
     }
 
     /// Sets the watch state of `kind`; returns the previous health when the state changed.
@@ -362,12 +359,95 @@ impl LockIndex {
             self.stale_epoch.fetch_add(1, Ordering::SeqCst);
         }
         drop(published);
-        self.changed();
+        self.changed(None);
         Some(previous)
     }
 
-    fn changed(&self) {
+    /// Bumps the change counter, noting which namespace's set changed, if one did.
+    fn changed(&self, namespace: Option<String>) {
+        let mut journal = self.journal();
         self.changes.send_modify(|v| *v += 1);
+        if let Some(namespace) = namespace {
+            let version = *self.changes.borrow();
+            journal.entries.push_back((version, namespace));
+            if journal.entries.len() > JOURNAL
+                && let Some((dropped, _)) = journal.entries.pop_front()
+            {
+                journal.horizon = dropped;
+            }
+        }
+    }
+
+    /// Brings `follower` up to date, telling `change` of every lock put or gone since its
+    /// last catch-up; kinds not listed yet are left out (their sets are empty for want of
+    /// knowledge). Costs the namespaces changed since, or one comparison per namespace when
+    /// the follower is older than the journal (its first catch-up, after a re-list).
+    pub fn catch_up(&self, follower: &mut Follower, mut change: impl FnMut(Change<'_>)) {
+        let (version, namespaces) = {
+            let journal = self.journal();
+            let version = *self.changes.borrow();
+            let namespaces: Option<Vec<String>> =
+                (follower.version >= journal.horizon).then(|| {
+                    (journal.entries.iter())
+                        .filter(|(v, _)| *v > follower.version)
+                        .map(|(_, ns)| ns.clone())
+                        .collect()
+                });
+            (version, namespaces)
+        };
+        let listed = (
+            self.read(LockKind::Lock).listed,
+            self.read(LockKind::ClusterLock).listed,
+        );
+        let is_listed = |ns: &str| match LockKind::for_namespace(ns) {
+            LockKind::Lock => listed.0,
+            LockKind::ClusterLock => listed.1,
+        };
+        let namespaces = namespaces.unwrap_or_else(|| {
+            let mut all: Vec<String> = follower.seen.keys().cloned().collect();
+            for kind in [LockKind::Lock, LockKind::ClusterLock] {
+                all.extend(self.read(kind).sets.keys().cloned());
+            }
+            all.sort_unstable();
+            all.dedup();
+            all
+        });
+        for namespace in namespaces {
+            let now = (is_listed(&namespace))
+                .then(|| {
+                    self.read(LockKind::for_namespace(&namespace))
+                        .sets
+                        .get(&namespace)
+                        .cloned()
+                })
+                .flatten();
+            let old = follower.seen.get(&namespace);
+            if let (Some(old), Some(now)) = (old, &now)
+                && Arc::ptr_eq(old, now)
+            {
+                continue;
+            }
+            if let Some(now) = &now {
+                now.iter().for_each(|lock| change(Change::Put(lock)));
+            }
+            for lock in old.into_iter().flat_map(|old| old.iter()) {
+                if now.as_ref().is_none_or(|now| now.get(&lock.name).is_none()) {
+                    change(Change::Gone(lock));
+                }
+            }
+            match now {
+                Some(now) => follower.seen.insert(namespace, now),
+                None => follower.seen.remove(&namespace),
+            };
+        }
+        follower.version = version;
+        follower.listed = listed;
+    }
+
+    fn journal(&self) -> std::sync::MutexGuard<'_, Journal> {
+        self.journal
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn read(&self, kind: LockKind) -> RwLockReadGuard<'_, Published> {
@@ -491,5 +571,61 @@ mod tests {
             None,
             "no transition"
         );
+    }
+
+    /// What a follower is told is told of, as "put ns/name" / "gone ns/name".
+    fn catch_up(index: &LockIndex, follower: &mut Follower) -> Vec<String> {
+        let mut seen = Vec::new();
+        index.catch_up(follower, |change| {
+            seen.push(match change {
+                Change::Put(l) => format!("put {}", l.key()),
+                Change::Gone(l) => format!("gone {}", l.key()),
+            })
+        });
+        seen.sort();
+        seen
+    }
+
+    #[test]
+    fn a_follower_is_told_what_changed_since_its_last_catch_up() {
+        let index = LockIndex::new(Duration::from_secs(5));
+        let mut follower = Follower::default();
+        assert!(catch_up(&index, &mut follower).is_empty(), "nothing listed");
+        index.reset(LockKind::Lock, vec![lock("a", "x"), lock("b", "y")]);
+        assert_eq!(
+            catch_up(&index, &mut follower),
+            ["put Lock a/x", "put Lock b/y"]
+        );
+        assert_eq!(follower.listed(), (true, false));
+        assert!(catch_up(&index, &mut follower).is_empty(), "nothing new");
+        index.apply(LockKind::Lock, lock("a", "z"));
+        index.delete(LockKind::Lock, "b", "y");
+        index.set_state(LockKind::Lock, WatchState::Live, None);
+        assert_eq!(
+            catch_up(&index, &mut follower),
+            ["gone Lock b/y", "put Lock a/x", "put Lock a/z"]
+        );
+        // A second follower, new, is told everything.
+        let mut late = Follower::default();
+        assert_eq!(
+            catch_up(&index, &mut late),
+            ["put Lock a/x", "put Lock a/z"]
+        );
+    }
+
+    #[test]
+    fn a_follower_further_behind_than_the_journal_compares_every_set() {
+        let index = LockIndex::new(Duration::from_secs(5));
+        index.reset(LockKind::Lock, vec![lock("gone", "x")]);
+        let mut follower = Follower::default();
+        assert_eq!(catch_up(&index, &mut follower), ["put Lock gone/x"]);
+        index.delete(LockKind::Lock, "gone", "x");
+        for i in 0..JOURNAL + 10 {
+            index.apply(LockKind::Lock, lock(&format!("ns-{i}"), "x"));
+        }
+        let told = catch_up(&index, &mut follower);
+        assert_eq!(told.len(), JOURNAL + 11, "every new lock and the one gone");
+        assert!(told.contains(&"gone Lock gone/x".to_owned()));
+        assert!(catch_up(&index, &mut follower).is_empty());
     }
 }

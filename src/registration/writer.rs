@@ -24,7 +24,7 @@
 //! Needs `get`, `list`, `watch` and `patch` on `validatingwebhookconfigurations` restricted by
 //! `resourceNames` to the one configuration (`manifests cluster` grants them).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -40,8 +40,8 @@ use tracing::{debug, info, warn};
 use super::conditions::{self, Limits, Plan, Scope};
 use super::{Registered, RegisteredScope};
 use super::{is_current, webhooks};
-use crate::locks::index::{Change, IndexSnapshot, LockIndex};
-use crate::locks::{LockKey, LockRef, LockSet};
+use crate::locks::index::{Change, Follower, LockIndex};
+use crate::locks::{LockKey, LockRef};
 use crate::metrics::{OutcomeLabels, RegistrationMetrics};
 use crate::retry::{self, Backoff, LastError};
 
@@ -66,38 +66,34 @@ type Key = LockKey;
 #[derive(Default)]
 struct LockView {
     locks: BTreeMap<Key, LockRef>,
-    /// The index's sets as last taken in, by namespace (`""`: ClusterLocks).
-    seen: HashMap<String, Arc<LockSet>>,
-    listed: (bool, bool),
+    /// Where in the index the view is.
+    follower: Follower,
 }
 
 impl LockView {
     /// Takes in what changed in the index; true when the plan may change: a lock came, went
     /// or changed what it locks. Most changes do not: every status write of every instance
     /// changes a lock's status only.
-    fn update(&mut self, snapshot: IndexSnapshot) -> bool {
-        let mut changed = snapshot.listed != self.listed;
-        self.listed = snapshot.listed;
-        for change in snapshot.changes_since(&self.seen) {
-            match change {
-                Change::Put(lock) => {
-                    let key = lock.key();
-                    if self.locks.get(&key).is_none_or(|old| !old.same_rule(lock)) {
-                        self.locks.insert(key, lock.clone());
-                        changed = true;
-                    }
+    fn update(&mut self, index: &LockIndex) -> bool {
+        let listed = self.follower.listed();
+        let locks = &mut self.locks;
+        let mut changed = false;
+        index.catch_up(&mut self.follower, |change| match change {
+            Change::Put(lock) => {
+                let key = lock.key();
+                if locks.get(&key).is_none_or(|old| !old.same_rule(lock)) {
+                    locks.insert(key, lock.clone());
+                    changed = true;
                 }
-                Change::Gone(lock) => changed |= self.locks.remove(&lock.key()).is_some(),
             }
-        }
-        self.seen = (snapshot.listed_sets())
-            .map(|(ns, set)| (ns.clone(), set.clone()))
-            .collect();
-        changed
+            Change::Gone(lock) => changed |= locks.remove(&lock.key()).is_some(),
+        });
+        changed || listed != self.follower.listed()
     }
 
     fn complete(&self) -> bool {
-        self.listed.0 && self.listed.1
+        let listed = self.follower.listed();
+        listed.0 && listed.1
     }
 }
 
@@ -178,7 +174,7 @@ impl Narrower {
                 changed = locks.changed() => match changed {
                     Ok(()) => {
                         locks.borrow_and_update();
-                        dirty |= view.update(index.snapshot());
+                        dirty |= view.update(&index);
                     }
                     Err(_) => {
                         warn!("the lock index is gone; the webhook configuration is no longer kept narrowed");
@@ -212,7 +208,7 @@ impl Narrower {
             // one write.
             if locks.has_changed().unwrap_or(false) {
                 locks.borrow_and_update();
-                dirty |= view.update(index.snapshot());
+                dirty |= view.update(&index);
             }
             while let Some(Some(Ok(event))) = configs.next().now_or_never() {
                 dirty |= config.apply(event);
@@ -443,7 +439,7 @@ mod tests {
         let mut view = LockView::default();
         index.reset(LockKind::Lock, vec![lock("prod", "web")]);
         index.reset(LockKind::ClusterLock, vec![]);
-        assert!(view.update(index.snapshot()));
+        assert!(view.update(&index));
         assert!(view.complete());
         // A status write: the same rule again.
         let mut written = lock("prod", "web");
@@ -452,14 +448,14 @@ mod tests {
             ..Default::default()
         });
         index.apply(LockKind::Lock, written);
-        assert!(!view.update(index.snapshot()), "a status write");
+        assert!(!view.update(&index), "a status write");
         let mut changed = lock("prod", "web");
         changed.spec.reason = Some("freeze".into());
         index.apply(LockKind::Lock, changed);
-        assert!(view.update(index.snapshot()));
+        assert!(view.update(&index));
         index.delete(LockKind::Lock, "prod", "web");
-        assert!(view.update(index.snapshot()));
-        assert!(!view.update(index.snapshot()), "already gone");
+        assert!(view.update(&index));
+        assert!(!view.update(&index), "already gone");
         assert!(view.locks.is_empty());
     }
 
@@ -530,7 +526,7 @@ mod tests {
         use crate::locks::index::WatchState;
         let index = LockIndex::new(Duration::from_secs(3));
         let mut view = LockView::default();
-        let step = |index: &LockIndex, view: &mut LockView| view.update(index.snapshot());
+        let step = |index: &LockIndex, view: &mut LockView| view.update(index);
         // A first list that fails is not an empty list: nothing is sent.
         index.set_state(
             LockKind::ClusterLock,

@@ -8,7 +8,6 @@
 //! index may answer (see [`LockIndex::is_fresh`]): when it may not, the instance cannot vouch
 //! for the locks and withdraws from their status.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,8 +15,7 @@ use tokio::sync::watch;
 
 use super::{KnownLock, LockSnapshot};
 use crate::api::LockKey;
-use crate::locks::LockSet;
-use crate::locks::index::{Change, LockIndex};
+use crate::locks::index::{Change, Follower, LockIndex};
 
 /// How often health is looked at again when nothing changes: a reconnecting watch becomes
 /// stale by the passing of time alone.
@@ -57,9 +55,8 @@ pub fn follow(
 struct View {
     healthy: bool,
     locks: imbl::OrdMap<LockKey, Arc<KnownLock>>,
-    /// The index's sets as last applied, by namespace (`""`: ClusterLocks).
-    seen: HashMap<String, Arc<LockSet>>,
-    version: Option<u64>,
+    /// Where in the index the view is; `None` until it has first been complete and current.
+    follower: Option<Follower>,
 }
 
 impl View {
@@ -68,30 +65,25 @@ impl View {
         // Until the index has first been complete and current there is nothing to say: half a
         // list would have the writer mark locks unenforced that are merely not seen yet.
         let healthy = index.is_fresh() && index.listed();
-        if !healthy && self.version.is_none() {
+        if !healthy && self.follower.is_none() {
             return false;
         }
         let mut changed = healthy != self.healthy;
         self.healthy = healthy;
-        let version = index.version();
-        if self.version == Some(version) {
-            return changed;
-        }
-        let snapshot = index.snapshot();
-        self.version = Some(snapshot.version);
-        for change in snapshot.changes_since(&self.seen) {
-            match change {
+        let locks = &mut self.locks;
+        index.catch_up(
+            self.follower.get_or_insert_default(),
+            |change| match change {
                 Change::Put(lock) => {
                     let known = KnownLock::from(lock);
-                    if self.locks.get(&known.key).is_none_or(|k| **k != known) {
-                        self.locks.insert(known.key.clone(), Arc::new(known));
+                    if locks.get(&known.key).is_none_or(|k| **k != known) {
+                        locks.insert(known.key.clone(), Arc::new(known));
                         changed = true;
                     }
                 }
-                Change::Gone(lock) => changed |= self.locks.remove(&lock.key()).is_some(),
-            }
-        }
-        self.seen = snapshot.sets;
+                Change::Gone(lock) => changed |= locks.remove(&lock.key()).is_some(),
+            },
+        );
         changed
     }
 
