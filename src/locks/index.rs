@@ -124,8 +124,9 @@ pub struct IndexSnapshot {
 /// One lock's change, as a [`Follower`] learns it.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Change<'a> {
-    /// Present now: new, or in a namespace whose set changed.
-    Put(&'a LockRef),
+    /// Present now: new, or in a namespace whose set changed; with the lock of that name the
+    /// follower saw before, if any.
+    Put(&'a LockRef, Option<&'a LockRef>),
     /// Gone since.
     Gone(&'a LockRef),
 }
@@ -145,6 +146,11 @@ impl Follower {
     /// Whether Locks, and ClusterLocks, had been listed at the last catch-up.
     pub fn listed(&self) -> (bool, bool) {
         self.listed
+    }
+
+    /// The locks as of the last catch-up, sets shared with the index (no copy).
+    pub fn locks(&self) -> impl Iterator<Item = &LockRef> {
+        self.seen.values().flat_map(|set| set.iter())
     }
 }
 
@@ -428,7 +434,9 @@ impl LockIndex {
                 continue;
             }
             if let Some(now) = &now {
-                now.iter().for_each(|lock| change(Change::Put(lock)));
+                for lock in now.iter() {
+                    change(Change::Put(lock, old.and_then(|old| old.get(&lock.name))));
+                }
             }
             for lock in old.into_iter().flat_map(|old| old.iter()) {
                 if now.as_ref().is_none_or(|now| now.get(&lock.name).is_none()) {
@@ -578,7 +586,7 @@ mod tests {
         let mut seen = Vec::new();
         index.catch_up(follower, |change| {
             seen.push(match change {
-                Change::Put(l) => format!("put {}", l.key()),
+                Change::Put(l, _) => format!("put {}", l.key()),
                 Change::Gone(l) => format!("gone {}", l.key()),
             })
         });

@@ -24,7 +24,7 @@
 //! Needs `get`, `list`, `watch` and `patch` on `validatingwebhookconfigurations` restricted by
 //! `resourceNames` to the one configuration (`manifests cluster` grants them).
 
-use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -60,13 +60,10 @@ pub struct NarrowerConfig {
     pub limits: Limits,
 }
 
-type Key = LockKey;
-
-/// The live locks, followed from the lock index: complete once both kinds have been listed.
+/// The live locks, followed from the lock index (its sets, shared, not copied): complete once
+/// both kinds have been listed.
 #[derive(Default)]
 struct LockView {
-    locks: BTreeMap<Key, LockRef>,
-    /// Where in the index the view is.
     follower: Follower,
 }
 
@@ -76,17 +73,12 @@ impl LockView {
     /// changes a lock's status only.
     fn update(&mut self, index: &LockIndex) -> bool {
         let listed = self.follower.listed();
-        let locks = &mut self.locks;
         let mut changed = false;
-        index.catch_up(&mut self.follower, |change| match change {
-            Change::Put(lock) => {
-                let key = lock.key();
-                if locks.get(&key).is_none_or(|old| !old.same_rule(lock)) {
-                    locks.insert(key, lock.clone());
-                    changed = true;
-                }
+        index.catch_up(&mut self.follower, |change| {
+            changed |= match change {
+                Change::Put(lock, before) => before.is_none_or(|b| !b.same_rule(lock)),
+                Change::Gone(_) => true,
             }
-            Change::Gone(lock) => changed |= locks.remove(&lock.key()).is_some(),
         });
         changed || listed != self.follower.listed()
     }
@@ -94,6 +86,10 @@ impl LockView {
     fn complete(&self) -> bool {
         let listed = self.follower.listed();
         listed.0 && listed.1
+    }
+
+    fn locks(&self) -> impl Iterator<Item = &LockRef> {
+        self.follower.locks()
     }
 }
 
@@ -218,16 +214,21 @@ impl Narrower {
             }
             dirty = false;
             let now = Timestamp::now();
-            let plan = conditions::plan(view.locks.values(), now, &self.config.limits);
+            let plan = conditions::plan(view.locks(), now, &self.config.limits);
             // This reconcile supersedes a pending retry; a failure schedules the next one.
             wake = plan.next_expiry.map(|at| {
                 let left = at.duration_since(now).unsigned_abs();
                 tokio::time::Instant::now() + left + Duration::from_millis(5)
             });
             let (this, api) = (&self, &api);
-            let (current, locks) = (config.current.clone(), view.locks.clone());
+            // What the configuration names once written: the live locks of the plan.
+            let live: BTreeSet<LockKey> = (view.locks())
+                .filter(|l| !l.spec.is_expired(now))
+                .map(LockRef::key)
+                .collect();
+            let current = config.current.clone();
             inflight = Some(Box::pin(async move {
-                this.reconcile(api, current.as_ref(), &plan, &locks).await
+                this.reconcile(api, current.as_ref(), &plan, live).await
             }));
         }
     }
@@ -239,7 +240,7 @@ impl Narrower {
         api: &Api<ValidatingWebhookConfiguration>,
         current: Option<&ValidatingWebhookConfiguration>,
         plan: &Plan,
-        locks: &BTreeMap<Key, LockRef>,
+        live: BTreeSet<LockKey>,
     ) -> Result<Option<ValidatingWebhookConfiguration>, String> {
         let outcome = |outcome| {
             self.metrics
@@ -262,7 +263,7 @@ impl Narrower {
             .locked_names
             .set(i64::try_from(plan.names).unwrap_or(i64::MAX));
         if is_current(entries, &desired) {
-            self.confirm(plan, locks);
+            self.confirm(plan, live);
             return Ok(None);
         }
         let body = serde_json::json!({
@@ -320,23 +321,16 @@ impl Narrower {
             }
             (Scope::Broad(reason), _) => warn!(%reason, "webhook configuration is broad"),
         }
-        self.confirm(plan, locks);
+        self.confirm(plan, live);
         Ok(Some(written))
     }
 
     /// Publishes what the configuration now says.
-    fn confirm(&self, plan: &Plan, locks: &BTreeMap<Key, LockRef>) {
+    fn confirm(&self, plan: &Plan, live: BTreeSet<LockKey>) {
         let scope = match &plan.scope {
             Scope::Narrow { .. } => {
                 self.metrics.narrowed.set(1);
-                let now = Timestamp::now();
-                RegisteredScope::Narrow(
-                    locks
-                        .iter()
-                        .filter(|(_, l)| !l.spec.is_expired(now))
-                        .map(|(k, _)| k.clone())
-                        .collect(),
-                )
+                RegisteredScope::Narrow(live)
             }
             Scope::Broad(reason) => {
                 self.metrics.narrowed.set(0);
@@ -456,7 +450,7 @@ mod tests {
         index.delete(LockKind::Lock, "prod", "web");
         assert!(view.update(&index));
         assert!(!view.update(&index), "already gone");
-        assert!(view.locks.is_empty());
+        assert_eq!(view.locks().count(), 0);
     }
 
     #[test]
@@ -536,7 +530,7 @@ mod tests {
         assert!(!step(&index, &mut view));
         index.reset(LockKind::Lock, vec![lock("a", "x"), lock("b", "y")]);
         step(&index, &mut view);
-        assert_eq!(view.locks.len(), 2);
+        assert_eq!(view.locks().count(), 2);
         assert!(!view.complete(), "ClusterLocks not listed yet");
         index.reset(
             LockKind::ClusterLock,
@@ -544,14 +538,14 @@ mod tests {
         );
         step(&index, &mut view);
         assert!(view.complete());
-        assert_eq!(view.locks.len(), 3);
+        assert_eq!(view.locks().count(), 3);
         // A change in one namespace: the view follows.
         index.apply(LockKind::Lock, lock("a", "z"));
         assert!(step(&index, &mut view));
-        assert_eq!(view.locks.len(), 4);
+        assert_eq!(view.locks().count(), 4);
         index.delete(LockKind::Lock, "b", "y");
         assert!(step(&index, &mut view));
-        assert_eq!(view.locks.len(), 3);
+        assert_eq!(view.locks().count(), 3);
         // A re-list while the watch fails: what it drops, the view drops.
         index.set_state(
             LockKind::Lock,
@@ -560,7 +554,8 @@ mod tests {
         );
         index.reset(LockKind::Lock, vec![lock("a", "x"), lock("c", "w")]);
         step(&index, &mut view);
-        let keys: Vec<_> = view.locks.keys().cloned().collect();
+        let mut keys: Vec<_> = view.locks().map(LockRef::key).collect();
+        keys.sort();
         assert_eq!(
             keys,
             [

@@ -74,7 +74,7 @@ impl View {
         index.catch_up(
             self.follower.get_or_insert_default(),
             |change| match change {
-                Change::Put(lock) => {
+                Change::Put(lock, _) => {
                     let known = KnownLock::from(lock);
                     if locks.get(&known.key).is_none_or(|k| **k != known) {
                         locks.insert(known.key.clone(), Arc::new(known));
