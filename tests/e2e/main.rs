@@ -1,9 +1,9 @@
 //! End-to-end suite: the project's binaries against a real kube-apiserver.
 //!
 //! It installs the CRDs, makes certificates, starts `kube-object-lock serve` on
-//! `127.0.0.1:18443` with a ServiceAccount identity of its own, registers it with the output of
-//! `manifests cluster`, and checks the README's promises through kubectl and the REST API, each
-//! scenario in its own namespace. What only a real API server can show is the point: which
+//! `127.0.0.1:18443` (metrics on `127.0.0.1:18444`) with a ServiceAccount identity of its own,
+//! registers it with the output of `manifests cluster`, and checks the README's promises
+//! through kubectl and the REST API, each scenario in its own namespace. What only a real API server can show is the point: which
 //! requests the admission chain sends (subresources, evictions, DELETECOLLECTION items, dry
 //! runs, server-side apply), the CEL `matchConditions`, how the registration takes effect, what
 //! survives an API server restart, and the API server's side of mTLS.

@@ -162,6 +162,23 @@ impl Ctx<'_> {
         Ok(())
     }
 
+    /// Stops the suite's webhook with SIGTERM, runs `between`, and starts the webhook again with
+    /// the same settings whatever `between` returned.
+    pub fn with_webhook_stopped<T>(&self, between: impl FnOnce() -> Result<T>) -> Result<T> {
+        let mut slot = self
+            .env
+            .serve
+            .lock()
+            .map_err(|_| anyhow::anyhow!("the webhook's slot is poisoned"))?;
+        let serve = slot
+            .take()
+            .ok_or_else(|| anyhow::anyhow!("the suite's webhook is not running"))?;
+        let (started, result) =
+            serve.restart_after(&self.env.cfg.server_bin, &self.env.files, between);
+        *slot = Some(started?);
+        result
+    }
+
     /// `kubectl ARGS...`.
     pub fn k(&self, args: &[&str]) -> Out {
         self.env.kubectl.run(args)

@@ -16,6 +16,10 @@ use crate::kubectl::{Kubectl, run};
 pub const PORT: u16 = 18443;
 /// Its URL as registered.
 pub const URL: &str = "https://127.0.0.1:18443/validate";
+/// Port of its metrics listener (plain HTTP, `metrics.listen`).
+pub const METRICS_PORT: u16 = 18444;
+/// Ports a scenario may give a second, unregistered instance of its own (HTTPS, metrics).
+pub const SPARE_PORTS: (u16, u16) = (18445, 18446);
 /// The registration's name (fixed by `manifests cluster`).
 pub const REGISTRATION: &str = "kube-object-lock";
 
@@ -63,6 +67,10 @@ impl Serve {
             std::net::TcpStream::connect(("127.0.0.1", PORT)).is_err(),
             "127.0.0.1:{PORT} is in use by another process (an earlier run's webhook?)"
         );
+        ensure!(
+            std::net::TcpStream::connect(("127.0.0.1", METRICS_PORT)).is_err(),
+            "127.0.0.1:{METRICS_PORT} (the webhook's metrics) is in use by another process"
+        );
         let log = File::options()
             .create(true)
             .append(true)
@@ -78,7 +86,10 @@ impl Serve {
             .arg("--kubeconfig")
             .arg(files.kubeconfig())
             .env("KUBE_OBJECT_LOCK__WEBHOOK__URL", URL)
-            .env("KUBE_OBJECT_LOCK__METRICS__LISTEN", "")
+            .env(
+                "KUBE_OBJECT_LOCK__METRICS__LISTEN",
+                format!("127.0.0.1:{METRICS_PORT}"),
+            )
             .env_remove("RUST_LOG")
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
@@ -116,6 +127,19 @@ impl Serve {
         let client_ca = self.client_ca;
         self.stop()?;
         Serve::start(bin, files, client_ca)
+    }
+
+    /// Stopped (SIGTERM), `between` run, then started again with the same settings (also when
+    /// the stop or `between` failed): the new instance, and what `between` returned.
+    pub fn restart_after<T>(
+        self,
+        bin: &Path,
+        files: &Files,
+        between: impl FnOnce() -> Result<T>,
+    ) -> (Result<Serve>, Result<T>) {
+        let client_ca = self.client_ca;
+        let result = self.stop().and_then(|()| between());
+        (Serve::start(bin, files, client_ca), result)
     }
 
     /// SIGTERM, then up to 10 s for the drain; SIGKILL after.
@@ -182,9 +206,14 @@ pub fn install_crds(bin: &Path, kubectl: &Kubectl) -> Result<()> {
     Ok(())
 }
 
-/// A kubeconfig for ServiceAccount `namespace/name`: the suite's cluster entry and a token from
-/// the TokenRequest API (works without the token controller).
+/// A kubeconfig for ServiceAccount `namespace/name` in the webhook's kubeconfig file.
 pub fn identity(kubectl: &Kubectl, namespace: &str, name: &str, files: &Files) -> Result<()> {
+    identity_at(kubectl, namespace, name, &files.kubeconfig())
+}
+
+/// A kubeconfig for ServiceAccount `namespace/name` at `path`: the suite's cluster entry and a
+/// token from the TokenRequest API (works without the token controller).
+pub fn identity_at(kubectl: &Kubectl, namespace: &str, name: &str, path: &Path) -> Result<()> {
     kubectl
         .run(&["create", "serviceaccount", name, "-n", namespace])
         .check()?;
@@ -217,10 +246,7 @@ pub fn identity(kubectl: &Kubectl, namespace: &str, name: &str, files: &Files) -
         "contexts": [{"name": name, "context": {"cluster": "cluster", "user": name}}],
         "current-context": name,
     });
-    write_private(
-        &files.kubeconfig(),
-        &serde_json::to_string_pretty(&kubeconfig)?,
-    )
+    write_private(path, &serde_json::to_string_pretty(&kubeconfig)?)
 }
 
 /// Writes a file readable by its owner only (it holds a token).

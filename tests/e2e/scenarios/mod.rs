@@ -7,7 +7,9 @@ mod enforcement;
 mod excluded;
 mod fake_parity;
 mod latency;
+mod lookup_allow;
 mod lookup_error;
+mod metrics;
 mod mtls;
 mod namespaces;
 mod narrowing;
@@ -15,10 +17,13 @@ mod plugin;
 mod pods;
 mod restart;
 mod scale;
+mod sigterm;
 mod silent_apiserver;
 mod spec;
 mod terminating;
+mod unconfirmed;
 mod unreadable;
+mod warn_events;
 mod watch_forbidden;
 mod writes;
 
@@ -56,6 +61,10 @@ pub fn all() -> Vec<Scenario> {
         parallel("excluded-namespaces", excluded::run),
         parallel("fake-parity", fake_parity::run),
         parallel("enforcement-visible", enforcement::run),
+        parallel("warn-events", warn_events::run),
+        parallel("metrics", metrics::run),
+        parallel("lookup-error-allow", lookup_allow::run),
+        parallel("plugin-unconfirmed", unconfirmed::run),
         // Alone, so that its figures are not those of a loaded machine.
         alone("latency", latency::run),
         alone("narrowing", narrowing::run),
@@ -64,6 +73,8 @@ pub fn all() -> Vec<Scenario> {
         alone("silent-apiserver", silent_apiserver::run),
         alone("audit", audit::run),
         alone("mtls", mtls::run),
+        // Alone: it stops the webhook for a few seconds.
+        alone("sigterm-withdraw", sigterm::run),
         alone("lookup-error", lookup_error::run),
         alone("watch-forbidden", watch_forbidden::run),
         // Alone: it widens the Lock CRD for a while.

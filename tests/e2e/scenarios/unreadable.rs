@@ -6,10 +6,12 @@
 //! does not know. The Lock CRD is widened here the same way (`mode: Audit`) for the length of the
 //! scenario, then narrowed back once the Lock is gone.
 
+use std::time::{Duration, Instant};
+
 use anyhow::{Context, Result, ensure};
 use serde_json::{Value, json};
 
-use crate::suite::Ctx;
+use crate::suite::{Ctx, ENFORCE_WITHIN};
 
 const CRD: &str = "locks.objectlock.dev";
 
@@ -39,12 +41,30 @@ pub fn run(ctx: &Ctx) -> Result<()> {
 
 fn check(ctx: &Ctx, ns: &str) -> Result<()> {
     let path = |name: &str| format!("/api/v1/namespaces/{ns}/configmaps/{name}");
-    // Meant as "DELETE only, audited": unreadable here, so every operation is refused.
-    ctx.lock(
-        ns,
-        "odd",
-        json!({"mode": "Audit", "operations": ["DELETE"], "reason": "from a newer version"}),
-    )?;
+    // Meant as "DELETE only, audited": unreadable here, so every operation is refused. The API
+    // server serves the widened CRD moments after the patch: until then the create is refused.
+    let odd = json!({"apiVersion": "objectlock.dev/v1alpha1", "kind": "Lock",
+        "metadata": {"name": "odd"},
+        "spec": {"mode": "Audit", "operations": ["DELETE"], "reason": "from a newer version"}});
+    let start = Instant::now();
+    loop {
+        let reply = ctx.rest().post(
+            &format!("/apis/objectlock.dev/v1alpha1/namespaces/{ns}/locks"),
+            &odd,
+        )?;
+        if reply.ok() {
+            break;
+        }
+        ensure!(
+            reply.code == 422
+                && reply.message().contains("Unsupported value: \"Audit\"")
+                && start.elapsed() < ENFORCE_WITHIN,
+            "cannot create the Lock with mode Audit: {} {}",
+            reply.code,
+            reply.message()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     ctx.lock(ns, "delete-only", json!({"operations": ["DELETE"]}))?;
     let refused = ctx.update_enforced(&path("odd"))?.refusal;
     ensure!(
