@@ -130,7 +130,25 @@ fn header_value(
         .unify()
 }
 
+/// `POST /validate`: every answer that is not an AdmissionReview (a 4xx saying why) is counted
+/// in `invalid_requests`.
 async fn validate(
+    method: Method,
+    content_type: Option<HeaderValue>,
+    content_length: Option<HeaderValue>,
+    query: String,
+    body: impl Stream<Item = Result<impl Buf, warp::Error>> + Unpin,
+    state: Arc<State>,
+) -> Response {
+    let invalid = state.invalid.clone();
+    let response = answer(method, content_type, content_length, query, body, state).await;
+    if response.status().is_client_error() {
+        invalid.inc();
+    }
+    response
+}
+
+async fn answer(
     method: Method,
     content_type: Option<HeaderValue>,
     content_length: Option<HeaderValue>,
@@ -195,10 +213,7 @@ async fn validate(
                 format!("cannot encode response: {e}"),
             ),
         },
-        Err(error) => {
-            state.invalid.inc();
-            failure(StatusCode::BAD_REQUEST, error.to_string())
-        }
+        Err(error) => failure(StatusCode::BAD_REQUEST, error.to_string()),
     }
 }
 

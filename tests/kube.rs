@@ -958,6 +958,25 @@ async fn metrics_count_admissions_and_the_watch() {
         ),
         1.0
     );
+    // So is every other 4xx of /validate: a wrong content type, a bad timeout.
+    let wrong_type = http::Request::post(setup.server.url("/validate"))
+        .header("content-type", "text/plain")
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(b"{}")))
+        .expect("request");
+    assert_eq!(setup.server.http1().send(wrong_type).await.status, 400);
+    let bad_timeout = setup
+        .server
+        .http1()
+        .post_json(&setup.server.url("/validate?timeout=soon"), b"{}".to_vec())
+        .await;
+    assert_eq!(bad_timeout.status, 400);
+    assert_eq!(
+        sample(
+            &setup.server.scrape().await,
+            "kube_object_lock_invalid_requests_total"
+        ),
+        3.0
+    );
 }
 
 #[tokio::test]
