@@ -21,7 +21,7 @@ use serde::Deserialize;
 use serde_saphyr::Spanned;
 use tracing::{error, info, warn};
 
-use super::{LockCounts, LockKind, LockRef, LockSet, LockSource, LookupError};
+use super::{LockCounts, LockKind, LockRef, LockSet, LockSource, LookupError, parse};
 use crate::api::{API_VERSION, LockSpec};
 
 /// Why the directory itself cannot be used.
@@ -304,7 +304,7 @@ pub fn parse_file(path: &Path, bytes: &[u8]) -> Result<Vec<LockRef>, FileProblem
             return Err(problem(meta_line, "metadata.name is missing".into()));
         }
         let spec = match doc.spec {
-            Some(spec) => parse_spec(spec.value)
+            Some(spec) => parse::file_spec(spec.value)
                 .map_err(|message| problem(Some(spec.referenced.line()), message))?,
             None => LockSpec::default(),
         };
@@ -330,33 +330,6 @@ pub fn parse_file(path: &Path, bytes: &[u8]) -> Result<Vec<LockRef>, FileProblem
         locks.push(lock);
     }
     Ok(locks)
-}
-
-/// A spec, with unknown fields refused (the API server would prune them; here they are typos)
-/// and the CRD's validation applied.
-fn parse_spec(value: serde_json::Value) -> Result<LockSpec, String> {
-    let value = match value {
-        serde_json::Value::Null => return Ok(LockSpec::default()),
-        v @ serde_json::Value::Object(_) => v,
-        other => return Err(format!("spec must be a mapping, found {other}")),
-    };
-    let mut unknown = Vec::new();
-    let spec: LockSpec = serde_ignored::deserialize(value, |path| {
-        // Option layers show as `?` in the path; they mean nothing to the author of the file.
-        let path = path.to_string();
-        unknown.push(
-            path.split('.')
-                .filter(|part| *part != "?")
-                .collect::<Vec<_>>()
-                .join("."),
-        );
-    })
-    .map_err(|e| format!("spec: {e}"))?;
-    if let Some(field) = unknown.first() {
-        return Err(format!("spec.{field} is not a field of a lock spec"));
-    }
-    spec.validate().map_err(|e| format!("spec.{e}"))?;
-    Ok(spec)
 }
 
 #[cfg(test)]

@@ -1,4 +1,5 @@
-//! Lock objects as the API server stores them (raw JSON) into [`LockRef`]s, one object at a time.
+//! Lock specs into [`LockRef`]s: objects as the API server stores them (raw JSON), one object at
+//! a time, and specs from lock files ([`file_spec`]). Every reader of Locks parses here.
 //!
 //! Parsing each object on its own, instead of a whole typed LIST, is what keeps one bad Lock from
 //! breaking its namespace: a Lock whose spec this version cannot read (an enum value from a newer
@@ -68,6 +69,34 @@ fn spec(raw: Option<&Value>) -> Result<LockSpec, (String, Option<String>)> {
     })?;
     spec.validate()
         .map_err(|e| (format!("spec.{e}"), reason()))?;
+    Ok(spec)
+}
+
+/// A spec from a lock file, stricter than one the API server stored: unknown fields are refused
+/// (the API server would prune them; in a file they are typos), and the CRD's validation is
+/// applied, the file's reader refusing the whole file on any problem.
+pub fn file_spec(value: serde_json::Value) -> Result<LockSpec, String> {
+    let value = match value {
+        serde_json::Value::Null => return Ok(LockSpec::default()),
+        v @ serde_json::Value::Object(_) => v,
+        other => return Err(format!("spec must be a mapping, found {other}")),
+    };
+    let mut unknown = Vec::new();
+    let spec: LockSpec = serde_ignored::deserialize(value, |path| {
+        // Option layers show as `?` in the path; they mean nothing to the author of the file.
+        let path = path.to_string();
+        unknown.push(
+            path.split('.')
+                .filter(|part| *part != "?")
+                .collect::<Vec<_>>()
+                .join("."),
+        );
+    })
+    .map_err(|e| format!("spec: {e}"))?;
+    if let Some(field) = unknown.first() {
+        return Err(format!("spec.{field} is not a field of a lock spec"));
+    }
+    spec.validate().map_err(|e| format!("spec.{e}"))?;
     Ok(spec)
 }
 
