@@ -240,10 +240,12 @@ const DISCARD_BYTES: usize = 16 * 1024 * 1024;
 const DISCARD_TIME: Duration = Duration::from_secs(2);
 
 /// Answers a request refused before its body was read, once the rest of the body is in (at most
-/// [`DISCARD_BYTES`] within [`DISCARD_TIME`]). Over HTTP/2, an answer that ends the stream while
-/// the client is still sending races the client's last DATA frames: the stream is then reset,
-/// and curl shows `(92) ... PROTOCOL_ERROR` instead of the 4xx. Over HTTP/1.1 the connection
-/// stays usable. A body beyond the bounds is answered anyway (and the stream reset).
+/// [`DISCARD_BYTES`] within [`DISCARD_TIME`]). Over HTTP/1.1 this is what keeps the connection
+/// usable: a body the service lets go of unread cannot be drained afterwards, and hyper closes
+/// the connection instead. Over HTTP/2, an answer that ends the stream while the client is still
+/// sending races the client's last DATA frames (curl shows `(92) ... PROTOCOL_ERROR` instead of
+/// the 4xx); the server's own drain ([`crate::server::RequestBody`]) covers HTTP/2 bodies let go
+/// of anywhere else (a rejected route). A body beyond the bounds is answered anyway.
 async fn refuse_early(
     body: &mut (impl Stream<Item = Result<impl Buf, warp::Error>> + Unpin),
     response: Response,

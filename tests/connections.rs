@@ -428,3 +428,33 @@ async fn probes_are_served_on_the_metrics_listener_without_a_client_certificate(
     let reply = plain_get(metrics, "/validate").await;
     assert!(reply.starts_with("HTTP/1.1 404"), "{reply}");
 }
+
+/// Over HTTP/1.1, a request refused before its body is read (a wrong content type, here with a
+/// body of 300 KB) has the rest of its body read before the answer, so the connection stays
+/// usable: the next request on it is answered. (Over HTTP/2 the server drains such bodies on
+/// its own; HTTP/1.1 cannot be drained once the service has let go of the body.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http1_connection_is_reused_after_an_early_refusal() {
+    let (server, _dir) = files_server(|_| {}).await;
+    let mut conn = tls_http1(&server).await;
+    let body = vec![b'a'; 300 * 1024];
+    let head = format!(
+        "POST /validate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    conn.write_all(head.as_bytes()).await.expect("write head");
+    conn.write_all(&body).await.expect("write body");
+    conn.flush().await.expect("flush");
+    let (status, answer) = read_response(&mut conn).await;
+    assert!(status.contains(" 400 "), "{status}");
+    assert!(
+        String::from_utf8_lossy(&answer).contains("text/plain"),
+        "{answer:?}"
+    );
+    let (status, allowed) = review_on(&mut conn).await;
+    assert!(status.contains(" 200 "), "{status}");
+    assert!(
+        allowed,
+        "the next review on the same connection is answered"
+    );
+}
