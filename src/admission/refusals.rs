@@ -58,7 +58,7 @@ pub struct EventSink {
 }
 
 impl EventSink {
-    /// A queue of `capacity` records and its receiving end, for [`run`].
+    /// A queue of `capacity` records and its receiving end, for [`crate::events::run`].
     pub fn channel(
         capacity: usize,
         metrics: EnforcementMetrics,
