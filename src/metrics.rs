@@ -30,14 +30,13 @@ pub enum Decision {
     denied,
     /// The locks could not be read; `on_lookup_error` decided.
     error,
-    /// Not an AdmissionReview (answered 4xx).
-    invalid,
 }
 
 /// Labels of the admission counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct AdmissionLabels {
-    /// CREATE, UPDATE, DELETE, CONNECT, or `none` for invalid requests.
+    /// CREATE, UPDATE, DELETE or CONNECT. (Requests that are not an AdmissionReview are
+    /// counted in `invalid_requests` instead.)
     pub operation: &'static str,
     /// The decision.
     pub decision: Decision,
@@ -114,7 +113,7 @@ pub struct BuildLabels {
 /// The operations whose request counters are kept at hand.
 const OPERATIONS: [&str; 4] = ["CREATE", "UPDATE", "DELETE", "CONNECT"];
 /// How many [`Decision`]s there are.
-const DECISIONS: usize = Decision::invalid as usize + 1;
+const DECISIONS: usize = Decision::error as usize + 1;
 
 /// Metrics of the admission path.
 #[derive(Clone, Debug)]
@@ -467,12 +466,13 @@ mod tests {
         }
         clone.observe("UPDATE", Decision::allowed, took);
         clone.observe("DELETE", Decision::warned, took);
-        clone.observe("none", Decision::invalid, took);
+        // An operation not kept at hand still counts, through the family.
+        clone.observe("PATCH", Decision::error, took);
         let text = metrics.encode();
         for series in [
             "{operation=\"UPDATE\",decision=\"allowed\"} 4",
             "{operation=\"DELETE\",decision=\"warned\"} 1",
-            "{operation=\"none\",decision=\"invalid\"} 1",
+            "{operation=\"PATCH\",decision=\"error\"} 1",
         ] {
             let line = format!("kube_object_lock_admission_requests_total{series}");
             assert!(text.contains(&line), "{line} in {text}");
