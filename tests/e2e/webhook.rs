@@ -122,6 +122,11 @@ impl Serve {
         }
     }
 
+    /// The process id (for signals: SIGHUP reloads the certificate at once).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Stopped, then started again with the same settings.
     pub fn restart(self, bin: &Path, files: &Files) -> Result<Serve> {
         let client_ca = self.client_ca;

@@ -16,6 +16,7 @@ mod narrowing;
 mod plugin;
 mod pods;
 mod restart;
+mod rotation;
 mod scale;
 mod sigterm;
 mod silent_apiserver;
@@ -72,6 +73,8 @@ pub fn all() -> Vec<Scenario> {
         // Alone: it stops the API server for a few seconds.
         alone("silent-apiserver", silent_apiserver::run),
         alone("audit", audit::run),
+        // Alone: it replaces the webhook's certificate files and its registration's caBundle.
+        alone("cert-rotation", rotation::run),
         alone("mtls", mtls::run),
         // Alone: it stops the webhook for a few seconds.
         alone("sigterm-withdraw", sigterm::run),
