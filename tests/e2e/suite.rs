@@ -150,16 +150,7 @@ impl Ctx<'_> {
 
     /// Stops the suite's webhook and starts it again with the same settings.
     pub fn restart_webhook(&self) -> Result<()> {
-        let mut slot = self
-            .env
-            .serve
-            .lock()
-            .map_err(|_| anyhow::anyhow!("the webhook's slot is poisoned"))?;
-        let serve = slot
-            .take()
-            .ok_or_else(|| anyhow::anyhow!("the suite's webhook is not running"))?;
-        *slot = Some(serve.restart(&self.env.cfg.server_bin, &self.env.files)?);
-        Ok(())
+        self.with_webhook_stopped(|| Ok(()))
     }
 
     /// Stops the suite's webhook with SIGTERM, runs `between`, and starts the webhook again with

@@ -127,13 +127,6 @@ impl Serve {
         self.child.id()
     }
 
-    /// Stopped, then started again with the same settings.
-    pub fn restart(self, bin: &Path, files: &Files) -> Result<Serve> {
-        let client_ca = self.client_ca;
-        self.stop()?;
-        Serve::start(bin, files, client_ca)
-    }
-
     /// Stopped (SIGTERM), `between` run, then started again with the same settings (also when
     /// the stop or `between` failed): the new instance, and what `between` returned.
     pub fn restart_after<T>(
@@ -339,4 +332,50 @@ pub fn apiserver_files(bin: &Path, files: &Files) -> Result<PathBuf> {
     )
     .check()?;
     Ok(dir.join("admission-config.yaml"))
+}
+
+/// curl to the suite's webhook: the CA of the run, and the API server's client certificate (the
+/// webhook asks for it only when it requires one).
+pub fn curl(files: &Files, path: &str, body: Option<&str>) -> Result<(u16, String)> {
+    let (ca, cert, key) = (
+        files.pki("ca.crt"),
+        files.pki("apiserver-client.crt"),
+        files.pki("apiserver-client.key"),
+    );
+    let (ca, cert, key) = (
+        ca.to_string_lossy(),
+        cert.to_string_lossy(),
+        key.to_string_lossy(),
+    );
+    let url = format!("https://127.0.0.1:{PORT}{path}");
+    // Longer than kube.lookup_timeout (2 s): a refusal for a lookup error takes that long.
+    let mut args = vec![
+        "-sS",
+        "--max-time",
+        "5",
+        "--cacert",
+        &ca,
+        "--cert",
+        &cert,
+        "--key",
+        &key,
+        "-w",
+        "\n%{http_code}",
+    ];
+    if body.is_some() {
+        args.extend([
+            "-H",
+            "content-type: application/json",
+            "--data-binary",
+            "@-",
+        ]);
+    }
+    args.push(&url);
+    let out = run(Path::new("curl"), &args, body, None).check()?;
+    let (text, code) = out
+        .stdout
+        .rsplit_once('\n')
+        .context("curl printed no status code")?;
+    let code = code.trim().parse().context("curl's status code")?;
+    Ok((code, text.to_owned()))
 }

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use crate::suite::Ctx;
 
 /// Status and events are written in the background; they must show within this.
-const VISIBLE_WITHIN: Duration = Duration::from_secs(20);
+const VISIBLE_WITHIN: Duration = Duration::from_secs(30);
 
 pub fn run(ctx: &Ctx) -> Result<()> {
     let ns = ctx.namespace("")?;
@@ -23,7 +23,7 @@ pub fn run(ctx: &Ctx) -> Result<()> {
     ctx.lock(n, "tried", json!({"mode": "Warn"}))?;
     let held = format!("/api/v1/namespaces/{n}/configmaps/held");
     ctx.update_enforced(&held)?;
-    let dry_runs_before = blocked_events(ctx, n, "held")?.len();
+    let dry_runs_before = lock_events(ctx, n, "held", "Blocked")?.len();
 
     // The status: an entry for this instance at the Lock's generation, the count, the condition.
     let lock_path = format!("/apis/objectlock.dev/v1alpha1/namespaces/{n}/locks/held");
@@ -90,7 +90,7 @@ pub fn run(ctx: &Ctx) -> Result<()> {
     let refused = rest.delete(&held)?;
     refused.refused("DELETE of the locked ConfigMap", "is locked by Lock")?;
     let events = wait_for(|| {
-        let events = blocked_events(ctx, n, "held")?;
+        let events = lock_events(ctx, n, "held", "Blocked")?;
         Ok((!events.is_empty()).then_some(events))
     })
     .map_err(|e| e.context("no Blocked event regarding the Lock after a refused DELETE"))?;
@@ -123,8 +123,8 @@ fn condition(lock: &Value) -> Option<(String, String)> {
         })
 }
 
-/// The `Blocked` events regarding Lock `ns/name`.
-fn blocked_events(ctx: &Ctx, ns: &str, name: &str) -> Result<Vec<Value>> {
+/// The events with `reason` (`Blocked`, `WouldBlock`) regarding Lock `ns/name`.
+pub(crate) fn lock_events(ctx: &Ctx, ns: &str, name: &str, reason: &str) -> Result<Vec<Value>> {
     let list = ctx
         .rest()
         .get(&format!("/apis/events.k8s.io/v1/namespaces/{ns}/events"))?;
@@ -140,7 +140,7 @@ fn blocked_events(ctx: &Ctx, ns: &str, name: &str) -> Result<Vec<Value>> {
         .unwrap_or_default()
         .into_iter()
         .filter(|e| {
-            e["reason"] == "Blocked"
+            e["reason"] == reason
                 && e["regarding"]["kind"] == "Lock"
                 && e["regarding"]["name"] == name
         })
@@ -148,7 +148,7 @@ fn blocked_events(ctx: &Ctx, ns: &str, name: &str) -> Result<Vec<Value>> {
 }
 
 /// Polls `probe` until it yields a value, at most [`VISIBLE_WITHIN`].
-fn wait_for<T>(mut probe: impl FnMut() -> Result<Option<T>>) -> Result<T> {
+pub(crate) fn wait_for<T>(mut probe: impl FnMut() -> Result<Option<T>>) -> Result<T> {
     let start = Instant::now();
     loop {
         if let Some(value) = probe()? {

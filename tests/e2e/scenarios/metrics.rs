@@ -16,7 +16,7 @@ use serde_json::json;
 use crate::env::WebhookMode;
 use crate::kubectl::run as exec;
 use crate::suite::{Ctx, skip};
-use crate::webhook::{METRICS_PORT, PORT};
+use crate::webhook::{METRICS_PORT, curl};
 
 /// Of each kind of admission, this many.
 const EACH: u64 = 5;
@@ -106,50 +106,17 @@ pub fn run(ctx: &Ctx) -> Result<()> {
         );
     }
     // Not an AdmissionReview, straight to the webhook: nothing else in the run sends those.
-    let curl = Path::new("curl");
-    let invalid = if exec(curl, &["--version"], None, None).ok() {
-        let ca = ctx.env.files.pki("ca.crt");
-        let (cert, key) = (
-            ctx.env.files.pki("apiserver-client.crt"),
-            ctx.env.files.pki("apiserver-client.key"),
-        );
-        let (ca, cert, key) = (
-            ca.to_string_lossy(),
-            cert.to_string_lossy(),
-            key.to_string_lossy(),
-        );
-        let url = format!("https://127.0.0.1:{PORT}/validate");
+    let invalid = if exec(Path::new("curl"), &["--version"], None, None).ok() {
         for _ in 0..EACH {
-            let out = exec(
-                curl,
-                &[
-                    "-sS",
-                    "--max-time",
-                    "5",
-                    "--cacert",
-                    &ca,
-                    "--cert",
-                    &cert,
-                    "--key",
-                    &key,
-                    "-o",
-                    "/dev/null",
-                    "-w",
-                    "%{http_code}",
-                    "-H",
-                    "content-type: application/json",
-                    "--data-binary",
-                    "{\"kind\":\"AdmissionReview\"}",
-                    &url,
-                ],
-                None,
-                None,
-            )
-            .check()?;
+            let (code, text) = curl(
+                &ctx.env.files,
+                "/validate",
+                Some("{\"kind\":\"AdmissionReview\"}"),
+            )?;
             ensure!(
-                out.stdout.trim() == "400",
-                "a review without a request: HTTP {} (expected 400)",
-                out.stdout.trim()
+                code == 400,
+                "a review without a request: HTTP {code} {} (expected 400)",
+                text.trim()
             );
         }
         EACH

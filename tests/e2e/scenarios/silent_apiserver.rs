@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use crate::harness::Harness;
 use crate::kubectl::run as exec;
 use crate::suite::{Ctx, locked, skip};
-use crate::webhook::{PORT, URL};
+use crate::webhook::{URL, curl};
 
 /// The bound: from the API server's stop to the last write allowed from the index, and
 /// from a Lock's acknowledged creation to the last write of its object allowed.
@@ -236,60 +236,13 @@ impl Drop for Stopped {
     }
 }
 
-/// curl to the suite's webhook: the CA of the run, and the API server's client certificate (the
-/// webhook asks for it only when it requires one).
-fn curl(ctx: &Ctx, path: &str, body: Option<&str>) -> Result<(u16, String)> {
-    let files = &ctx.env.files;
-    let (ca, cert, key) = (
-        files.pki("ca.crt"),
-        files.pki("apiserver-client.crt"),
-        files.pki("apiserver-client.key"),
-    );
-    let (ca, cert, key) = (
-        ca.to_string_lossy(),
-        cert.to_string_lossy(),
-        key.to_string_lossy(),
-    );
-    let url = format!("https://127.0.0.1:{PORT}{path}");
-    // Longer than kube.lookup_timeout (2 s): a refusal for a lookup error takes that long.
-    let mut args = vec![
-        "-sS",
-        "--max-time",
-        "5",
-        "--cacert",
-        &ca,
-        "--cert",
-        &cert,
-        "--key",
-        &key,
-        "-w",
-        "\n%{http_code}",
-    ];
-    if body.is_some() {
-        args.extend([
-            "-H",
-            "content-type: application/json",
-            "--data-binary",
-            "@-",
-        ]);
-    }
-    args.push(&url);
-    let out = exec(Path::new("curl"), &args, body, None).check()?;
-    let (text, code) = out
-        .stdout
-        .rsplit_once('\n')
-        .context("curl printed no status code")?;
-    let code = code.trim().parse().context("curl's status code")?;
-    Ok((code, text.to_owned()))
-}
-
 fn get(ctx: &Ctx, path: &str) -> Result<(u16, String)> {
-    curl(ctx, path, None)
+    curl(&ctx.env.files, path, None)
 }
 
 /// The `response` of the AdmissionReview `review` posted to the webhook.
 fn post(ctx: &Ctx, review: &str) -> Result<Value> {
-    let (code, text) = curl(ctx, "/validate", Some(review))?;
+    let (code, text) = curl(&ctx.env.files, "/validate", Some(review))?;
     ensure!(code == 200, "{URL}: {code} {}", text.trim());
     let reply: Value = serde_json::from_str(&text).with_context(|| format!("{URL}: {text}"))?;
     Ok(reply["response"].clone())

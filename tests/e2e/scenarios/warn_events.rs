@@ -8,12 +8,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, bail, ensure};
 use serde_json::{Value, json};
 
+use super::enforcement::{lock_events, wait_for};
 use crate::kubectl::warning_matches;
 use crate::suite::{Ctx, ENFORCE_WITHIN};
-
-/// Events are written in the background, at most once per Lock every 5 s; they must show
-/// within this.
-const VISIBLE_WITHIN: Duration = Duration::from_secs(30);
 
 pub fn run(ctx: &Ctx) -> Result<()> {
     let ns = ctx.namespace("")?;
@@ -67,7 +64,7 @@ pub fn run(ctx: &Ctx) -> Result<()> {
     // Dry runs (the probes above, and this one) are not recorded; the real update above is, so
     // the dry runs are checked once its event is there.
     let event = wait_for(|| {
-        let events = events(ctx, n, "rehearsed", "WouldBlock")?;
+        let events = lock_events(ctx, n, "rehearsed", "WouldBlock")?;
         Ok(events.into_iter().next())
     })
     .map_err(|e| e.context("no WouldBlock event regarding the Warn-mode Lock after an update"))?;
@@ -112,7 +109,7 @@ pub fn run(ctx: &Ctx) -> Result<()> {
     ctx.k(&["label", "configmap", "rehearsed", "-n", n, "again=1"])
         .allowed_warning(&warning)?;
     let counted = wait_for(|| {
-        let events = events(ctx, n, "rehearsed", "WouldBlock")?;
+        let events = lock_events(ctx, n, "rehearsed", "WouldBlock")?;
         let total: i64 = events.iter().map(occurrences).sum();
         Ok((total >= 2).then_some((events.len(), total)))
     })
@@ -123,7 +120,7 @@ pub fn run(ctx: &Ctx) -> Result<()> {
         counted.0,
         counted.1
     );
-    let blocked = events(ctx, n, "rehearsed", "Blocked")?;
+    let blocked = lock_events(ctx, n, "rehearsed", "Blocked")?;
     ensure!(
         blocked.is_empty(),
         "a Warn-mode Lock left Blocked events: {blocked:?}"
@@ -141,42 +138,4 @@ pub fn run(ctx: &Ctx) -> Result<()> {
 /// How many occurrences an Event stands for: its series count, else 1.
 fn occurrences(event: &Value) -> i64 {
     event["series"]["count"].as_i64().unwrap_or(1)
-}
-
-/// The events with `reason` regarding Lock `ns/name`.
-fn events(ctx: &Ctx, ns: &str, name: &str, reason: &str) -> Result<Vec<Value>> {
-    let list = ctx
-        .rest()
-        .get(&format!("/apis/events.k8s.io/v1/namespaces/{ns}/events"))?;
-    ensure!(
-        list.ok(),
-        "listing events: {} {}",
-        list.code,
-        list.message()
-    );
-    Ok(list.body["items"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|e| {
-            e["reason"] == reason
-                && e["regarding"]["kind"] == "Lock"
-                && e["regarding"]["name"] == name
-        })
-        .collect())
-}
-
-/// Polls `probe` until it yields a value, at most [`VISIBLE_WITHIN`].
-fn wait_for<T>(mut probe: impl FnMut() -> Result<Option<T>>) -> Result<T> {
-    let start = Instant::now();
-    loop {
-        if let Some(value) = probe()? {
-            return Ok(value);
-        }
-        if start.elapsed() > VISIBLE_WITHIN {
-            bail!("not seen within {VISIBLE_WITHIN:?}");
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
 }
