@@ -231,6 +231,13 @@ pub struct LockSpec {
     /// annotation, to try a new lock before it blocks anyone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<LockMode>,
+
+    /// Who holds the lock: while set, only the holder, whoever is granted the "unlock" verb on
+    /// the lock, and the garbage collector may delete the lock or change its spec. On create
+    /// (or change) it must name the requester or one of the requester's groups. kubectl lock
+    /// sets it to the caller.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder: Option<Holder>,
 }
 
 impl LockSpec {
@@ -285,6 +292,15 @@ impl LockSpec {
             }
             kube::core::Selector::try_from(selector.clone())
                 .map_err(|e| format!("selector: {e}"))?;
+        }
+        if let Some(holder) = &self.holder {
+            let named = [&holder.user, &holder.group, &holder.service_account]
+                .iter()
+                .filter(|x| x.is_some())
+                .count();
+            if named != 1 {
+                return Err("holder names exactly one of user, group, serviceAccount".into());
+            }
         }
         if let Some(exempt) = &self.exempt {
             if exempt.users.is_empty()
@@ -369,6 +385,58 @@ pub struct Exemptions {
         inner(regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"))
     )]
     pub service_accounts: Vec<String>,
+}
+
+/// The one user, group or service account holding a lock.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("[has(self.user), has(self.group), has(self.serviceAccount)].filter(x, x).size() == 1").message("holder names exactly one of user, group, serviceAccount"))]
+pub struct Holder {
+    /// A user name, as `kubectl auth whoami` shows it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub user: Option<String>,
+    /// A group name: any member holds the lock.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub group: Option<String>,
+    /// A ServiceAccount as "namespace/name", e.g. "backup/snapshotter".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(
+        pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+    ))]
+    pub service_account: Option<String>,
+}
+
+impl Holder {
+    /// The holder for a requester: its ServiceAccount when the user name is one's, else the user.
+    pub fn for_user(username: &str) -> Holder {
+        match username
+            .strip_prefix("system:serviceaccount:")
+            .and_then(|rest| rest.split_once(':'))
+        {
+            Some((namespace, name)) => Holder {
+                service_account: Some(format!("{namespace}/{name}")),
+                ..Holder::default()
+            },
+            None => Holder {
+                user: Some(username.to_owned()),
+                ..Holder::default()
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for Holder {
+    /// `user "alice"`, `group "ops"` or `service account "ns/name"`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (&self.user, &self.group, &self.service_account) {
+            (Some(user), _, _) => write!(f, "user {user:?}"),
+            (_, Some(group), _) => write!(f, "group {group:?}"),
+            (_, _, Some(sa)) => write!(f, "service account {sa:?}"),
+            _ => f.write_str("nobody"),
+        }
+    }
 }
 
 /// Locks the cluster-scoped object of the same name (a Namespace, a ClusterRole, a

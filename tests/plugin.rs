@@ -8,7 +8,7 @@ use std::process::Command;
 
 use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
-use support::fake_apiserver::FakeApiServer;
+use support::fake_apiserver::{FakeApiServer, USER};
 
 const LOCK_BIN: &str = env!("CARGO_BIN_EXE_kubectl-lock");
 
@@ -158,7 +158,8 @@ async fn lock_by_short_name_writes_the_spec() {
         run.ok(),
         format!(
             "locked deployments.apps \"web\" in namespace \"prod\" with Lock prod/web \
-             (DELETE; warn only; exempt alice, bob; until {until}): release freeze\n"
+             (DELETE; warn only; exempt alice, bob; until {until}; held by user \"{USER}\"): \
+             release freeze\n"
         )
     );
     assert!(run.stderr.is_empty(), "{run:?}");
@@ -176,6 +177,7 @@ async fn lock_by_short_name_writes_the_spec() {
             "operations": ["DELETE"],
             "exempt": { "users": ["alice", "bob"] },
             "mode": "Warn",
+            "holder": { "user": USER },
         })
     );
     // It looked the Deployment up before locking it.
@@ -189,7 +191,9 @@ async fn lock_by_short_name_writes_the_spec() {
 #[tokio::test(flavor = "multi_thread")]
 async fn lock_by_kind_and_by_group_qualified_name() {
     let c = Cluster::start().await;
-    let run = c.lock(&["ConfigMap/app-config"]).await;
+    // --no-holder: a lock anyone allowed to delete Locks may lift, without asking who we are.
+    let run = c.lock(&["ConfigMap/app-config", "--no-holder"]).await;
+    assert!(c.requests("POST /apis/authentication.k8s.io").is_empty());
     assert_eq!(
         run.ok(),
         "locked configmaps \"app-config\" in namespace \"prod\" with Lock prod/app-config \
@@ -260,14 +264,17 @@ async fn cluster_scoped_targets_get_a_cluster_lock() {
     let run = c.lock(&["ns/prod", "--reason", "production"]).await;
     assert_eq!(
         run.ok(),
-        "locked namespaces \"prod\" with ClusterLock prod (UPDATE, DELETE): production\n"
+        format!(
+            "locked namespaces \"prod\" with ClusterLock prod (UPDATE, DELETE; held by user \
+             \"{USER}\"): production\n"
+        )
     );
     let lock = c.api.cluster_lock("prod").expect("ClusterLock prod");
     assert_eq!(lock["kind"], "ClusterLock");
     assert_eq!(
         lock["spec"],
         json!({ "resources": [{ "apiGroups": [""], "resources": ["namespaces"] }],
-                "reason": "production" })
+                "reason": "production", "holder": { "user": USER } })
     );
     assert!(c.api.lock("prod", "prod").is_none());
 
@@ -276,8 +283,10 @@ async fn cluster_scoped_targets_get_a_cluster_lock() {
         .await;
     assert_eq!(
         run.ok(),
-        "locked clusterroles.rbac.authorization.k8s.io \"view\" with ClusterLock view \
-         (UPDATE, DELETE)\n"
+        format!(
+            "locked clusterroles.rbac.authorization.k8s.io \"view\" with ClusterLock view \
+             (UPDATE, DELETE; held by user \"{USER}\")\n"
+        )
     );
     assert_eq!(
         run.stderr,
@@ -311,7 +320,7 @@ async fn missing_targets_are_refused_unless_allowed() {
         run.ok(),
         format!(
             "locked configmaps \"tls-cert\" in namespace \"prod\" with Lock prod/tls-cert \
-             (UPDATE, DELETE; until {until})\n"
+             (UPDATE, DELETE; until {until}; held by user \"{USER}\")\n"
         )
     );
     let lock = c.api.lock("prod", "tls-cert").expect("Lock prod/tls-cert");
@@ -399,7 +408,8 @@ async fn list_shows_coverage_targets_and_time_left() {
     assert_eq!(
         header,
         [
-            "NAME", "KIND", "COVERS", "TARGET", "MODE", "ENFORCED", "BLOCKED", "EXPIRES", "REASON"
+            "NAME", "KIND", "COVERS", "TARGET", "MODE", "ENFORCED", "BLOCKED", "EXPIRES", "HOLDER",
+            "REASON"
         ]
     );
     assert_eq!(
@@ -413,6 +423,7 @@ async fn list_shows_coverage_targets_and_time_left() {
             "-",
             "0",
             "1h59m",
+            USER,
             "release",
             "freeze"
         ]
@@ -427,7 +438,8 @@ async fn list_shows_coverage_targets_and_time_left() {
             "Enforce",
             "-",
             "0",
-            "never"
+            "never",
+            USER
         ]
     );
     assert_eq!(
@@ -443,7 +455,8 @@ async fn list_shows_coverage_targets_and_time_left() {
             "Enforce",
             "-",
             "0",
-            "never"
+            "never",
+            "-"
         ]
     );
     assert_eq!(
@@ -456,13 +469,14 @@ async fn list_shows_coverage_targets_and_time_left() {
             "Enforce",
             "-",
             "0",
-            "expired"
+            "expired",
+            "-"
         ]
     );
     assert_eq!(
         run.row(&["by-label"]),
         [
-            "by-label", "Lock", "selector", "app=web", "-", "Warn", "-", "0", "never"
+            "by-label", "Lock", "selector", "app=web", "-", "Warn", "-", "0", "never", "-"
         ]
     );
     assert_eq!(
@@ -475,7 +489,8 @@ async fn list_shows_coverage_targets_and_time_left() {
             "Enforce",
             "-",
             "0",
-            "never"
+            "never",
+            USER
         ]
     );
     assert!(!run.stdout.contains("db"), "{}", run.stdout);
@@ -498,6 +513,7 @@ async fn list_shows_coverage_targets_and_time_left() {
             "-",
             "0",
             "never",
+            "-",
             "migration"
         ]
     );
@@ -513,7 +529,8 @@ async fn list_shows_coverage_targets_and_time_left() {
             "Enforce",
             "-",
             "0",
-            "never"
+            "never",
+            USER
         ]
     );
 
@@ -713,7 +730,7 @@ async fn specs_are_read_as_the_webhook_reads_them() {
     let run = c.lock(&["list"]).await;
     assert_eq!(
         run.row(&["odd"]),
-        ["odd", "Lock", "?", "-", "?", "-", "0", "?"],
+        ["odd", "Lock", "?", "-", "?", "-", "0", "?", "?"],
         "{run:?}"
     );
     assert_eq!(
@@ -727,7 +744,8 @@ async fn specs_are_read_as_the_webhook_reads_them() {
             "Enforce",
             "-",
             "0",
-            "never"
+            "never",
+            "-"
         ]
     );
     assert!(
@@ -773,8 +791,10 @@ async fn locks_the_webhook_never_sees_are_refused_or_marked() {
         .await;
     assert_eq!(
         run.ok(),
-        "locked configmaps \"coredns\" in namespace \"kube-system\" with Lock \
-         kube-system/coredns (UPDATE, DELETE)\n"
+        format!(
+            "locked configmaps \"coredns\" in namespace \"kube-system\" with Lock \
+             kube-system/coredns (UPDATE, DELETE; held by user \"{USER}\")\n"
+        )
     );
     assert_eq!(
         run.stderr,
@@ -798,7 +818,8 @@ async fn locks_the_webhook_never_sees_are_refused_or_marked() {
             "unenforced",
             "-",
             "0",
-            "never"
+            "never",
+            USER
         ]
     );
     assert_eq!(run.row(&["-", "kube-system"])[5], "unenforced", "{run:?}");

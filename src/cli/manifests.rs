@@ -30,6 +30,8 @@ use serde_json::json;
 use crate::admission::subresources;
 use crate::api;
 
+pub mod policy;
+
 /// Name of the webhook configuration, the ClusterRole and its binding.
 pub const NAME: &str = "kube-object-lock";
 /// Name of the manifest-based (static) webhook configuration.
@@ -390,7 +392,15 @@ fn cluster_yaml(
     let mut out = api::crds_yaml().map_err(|e| ManifestsError::Yaml(e.to_string()))?;
     push(&mut out, role)?;
     push(&mut out, binding)?;
+    push(&mut out, &policy::policy())?;
+    push(&mut out, &policy::binding())?;
     push(&mut out, config)?;
+    out.push_str(&format!(
+        "---\n# Not bound: lifts anyone's held lock. Bind it to administrators, e.g.\n\
+         #   kubectl create clusterrolebinding {role}-admins --clusterrole {role} --group lock-admins\n",
+        role = policy::UNLOCK_ROLE
+    ));
+    out.push_str(&yaml(&policy::unlock_role())?);
     Ok(out)
 }
 

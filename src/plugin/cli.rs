@@ -24,6 +24,10 @@ objects such as Namespaces or ClusterRoles). While it exists, the kube-object-lo
 webhook refuses changes to that object. The lock covers the given resource only: locking
 deployment/web does not lock the Service web. `kubectl unlock` deletes the lock.
 
+You hold the lock (spec.holder names you, as `kubectl auth whoami` says): only you, or someone
+granted the \"unlock\" verb on locks, may lift it. You may lock only what you may change and
+delete yourself: the API server refuses the lock otherwise.
+
 RESOURCE is what kubectl accepts: a plural (deployments), a singular (deployment), a short name
 (deploy), a kind (Deployment), each optionally with its group (deployments.apps, Deployment.apps)
 and version (deployments.v1.apps).";
@@ -41,6 +45,9 @@ Examples:
 
   # Lock an object that does not exist yet
   kubectl lock secret/tls-cert --allow-missing
+
+  # A lock anyone allowed to delete Locks may lift (by default only you, its holder, may)
+  kubectl lock configmap/app-config --no-holder
 
   # Do not wait for the webhook to confirm the lock (by default up to 10s)
   kubectl lock deploy/web --wait=false
@@ -151,6 +158,10 @@ pub struct LockArgs {
     /// Warn instead of refusing: changes go through with a warning (mode Warn).
     #[arg(long)]
     pub warn: bool,
+    /// Do not hold the lock: anyone allowed to delete Locks may lift it. By default you hold it
+    /// (spec.holder), and only you, or someone granted the "unlock" verb, may lift it.
+    #[arg(long)]
+    pub no_holder: bool,
     /// Lock even if the object does not exist (yet); without it a missing object is an error.
     #[arg(long)]
     pub allow_missing: bool,

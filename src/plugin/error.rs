@@ -25,6 +25,18 @@ pub enum PluginError {
         /// The innermost cause (connection refused, certificate, ...).
         detail: String,
     },
+    /// Someone else holds the lock.
+    #[error(
+        "{lock} is held by {holder}: only its holder, or someone granted the \"unlock\" verb on it, may lift it (kubectl auth whoami says who you are): {detail}"
+    )]
+    Held {
+        /// `Lock prod/web`.
+        lock: String,
+        /// `user "alice"`.
+        holder: String,
+        /// The API server's refusal.
+        detail: String,
+    },
     /// The API server refused a request.
     #[error("{action}: {detail}")]
     Api {

@@ -89,7 +89,8 @@ pub(super) async fn list(
 
     let now = Timestamp::now();
     let mut header = vec![
-        "NAME", "KIND", "COVERS", "TARGET", "MODE", "ENFORCED", "BLOCKED", "EXPIRES", "REASON",
+        "NAME", "KIND", "COVERS", "TARGET", "MODE", "ENFORCED", "BLOCKED", "EXPIRES", "HOLDER",
+        "REASON",
     ];
     if args.all_namespaces {
         header.insert(0, "NAMESPACE");
@@ -112,6 +113,9 @@ pub(super) async fn list(
                     activity::enforced(o),
                     blocked.as_ref().map_or("-".to_owned(), |b| b.of(o)),
                     spec::time_left(spec, now),
+                    spec.holder
+                        .as_ref()
+                        .map_or("-".to_owned(), spec::holder_cell),
                     (spec.reason.as_deref().unwrap_or_default())
                         .split_whitespace()
                         .collect::<Vec<_>>()
@@ -123,6 +127,7 @@ pub(super) async fn list(
                     "?".to_owned(),
                     activity::enforced(o),
                     blocked.as_ref().map_or("-".to_owned(), |b| b.of(o)),
+                    "?".to_owned(),
                     "?".to_owned(),
                     String::new(),
                 ],

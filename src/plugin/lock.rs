@@ -41,6 +41,10 @@ pub(super) async fn lock(
         }
     }
 
+    let holder = match args.no_holder {
+        true => None,
+        false => Some(super::holder::caller(&cluster).await?),
+    };
     let new = NewSpec {
         group: &target.resource.group,
         plural: &target.resource.plural,
@@ -49,6 +53,7 @@ pub(super) async fn lock(
         exempt_users: &args.exempt_users,
         expires_at,
         warn: args.warn,
+        holder,
     };
     let lock = target.lock();
     let namespaced = lock.namespace.is_some();
@@ -162,7 +167,14 @@ pub(super) async fn unlock(
             notes,
         }),
         Err(e) if status_code(&e) == Some(404) => Err(no_lock(String::new())),
-        Err(e) => Err(cluster.failed(&e, format!("cannot delete {lock}"))),
+        Err(e) => Err(match (&lock_spec.holder, status_code(&e)) {
+            (Some(holder), Some(403)) => PluginError::Held {
+                lock: lock.to_string(),
+                holder: holder.to_string(),
+                detail: super::error::detail(&e),
+            },
+            _ => cluster.failed(&e, format!("cannot delete {lock}")),
+        }),
     }
 }
 

@@ -14,6 +14,7 @@ pub mod cli;
 mod confirm;
 pub mod discovery;
 mod error;
+mod holder;
 mod list;
 mod lock;
 mod spec;

@@ -10,7 +10,7 @@ use serde_json::Value;
 use super::cli::Operation;
 use super::discovery::qualified;
 use crate::admission::decide;
-use crate::api::{Exemptions, LockMode, LockOperation, LockSpec, ResourceRule};
+use crate::api::{Exemptions, Holder, LockMode, LockOperation, LockSpec, ResourceRule};
 
 /// What `kubectl lock` writes into a new lock's spec.
 pub(super) struct NewSpec<'a> {
@@ -22,6 +22,7 @@ pub(super) struct NewSpec<'a> {
     pub exempt_users: &'a [String],
     pub expires_at: Option<Timestamp>,
     pub warn: bool,
+    pub holder: Option<Holder>,
 }
 
 impl NewSpec<'_> {
@@ -49,6 +50,7 @@ impl NewSpec<'_> {
             }),
             expires_at: self.expires_at.map(Time),
             mode: self.warn.then_some(LockMode::Warn),
+            holder: self.holder.clone(),
         }
     }
 
@@ -72,7 +74,20 @@ impl NewSpec<'_> {
         if let Some(at) = self.expires_at {
             parts.push(format!("until {at}"));
         }
+        if let Some(holder) = &self.holder {
+            parts.push(format!("held by {holder}"));
+        }
         parts.join("; ")
+    }
+}
+
+/// A holder in one table cell: `alice`, `group:ops`, `sa:backup/snapshotter`.
+pub(super) fn holder_cell(holder: &Holder) -> String {
+    match (&holder.user, &holder.group, &holder.service_account) {
+        (Some(user), _, _) => user.clone(),
+        (_, Some(group), _) => format!("group:{group}"),
+        (_, _, Some(sa)) => format!("sa:{sa}"),
+        _ => "-".to_owned(),
     }
 }
 
@@ -217,6 +232,7 @@ mod tests {
             exempt_users: &users,
             expires_at: Some(at),
             warn: true,
+            holder: Some(Holder::for_user("system:serviceaccount:backup:snapshotter")),
         };
         let written = full.to_spec();
         assert_eq!(written.validate(), Ok(()));
@@ -229,11 +245,12 @@ mod tests {
                 "exempt": { "users": ["alice"] },
                 "expiresAt": "2026-11-22T05:00:00Z",
                 "mode": "Warn",
+                "holder": { "serviceAccount": "backup/snapshotter" },
             })
         );
         assert_eq!(
             full.summary(),
-            "DELETE; warn only; exempt alice; until 2026-11-22T05:00:00Z"
+            "DELETE; warn only; exempt alice; until 2026-11-22T05:00:00Z; held by service account \"backup/snapshotter\""
         );
         let bare = NewSpec {
             group: "",
@@ -243,6 +260,7 @@ mod tests {
             exempt_users: &[],
             expires_at: None,
             warn: false,
+            holder: None,
         };
         assert_eq!(
             serde_json::to_value(bare.to_spec()).expect("json"),

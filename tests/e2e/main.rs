@@ -33,6 +33,7 @@ mod kubectl;
 mod rest;
 mod scenarios;
 mod suite;
+mod users;
 mod webhook;
 
 use std::process::ExitCode;

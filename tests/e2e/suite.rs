@@ -52,6 +52,8 @@ pub struct Env {
     pub cfg: Config,
     pub kubectl: Kubectl,
     pub rest: Rest,
+    /// Who the suite is (`kubectl auth whoami`): the holder of the locks it takes with the plugin.
+    pub user: String,
     pub run: String,
     pub files: Files,
     /// The run's own namespace: the webhook's ServiceAccount and the sentinel lock.
@@ -644,6 +646,7 @@ fn setup(cfg: Config) -> std::result::Result<Result<Env, Skip>, (anyhow::Error, 
             cfg,
             kubectl,
             rest,
+            user,
             run: run.clone(),
             files: Files { dir: dir.clone() },
             system_ns,
@@ -744,7 +747,7 @@ fn teardown(env: &Env) -> Result<()> {
     let selector = format!("{RUN_LABEL}={}", env.run);
     let out = k.run(&[
         "delete",
-        "clusterlocks,clusterroles",
+        "clusterlocks,clusterroles,clusterrolebindings,certificatesigningrequests",
         "-l",
         &selector,
         "--ignore-not-found",

@@ -221,6 +221,12 @@ pub fn identity_at(kubectl: &Kubectl, namespace: &str, name: &str, path: &Path) 
         .stdout
         .trim()
         .to_owned();
+    kubeconfig_for(kubectl, name, serde_json::json!({"token": token}), path)
+}
+
+/// A kubeconfig at `path` for the suite's cluster as `name`, authenticated by `user` (a
+/// kubeconfig `user` entry: a token, a client certificate).
+pub fn kubeconfig_for(kubectl: &Kubectl, name: &str, user: Value, path: &Path) -> Result<()> {
     let view = kubectl
         .run(&[
             "config",
@@ -240,7 +246,7 @@ pub fn identity_at(kubectl: &Kubectl, namespace: &str, name: &str, path: &Path) 
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [{"name": "cluster", "cluster": cluster}],
-        "users": [{"name": name, "user": {"token": token}}],
+        "users": [{"name": name, "user": user}],
         "contexts": [{"name": name, "context": {"cluster": "cluster", "user": name}}],
         "current-context": name,
     });

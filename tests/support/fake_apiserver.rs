@@ -67,6 +67,9 @@ use tokio::{net::TcpListener, sync::watch, task::JoinHandle, task::JoinSet, time
 const GROUP: &str = "objectlock.dev";
 const API_VERSION: &str = "objectlock.dev/v1alpha1";
 const PREFIX: &str = "/apis/objectlock.dev/v1alpha1/";
+const SELF_SUBJECT_REVIEWS: &str = "/apis/authentication.k8s.io/v1/selfsubjectreviews";
+/// Who every client of the fake is (`kubectl auth whoami`).
+pub const USER: &str = "jane@example.com";
 /// The user named in `Forbidden` messages.
 pub const FAKE_USER: &str = "system:serviceaccount:kube-object-lock:kube-object-lock";
 
@@ -510,6 +513,13 @@ impl FakeApiServer {
                 .header(http::header::CONTENT_TYPE, "text/plain; charset=utf-8")
                 .body(ok)
                 .expect("valid response"));
+        }
+        // `kubectl auth whoami`: every client of the fake is the same user.
+        if method == Method::POST && uri.path() == SELF_SUBJECT_REVIEWS {
+            let user = json!({ "username": USER, "groups": ["system:authenticated"] });
+            let review = json!({ "apiVersion": "authentication.k8s.io/v1",
+                "kind": "SelfSubjectReview", "metadata": {}, "status": { "userInfo": user } });
+            return Ok(reply(201, review));
         }
         if method == Method::GET
             && let Some(list) = discovery(uri.path())

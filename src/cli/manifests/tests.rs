@@ -469,3 +469,70 @@ fn the_registration_sends_every_subresource_the_decision_locks() {
         drift.join("\n")
     );
 }
+
+#[test]
+fn the_lock_policy_checks_every_subresource_the_decision_locks() {
+    let policy = policy::policy();
+    let variables = policy["spec"]["variables"].as_array().expect("variables");
+    let needed = variables
+        .iter()
+        .find(|v| v["name"] == "needed")
+        .and_then(|v| v["expression"].as_str())
+        .expect("the needed variable");
+    for sub in subresources::CHANGING {
+        assert!(
+            needed.contains(&format!("'{}']", sub.name)),
+            "{} is locked but its right is not checked: {needed}",
+            sub.path()
+        );
+    }
+    // Evictions delete pods without a DELETE.
+    assert!(needed.contains("['create', string(p[0]), string(p[1]), 'eviction']"));
+
+    // The lock resources, never their status (the webhook's own writes).
+    let rules = &policy["spec"]["matchConstraints"]["resourceRules"][0];
+    assert_eq!(rules["resources"], json!([api::LOCKS, api::CLUSTER_LOCKS]));
+    assert_eq!(rules["operations"], json!(["CREATE", "UPDATE", "DELETE"]));
+    assert_eq!(policy["spec"]["failurePolicy"], "Fail");
+
+    // One authorizer check per expression, each on its own entry of `needed`.
+    let validations = policy["spec"]["validations"]
+        .as_array()
+        .expect("validations");
+    let checks: Vec<&str> = validations
+        .iter()
+        .filter_map(|v| v["expression"].as_str())
+        .filter(|e| e.contains("authorizer"))
+        .collect();
+    for (i, expression) in checks.iter().enumerate().take(checks.len() - 1) {
+        assert_eq!(expression.matches(".check(").count(), 1, "{expression}");
+        assert!(
+            expression.contains(&format!("variables.needed[{i}]")),
+            "{expression}"
+        );
+    }
+    // Every refusal is a 403 with a message of its own.
+    for v in validations {
+        assert_eq!(v["reason"], "Forbidden", "{v}");
+        assert!(v["messageExpression"].is_string(), "{v}");
+    }
+
+    let binding = policy::binding();
+    assert_eq!(binding["spec"]["policyName"], policy["metadata"]["name"]);
+    assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
+}
+
+#[test]
+fn manifests_cluster_carries_the_lock_policy_and_an_unbound_unlock_role() {
+    let yaml = cluster(&registration()).expect("yaml");
+    assert!(yaml.contains("kind: ValidatingAdmissionPolicy\n"));
+    assert!(yaml.contains("kind: ValidatingAdmissionPolicyBinding\n"));
+    assert!(yaml.contains(&format!("name: {}\n", policy::UNLOCK_ROLE)));
+    // The unlock role is not bound by the manifests: only the webhook's role is.
+    assert_eq!(yaml.matches("kind: ClusterRoleBinding\n").count(), 1);
+    let role = policy::unlock_role();
+    assert_eq!(
+        role["rules"][0]["verbs"],
+        json!(["get", "list", "delete", policy::UNLOCK_VERB])
+    );
+}

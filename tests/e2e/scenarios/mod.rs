@@ -16,6 +16,7 @@ mod narrowing;
 mod plugin;
 mod pods;
 mod restart;
+mod rights;
 mod rotation;
 mod scale;
 mod sigterm;
@@ -67,6 +68,7 @@ pub fn all() -> Vec<Scenario> {
         parallel("lookup-error-allow", lookup_allow::run),
         parallel("plugin-unconfirmed", unconfirmed::run),
         // Alone, so that its figures are not those of a loaded machine.
+        alone("lock-rights", rights::run),
         alone("latency", latency::run),
         alone("narrowing", narrowing::run),
         alone("apiserver-restart", restart::run),

@@ -134,7 +134,9 @@ pub fn run(ctx: &Ctx) -> Result<()> {
     stdout_starts(
         &out,
         &format!(
-            "locked deployments.apps \"web\" in namespace \"{ns}\" with Lock {ns}/web (UPDATE, DELETE)"
+            "locked deployments.apps \"web\" in namespace \"{ns}\" with Lock {ns}/web (UPDATE, DELETE; \
+             held by user \"{}\")",
+            ctx.env.user
         ),
     )?;
     let deploy = format!("/apis/apps/v1/namespaces/{ns}/deployments/web");

@@ -84,7 +84,8 @@ fn excluded(ctx: &Ctx, name: &str) -> Result<()> {
         out.ok()
             && out.stdout
                 == format!(
-                    "locked configmaps \"{name}\" in namespace \"kube-system\" with {lock} (UPDATE, DELETE)\n"
+                    "locked configmaps \"{name}\" in namespace \"kube-system\" with {lock} (UPDATE, DELETE; held by user \"{}\")\n",
+                    ctx.env.user
                 )
             && out
                 .stderr

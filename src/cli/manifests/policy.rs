@@ -1,0 +1,328 @@
+//! Who may lock and who may unlock: a ValidatingAdmissionPolicy on the lock resources, checked by
+//! the API server in-process.
+//!
+//! In the API server, not in the webhook: it must hold while every webhook instance is down, cost
+//! no webhook call, and not follow the webhook's `failurePolicy` (the webhook never sees the lock
+//! resources at all, so that unlocking never depends on it). CEL's `authorizer` asks the cluster's
+//! own authorizer (RBAC) about the requesting user, so the policy needs no rights of its own.
+//!
+//! Two rules:
+//! - **No escalation**: creating a lock, or changing its spec, needs every right the lock takes
+//!   away from everyone, on what it covers (for UPDATE `update` and `patch`, for DELETE
+//!   `delete`, and the subresources that do the same: `pods/eviction` `create`, `scale`,
+//!   `pods/ephemeralcontainers`, ...).
+//! - **Held locks**: a lock whose `spec.holder` is set is deleted, or its spec or owners
+//!   changed, only by its holder, by whoever is granted the `unlock` verb on it, and by the
+//!   controllers that clean up after deleted objects (the garbage collector, the namespace
+//!   controller). The holder named on create or change must be the requester.
+//!
+//! The lock's status subresource is not matched: the webhook's status writes are unaffected.
+
+use serde_json::{Value, json};
+
+use crate::admission::subresources;
+use crate::api;
+
+/// Name of the policy and of its binding.
+pub const POLICY_NAME: &str = "locks.objectlock.dev";
+/// The custom verb that lifts a held lock: a break-glass right, like RBAC's own `escalate`.
+pub const UNLOCK_VERB: &str = "unlock";
+/// Name of the example ClusterRole granting [`UNLOCK_VERB`].
+pub const UNLOCK_ROLE: &str = "kube-object-lock-unlock";
+
+/// Users that delete locks as part of cleaning up: the garbage collector (owned locks whose owner
+/// is gone) and the namespace controller, with per-controller credentials
+/// (`--use-service-account-credentials`) or with the controller manager's own.
+const CLEANUP_USERS: [&str; 3] = [
+    "system:serviceaccount:kube-system:generic-garbage-collector",
+    "system:serviceaccount:kube-system:namespace-controller",
+    "system:kube-controller-manager",
+];
+
+/// How many permissions one lock may need checked: each check is one policy variable, and the
+/// API server caps the cost of a whole policy evaluation. A pod lock needs 6, a Deployment's 4.
+const MAX_CHECKS: usize = 16;
+
+/// Resources of the API server whose `scale` subresource changes them. A custom resource's scale
+/// subresource cannot be known in advance: locking one needs the rights on the resource only.
+const SCALED: [&str; 4] = [
+    "deployments",
+    "replicasets",
+    "statefulsets",
+    "replicationcontrollers",
+];
+
+/// CEL for one entry of `variables.needed`: `[verb, group, resource, subresource]`.
+fn check(verb: &str, resource: &str, subresource: &str) -> String {
+    format!("['{verb}', string(p[0]), {resource}, '{subresource}']")
+}
+
+/// The rights a lock needs on one `[group, resource]` pair `p` of what it covers: the verbs of
+/// its operations on the resource, and on each subresource of that resource that changes it
+/// (on `*`, RBAC's own wildcard covers the subresources).
+fn needed_for_pair() -> String {
+    let mut parts = vec![
+        format!(
+            "('UPDATE' in variables.ops ? [{}, {}] : [])",
+            check("update", "string(p[1])", ""),
+            check("patch", "string(p[1])", "")
+        ),
+        format!(
+            "('DELETE' in variables.ops ? [{}] : [])",
+            check("delete", "string(p[1])", "")
+        ),
+    ];
+    for sub in subresources::CHANGING {
+        let resources: &[&str] = match sub.resource {
+            "*" if sub.name == "scale" => &SCALED,
+            "*" => continue,
+            resource => &[resource][..],
+        };
+        let list = resources
+            .iter()
+            .map(|r| format!("'{r}'"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        parts.push(format!(
+            "('UPDATE' in variables.ops && p[1] in [{list}] ? [{}] : [])",
+            check("update", "string(p[1])", sub.name)
+        ));
+    }
+    // An eviction deletes a pod without a DELETE.
+    parts.push(format!(
+        "('DELETE' in variables.ops && p[1] == 'pods' ? [{}] : [])",
+        check("create", "string(p[1])", "eviction")
+    ));
+    parts.join(" + ")
+}
+
+/// CEL: whether `holder` (a `spec.holder`) names the requesting user or one of its groups.
+fn names_requester(holder: &str) -> String {
+    format!(
+        "has({holder}.user) ? {holder}.user == request.userInfo.username : \
+         has({holder}.group) ? {holder}.group in request.userInfo.groups : \
+         has({holder}.serviceAccount) && 'system:serviceaccount:' + {holder}.serviceAccount.replace('/', ':') == request.userInfo.username"
+    )
+}
+
+/// CEL: `user "alice"`, `group "ops"` or `service account "ns/name"`.
+fn describe_holder(holder: &str) -> String {
+    format!(
+        "(has({holder}.user) ? 'user \"' + {holder}.user + '\"' : \
+          has({holder}.group) ? 'group \"' + {holder}.group + '\"' : \
+          'service account \"' + {holder}.serviceAccount + '\"')"
+    )
+}
+
+/// CEL of the policy's variables, in order (each may use those before it). Variables are
+/// evaluated lazily, at most once per request.
+fn variables() -> Vec<(&'static str, String)> {
+    vec![
+        (
+            "lock",
+            "request.operation == 'DELETE' ? oldObject : object".to_owned(),
+        ),
+        // A DELETECOLLECTION sends no request.name; cluster-scoped requests no namespace.
+        ("lockName", "variables.lock.metadata.name".to_owned()),
+        (
+            "lockNamespace",
+            "has(request.namespace) ? request.namespace : ''".to_owned(),
+        ),
+        (
+            "lockText",
+            "variables.lockNamespace == '' ? 'ClusterLock ' + variables.lockName : \
+             'Lock ' + variables.lockNamespace + '/' + variables.lockName"
+                .to_owned(),
+        ),
+        // Creating a lock, or changing its spec: what it covers must be checked.
+        (
+            "escalates",
+            "request.operation == 'CREATE' || request.operation == 'UPDATE' && \
+             (has(object.spec) != has(oldObject.spec) || has(object.spec) && object.spec != oldObject.spec)"
+                .to_owned(),
+        ),
+        // A selector lock covers every name of its namespace: '' asks about all names.
+        (
+            "coveredName",
+            "has(object.spec.selector) ? '' : object.metadata.name".to_owned(),
+        ),
+        (
+            "ops",
+            "has(object.spec.operations) ? object.spec.operations : ['UPDATE', 'DELETE']"
+                .to_owned(),
+        ),
+        // [group, resource] pairs; a lock without spec.resources covers every resource.
+        (
+            "pairs",
+            "has(object.spec.resources) ? object.spec.resources.map(r, r.apiGroups.map(g, \
+             r.resources.map(x, [g, x]))).flatten().flatten() : [['*', '*']]"
+                .to_owned(),
+        ),
+        // [verb, group, resource, subresource] for each right the lock takes away.
+        (
+            "needed",
+            format!("variables.pairs.map(p, {}).flatten()", needed_for_pair()),
+        ),
+        (
+            "held",
+            "request.operation != 'CREATE' && has(oldObject.spec) && has(oldObject.spec.holder)"
+                .to_owned(),
+        ),
+        (
+            "heldChange",
+            "request.operation == 'DELETE' || variables.escalates || \
+             (has(object.metadata.ownerReferences) ? object.metadata.ownerReferences : []) != \
+             (has(oldObject.metadata.ownerReferences) ? oldObject.metadata.ownerReferences : [])"
+                .to_owned(),
+        ),
+        ("isHolder", names_requester("oldObject.spec.holder")),
+        (
+            "mayUnlock",
+            format!(
+                "authorizer.group('{}').resource(request.resource.resource)\
+                 .namespace(variables.lockNamespace).name(variables.lockName).check('{UNLOCK_VERB}').allowed()",
+                api::GROUP
+            ),
+        ),
+        (
+            "cleanup",
+            format!(
+                "request.userInfo.username in [{}] || namespaceObject != null && \
+                 has(namespaceObject.metadata.deletionTimestamp)",
+                CLEANUP_USERS
+                    .iter()
+                    .map(|u| format!("'{u}'"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        ),
+    ]
+}
+
+/// One validation per right a lock may need: the API server caps each expression's cost, and one
+/// authorizer check costs about a third of the cap (three in one expression already exceed it).
+/// The message of the first right missing names it, without a check of its own.
+fn escalation_checks() -> Vec<Value> {
+    let mut out = vec![json!({
+        "expression": format!("!variables.escalates || size(variables.needed) <= {MAX_CHECKS}"),
+        "messageExpression": format!(
+            "variables.lockText + ' needs ' + string(size(variables.needed)) + ' permissions checked, \
+             more than the {MAX_CHECKS} a lock may need: split it into several locks'"
+        ),
+        "reason": "Forbidden",
+    })];
+    for i in 0..MAX_CHECKS {
+        let c = |k: usize| format!("string(variables.needed[{i}][{k}])");
+        let (verb, group, resource, sub) = (c(0), c(1), c(2), c(3));
+        let what = format!(
+            "({resource} == '*' ? 'any resource' + ({group} == '*' ? '' : ' of API group \"' + {group} + '\"') + \
+               (variables.coveredName == '' ? '' : ' named \"' + variables.coveredName + '\"') : \
+             {resource} + ({sub} == '' ? '' : '/' + {sub}) + ({group} == '' ? '' : {group} == '*' ? ' (any API group)' : '.' + {group}) + \
+               (variables.coveredName == '' ? ' (any name: the lock has a selector)' : ' \"' + string(variables.coveredName) + '\"'))"
+        );
+        out.push(json!({
+            "expression": format!(
+                "!variables.escalates || size(variables.needed) <= {i} || \
+                 authorizer.group({group}).resource({resource}).subresource({sub})\
+                 .namespace(variables.lockNamespace).name(variables.coveredName).check({verb}).allowed()"
+            ),
+            "messageExpression": format!(
+                "'user \"' + request.userInfo.username + '\" may not ' + {verb} + ' ' + {what} + \
+                 (variables.lockNamespace == '' ? '' : ' in namespace \"' + variables.lockNamespace + '\"') + \
+                 ', so may not lock it' + (has(object.spec.resources) ? '' : \
+                 ' (a lock without spec.resources covers every resource: name the resource, as kubectl lock does)')"
+            ),
+            "reason": "Forbidden",
+        }));
+    }
+    out
+}
+
+/// The ValidatingAdmissionPolicy.
+pub fn policy() -> Value {
+    let mut validations = escalation_checks();
+    validations.push(json!({
+        "expression": format!(
+            "request.operation == 'DELETE' || !has(object.spec.holder) || \
+             variables.held && object.spec.holder == oldObject.spec.holder || ({})",
+            names_requester("object.spec.holder")
+        ),
+        "messageExpression": format!(
+            "'spec.holder names ' + {} + ', not user \"' + request.userInfo.username + \
+             '\" or one of its groups: a lock is held only in the name of whoever takes it'",
+            describe_holder("object.spec.holder")
+        ),
+        "reason": "Forbidden",
+    }));
+    validations.push(json!({
+        "expression": "!variables.held || !variables.heldChange || variables.isHolder || variables.mayUnlock || variables.cleanup",
+        "messageExpression": format!(
+            "variables.lockText + ' is held by ' + {} + ': only its holder, or someone granted the \"{UNLOCK_VERB}\" verb on ' + \
+             request.resource.resource + '.{group}, may delete it or change its spec or owners (user \"' + \
+             request.userInfo.username + '\" may not)'",
+            describe_holder("oldObject.spec.holder"),
+            group = api::GROUP
+        ),
+        "reason": "Forbidden",
+    }));
+    json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {
+            "name": POLICY_NAME,
+            "labels": {"app.kubernetes.io/name": super::NAME},
+        },
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {
+                "matchPolicy": "Equivalent",
+                "resourceRules": [{
+                    "apiGroups": [api::GROUP],
+                    "apiVersions": ["*"],
+                    "operations": ["CREATE", "UPDATE", "DELETE"],
+                    "resources": [api::LOCKS, api::CLUSTER_LOCKS],
+                }],
+            },
+            "variables": variables()
+                .into_iter()
+                .map(|(name, expression)| json!({"name": name, "expression": expression}))
+                .collect::<Vec<_>>(),
+            "validations": validations,
+        },
+    })
+}
+
+/// The binding that makes the policy refuse (every namespace, every lock).
+pub fn binding() -> Value {
+    json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {
+            "name": POLICY_NAME,
+            "labels": {"app.kubernetes.io/name": super::NAME},
+        },
+        "spec": {
+            "policyName": POLICY_NAME,
+            "validationActions": ["Deny"],
+        },
+    })
+}
+
+/// An example ClusterRole for administrators who must be able to lift anyone's lock. Not bound:
+/// bind it to the people who need it (`kubectl create clusterrolebinding ... --clusterrole
+/// kube-object-lock-unlock --group ...`), or in one namespace with a RoleBinding.
+pub fn unlock_role() -> Value {
+    json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {
+            "name": UNLOCK_ROLE,
+            "labels": {"app.kubernetes.io/name": super::NAME},
+        },
+        "rules": [{
+            "apiGroups": [api::GROUP],
+            "resources": [api::LOCKS, api::CLUSTER_LOCKS],
+            "verbs": ["get", "list", "delete", UNLOCK_VERB],
+        }],
+    })
+}
