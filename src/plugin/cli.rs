@@ -61,7 +61,11 @@ Unlock a Kubernetes object locked with `kubectl lock`.
 
 Deletes the Lock named like the object in the object's namespace (the ClusterLock for
 cluster-scoped objects), if that lock covers the object's resource. Fails when there is no such
-lock. RESOURCE is resolved as `kubectl lock` resolves it.";
+lock. RESOURCE is resolved as `kubectl lock` resolves it.
+
+If the garbage collector was waiting to delete the object (its owner is gone, or is being deleted
+in the foreground), the lock kept it, and the collector would only look again at its next
+retry, up to about 17 minutes later: unlock prompts it to look at once (--no-nudge does not).";
 
 const UNLOCK_EXAMPLES: &str = "\
 Examples:
@@ -215,6 +219,10 @@ pub struct UnlockCli {
     /// The object to unlock: RESOURCE/NAME, or RESOURCE NAME.
     #[arg(value_name = "RESOURCE/NAME", required = true, num_args = 1..=2)]
     pub target: Vec<String>,
+    /// Do not prompt the garbage collector when the object is waiting for it (its owner gone or
+    /// being deleted in the foreground): it then goes at the collector's next retry.
+    #[arg(long)]
+    pub no_nudge: bool,
     /// Where the cluster is.
     #[command(flatten)]
     pub connection: ConnectionArgs,

@@ -7,7 +7,7 @@ use super::cli::{ConnectionArgs, LockArgs, Operation};
 use super::confirm::{self, Probe};
 use super::error::status_code;
 use super::spec::{self, NewSpec};
-use super::{Cluster, PluginError, Report, Target, lock_resource};
+use super::{Cluster, PluginError, Report, Target, collector, lock_resource};
 
 /// Creates the lock of the object `args.target` names.
 pub(super) async fn lock(
@@ -31,13 +31,20 @@ pub(super) async fn lock(
     }
     if !args.allow_missing {
         let api = cluster.api(&target.resource.api_resource(), target.namespace.as_deref());
-        if let Err(e) = api.get(&target.name).await {
-            return Err(match status_code(&e) {
+        let object = api
+            .get(&target.name)
+            .await
+            .map_err(|e| match status_code(&e) {
                 Some(404) => PluginError::TargetMissing {
                     target: target.to_string(),
                 },
                 _ => cluster.failed(&e, format!("cannot read {target}")),
-            });
+            })?;
+        if let Some(waiting) = collector::waiting(&cluster, &target, &object).await {
+            notes.push(format!(
+                "{target} is waiting for the garbage collector ({waiting}): the lock keeps it \
+                 until the lock is lifted"
+            ));
         }
     }
 
@@ -129,6 +136,7 @@ fn expiry(args: &LockArgs, now: Timestamp) -> Result<Option<Timestamp>, PluginEr
 pub(super) async fn unlock(
     connection: &ConnectionArgs,
     words: &[String],
+    no_nudge: bool,
 ) -> Result<Report, PluginError> {
     let cluster = Cluster::connect(connection).await?;
     let mut notes = vec![];
@@ -162,10 +170,15 @@ pub(super) async fn unlock(
         ..DeleteParams::default()
     };
     match api.delete(&lock.name, &params).await {
-        Ok(_) => Ok(Report {
-            stdout: format!("unlocked {target} (deleted {lock})\n"),
-            notes,
-        }),
+        Ok(_) => {
+            if let Some(note) = after_unlock(&cluster, &target, no_nudge).await {
+                notes.push(note);
+            }
+            Ok(Report {
+                stdout: format!("unlocked {target} (deleted {lock})\n"),
+                notes,
+            })
+        }
         Err(e) if status_code(&e) == Some(404) => Err(no_lock(String::new())),
         Err(e) => Err(match (&lock_spec.holder, status_code(&e)) {
             (Some(holder), Some(403)) => PluginError::Held {
@@ -176,6 +189,27 @@ pub(super) async fn unlock(
             _ => cluster.failed(&e, format!("cannot delete {lock}")),
         }),
     }
+}
+
+/// What the garbage collector does with the object now that it is unlocked: if it was waiting
+/// to delete it, a note, and unless `no_nudge`, a prompt to look again at once.
+async fn after_unlock(cluster: &Cluster, target: &Target, no_nudge: bool) -> Option<String> {
+    let api = cluster.api(&target.resource.api_resource(), target.namespace.as_deref());
+    let object = api.get(&target.name).await.ok()?;
+    let waiting = collector::waiting(cluster, target, &object).await?;
+    let waiting = format!("{target} is waiting for the garbage collector ({waiting})");
+    if no_nudge {
+        return Some(format!(
+            "{waiting}: it goes at the collector's next retry, up to about 17 minutes after a \
+             long lock (without --no-nudge, kubectl unlock prompts it)"
+        ));
+    }
+    Some(match collector::prompt(cluster, target, &object).await {
+        Ok(()) => format!("{waiting}: prompted it to look again now"),
+        Err(e) => {
+            format!("{waiting}: could not prompt it ({e}); it goes at the collector's next retry")
+        }
+    })
 }
 
 #[cfg(test)]

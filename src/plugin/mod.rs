@@ -11,6 +11,7 @@
 
 mod activity;
 pub mod cli;
+mod collector;
 mod confirm;
 pub mod discovery;
 mod error;
@@ -44,7 +45,7 @@ pub async fn run(invocation: Invocation) -> Result<Report, PluginError> {
             Some(LockCommand::List(args)) => list::list(&cli.connection, &args).await,
             None => lock::lock(&cli.connection, &cli.lock).await,
         },
-        Invocation::Unlock(cli) => lock::unlock(&cli.connection, &cli.target).await,
+        Invocation::Unlock(cli) => lock::unlock(&cli.connection, &cli.target, cli.no_nudge).await,
     }
 }
 

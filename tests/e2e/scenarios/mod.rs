@@ -3,6 +3,7 @@
 mod audit;
 mod cluster_locks;
 mod collections;
+mod collector;
 mod enforcement;
 mod excluded;
 mod fake_parity;
@@ -51,6 +52,7 @@ pub fn all() -> Vec<Scenario> {
         parallel("terminating", terminating::run),
         parallel("namespace-deletion", namespaces::run),
         parallel("cluster-locks", cluster_locks::run),
+        parallel("collector", collector::run),
         parallel("spec-operations", spec::operations),
         parallel("spec-resources", spec::resources),
         parallel("spec-selector", spec::selector),

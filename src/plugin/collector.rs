@@ -1,0 +1,201 @@
+//! Objects the garbage collector is waiting to delete: `kubectl lock` says so, and `kubectl
+//! unlock` prompts the collector to look again at once.
+//!
+//! A locked dependent of a deleted owner stays: the collector's DELETE is refused, and it retries
+//! with a per-object backoff that doubles up to about 1,000 s, so after a long lock the object
+//! can linger a quarter of an hour after the unlock. Nothing but a change of the object's owner
+//! references makes the collector look at it before that retry (an annotation or a label does
+//! not; measured on kube-apiserver 1.36). So the prompt adds an owner reference to an owner that
+//! does not exist: the collector checks that owner at once, finds it absent and takes up the
+//! object, doing exactly what its next retry would have done (deleting an object whose owners
+//! are all gone, or removing the dangling references of one that still has an owner, this one
+//! included).
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{DynamicObject, Patch, PatchParams};
+
+use super::error::status_code;
+use super::{Cluster, Target};
+
+/// The finalizer of an owner deleted in the foreground: it stays until its blocking dependents
+/// are gone.
+const FOREGROUND: &str = "foregroundDeletion";
+/// The name of the owner the prompt refers to. The collector tells owners apart by uid, and the
+/// uid of the prompt's owner is no object's.
+const ABSENT_OWNER: &str = "kube-object-lock-collector-prompt";
+/// How long the prompt may be refused by a webhook instance that has not yet seen the unlock.
+const PROMPT_RETRIES: u32 = 20;
+
+/// Why the collector is waiting to delete an object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Waiting {
+    /// Its owner is gone (background deletion).
+    OwnerGone(String),
+    /// Its owner is being deleted in the foreground, waiting for it.
+    OwnerTerminating(String),
+}
+
+impl std::fmt::Display for Waiting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Waiting::OwnerGone(owner) => write!(f, "its owner {owner} is gone"),
+            Waiting::OwnerTerminating(owner) => {
+                write!(f, "its owner {owner} is being deleted in the foreground")
+            }
+        }
+    }
+}
+
+/// Whether the collector is waiting to delete `object`, by looking up its owners. An owner whose
+/// type or existence cannot be told counts as present: this only ever adds a remark.
+pub(super) async fn waiting(
+    cluster: &Cluster,
+    target: &Target,
+    object: &DynamicObject,
+) -> Option<Waiting> {
+    let owners = object
+        .metadata
+        .owner_references
+        .as_deref()
+        .unwrap_or_default();
+    if owners.is_empty() {
+        return None;
+    }
+    let groups: BTreeSet<String> = owners.iter().map(|o| group_of(o).to_owned()).collect();
+    let discovered = cluster.discover(Some(&groups), true).await.ok()?;
+    let mut gone = None;
+    for owner in owners {
+        let resource = discovered.types.iter().find(|t| {
+            t.group == group_of(owner) && version_of(owner) == t.version && t.kind == owner.kind
+        })?;
+        let namespace = resource
+            .namespaced
+            .then_some(target.namespace.as_deref())
+            .flatten();
+        let api = cluster.api(&resource.api_resource(), namespace);
+        let described = format!("{} {}", owner.kind, owner.name);
+        match api.get(&owner.name).await {
+            Ok(found) if found.metadata.uid.as_deref() == Some(owner.uid.as_str()) => {
+                let finalizers = found.metadata.finalizers.unwrap_or_default();
+                if found.metadata.deletion_timestamp.is_some()
+                    && finalizers.iter().any(|f| f == FOREGROUND)
+                {
+                    return Some(Waiting::OwnerTerminating(described));
+                }
+                // A live owner: the collector has nothing to do with this object.
+                return None;
+            }
+            Ok(_) => gone = Some(Waiting::OwnerGone(described)),
+            Err(e) if status_code(&e) == Some(404) => gone = Some(Waiting::OwnerGone(described)),
+            Err(_) => return None,
+        }
+    }
+    gone
+}
+
+/// Prompts the collector to look at `target` again: adds an owner reference to an owner that
+/// does not exist, to the object as read (its uid and resourceVersion are preconditions; a
+/// conflict reads it again). A refusal by a webhook instance that still enforces the lock just
+/// deleted is retried for a moment.
+pub(super) async fn prompt(
+    cluster: &Cluster,
+    target: &Target,
+    object: &DynamicObject,
+) -> Result<(), String> {
+    let api = cluster.api(&target.resource.api_resource(), target.namespace.as_deref());
+    let uid = object.metadata.uid.clone().unwrap_or_default();
+    let mut object = object.clone();
+    let mut last = String::new();
+    for _ in 0..PROMPT_RETRIES {
+        let mut owners = object.metadata.owner_references.clone().unwrap_or_default();
+        let Some(first) = owners.first().cloned() else {
+            return Ok(());
+        };
+        owners.push(OwnerReference {
+            api_version: first.api_version,
+            kind: first.kind,
+            name: ABSENT_OWNER.to_owned(),
+            uid: absent_uid(&uid),
+            ..OwnerReference::default()
+        });
+        let patch = serde_json::json!({"metadata": {
+            "uid": uid,
+            "resourceVersion": object.metadata.resource_version,
+            "ownerReferences": owners,
+        }});
+        match api
+            .patch(&target.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => return Ok(()),
+            // Gone already: the collector was quicker.
+            Err(e) if status_code(&e) == Some(404) => return Ok(()),
+            Err(e) if status_code(&e) == Some(409) => {
+                last = super::error::detail(&e);
+                object = match api.get(&target.name).await {
+                    Ok(again) if again.metadata.uid.as_deref() == Some(uid.as_str()) => again,
+                    Ok(_) => return Ok(()),
+                    Err(e) if status_code(&e) == Some(404) => return Ok(()),
+                    Err(e) => return Err(super::error::detail(&e)),
+                };
+            }
+            Err(e) if status_code(&e) == Some(403) => {
+                last = super::error::detail(&e);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => return Err(super::error::detail(&e)),
+        }
+    }
+    Err(last)
+}
+
+/// A uid no object has: the object's own uid with its first group rewritten, so the same object
+/// always gets the same prompt (a second prompt adds nothing the collector has not seen).
+fn absent_uid(uid: &str) -> String {
+    match uid.split_once('-') {
+        Some((_, rest)) => format!("00000000-{rest}"),
+        None => format!("00000000-{uid}"),
+    }
+}
+
+fn group_of(owner: &OwnerReference) -> &str {
+    owner
+        .api_version
+        .split_once('/')
+        .map_or("", |(group, _)| group)
+}
+
+fn version_of(owner: &OwnerReference) -> &str {
+    owner
+        .api_version
+        .split_once('/')
+        .map_or(owner.api_version.as_str(), |(_, version)| version)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owners_split_into_group_and_version() {
+        let owner = |api_version: &str| OwnerReference {
+            api_version: api_version.to_owned(),
+            ..OwnerReference::default()
+        };
+        assert_eq!(group_of(&owner("apps/v1")), "apps");
+        assert_eq!(version_of(&owner("apps/v1")), "v1");
+        assert_eq!(group_of(&owner("v1")), "");
+        assert_eq!(version_of(&owner("v1")), "v1");
+    }
+
+    #[test]
+    fn the_absent_owner_is_not_the_object_and_is_stable() {
+        let uid = "6f1c2a3b-1111-2222-3333-444455556666";
+        assert_eq!(absent_uid(uid), "00000000-1111-2222-3333-444455556666");
+        assert_ne!(absent_uid(uid), uid);
+        assert_eq!(absent_uid(uid), absent_uid(uid));
+    }
+}
