@@ -30,6 +30,8 @@
 mod env;
 mod harness;
 mod kubectl;
+mod node;
+mod relay;
 mod rest;
 mod scenarios;
 mod suite;

@@ -22,6 +22,7 @@ mod sigterm;
 mod silent_apiserver;
 mod spec;
 mod terminating;
+mod two_apiservers;
 mod unconfirmed;
 mod unreadable;
 mod warn_events;
@@ -82,5 +83,7 @@ pub fn all() -> Vec<Scenario> {
         alone("watch-forbidden", watch_forbidden::run),
         // Alone: it widens the Lock CRD for a while.
         alone("unreadable-lock", unreadable::run),
+        // Alone: a second API server and webhook instance, which every Lock's status names.
+        alone("two-apiservers", two_apiservers::run),
     ]
 }
