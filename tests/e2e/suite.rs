@@ -185,6 +185,25 @@ impl Ctx<'_> {
         result
     }
 
+    /// Runs `between` with the suite's webhook replaced by one with `settings` (environment)
+    /// besides its own, then starts the suite's again as it was.
+    pub fn with_webhook_settings<T>(
+        &self,
+        settings: &[(&str, &str)],
+        between: impl FnOnce() -> Result<T>,
+    ) -> Result<T> {
+        let client_ca = (self.env.serve.lock().ok())
+            .and_then(|s| s.as_ref().map(Serve::client_ca))
+            .unwrap_or(false);
+        let (bin, files) = (&self.env.cfg.server_bin, &self.env.files);
+        self.with_webhook_stopped(|| {
+            let other = Serve::start_with(bin, files, client_ca, settings)?;
+            let result = between();
+            other.stop()?;
+            result
+        })
+    }
+
     /// `kubectl ARGS...`.
     pub fn k(&self, args: &[&str]) -> Out {
         self.env.kubectl.run(args)

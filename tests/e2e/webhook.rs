@@ -181,6 +181,11 @@ impl Serve {
         }
     }
 
+    /// Whether it requires client certificates.
+    pub fn client_ca(&self) -> bool {
+        self.client_ca
+    }
+
     /// The process id (for signals: SIGHUP reloads the certificate at once).
     pub fn pid(&self) -> u32 {
         self.child.id()

@@ -21,6 +21,7 @@ mod scale;
 mod sigterm;
 mod silent_apiserver;
 mod spec;
+mod static_registration;
 mod terminating;
 mod two_apiservers;
 mod unconfirmed;
@@ -85,5 +86,7 @@ pub fn all() -> Vec<Scenario> {
         alone("unreadable-lock", unreadable::run),
         // Alone: a second API server and webhook instance, which every Lock's status names.
         alone("two-apiservers", two_apiservers::run),
+        // Alone: it restarts the API server with the static registration and removes the API one.
+        alone("static-registration", static_registration::run),
     ]
 }
