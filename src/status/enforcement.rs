@@ -172,7 +172,7 @@ pub struct Desired {
     pub entry: Option<Enforcer>,
     /// `enforcedCount`: the other instances' entries plus its own.
     pub count: i64,
-    /// The conditions it asserts (none while unhealthy).
+    /// The conditions it asserts (while unhealthy, those the other instances wrote).
     pub conditions: Vec<LockCondition>,
 }
 
@@ -197,6 +197,18 @@ impl Desired {
             "metadata": metadata,
             "status": status,
         })
+    }
+
+    /// The last instance withdraws: nothing is left to say. The status is cleared with a merge
+    /// patch ([`Desired::clearing`]) rather than applied empty, which would leave the condition
+    /// fields other instances wrote last, with the values they wrote.
+    pub fn clears(&self) -> bool {
+        self.entry.is_none() && self.count == 0 && self.conditions.is_empty()
+    }
+
+    /// The merge patch of the status that [`Desired::clears`] asks for.
+    pub fn clearing() -> serde_json::Value {
+        serde_json::json!({"status": {"enforcedBy": null, "enforcedCount": 0, "conditions": null}})
     }
 
     /// The same, ignoring `since` (which only the first write sets).
@@ -225,10 +237,23 @@ pub fn desired(
         .filter(|e| e.instance != instance)
         .count();
     if !healthy {
+        // The condition is shared, but server-side apply gives each of its fields to the last
+        // instance that wrote a different value: an instance that left it out while others
+        // remain would strip those fields from their condition (an item with only its `type`,
+        // which the API server refuses, so the withdrawal never lands). So it re-applies the
+        // condition as it stands, and the last one clears the status ([`Desired::clears`]).
+        let conditions = if others > 0 {
+            (lock.meta.status.conditions.iter())
+                .filter(|c| c.type_ == super::CONDITION)
+                .cloned()
+                .collect()
+        } else {
+            vec![]
+        };
         return Desired {
             entry: None,
             count: others as i64,
-            conditions: vec![],
+            conditions,
         };
     }
     let enforcement = Enforcement::with_coverage(lock, coverage, now);

@@ -313,17 +313,20 @@ async fn write(
     lock: &KnownLock,
     want: &Desired,
 ) -> Result<String, kube::Error> {
-    // force: enforcedCount and the condition are shared with the other instances, which write
-    // the same values; during a change they may briefly disagree.
-    let params = PatchParams::apply(manager).force();
-    let written = lock
-        .key
-        .api(client)
-        .patch_status(
-            &lock.key.name,
-            &params,
-            &Patch::Apply(want.apply_config(&lock.key)),
-        )
-        .await?;
+    let api = lock.key.api(client);
+    let written = if want.clears() {
+        let params = PatchParams {
+            field_manager: Some(manager.to_owned()),
+            ..PatchParams::default()
+        };
+        let patch = Patch::Merge(Desired::clearing());
+        api.patch_status(&lock.key.name, &params, &patch).await?
+    } else {
+        // force: enforcedCount and the condition are shared with the other instances, which
+        // write the same values; during a change they may briefly disagree.
+        let params = PatchParams::apply(manager).force();
+        let patch = Patch::Apply(want.apply_config(&lock.key));
+        api.patch_status(&lock.key.name, &params, &patch).await?
+    };
     Ok(written.metadata.resource_version.unwrap_or_default())
 }

@@ -143,6 +143,22 @@ impl Kubectl {
         std::env::join_paths(paths).ok()
     }
 
+    /// The kubeconfig as kubectl reads it: the current context only, files inlined.
+    pub fn view(&self) -> Result<serde_json::Value> {
+        let out = self
+            .run(&[
+                "config",
+                "view",
+                "--raw",
+                "--minify",
+                "--flatten",
+                "-o",
+                "json",
+            ])
+            .check()?;
+        Ok(serde_json::from_str(&out.stdout)?)
+    }
+
     /// `kubectl apply --server-side -f -` of `yaml`.
     pub fn apply(&self, yaml: &str) -> Result<Out> {
         self.run_stdin(

@@ -22,14 +22,17 @@
 //! - `KOL_E2E_TRIES`: lock-to-enforcement samples (default 20). `KOL_E2E_JOBS`: scenarios run at
 //!   once (default 4).
 //!
-//! A scenario that restarts or stops the API server (restart, mTLS, silent API server) needs the
-//! local control plane's scripts or processes and runs alone, after the others. Arguments: a substring of `e2e::<scenario>` selects scenarios;
+//! A scenario that restarts or stops the API server or adds a second one (restart, mTLS, silent
+//! API server, two API servers, static registration) needs the local control plane's scripts or
+//! processes and runs alone, after the others. Arguments: a substring of `e2e::<scenario>` selects scenarios;
 //! `--list` lists them; libtest's flags are accepted and ignored.
 #![forbid(unsafe_code)]
 
 mod env;
 mod harness;
 mod kubectl;
+mod node;
+mod relay;
 mod rest;
 mod scenarios;
 mod suite;

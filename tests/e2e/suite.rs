@@ -47,6 +47,21 @@ pub fn skip<T>(reason: impl Into<String>) -> Result<T> {
     Err(Skipped(reason.into()).into())
 }
 
+/// `KOL_E2E_REQUIRE=1`: what the suite needs is known to be there, so a skip is a failure.
+fn required() -> bool {
+    std::env::var("KOL_E2E_REQUIRE").is_ok_and(|v| v == "1")
+}
+
+/// Ends a scenario as skipped, or as failed under `KOL_E2E_REQUIRE=1`: for what CI's machine
+/// must have (root, `ip netns`) but a user's may lack.
+pub fn skip_unless_required<T>(reason: impl Into<String>) -> Result<T> {
+    let reason = reason.into();
+    if required() {
+        bail!("KOL_E2E_REQUIRE=1, but {reason}");
+    }
+    skip(reason)
+}
+
 /// What every scenario shares.
 pub struct Env {
     pub cfg: Config,
@@ -170,6 +185,25 @@ impl Ctx<'_> {
             serve.restart_after(&self.env.cfg.server_bin, &self.env.files, between);
         *slot = Some(started?);
         result
+    }
+
+    /// Runs `between` with the suite's webhook replaced by one with `settings` (environment)
+    /// besides its own, then starts the suite's again as it was.
+    pub fn with_webhook_settings<T>(
+        &self,
+        settings: &[(&str, &str)],
+        between: impl FnOnce() -> Result<T>,
+    ) -> Result<T> {
+        let client_ca = (self.env.serve.lock().ok())
+            .and_then(|s| s.as_ref().map(Serve::client_ca))
+            .unwrap_or(false);
+        let (bin, files) = (&self.env.cfg.server_bin, &self.env.files);
+        self.with_webhook_stopped(|| {
+            let other = Serve::start_with(bin, files, client_ca, settings)?;
+            let result = between();
+            other.stop()?;
+            result
+        })
     }
 
     /// `kubectl ARGS...`.
@@ -341,7 +375,7 @@ pub const CLUSTER_DENIAL: &str =
 /// The whole suite cannot run here: a pass with one line, unless `KOL_E2E_REQUIRE=1` says a
 /// cluster is known to be there (CI after building the control plane), where it is a failure.
 fn skipped(reason: &str) -> ExitCode {
-    if std::env::var("KOL_E2E_REQUIRE").is_ok_and(|v| v == "1") {
+    if required() {
         println!("e2e: error: KOL_E2E_REQUIRE=1, but the suite cannot run: {reason}");
         return ExitCode::FAILURE;
     }

@@ -43,6 +43,55 @@ impl Files {
     }
 }
 
+/// Where an instance runs and what it talks to: the suite's own place, or another node's.
+pub struct Place {
+    /// The network namespace it runs in (`ip netns exec`); `None`: the suite's.
+    pub netns: Option<String>,
+    /// Its kubeconfig (its node's API server).
+    pub kubeconfig: PathBuf,
+    /// Its log.
+    pub log: PathBuf,
+}
+
+impl Place {
+    /// The suite's webhook: here, with the run's identity.
+    pub fn suite(files: &Files) -> Place {
+        Place {
+            netns: None,
+            kubeconfig: files.kubeconfig(),
+            log: files.log(),
+        }
+    }
+
+    /// `program` to run at this place.
+    pub fn command(&self, program: &Path) -> Command {
+        match &self.netns {
+            None => Command::new(program),
+            Some(netns) => {
+                // `ip netns exec` execs the program: the child's pid is the program's.
+                let mut cmd = Command::new("ip");
+                cmd.args(["netns", "exec", netns]).arg(program);
+                cmd
+            }
+        }
+    }
+
+    /// Something listens on `127.0.0.1:port` at this place.
+    fn listening(&self, port: u16) -> bool {
+        match &self.netns {
+            None => std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
+            Some(_) => self
+                .command(Path::new("bash"))
+                .args(["-c", &format!("exec 3<>/dev/tcp/127.0.0.1/{port}")])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success()),
+        }
+    }
+}
+
 /// A running `kube-object-lock serve`.
 pub struct Serve {
     child: Child,
@@ -62,20 +111,30 @@ impl Serve {
         client_ca: bool,
         env: &[(&str, &str)],
     ) -> Result<Serve> {
-        // Else the readiness check below would take the other process for ours.
-        ensure!(
-            std::net::TcpStream::connect(("127.0.0.1", PORT)).is_err(),
-            "127.0.0.1:{PORT} is in use by another process (an earlier run's webhook?)"
-        );
-        ensure!(
-            std::net::TcpStream::connect(("127.0.0.1", METRICS_PORT)).is_err(),
-            "127.0.0.1:{METRICS_PORT} (the webhook's metrics) is in use by another process"
-        );
-        let log = File::options()
-            .create(true)
-            .append(true)
-            .open(files.log())?;
-        let mut cmd = Command::new(bin);
+        Serve::start_at(bin, files, &Place::suite(files), client_ca, env)
+    }
+
+    /// Starts `serve` on [`PORT`] at `place`, with extra environment (settings).
+    pub fn start_at(
+        bin: &Path,
+        files: &Files,
+        place: &Place,
+        client_ca: bool,
+        env: &[(&str, &str)],
+    ) -> Result<Serve> {
+        if place.netns.is_none() {
+            // Else the readiness check below would take the other process for ours.
+            ensure!(
+                std::net::TcpStream::connect(("127.0.0.1", PORT)).is_err(),
+                "127.0.0.1:{PORT} is in use by another process (an earlier run's webhook?)"
+            );
+            ensure!(
+                std::net::TcpStream::connect(("127.0.0.1", METRICS_PORT)).is_err(),
+                "127.0.0.1:{METRICS_PORT} (the webhook's metrics) is in use by another process"
+            );
+        }
+        let log = File::options().create(true).append(true).open(&place.log)?;
+        let mut cmd = place.command(bin);
         cmd.arg("serve")
             .arg("--listen")
             .arg(format!("127.0.0.1:{PORT}"))
@@ -84,7 +143,7 @@ impl Serve {
             .arg("--tls-key")
             .arg(files.pki("tls.key"))
             .arg("--kubeconfig")
-            .arg(files.kubeconfig())
+            .arg(&place.kubeconfig)
             .env("KUBE_OBJECT_LOCK__WEBHOOK__URL", URL)
             .env(
                 "KUBE_OBJECT_LOCK__METRICS__LISTEN",
@@ -108,18 +167,23 @@ impl Serve {
         let deadline = Instant::now() + Duration::from_secs(15);
         loop {
             if let Some(status) = child.try_wait()? {
-                bail!("serve exited ({status}): {}", tail(&files.log(), 20));
+                bail!("serve exited ({status}): {}", tail(&place.log, 20));
             }
-            if std::net::TcpStream::connect(("127.0.0.1", PORT)).is_ok() {
+            if place.listening(PORT) {
                 return Ok(Serve { child, client_ca });
             }
             ensure!(
                 Instant::now() < deadline,
                 "serve does not listen on {PORT} after 15s: {}",
-                tail(&files.log(), 20)
+                tail(&place.log, 20)
             );
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// Whether it requires client certificates.
+    pub fn client_ca(&self) -> bool {
+        self.client_ca
     }
 
     /// The process id (for signals: SIGHUP reloads the certificate at once).
@@ -227,19 +291,7 @@ pub fn identity_at(kubectl: &Kubectl, namespace: &str, name: &str, path: &Path) 
 /// A kubeconfig at `path` for the suite's cluster as `name`, authenticated by `user` (a
 /// kubeconfig `user` entry: a token, a client certificate).
 pub fn kubeconfig_for(kubectl: &Kubectl, name: &str, user: Value, path: &Path) -> Result<()> {
-    let view = kubectl
-        .run(&[
-            "config",
-            "view",
-            "--raw",
-            "--minify",
-            "--flatten",
-            "-o",
-            "json",
-        ])
-        .check()?
-        .stdout;
-    let view: Value = serde_json::from_str(&view)?;
+    let view = kubectl.view()?;
     let cluster = view["clusters"][0]["cluster"].clone();
     ensure!(cluster.is_object(), "no cluster in the kubeconfig: {view}");
     let kubeconfig = serde_json::json!({
@@ -254,7 +306,7 @@ pub fn kubeconfig_for(kubectl: &Kubectl, name: &str, user: Value, path: &Path) -
 }
 
 /// Writes a file readable by its owner only (it holds a token).
-fn write_private(path: &Path, text: &str) -> Result<()> {
+pub fn write_private(path: &Path, text: &str) -> Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let mut file = File::options()

@@ -28,8 +28,9 @@
 //!   resources with their short names, scopes and verbs, and some subresources).
 //! - Other objects, seeded with [`FakeApiServer::add_object`] and answered by GET of one object
 //!   (200, or a 404 `NotFound` Status naming it); only the resources in [`DISCOVERY`].
-//! - The locks' `status` subresource: GET, and PATCH as server-side apply with per-manager
-//!   field ownership, list-map merging, conflicts and `force` (module `ssa`); writes to the main
+//! - The locks' `status` subresource: GET, PATCH as server-side apply with per-manager field
+//!   ownership, list-map merging, conflicts and `force` (module `ssa`), and merge PATCH (which
+//!   takes the fields it removes from every manager); writes to the main
 //!   resource keep the status and a create drops it, as for a CRD with a status subresource.
 //! - `events.k8s.io/v1` Events: create, merge patch, get, list with field selectors, validated
 //!   as kube-apiserver validates them (module `ext`).

@@ -162,6 +162,49 @@ fn an_unhealthy_source_withdraws_this_instance_only() {
 }
 
 #[test]
+fn a_withdrawal_keeps_the_condition_of_the_others_and_the_last_one_clears() {
+    let mut l = lock(Some("prod"), serde_json::json!({}));
+    let enforcing = desired(&l, true, &Coverage::Sent, "cp-2", now()).conditions;
+    let other = LockCondition {
+        type_: "Other".to_owned(),
+        ..enforcing[0].clone()
+    };
+    Arc::make_mut(&mut l.meta).status = LockStatus {
+        enforced_by: vec![
+            enforcer("cp-1", 3, "2026-11-22T10:00:00Z"),
+            enforcer("cp-2", 3, "2026-11-22T10:00:00Z"),
+        ],
+        enforced_count: Some(2),
+        conditions: [enforcing.clone(), vec![other]].concat(),
+    };
+    // cp-1 may own the condition's fields alone (it wrote them last): leaving them out would
+    // strip them from cp-2's condition.
+    let want = desired(&l, false, &Coverage::Sent, "cp-1", now());
+    assert_eq!((want.entry.as_ref(), want.count), (None, 1));
+    assert_eq!(
+        want.conditions, enforcing,
+        "the Enforced condition as it stands"
+    );
+    assert!(!want.clears());
+    assert_eq!(
+        want.apply_config(&l.key)["status"]["conditions"],
+        serde_json::json!(enforcing)
+    );
+    // cp-2 is the last: the status is cleared, whoever wrote its fields.
+    Arc::make_mut(&mut l.meta).status.enforced_by.remove(0);
+    let last = desired(&l, false, &Coverage::Sent, "cp-2", now());
+    assert!(last.clears());
+    assert!(needs_write(&l, &last, "cp-2", None));
+    assert_eq!(
+        Desired::clearing(),
+        serde_json::json!({"status": {"enforcedBy": null, "enforcedCount": 0, "conditions": null}})
+    );
+    // A healthy instance that enforces nothing still says why: never a clearing.
+    let warn = lock(Some("prod"), serde_json::json!({"mode": "Warn"}));
+    assert!(!desired(&warn, true, &Coverage::Sent, "cp-1", now()).clears());
+}
+
+#[test]
 fn writes_happen_only_when_the_status_differs() {
     let mut l = lock(None, serde_json::json!({}));
     let want = desired(&l, true, &Coverage::Sent, "cp-1", now());

@@ -23,7 +23,9 @@ mod scale;
 mod sigterm;
 mod silent_apiserver;
 mod spec;
+mod static_registration;
 mod terminating;
+mod two_apiservers;
 mod unconfirmed;
 mod unreadable;
 mod warn_events;
@@ -86,5 +88,9 @@ pub fn all() -> Vec<Scenario> {
         alone("watch-forbidden", watch_forbidden::run),
         // Alone: it widens the Lock CRD for a while.
         alone("unreadable-lock", unreadable::run),
+        // Alone: a second API server and webhook instance, which every Lock's status names.
+        alone("two-apiservers", two_apiservers::run),
+        // Alone: it restarts the API server with the static registration and removes the API one.
+        alone("static-registration", static_registration::run),
     ]
 }

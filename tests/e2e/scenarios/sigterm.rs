@@ -103,7 +103,7 @@ pub fn run(ctx: &Ctx) -> Result<()> {
 }
 
 /// The instances in `status.enforcedBy` for the Lock's current generation.
-fn instances(lock: &Value) -> Vec<String> {
+pub(crate) fn instances(lock: &Value) -> Vec<String> {
     let generation = &lock["metadata"]["generation"];
     lock["status"]["enforcedBy"]
         .as_array()
@@ -115,7 +115,7 @@ fn instances(lock: &Value) -> Vec<String> {
 }
 
 /// Every instance in `status.enforcedBy`, whatever generation.
-fn instances_of(lock: &Value) -> Vec<String> {
+pub(crate) fn instances_of(lock: &Value) -> Vec<String> {
     lock["status"]["enforcedBy"]
         .as_array()
         .into_iter()
@@ -125,7 +125,7 @@ fn instances_of(lock: &Value) -> Vec<String> {
 }
 
 /// Polls `probe` until it yields a value, at most `within`.
-fn poll<T>(within: Duration, mut probe: impl FnMut() -> Result<Option<T>>) -> Result<T> {
+pub(crate) fn poll<T>(within: Duration, mut probe: impl FnMut() -> Result<Option<T>>) -> Result<T> {
     let start = Instant::now();
     loop {
         if let Some(value) = probe()? {

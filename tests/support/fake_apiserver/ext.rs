@@ -1,4 +1,4 @@
-//! The lock `status` subresource (GET, and PATCH as server-side apply only) and
+//! The lock `status` subresource (GET, PATCH as server-side apply or merge patch) and
 //! `events.k8s.io/v1` Events (POST, merge PATCH, GET, LIST with field selectors), with the
 //! validation kube-apiserver applies to what the webhook writes.
 //!
@@ -117,9 +117,12 @@ impl FakeApiServer {
             Method::PATCH => {}
             _ => return Err(status(405, super::NOT_ALLOWED, json!({}))),
         }
+        if content_type == MERGE {
+            return self.merge_status(key, object, body);
+        }
         if content_type != APPLY {
             let msg = format!(
-                "the body of the request was in an unknown format - this fake accepts only {APPLY} on status, got {content_type:?}"
+                "the body of the request was in an unknown format - this fake accepts only {APPLY} and {MERGE} on status, got {content_type:?}"
             );
             return Err(status(415, &msg, Value::Null));
         }
@@ -157,6 +160,36 @@ impl FakeApiServer {
         if !changed {
             return Ok((200, st.objects.get(&key).cloned().unwrap_or(object)));
         }
+        let now = k8s_openapi::jiff::Timestamp::now().to_string();
+        object["metadata"]["managedFields"] = ssa::managed_fields(&managed, API_VERSION, &now);
+        st.ext.managed.insert(key.clone(), managed);
+        let written = st.emit("MODIFIED", key, object);
+        drop(st);
+        self.notify();
+        Ok((200, written))
+    }
+
+    /// A merge patch of the status: only `status` counts (the status strategy); fields it
+    /// removes leave every manager's set. (The `Update` entry a real server adds for the
+    /// patcher is not kept.)
+    fn merge_status(
+        &self,
+        key: (Res, String, String),
+        mut object: Value,
+        body: &Bytes,
+    ) -> Result<(u16, Value), Value> {
+        let patch: Value = serde_json::from_slice(body)
+            .map_err(|e| bad_request(&format!("error decoding request body: {e}")))?;
+        let before = object.clone();
+        if let Some(status) = patch.get("status") {
+            merge_patch(&mut object["status"], status);
+        }
+        if object == before {
+            return Ok((200, object));
+        }
+        let mut st = self.state();
+        let mut managed = st.ext.managed.get(&key).cloned().unwrap_or_default();
+        ssa::forget_missing(&object, &mut managed);
         let now = k8s_openapi::jiff::Timestamp::now().to_string();
         object["metadata"]["managedFields"] = ssa::managed_fields(&managed, API_VERSION, &now);
         st.ext.managed.insert(key.clone(), managed);

@@ -330,6 +330,15 @@ pub fn apply(
 }
 
 /// `metadata.managedFields` for `managed`, as kube-apiserver shows status applies.
+/// Drops from every manager's set the fields `object` no longer has (a write other than an
+/// apply removed them), and the managers left with nothing.
+pub fn forget_missing(object: &Value, managed: &mut Managed) {
+    for fields in managed.values_mut() {
+        fields.retain(|path| get(object, path).is_some());
+    }
+    managed.retain(|_, fields| !fields.is_empty());
+}
+
 pub fn managed_fields(managed: &Managed, api_version: &str, time: &str) -> Value {
     let entries: Vec<Value> = managed
         .iter()
