@@ -182,6 +182,8 @@ pub fn is_excluded_namespace(namespace: &str) -> bool {
     printcolumn = r#"{"name":"Mode","type":"string","jsonPath":".spec.mode","description":"Enforce (refuse) or Warn (allow with a warning); empty means Enforce"}"#,
     printcolumn = r#"{"name":"Expires","type":"string","jsonPath":".spec.expiresAt","description":"When the lock stops applying (RFC 3339); empty means never"}"#,
     printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".spec.reason","description":"Why the object is locked"}"#,
+    printcolumn = r#"{"name":"Owner-Kind","type":"string","jsonPath":".metadata.ownerReferences[0].kind","description":"Kind of the object that owns the lock: the garbage collector deletes the lock when that object is deleted"}"#,
+    printcolumn = r#"{"name":"Owner","type":"string","jsonPath":".metadata.ownerReferences[0].name","description":"Name of the object that owns the lock"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -388,6 +390,8 @@ pub struct Exemptions {
     printcolumn = r#"{"name":"Mode","type":"string","jsonPath":".spec.mode","description":"Enforce (refuse) or Warn (allow with a warning); empty means Enforce"}"#,
     printcolumn = r#"{"name":"Expires","type":"string","jsonPath":".spec.expiresAt","description":"When the lock stops applying (RFC 3339); empty means never"}"#,
     printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".spec.reason","description":"Why the object is locked"}"#,
+    printcolumn = r#"{"name":"Owner-Kind","type":"string","jsonPath":".metadata.ownerReferences[0].kind","description":"Kind of the object that owns the lock: the garbage collector deletes the lock when that object is deleted"}"#,
+    printcolumn = r#"{"name":"Owner","type":"string","jsonPath":".metadata.ownerReferences[0].name","description":"Name of the object that owns the lock"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 pub struct ClusterLockSpec {

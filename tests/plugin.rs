@@ -186,6 +186,92 @@ async fn lock_by_short_name_writes_the_spec() {
     );
 }
 
+/// `--owner` writes an ownerReference with the owner's uid, so that the garbage collector
+/// deletes the lock with it; a ClusterLock takes cluster-scoped owners only.
+#[tokio::test(flavor = "multi_thread")]
+async fn owners_are_referenced_by_uid() {
+    let c = Cluster::start().await;
+    let run = c.lock(&["cm/app-config", "--owner", "deploy/web"]).await;
+    assert_eq!(
+        run.ok(),
+        "locked configmaps \"app-config\" in namespace \"prod\" with Lock prod/app-config \
+         (UPDATE, DELETE; owned by Deployment/web)\n"
+    );
+    let lock = c
+        .api
+        .lock("prod", "app-config")
+        .expect("Lock prod/app-config");
+    let uid = (c
+        .requests("GET /apis/apps/v1/namespaces/prod/deployments/web")
+        .len()
+        == 1)
+        .then(|| lock["metadata"]["ownerReferences"][0]["uid"].clone())
+        .expect("the owner was looked up once");
+    assert!(
+        uid.as_str().is_some_and(|u| u.starts_with("00000000-")),
+        "{lock}"
+    );
+    assert_eq!(
+        lock["metadata"]["ownerReferences"],
+        json!([{ "apiVersion": "apps/v1", "kind": "Deployment", "name": "web", "uid": uid }]),
+        "no controller, no blockOwnerDeletion"
+    );
+
+    // A cluster-scoped owner for a Lock, and for a ClusterLock.
+    c.lock(&[
+        "svc/web",
+        "--owner",
+        "namespace/prod",
+        "--operations",
+        "UPDATE",
+    ])
+    .await
+    .ok();
+    let lock = c.api.lock("prod", "web").expect("Lock prod/web");
+    assert_eq!(lock["metadata"]["ownerReferences"][0]["kind"], "Namespace");
+    c.lock(&["clusterrole/view", "--owner", "ns/prod"])
+        .await
+        .ok();
+    let owner =
+        &c.api.cluster_lock("view").expect("ClusterLock view")["metadata"]["ownerReferences"][0];
+    assert_eq!(
+        (owner["apiVersion"].as_str(), owner["name"].as_str()),
+        (Some("v1"), Some("prod"))
+    );
+
+    // Refused before anything is created, naming the flag.
+    let before = c.requests("POST").len();
+    let run = c.lock(&["ns/prod", "--owner", "deploy/web"]).await;
+    assert_eq!(
+        run.error(1),
+        "error: --owner deploy/web: deployments.apps are namespaced, and the lock of a \
+         cluster-scoped object is a ClusterLock, which only a cluster-scoped object can own \
+         (Kubernetes' rule for owners)"
+    );
+    let run = c.lock(&["deploy/web", "--owner", "cm/nothing"]).await;
+    assert_eq!(
+        run.error(1),
+        "error: --owner cm/nothing: configmaps \"nothing\" in namespace \"prod\" does not exist"
+    );
+    let run = c.lock(&["deploy/web", "--owner", "gizmo/x"]).await;
+    assert_eq!(
+        run.error(1),
+        "error: --owner gizmo/x: the server doesn't have a resource type \"gizmo\""
+    );
+    let run = c.lock(&["deploy/web", "--owner", "deploy/web"]).await;
+    assert!(
+        run.error(1)
+            .starts_with("error: --owner deploy/web: that is the locked object itself"),
+        "{run:?}"
+    );
+    assert_eq!(c.requests("POST").len(), before, "nothing created");
+    let run = c.lock(&["deploy/web", "--owner", "web"]).await;
+    assert_eq!(
+        run.error(1),
+        "error: --owner web: expected KIND/NAME (such as job/backup)"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn lock_by_kind_and_by_group_qualified_name() {
     let c = Cluster::start().await;
@@ -372,9 +458,17 @@ async fn list_shows_coverage_targets_and_time_left() {
         "note: no Locks in namespace \"prod\" and no ClusterLocks\n"
     );
 
-    c.lock(&["deploy/web", "--for", "2h", "--reason", "release freeze"])
-        .await
-        .ok();
+    c.lock(&[
+        "deploy/web",
+        "--for",
+        "2h",
+        "--reason",
+        "release freeze",
+        "--owner",
+        "cm/app-config",
+    ])
+    .await
+    .ok();
     c.lock(&["cm/gone", "--allow-missing"]).await.ok();
     c.lock(&["ns/prod"]).await.ok();
     c.api.create_lock("prod", "app-config", json!({}));
@@ -399,7 +493,8 @@ async fn list_shows_coverage_targets_and_time_left() {
     assert_eq!(
         header,
         [
-            "NAME", "KIND", "COVERS", "TARGET", "MODE", "ENFORCED", "BLOCKED", "EXPIRES", "REASON"
+            "NAME", "KIND", "COVERS", "TARGET", "OWNER", "MODE", "ENFORCED", "BLOCKED", "EXPIRES",
+            "REASON"
         ]
     );
     assert_eq!(
@@ -409,6 +504,7 @@ async fn list_shows_coverage_targets_and_time_left() {
             "Lock",
             "deployments.apps",
             "exists",
+            "ConfigMap/app-config",
             "Enforce",
             "-",
             "0",
@@ -424,6 +520,7 @@ async fn list_shows_coverage_targets_and_time_left() {
             "Lock",
             "configmaps",
             "missing",
+            "-",
             "Enforce",
             "-",
             "0",
@@ -440,6 +537,7 @@ async fn list_shows_coverage_targets_and_time_left() {
             "named",
             "app-config",
             "-",
+            "-",
             "Enforce",
             "-",
             "0",
@@ -453,6 +551,7 @@ async fn list_shows_coverage_targets_and_time_left() {
             "Lock",
             "configmaps",
             "missing",
+            "-",
             "Enforce",
             "-",
             "0",
@@ -462,7 +561,7 @@ async fn list_shows_coverage_targets_and_time_left() {
     assert_eq!(
         run.row(&["by-label"]),
         [
-            "by-label", "Lock", "selector", "app=web", "-", "Warn", "-", "0", "never"
+            "by-label", "Lock", "selector", "app=web", "-", "-", "Warn", "-", "0", "never"
         ]
     );
     assert_eq!(
@@ -472,6 +571,7 @@ async fn list_shows_coverage_targets_and_time_left() {
             "ClusterLock",
             "namespaces",
             "exists",
+            "-",
             "Enforce",
             "-",
             "0",
@@ -494,6 +594,7 @@ async fn list_shows_coverage_targets_and_time_left() {
             "named",
             "db",
             "-",
+            "-",
             "Enforce",
             "-",
             "0",
@@ -510,6 +611,7 @@ async fn list_shows_coverage_targets_and_time_left() {
             "ClusterLock",
             "namespaces",
             "exists",
+            "-",
             "Enforce",
             "-",
             "0",
@@ -713,7 +815,7 @@ async fn specs_are_read_as_the_webhook_reads_them() {
     let run = c.lock(&["list"]).await;
     assert_eq!(
         run.row(&["odd"]),
-        ["odd", "Lock", "?", "-", "?", "-", "0", "?"],
+        ["odd", "Lock", "?", "-", "-", "?", "-", "0", "?"],
         "{run:?}"
     );
     assert_eq!(
@@ -723,6 +825,7 @@ async fn specs_are_read_as_the_webhook_reads_them() {
             "Lock",
             "no",
             "resource",
+            "-",
             "-",
             "Enforce",
             "-",
@@ -795,14 +898,15 @@ async fn locks_the_webhook_never_sees_are_refused_or_marked() {
             "Lock",
             "configmaps",
             "missing",
+            "-",
             "unenforced",
             "-",
             "0",
             "never"
         ]
     );
-    assert_eq!(run.row(&["-", "kube-system"])[5], "unenforced", "{run:?}");
-    assert_eq!(run.row(&["prod", "web"])[5], "Enforce");
+    assert_eq!(run.row(&["-", "kube-system"])[6], "unenforced", "{run:?}");
+    assert_eq!(run.row(&["prod", "web"])[6], "Enforce");
     assert_eq!(
         run.stderr,
         "note: locks marked unenforced are never enforced: the webhook registration leaves out \

@@ -39,6 +39,9 @@ Examples:
   # Lock a Namespace (a ClusterLock), warning instead of refusing
   kubectl lock namespace/prod --warn
 
+  # Lock a PersistentVolumeClaim until the Job backup (same namespace) is deleted
+  kubectl lock pvc/data -n prod --owner job/backup
+
   # Lock an object that does not exist yet
   kubectl lock secret/tls-cert --allow-missing
 
@@ -151,6 +154,11 @@ pub struct LockArgs {
     /// Warn instead of refusing: changes go through with a warning (mode Warn).
     #[arg(long)]
     pub warn: bool,
+    /// Make this object the lock's owner (KIND/NAME, in the locked object's namespace or
+    /// cluster-scoped): the Kubernetes garbage collector deletes the lock when it is deleted.
+    /// A ClusterLock takes cluster-scoped owners only.
+    #[arg(long, value_name = "KIND/NAME")]
+    pub owner: Option<String>,
     /// Lock even if the object does not exist (yet); without it a missing object is an error.
     #[arg(long)]
     pub allow_missing: bool,

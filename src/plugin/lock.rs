@@ -6,6 +6,7 @@ use kube::api::{DeleteParams, DynamicObject, PostParams, Preconditions};
 use super::cli::{ConnectionArgs, LockArgs, Operation};
 use super::confirm::{self, Probe};
 use super::error::status_code;
+use super::owner;
 use super::spec::{self, NewSpec};
 use super::{Cluster, PluginError, Report, Target, lock_resource};
 
@@ -41,6 +42,11 @@ pub(super) async fn lock(
         }
     }
 
+    let owner = match &args.owner {
+        Some(text) => Some(owner::resolve(&cluster, text, &target, &operations).await?),
+        None => None,
+    };
+
     let new = NewSpec {
         group: &target.resource.group,
         plural: &target.resource.plural,
@@ -56,6 +62,7 @@ pub(super) async fn lock(
     let mut object = DynamicObject::new(&lock.name, &lock_resource(namespaced))
         .data(serde_json::json!({ "spec": spec }));
     object.metadata.namespace = lock.namespace.clone();
+    object.metadata.owner_references = owner.clone().map(|owner| vec![owner]);
     if let Err(e) = super::lock_api(&cluster, &lock)
         .create(&PostParams::default(), &object)
         .await
@@ -90,8 +97,11 @@ pub(super) async fn lock(
                 .suffix()
         }
     };
+    let owned = (owner.as_ref())
+        .map(|o| format!("; owned by {}", owner::short(o)))
+        .unwrap_or_default();
     let stdout = format!(
-        "locked {target} with {lock} ({}){reason}{confirmed}\n",
+        "locked {target} with {lock} ({}{owned}){reason}{confirmed}\n",
         new.summary()
     );
     Ok(Report { stdout, notes })

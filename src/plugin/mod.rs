@@ -16,6 +16,7 @@ pub mod discovery;
 mod error;
 mod list;
 mod lock;
+mod owner;
 mod spec;
 
 use kube::api::{Api, ApiResource, DynamicObject};

@@ -13,6 +13,7 @@ mod metrics;
 mod mtls;
 mod namespaces;
 mod narrowing;
+mod owned;
 mod plugin;
 mod pods;
 mod restart;
@@ -59,6 +60,7 @@ pub fn all() -> Vec<Scenario> {
         parallel("spec-validation", spec::validation),
         parallel("combining", spec::combining),
         parallel("plugin", plugin::run),
+        parallel("plugin-owned", owned::run),
         parallel("excluded-namespaces", excluded::run),
         parallel("fake-parity", fake_parity::run),
         parallel("enforcement-visible", enforcement::run),
