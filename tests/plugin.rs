@@ -111,19 +111,32 @@ impl Cluster {
 
 /// Runs `binary` with `KUBECONFIG` set, as kubectl runs a plugin.
 async fn run(binary: &Path, args: &[&str], kubeconfig: &Path) -> Run {
-    let mut command = Command::new(binary);
-    command
+    finish(spawn(binary, args, kubeconfig)).await
+}
+
+/// `binary` started with `KUBECONFIG` set, not waited for.
+fn spawn(binary: &Path, args: &[&str], kubeconfig: &Path) -> std::process::Child {
+    Command::new(binary)
         .args(args)
         .env("KUBECONFIG", kubeconfig)
         .env_remove("KUBE_RS_DEBUG_OVERRIDE_URL")
         .env_remove("KUBE_RS_DEBUG_IMPERSONATE_USER")
-        .env_remove("KUBE_RS_DEBUG_IMPERSONATE_GROUP");
-    let output = tokio::task::spawn_blocking(move || command.output())
+        .env_remove("KUBE_RS_DEBUG_IMPERSONATE_GROUP")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the plugin starts")
+}
+
+/// How `child` ended.
+async fn finish(child: std::process::Child) -> Run {
+    let output = tokio::task::spawn_blocking(move || child.wait_with_output())
         .await
         .expect("join")
-        .expect("the plugin runs");
+        .expect("the plugin ends");
     Run {
-        code: output.status.code().expect("exited"),
+        code: output.status.code().expect("exited, not killed"),
         stdout: String::from_utf8(output.stdout).expect("utf-8"),
         stderr: String::from_utf8(output.stderr).expect("utf-8"),
     }
@@ -911,5 +924,228 @@ async fn locks_the_webhook_never_sees_are_refused_or_marked() {
         run.stderr,
         "note: locks marked unenforced are never enforced: the webhook registration leaves out \
          kube-system and kube-node-lease\n"
+    );
+}
+
+/// `kubectl-lock ARGS` started in the background, as a shell starts a command.
+fn start(c: &Cluster, args: &[&str]) -> std::process::Child {
+    spawn(Path::new(LOCK_BIN), args, &c.kubeconfig())
+}
+
+/// Waits until `path` exists (the command under the lock has started).
+async fn appears(path: &Path) {
+    for _ in 0..1500 {
+        if path.exists() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    panic!("{} never appeared", path.display());
+}
+
+fn signal(child: &std::process::Child, signal: rustix::process::Signal) {
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).expect("a pid");
+    rustix::process::kill_process(pid, signal).expect("signal sent");
+}
+
+/// A lock held while a command runs: created with a lease, renewed (failed renewals retried and
+/// told), the command's stdout and exit status passed through, the lock removed at the end.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_command_runs_while_its_lock_is_held() {
+    let c = Cluster::start().await;
+    let (started, go) = (c.dir.path().join("started"), c.dir.path().join("go"));
+    let script = format!(
+        "touch {}; while [ ! -e {} ]; do sleep 0.02; done; echo from-the-command; exit 3",
+        started.display(),
+        go.display()
+    );
+    let child = start(
+        &c,
+        &[
+            "cm/app-config",
+            "--wait=false",
+            "--lease",
+            "3s",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    );
+    appears(&started).await;
+    let lock = c
+        .api
+        .lock("prod", "app-config")
+        .expect("held while the command runs");
+    let first = lock["spec"]["expiresAt"].clone();
+    assert!((0..=3).contains(&seconds_from_now(&first)), "{lock}");
+
+    // Six renewals fail, one every 250 ms from a second on: the last ones with under a third
+    // of the lease left, so they are told; then one succeeds.
+    c.api.fail_patches(6, 500);
+    let patches = "PATCH /apis/objectlock.dev/v1alpha1/namespaces/prod/locks/app-config";
+    while c.requests(patches).len() < 7 {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let renewed = c.api.lock("prod", "app-config").expect("still held");
+    assert!(
+        seconds_from_now(&renewed["spec"]["expiresAt"]) >= seconds_from_now(&first),
+        "{renewed}"
+    );
+    assert_ne!(renewed["spec"]["expiresAt"], first);
+    std::fs::write(&go, "").expect("go");
+
+    let run = finish(child).await;
+    assert_eq!(
+        (run.code, run.stdout.as_str()),
+        (3, "from-the-command\n"),
+        "{run:?}"
+    );
+    let lines: Vec<&str> = run.stderr.lines().collect();
+    assert_eq!(
+        lines.first().copied(),
+        Some(
+            "locked configmaps \"app-config\" in namespace \"prod\" with Lock prod/app-config \
+             (UPDATE, DELETE; lease 3s)"
+        ),
+        "{run:?}"
+    );
+    let warning = "warning: cannot renew the lease of Lock prod/app-config (Internal error \
+                   occurred: fault injected by FakeApiServer): it lapses in ";
+    assert!(lines.iter().any(|l| l.starts_with(warning)), "{run:?}");
+    assert_eq!(
+        lines.last().copied(),
+        Some("note: the lease of Lock prod/app-config is renewed again"),
+        "{run:?}"
+    );
+    assert!(c.api.lock("prod", "app-config").is_none(), "removed");
+}
+
+/// SIGTERM and SIGINT sent to kubectl lock reach the command; the lock goes when it ends.
+#[tokio::test(flavor = "multi_thread")]
+async fn signals_are_passed_to_the_command_and_the_lock_removed() {
+    let c = Cluster::start().await;
+    let started = c.dir.path().join("started");
+    let trapping = format!(
+        "trap 'exit 7' TERM; touch {}; while :; do sleep 0.02; done",
+        started.display()
+    );
+    let child = start(
+        &c,
+        &["cm/app-config", "--wait=false", "--", "sh", "-c", &trapping],
+    );
+    appears(&started).await;
+    assert!(c.api.lock("prod", "app-config").is_some());
+    signal(&child, rustix::process::Signal::TERM);
+    let run = finish(child).await;
+    assert_eq!(run.code, 7, "the command's trap ran: {run:?}");
+    assert!(c.api.lock("prod", "app-config").is_none(), "removed");
+
+    std::fs::remove_file(&started).expect("rm");
+    let sleeping = format!("touch {}; exec sleep 60", started.display());
+    let child = start(
+        &c,
+        &["deploy/web", "--wait=false", "--", "sh", "-c", &sleeping],
+    );
+    appears(&started).await;
+    signal(&child, rustix::process::Signal::INT);
+    let run = finish(child).await;
+    assert_eq!(run.code, 130, "killed by SIGINT: 128+2: {run:?}");
+    assert!(c.api.lock("prod", "web").is_none(), "removed");
+}
+
+/// When the lock cannot be taken the command is not run, and the exit status says why.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lock_not_taken_runs_nothing() {
+    let c = Cluster::start().await;
+    let ran = c.dir.path().join("ran");
+    let touch = format!("touch {}", ran.display());
+    let kubeconfig = c.kubeconfig();
+    let held = |args: &[&str]| {
+        let mut full = args.to_vec();
+        full.extend(["--", "sh", "-c", &touch]);
+        full.into_iter().map(str::to_owned).collect::<Vec<_>>()
+    };
+    let try_ = |args: Vec<String>| {
+        let kubeconfig = kubeconfig.clone();
+        async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            run(Path::new(LOCK_BIN), &args, &kubeconfig).await
+        }
+    };
+
+    c.api.create_lock("prod", "web", json!({}));
+    let out = try_(held(&["deploy/web", "--wait=false"])).await;
+    assert_eq!(
+        out.error(123),
+        "error: Lock prod/web already exists (see kubectl lock list -n prod; kubectl unlock \
+         removes it); the command was not run"
+    );
+    assert!(
+        c.api.lock("prod", "web").is_some(),
+        "someone else's lock stays"
+    );
+
+    let out = try_(held(&["cm/nothing", "--wait=false"])).await;
+    assert!(out.error(125).contains("does not exist"), "{out:?}");
+
+    // No webhook here: never in force, so removed again.
+    let out = try_(held(&["cm/app-config", "--timeout", "1s"])).await;
+    assert!(
+        out.error(124)
+            .starts_with("error: Lock prod/app-config was created but is not in force after 1s"),
+        "{out:?}"
+    );
+    assert!(c.api.lock("prod", "app-config").is_none(), "removed");
+    assert!(!ran.exists(), "the command never ran");
+
+    let missing = c.dir.path().join("no-such-command");
+    let args = ["cm/app-config", "--wait=false", "--"];
+    let out = run(
+        Path::new(LOCK_BIN),
+        &[&args[..], &[missing.to_str().expect("utf-8")]].concat(),
+        &kubeconfig,
+    )
+    .await;
+    assert!(out.stderr.contains("error: cannot run '"), "{out:?}");
+    assert_eq!(out.code, 127, "{out:?}");
+    let plain = c.kubeconfig();
+    let out = run(
+        Path::new(LOCK_BIN),
+        &[&args[..], &[plain.to_str().expect("utf-8")]].concat(),
+        &kubeconfig,
+    )
+    .await;
+    assert_eq!(out.code, 126, "not executable: {out:?}");
+    assert!(c.api.lock("prod", "app-config").is_none(), "removed");
+
+    let out = try_(held(&["cm/app-config", "--for", "1h"])).await;
+    assert!(out.error(2).contains("--for"), "{out:?}");
+}
+
+/// A lock that cannot be removed at the end: said how to remove it by hand, non-zero exit.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lock_left_behind_is_reported() {
+    let c = Cluster::start().await;
+    let (started, go) = (c.dir.path().join("started"), c.dir.path().join("go"));
+    let script = format!(
+        "touch {}; while [ ! -e {} ]; do sleep 0.02; done",
+        started.display(),
+        go.display()
+    );
+    let child = start(
+        &c,
+        &["cm/app-config", "--wait=false", "--", "sh", "-c", &script],
+    );
+    appears(&started).await;
+    c.api.stop().await;
+    std::fs::write(&go, "").expect("go");
+    let run = finish(child).await;
+    assert_eq!(run.code, 122, "{run:?}");
+    let last = run.stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("error: cannot remove Lock prod/app-config: ")
+            && last.ends_with("; remove it with: kubectl delete lock app-config -n prod"),
+        "{run:?}"
     );
 }

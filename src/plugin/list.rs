@@ -51,6 +51,7 @@ pub(super) async fn list(
         return Ok(Report {
             stdout: String::new(),
             notes,
+            exit_code: 0,
         });
     }
 
@@ -151,6 +152,7 @@ pub(super) async fn list(
     Ok(Report {
         stdout: table(&header, &rows),
         notes,
+        exit_code: 0,
     })
 }
 
