@@ -567,7 +567,32 @@ mod tests {
                 .flatten()
                 .map(|c| c.name.as_str())
                 .collect();
-            assert_eq!(columns, ["Enforced", "Mode", "Expires", "Reason", "Age"]);
+            assert_eq!(
+                columns,
+                [
+                    "Enforced",
+                    "Mode",
+                    "Expires",
+                    "Reason",
+                    "Owner-Kind",
+                    "Owner",
+                    "Age"
+                ]
+            );
+            let paths: Vec<_> = crd.spec.versions[0]
+                .additional_printer_columns
+                .iter()
+                .flatten()
+                .filter(|c| c.name.starts_with("Owner"))
+                .map(|c| c.json_path.as_str())
+                .collect();
+            assert_eq!(
+                paths,
+                [
+                    ".metadata.ownerReferences[0].kind",
+                    ".metadata.ownerReferences[0].name"
+                ]
+            );
             assert!(
                 crd.spec.versions[0]
                     .subresources

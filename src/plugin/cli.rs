@@ -40,6 +40,7 @@ Exit status with a command:
   124  the command was not run: the lock was not in force within --timeout (it is removed)
   125  the command was not run: the lock could not be taken (refused, unreachable, bad flag...)
   126  the command cannot be executed; 127 the command was not found (the lock is removed)
+  128+N also when signal N arrived before the command started (not run; the lock is removed)
   2    a bad command line";
 
 const LOCK_EXAMPLES: &str = "\
@@ -483,5 +484,13 @@ mod tests {
             text.contains("--allow-missing") && text.contains("Examples:"),
             "{text}"
         );
+        for documented in [
+            "--owner <KIND/NAME>",
+            "--lease <DURATION>",
+            "[COMMAND]...",
+            "123  the command was not run",
+        ] {
+            assert!(text.contains(documented), "{documented}: {text}");
+        }
     }
 }

@@ -3,6 +3,7 @@
 mod audit;
 mod cluster_locks;
 mod collections;
+mod command;
 mod enforcement;
 mod excluded;
 mod fake_parity;
@@ -61,6 +62,7 @@ pub fn all() -> Vec<Scenario> {
         parallel("combining", spec::combining),
         parallel("plugin", plugin::run),
         parallel("plugin-owned", owned::run),
+        parallel("plugin-command", command::run),
         parallel("excluded-namespaces", excluded::run),
         parallel("fake-parity", fake_parity::run),
         parallel("enforcement-visible", enforcement::run),
