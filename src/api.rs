@@ -182,6 +182,8 @@ pub fn is_excluded_namespace(namespace: &str) -> bool {
     printcolumn = r#"{"name":"Mode","type":"string","jsonPath":".spec.mode","description":"Enforce (refuse) or Warn (allow with a warning); empty means Enforce"}"#,
     printcolumn = r#"{"name":"Expires","type":"string","jsonPath":".spec.expiresAt","description":"When the lock stops applying (RFC 3339); empty means never"}"#,
     printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".spec.reason","description":"Why the object is locked"}"#,
+    printcolumn = r#"{"name":"Owner-Kind","type":"string","jsonPath":".metadata.ownerReferences[0].kind","description":"Kind of the object that owns the lock: the garbage collector deletes the lock when that object is deleted"}"#,
+    printcolumn = r#"{"name":"Owner","type":"string","jsonPath":".metadata.ownerReferences[0].name","description":"Name of the object that owns the lock"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -390,7 +392,7 @@ pub struct Exemptions {
 /// The one user, group or service account holding a lock.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("[has(self.user), has(self.group), has(self.serviceAccount)].filter(x, x).size() == 1").message("holder names exactly one of user, group, serviceAccount"))]
+#[x_kube(validation = Rule::new("(has(self.user) ? 1 : 0) + (has(self.group) ? 1 : 0) + (has(self.serviceAccount) ? 1 : 0) == 1").message("holder names exactly one of user, group, serviceAccount"))]
 pub struct Holder {
     /// A user name, as `kubectl auth whoami` shows it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -456,6 +458,8 @@ impl std::fmt::Display for Holder {
     printcolumn = r#"{"name":"Mode","type":"string","jsonPath":".spec.mode","description":"Enforce (refuse) or Warn (allow with a warning); empty means Enforce"}"#,
     printcolumn = r#"{"name":"Expires","type":"string","jsonPath":".spec.expiresAt","description":"When the lock stops applying (RFC 3339); empty means never"}"#,
     printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".spec.reason","description":"Why the object is locked"}"#,
+    printcolumn = r#"{"name":"Owner-Kind","type":"string","jsonPath":".metadata.ownerReferences[0].kind","description":"Kind of the object that owns the lock: the garbage collector deletes the lock when that object is deleted"}"#,
+    printcolumn = r#"{"name":"Owner","type":"string","jsonPath":".metadata.ownerReferences[0].name","description":"Name of the object that owns the lock"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 pub struct ClusterLockSpec {
@@ -631,7 +635,32 @@ mod tests {
                 .flatten()
                 .map(|c| c.name.as_str())
                 .collect();
-            assert_eq!(columns, ["Enforced", "Mode", "Expires", "Reason", "Age"]);
+            assert_eq!(
+                columns,
+                [
+                    "Enforced",
+                    "Mode",
+                    "Expires",
+                    "Reason",
+                    "Owner-Kind",
+                    "Owner",
+                    "Age"
+                ]
+            );
+            let paths: Vec<_> = crd.spec.versions[0]
+                .additional_printer_columns
+                .iter()
+                .flatten()
+                .filter(|c| c.name.starts_with("Owner"))
+                .map(|c| c.json_path.as_str())
+                .collect();
+            assert_eq!(
+                paths,
+                [
+                    ".metadata.ownerReferences[0].kind",
+                    ".metadata.ownerReferences[0].name"
+                ]
+            );
             assert!(
                 crd.spec.versions[0]
                     .subresources
@@ -710,7 +739,7 @@ mod tests {
         let schema = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
         let mut rules = Vec::new();
         cel_rules(schema, &[], &mut rules);
-        assert_eq!(rules.len(), 3, "{rules:?}");
+        assert_eq!(rules.len(), 4, "{rules:?}");
         rules.iter().all(|(path, rule)| {
             let Some(value) = path.iter().try_fold(spec, |v, key| v.get(key)) else {
                 return true; // rules apply to fields that are present
@@ -741,6 +770,16 @@ mod tests {
                 true,
             ),
             (serde_json::json!({"exempt": {}}), false),
+            (serde_json::json!({"holder": {"user": "alice"}}), true),
+            (
+                serde_json::json!({"holder": {"serviceAccount": "backup/snapshotter"}}),
+                true,
+            ),
+            (serde_json::json!({"holder": {}}), false),
+            (
+                serde_json::json!({"holder": {"user": "alice", "group": "ops"}}),
+                false,
+            ),
             (
                 serde_json::json!({"selector": {"matchLabels": {"app": "web"}}}),
                 true,

@@ -111,19 +111,32 @@ impl Cluster {
 
 /// Runs `binary` with `KUBECONFIG` set, as kubectl runs a plugin.
 async fn run(binary: &Path, args: &[&str], kubeconfig: &Path) -> Run {
-    let mut command = Command::new(binary);
-    command
+    finish(spawn(binary, args, kubeconfig)).await
+}
+
+/// `binary` started with `KUBECONFIG` set, not waited for.
+fn spawn(binary: &Path, args: &[&str], kubeconfig: &Path) -> std::process::Child {
+    Command::new(binary)
         .args(args)
         .env("KUBECONFIG", kubeconfig)
         .env_remove("KUBE_RS_DEBUG_OVERRIDE_URL")
         .env_remove("KUBE_RS_DEBUG_IMPERSONATE_USER")
-        .env_remove("KUBE_RS_DEBUG_IMPERSONATE_GROUP");
-    let output = tokio::task::spawn_blocking(move || command.output())
+        .env_remove("KUBE_RS_DEBUG_IMPERSONATE_GROUP")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the plugin starts")
+}
+
+/// How `child` ended.
+async fn finish(child: std::process::Child) -> Run {
+    let output = tokio::task::spawn_blocking(move || child.wait_with_output())
         .await
         .expect("join")
-        .expect("the plugin runs");
+        .expect("the plugin ends");
     Run {
-        code: output.status.code().expect("exited"),
+        code: output.status.code().expect("exited, not killed"),
         stdout: String::from_utf8(output.stdout).expect("utf-8"),
         stderr: String::from_utf8(output.stderr).expect("utf-8"),
     }
@@ -185,6 +198,92 @@ async fn lock_by_short_name_writes_the_spec() {
         c.requests("GET /apis/apps/v1/namespaces/prod/deployments/web")
             .len(),
         1
+    );
+}
+
+/// `--owner` writes an ownerReference with the owner's uid, so that the garbage collector
+/// deletes the lock with it; a ClusterLock takes cluster-scoped owners only.
+#[tokio::test(flavor = "multi_thread")]
+async fn owners_are_referenced_by_uid() {
+    let c = Cluster::start().await;
+    let run = c.lock(&["cm/app-config", "--owner", "deploy/web"]).await;
+    assert_eq!(
+        run.ok(),
+        "locked configmaps \"app-config\" in namespace \"prod\" with Lock prod/app-config \
+         (UPDATE, DELETE; owned by Deployment/web)\n"
+    );
+    let lock = c
+        .api
+        .lock("prod", "app-config")
+        .expect("Lock prod/app-config");
+    let uid = (c
+        .requests("GET /apis/apps/v1/namespaces/prod/deployments/web")
+        .len()
+        == 1)
+        .then(|| lock["metadata"]["ownerReferences"][0]["uid"].clone())
+        .expect("the owner was looked up once");
+    assert!(
+        uid.as_str().is_some_and(|u| u.starts_with("00000000-")),
+        "{lock}"
+    );
+    assert_eq!(
+        lock["metadata"]["ownerReferences"],
+        json!([{ "apiVersion": "apps/v1", "kind": "Deployment", "name": "web", "uid": uid }]),
+        "no controller, no blockOwnerDeletion"
+    );
+
+    // A cluster-scoped owner for a Lock, and for a ClusterLock.
+    c.lock(&[
+        "svc/web",
+        "--owner",
+        "namespace/prod",
+        "--operations",
+        "UPDATE",
+    ])
+    .await
+    .ok();
+    let lock = c.api.lock("prod", "web").expect("Lock prod/web");
+    assert_eq!(lock["metadata"]["ownerReferences"][0]["kind"], "Namespace");
+    c.lock(&["clusterrole/view", "--owner", "ns/prod"])
+        .await
+        .ok();
+    let owner =
+        &c.api.cluster_lock("view").expect("ClusterLock view")["metadata"]["ownerReferences"][0];
+    assert_eq!(
+        (owner["apiVersion"].as_str(), owner["name"].as_str()),
+        (Some("v1"), Some("prod"))
+    );
+
+    // Refused before anything is created, naming the flag.
+    let before = c.requests("POST").len();
+    let run = c.lock(&["ns/prod", "--owner", "deploy/web"]).await;
+    assert_eq!(
+        run.error(1),
+        "error: --owner deploy/web: deployments.apps are namespaced, and the lock of a \
+         cluster-scoped object is a ClusterLock, which only a cluster-scoped object can own \
+         (Kubernetes' rule for owners)"
+    );
+    let run = c.lock(&["deploy/web", "--owner", "cm/nothing"]).await;
+    assert_eq!(
+        run.error(1),
+        "error: --owner cm/nothing: configmaps \"nothing\" in namespace \"prod\" does not exist"
+    );
+    let run = c.lock(&["deploy/web", "--owner", "gizmo/x"]).await;
+    assert_eq!(
+        run.error(1),
+        "error: --owner gizmo/x: the server doesn't have a resource type \"gizmo\""
+    );
+    let run = c.lock(&["deploy/web", "--owner", "deploy/web"]).await;
+    assert!(
+        run.error(1)
+            .starts_with("error: --owner deploy/web: that is the locked object itself"),
+        "{run:?}"
+    );
+    assert_eq!(c.requests("POST").len(), before, "nothing created");
+    let run = c.lock(&["deploy/web", "--owner", "web"]).await;
+    assert_eq!(
+        run.error(1),
+        "error: --owner web: expected KIND/NAME (such as job/backup)"
     );
 }
 
@@ -381,9 +480,17 @@ async fn list_shows_coverage_targets_and_time_left() {
         "note: no Locks in namespace \"prod\" and no ClusterLocks\n"
     );
 
-    c.lock(&["deploy/web", "--for", "2h", "--reason", "release freeze"])
-        .await
-        .ok();
+    c.lock(&[
+        "deploy/web",
+        "--for",
+        "2h",
+        "--reason",
+        "release freeze",
+        "--owner",
+        "cm/app-config",
+    ])
+    .await
+    .ok();
     c.lock(&["cm/gone", "--allow-missing"]).await.ok();
     c.lock(&["ns/prod"]).await.ok();
     c.api.create_lock("prod", "app-config", json!({}));
@@ -408,8 +515,8 @@ async fn list_shows_coverage_targets_and_time_left() {
     assert_eq!(
         header,
         [
-            "NAME", "KIND", "COVERS", "TARGET", "MODE", "ENFORCED", "BLOCKED", "EXPIRES", "HOLDER",
-            "REASON"
+            "NAME", "KIND", "COVERS", "TARGET", "OWNER", "MODE", "ENFORCED", "BLOCKED", "EXPIRES",
+            "HOLDER", "REASON"
         ]
     );
     assert_eq!(
@@ -419,6 +526,7 @@ async fn list_shows_coverage_targets_and_time_left() {
             "Lock",
             "deployments.apps",
             "exists",
+            "ConfigMap/app-config",
             "Enforce",
             "-",
             "0",
@@ -435,6 +543,7 @@ async fn list_shows_coverage_targets_and_time_left() {
             "Lock",
             "configmaps",
             "missing",
+            "-",
             "Enforce",
             "-",
             "0",
@@ -452,6 +561,7 @@ async fn list_shows_coverage_targets_and_time_left() {
             "named",
             "app-config",
             "-",
+            "-",
             "Enforce",
             "-",
             "0",
@@ -466,6 +576,7 @@ async fn list_shows_coverage_targets_and_time_left() {
             "Lock",
             "configmaps",
             "missing",
+            "-",
             "Enforce",
             "-",
             "0",
@@ -476,7 +587,7 @@ async fn list_shows_coverage_targets_and_time_left() {
     assert_eq!(
         run.row(&["by-label"]),
         [
-            "by-label", "Lock", "selector", "app=web", "-", "Warn", "-", "0", "never", "-"
+            "by-label", "Lock", "selector", "app=web", "-", "-", "Warn", "-", "0", "never", "-"
         ]
     );
     assert_eq!(
@@ -486,6 +597,7 @@ async fn list_shows_coverage_targets_and_time_left() {
             "ClusterLock",
             "namespaces",
             "exists",
+            "-",
             "Enforce",
             "-",
             "0",
@@ -509,6 +621,7 @@ async fn list_shows_coverage_targets_and_time_left() {
             "named",
             "db",
             "-",
+            "-",
             "Enforce",
             "-",
             "0",
@@ -526,6 +639,7 @@ async fn list_shows_coverage_targets_and_time_left() {
             "ClusterLock",
             "namespaces",
             "exists",
+            "-",
             "Enforce",
             "-",
             "0",
@@ -730,7 +844,7 @@ async fn specs_are_read_as_the_webhook_reads_them() {
     let run = c.lock(&["list"]).await;
     assert_eq!(
         run.row(&["odd"]),
-        ["odd", "Lock", "?", "-", "?", "-", "0", "?", "?"],
+        ["odd", "Lock", "?", "-", "-", "?", "-", "0", "?", "?"],
         "{run:?}"
     );
     assert_eq!(
@@ -740,6 +854,7 @@ async fn specs_are_read_as_the_webhook_reads_them() {
             "Lock",
             "no",
             "resource",
+            "-",
             "-",
             "Enforce",
             "-",
@@ -815,6 +930,7 @@ async fn locks_the_webhook_never_sees_are_refused_or_marked() {
             "Lock",
             "configmaps",
             "missing",
+            "-",
             "unenforced",
             "-",
             "0",
@@ -822,11 +938,234 @@ async fn locks_the_webhook_never_sees_are_refused_or_marked() {
             USER
         ]
     );
-    assert_eq!(run.row(&["-", "kube-system"])[5], "unenforced", "{run:?}");
-    assert_eq!(run.row(&["prod", "web"])[5], "Enforce");
+    assert_eq!(run.row(&["-", "kube-system"])[6], "unenforced", "{run:?}");
+    assert_eq!(run.row(&["prod", "web"])[6], "Enforce");
     assert_eq!(
         run.stderr,
         "note: locks marked unenforced are never enforced: the webhook registration leaves out \
          kube-system and kube-node-lease\n"
+    );
+}
+
+/// `kubectl-lock ARGS` started in the background, as a shell starts a command.
+fn start(c: &Cluster, args: &[&str]) -> std::process::Child {
+    spawn(Path::new(LOCK_BIN), args, &c.kubeconfig())
+}
+
+/// Waits until `path` exists (the command under the lock has started).
+async fn appears(path: &Path) {
+    for _ in 0..1500 {
+        if path.exists() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    panic!("{} never appeared", path.display());
+}
+
+fn signal(child: &std::process::Child, signal: rustix::process::Signal) {
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).expect("a pid");
+    rustix::process::kill_process(pid, signal).expect("signal sent");
+}
+
+/// A lock held while a command runs: created with a lease, renewed (failed renewals retried and
+/// told), the command's stdout and exit status passed through, the lock removed at the end.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_command_runs_while_its_lock_is_held() {
+    let c = Cluster::start().await;
+    let (started, go) = (c.dir.path().join("started"), c.dir.path().join("go"));
+    let script = format!(
+        "touch {}; while [ ! -e {} ]; do sleep 0.02; done; echo from-the-command; exit 3",
+        started.display(),
+        go.display()
+    );
+    let child = start(
+        &c,
+        &[
+            "cm/app-config",
+            "--wait=false",
+            "--lease",
+            "3s",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    );
+    appears(&started).await;
+    let lock = c
+        .api
+        .lock("prod", "app-config")
+        .expect("held while the command runs");
+    let first = lock["spec"]["expiresAt"].clone();
+    assert!((0..=3).contains(&seconds_from_now(&first)), "{lock}");
+
+    // Six renewals fail, one every 250 ms from a second on: the last ones with under a third
+    // of the lease left, so they are told; then one succeeds.
+    c.api.fail_patches(6, 500);
+    let patches = "PATCH /apis/objectlock.dev/v1alpha1/namespaces/prod/locks/app-config";
+    while c.requests(patches).len() < 7 {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let renewed = c.api.lock("prod", "app-config").expect("still held");
+    assert!(
+        seconds_from_now(&renewed["spec"]["expiresAt"]) >= seconds_from_now(&first),
+        "{renewed}"
+    );
+    assert_ne!(renewed["spec"]["expiresAt"], first);
+    std::fs::write(&go, "").expect("go");
+
+    let run = finish(child).await;
+    assert_eq!(
+        (run.code, run.stdout.as_str()),
+        (3, "from-the-command\n"),
+        "{run:?}"
+    );
+    let lines: Vec<&str> = run.stderr.lines().collect();
+    assert_eq!(
+        lines.first().copied(),
+        Some(
+            "locked configmaps \"app-config\" in namespace \"prod\" with Lock prod/app-config \
+             (UPDATE, DELETE; lease 3s)"
+        ),
+        "{run:?}"
+    );
+    let warning = "warning: cannot renew the lease of Lock prod/app-config (Internal error \
+                   occurred: fault injected by FakeApiServer): it lapses in ";
+    assert!(lines.iter().any(|l| l.starts_with(warning)), "{run:?}");
+    assert_eq!(
+        lines.last().copied(),
+        Some("note: the lease of Lock prod/app-config is renewed again"),
+        "{run:?}"
+    );
+    assert!(c.api.lock("prod", "app-config").is_none(), "removed");
+}
+
+/// SIGTERM and SIGINT sent to kubectl lock reach the command; the lock goes when it ends.
+#[tokio::test(flavor = "multi_thread")]
+async fn signals_are_passed_to_the_command_and_the_lock_removed() {
+    let c = Cluster::start().await;
+    let started = c.dir.path().join("started");
+    let trapping = format!(
+        "trap 'exit 7' TERM; touch {}; while :; do sleep 0.02; done",
+        started.display()
+    );
+    let child = start(
+        &c,
+        &["cm/app-config", "--wait=false", "--", "sh", "-c", &trapping],
+    );
+    appears(&started).await;
+    assert!(c.api.lock("prod", "app-config").is_some());
+    signal(&child, rustix::process::Signal::TERM);
+    let run = finish(child).await;
+    assert_eq!(run.code, 7, "the command's trap ran: {run:?}");
+    assert!(c.api.lock("prod", "app-config").is_none(), "removed");
+
+    std::fs::remove_file(&started).expect("rm");
+    let sleeping = format!("touch {}; exec sleep 60", started.display());
+    let child = start(
+        &c,
+        &["deploy/web", "--wait=false", "--", "sh", "-c", &sleeping],
+    );
+    appears(&started).await;
+    signal(&child, rustix::process::Signal::INT);
+    let run = finish(child).await;
+    assert_eq!(run.code, 130, "killed by SIGINT: 128+2: {run:?}");
+    assert!(c.api.lock("prod", "web").is_none(), "removed");
+}
+
+/// When the lock cannot be taken the command is not run, and the exit status says why.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lock_not_taken_runs_nothing() {
+    let c = Cluster::start().await;
+    let ran = c.dir.path().join("ran");
+    let touch = format!("touch {}", ran.display());
+    let kubeconfig = c.kubeconfig();
+    let held = |args: &[&str]| {
+        let mut full = args.to_vec();
+        full.extend(["--", "sh", "-c", &touch]);
+        full.into_iter().map(str::to_owned).collect::<Vec<_>>()
+    };
+    let try_ = |args: Vec<String>| {
+        let kubeconfig = kubeconfig.clone();
+        async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            run(Path::new(LOCK_BIN), &args, &kubeconfig).await
+        }
+    };
+
+    c.api.create_lock("prod", "web", json!({}));
+    let out = try_(held(&["deploy/web", "--wait=false"])).await;
+    assert_eq!(
+        out.error(123),
+        "error: Lock prod/web already exists (see kubectl lock list -n prod; kubectl unlock \
+         removes it); the command was not run"
+    );
+    assert!(
+        c.api.lock("prod", "web").is_some(),
+        "someone else's lock stays"
+    );
+
+    let out = try_(held(&["cm/nothing", "--wait=false"])).await;
+    assert!(out.error(125).contains("does not exist"), "{out:?}");
+
+    // No webhook here: never in force, so removed again.
+    let out = try_(held(&["cm/app-config", "--timeout", "1s"])).await;
+    assert!(
+        out.error(124)
+            .starts_with("error: Lock prod/app-config was created but is not in force after 1s"),
+        "{out:?}"
+    );
+    assert!(c.api.lock("prod", "app-config").is_none(), "removed");
+    assert!(!ran.exists(), "the command never ran");
+
+    let missing = c.dir.path().join("no-such-command");
+    let args = ["cm/app-config", "--wait=false", "--"];
+    let out = run(
+        Path::new(LOCK_BIN),
+        &[&args[..], &[missing.to_str().expect("utf-8")]].concat(),
+        &kubeconfig,
+    )
+    .await;
+    assert!(out.stderr.contains("error: cannot run '"), "{out:?}");
+    assert_eq!(out.code, 127, "{out:?}");
+    let plain = c.kubeconfig();
+    let out = run(
+        Path::new(LOCK_BIN),
+        &[&args[..], &[plain.to_str().expect("utf-8")]].concat(),
+        &kubeconfig,
+    )
+    .await;
+    assert_eq!(out.code, 126, "not executable: {out:?}");
+    assert!(c.api.lock("prod", "app-config").is_none(), "removed");
+
+    let out = try_(held(&["cm/app-config", "--for", "1h"])).await;
+    assert!(out.error(2).contains("--for"), "{out:?}");
+}
+
+/// A lock that cannot be removed at the end: said how to remove it by hand, non-zero exit.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lock_left_behind_is_reported() {
+    let c = Cluster::start().await;
+    let (started, go) = (c.dir.path().join("started"), c.dir.path().join("go"));
+    let script = format!(
+        "touch {}; while [ ! -e {} ]; do sleep 0.02; done",
+        started.display(),
+        go.display()
+    );
+    let child = start(
+        &c,
+        &["cm/app-config", "--wait=false", "--", "sh", "-c", &script],
+    );
+    appears(&started).await;
+    c.api.stop().await;
+    std::fs::write(&go, "").expect("go");
+    let run = finish(child).await;
+    assert_eq!(run.code, 122, "{run:?}");
+    let last = run.stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("error: cannot remove Lock prod/app-config: ")
+            && last.ends_with("; remove it with: kubectl delete lock app-config -n prod"),
+        "{run:?}"
     );
 }

@@ -1,6 +1,7 @@
 #![forbid(unsafe_code)]
 //! The `kubectl-lock` binary, also installed as `kubectl-unlock`: parse, run, print. Exit codes:
-//! 0 done, 1 failed, 2 bad command line; every failure is one `error: ...` line on stderr.
+//! 0 done, 1 failed, 2 bad command line, or with a command after `--` the command's own status
+//! and the codes of `plugin::run`; every failure ends with one `error: ...` line on stderr.
 
 use std::process::ExitCode;
 
@@ -29,8 +30,8 @@ fn main() -> ExitCode {
     let result = match runtime {
         Ok(runtime) => runtime
             .block_on(plugin::run(invocation))
-            .map_err(anyhow::Error::new),
-        Err(e) => Err(e),
+            .map_err(|e| (e.exit_code(), anyhow::Error::new(e))),
+        Err(e) => Err((1, e)),
     };
     match result {
         Ok(report) => {
@@ -38,15 +39,15 @@ fn main() -> ExitCode {
             for note in report.notes {
                 eprintln!("note: {note}");
             }
-            ExitCode::SUCCESS
+            ExitCode::from(report.exit_code)
         }
-        Err(e) => {
+        Err((code, e)) => {
             let message = format!("{e:#}");
             eprintln!(
                 "error: {}",
                 message.split_whitespace().collect::<Vec<_>>().join(" ")
             );
-            ExitCode::from(1)
+            ExitCode::from(code)
         }
     }
 }

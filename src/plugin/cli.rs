@@ -8,7 +8,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 use k8s_openapi::jiff::Timestamp;
 
 /// The file name that makes the binary unlock.
@@ -30,7 +30,22 @@ delete yourself: the API server refuses the lock otherwise.
 
 RESOURCE is what kubectl accepts: a plural (deployments), a singular (deployment), a short name
 (deploy), a kind (Deployment), each optionally with its group (deployments.apps, Deployment.apps)
-and version (deployments.v1.apps).";
+and version (deployments.v1.apps).
+
+With a COMMAND after `--`, the lock is held while the command runs: created, confirmed in force,
+then the command runs with this terminal and environment, and the lock is deleted when it ends,
+whatever the way. SIGINT, SIGTERM and SIGHUP are passed to the command (unless the terminal sent
+them to it already). While it runs, the lock's expiresAt is kept one --lease ahead, so that if
+kubectl lock is killed the lock lapses by itself. --for and --until cannot be combined with it.
+Exit status with a command:
+  the command's own, or 128+N when a signal N killed it
+  122  the command exited 0, but the lock could not be removed (the error says how to remove it)
+  123  the command was not run: the object is already locked (a lock of its name exists)
+  124  the command was not run: the lock was not in force within --timeout (it is removed)
+  125  the command was not run: the lock could not be taken (refused, unreachable, bad flag...)
+  126  the command cannot be executed; 127 the command was not found (the lock is removed)
+  128+N also when signal N arrived before the command started (not run; the lock is removed)
+  2    a bad command line";
 
 const LOCK_EXAMPLES: &str = "\
 Examples:
@@ -43,6 +58,9 @@ Examples:
   # Lock a Namespace (a ClusterLock), warning instead of refusing
   kubectl lock namespace/prod --warn
 
+  # Lock a PersistentVolumeClaim until the Job backup (same namespace) is deleted
+  kubectl lock pvc/data -n prod --owner job/backup
+
   # Lock an object that does not exist yet
   kubectl lock secret/tls-cert --allow-missing
 
@@ -51,6 +69,9 @@ Examples:
 
   # Do not wait for the webhook to confirm the lock (by default up to 10s)
   kubectl lock deploy/web --wait=false
+
+  # Hold a lock on the Deployment web while a migration runs, released when it ends
+  kubectl lock deploy/web -n prod --reason 'db migration' -- ./migrate.sh --apply
 
   # What is locked, here and everywhere
   kubectl lock list
@@ -142,10 +163,10 @@ pub struct LockArgs {
     #[arg(long, value_name = "TEXT")]
     pub reason: Option<String>,
     /// Unlock by itself after this long (2h, 30m, 1d 12h, ...).
-    #[arg(long = "for", value_name = "DURATION", value_parser = parse_duration, conflicts_with = "until")]
+    #[arg(long = "for", value_name = "DURATION", value_parser = parse_duration, conflicts_with_all = ["until", "command"])]
     pub duration: Option<Duration>,
     /// Unlock by itself at this RFC 3339 time (2026-11-22T05:00:00Z); must be in the future.
-    #[arg(long, value_name = "TIME", value_parser = parse_time)]
+    #[arg(long, value_name = "TIME", value_parser = parse_time, conflicts_with = "command")]
     pub until: Option<Timestamp>,
     /// Lock only these operations (repeat or separate with commas) [default: UPDATE,DELETE].
     #[arg(
@@ -166,6 +187,11 @@ pub struct LockArgs {
     /// (spec.holder), and only you, or someone granted the "unlock" verb, may lift it.
     #[arg(long)]
     pub no_holder: bool,
+    /// Make this object the lock's owner (KIND/NAME, in the locked object's namespace or
+    /// cluster-scoped): the Kubernetes garbage collector deletes the lock when it is deleted.
+    /// A ClusterLock takes cluster-scoped owners only.
+    #[arg(long, value_name = "KIND/NAME")]
+    pub owner: Option<String>,
     /// Lock even if the object does not exist (yet); without it a missing object is an error.
     #[arg(long)]
     pub allow_missing: bool,
@@ -182,6 +208,14 @@ pub struct LockArgs {
     /// How long to wait for the lock to be in force (30s, 1m); then exit 1, leaving the Lock.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "10s")]
     pub timeout: Duration,
+    /// With a COMMAND: keep the lock's expiresAt this far ahead while the command runs, renewed
+    /// every third of it, so that the lock lapses within this long if kubectl lock is killed.
+    /// [default: 60s]
+    #[arg(long, value_name = "DURATION", value_parser = parse_lease)]
+    pub lease: Option<Duration>,
+    /// The command to run while the lock is held, after `--`.
+    #[arg(last = true, value_name = "COMMAND")]
+    pub command: Vec<OsString>,
 }
 
 /// An operation a lock can refuse.
@@ -232,7 +266,7 @@ pub struct UnlockCli {
 #[derive(Debug)]
 pub enum Invocation {
     /// `kubectl lock ...` (and `kubectl lock list`).
-    Lock(LockCli),
+    Lock(Box<LockCli>),
     /// `kubectl unlock ...`.
     Unlock(UnlockCli),
 }
@@ -252,7 +286,15 @@ where
     if unlock {
         UnlockCli::try_parse_from(args).map(Invocation::Unlock)
     } else {
-        LockCli::try_parse_from(args).map(Invocation::Lock)
+        let cli = LockCli::try_parse_from(args)?;
+        if cli.lock.lease.is_some() && cli.lock.command.is_empty() {
+            let message =
+                "--lease applies to a lock held while a command runs: give the COMMAND after --\n";
+            return Err(
+                LockCli::command().error(clap::error::ErrorKind::MissingRequiredArgument, message)
+            );
+        }
+        Ok(Invocation::Lock(Box::new(cli)))
     }
 }
 
@@ -278,6 +320,17 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
         .map_err(|e| format!("{e} (expected a duration such as 2h, 30m or 1d 12h)"))
 }
 
+fn parse_lease(text: &str) -> Result<Duration, String> {
+    let lease = parse_duration(text)?;
+    if lease < super::lease::MIN_LEASE {
+        return Err(format!(
+            "must be at least {}",
+            humantime::format_duration(super::lease::MIN_LEASE)
+        ));
+    }
+    Ok(lease)
+}
+
 fn parse_time(text: &str) -> Result<Timestamp, String> {
     text.parse::<Timestamp>()
         .map_err(|e| format!("{e} (expected an RFC 3339 time such as 2026-11-22T05:00:00Z)"))
@@ -286,11 +339,10 @@ fn parse_time(text: &str) -> Result<Timestamp, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::CommandFactory;
 
     fn lock(args: &[&str]) -> Result<LockCli, clap::Error> {
         match parse(std::iter::once("kubectl-lock").chain(args.iter().copied()))? {
-            Invocation::Lock(cli) => Ok(cli),
+            Invocation::Lock(cli) => Ok(*cli),
             Invocation::Unlock(_) => panic!("parsed as unlock"),
         }
     }
@@ -352,6 +404,51 @@ mod tests {
     }
 
     #[test]
+    fn a_command_after_the_separator() {
+        let cli = lock(&[
+            "deploy/web",
+            "--lease",
+            "6s",
+            "--",
+            "sh",
+            "-c",
+            "exit 3",
+            "--for",
+        ])
+        .expect("parses");
+        assert_eq!(cli.lock.target, ["deploy/web"]);
+        assert_eq!(cli.lock.command, ["sh", "-c", "exit 3", "--for"]);
+        assert_eq!(cli.lock.lease, Some(Duration::from_secs(6)));
+        let plain = lock(&["deploy/web"]).expect("parses");
+        assert!(plain.lock.command.is_empty());
+        assert_eq!(plain.lock.lease, None, "the default lease");
+        for (args, flags) in [
+            (
+                &["deploy/web", "--for", "1h", "--", "true"][..],
+                ["--for", "COMMAND"],
+            ),
+            (
+                &[
+                    "deploy/web",
+                    "--until",
+                    "2030-01-01T00:00:00Z",
+                    "--",
+                    "true",
+                ],
+                ["--until", "COMMAND"],
+            ),
+            (&["deploy/web", "--lease", "1m"], ["--lease", "COMMAND"]),
+            (
+                &["deploy/web", "--lease", "2s", "--", "true"],
+                ["--lease", "at least 3s"],
+            ),
+        ] {
+            let line = one_line(&lock(args).expect_err("refused"));
+            assert!(flags.iter().all(|f| line.contains(f)), "{args:?}: {line}");
+        }
+    }
+
+    #[test]
     fn list_takes_the_common_flags() {
         let cli = lock(&["list", "-A", "--context", "c", "--kubeconfig", "k"]).expect("parses");
         let Some(LockCommand::List(list)) = cli.command else {
@@ -406,5 +503,13 @@ mod tests {
             text.contains("--allow-missing") && text.contains("Examples:"),
             "{text}"
         );
+        for documented in [
+            "--owner <KIND/NAME>",
+            "--lease <DURATION>",
+            "[COMMAND]...",
+            "123  the command was not run",
+        ] {
+            assert!(text.contains(documented), "{documented}: {text}");
+        }
     }
 }

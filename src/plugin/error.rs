@@ -92,6 +92,26 @@ pub enum PluginError {
         /// ` -n prod`, or empty for a ClusterLock.
         scope: String,
     },
+    /// `kubectl lock ... -- COMMAND` did not run the command; `code` is the exit status that
+    /// says why.
+    #[error("{error}; the command was not run")]
+    NotRun {
+        /// The exit status.
+        code: u8,
+        /// Why (not a `source`: the message says it already).
+        error: Box<PluginError>,
+    },
+    /// A signal ended `kubectl lock` before the command ran.
+    #[error("interrupted by {0}")]
+    Interrupted(String),
+    /// The command after `--` could not be started.
+    #[error("cannot run {command}: {detail}")]
+    CannotRun {
+        /// `'./migrate.sh'`.
+        command: String,
+        /// Why (not found, permission denied).
+        detail: String,
+    },
     /// There is no lock to delete.
     #[error("no lock on {target}{why}")]
     NoLock {
@@ -117,6 +137,15 @@ pub struct NotInForce {
 }
 
 impl PluginError {
+    /// The exit status of `kubectl lock` for this error: 1, or the code of
+    /// [`PluginError::NotRun`].
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            PluginError::NotRun { code, .. } => *code,
+            _ => 1,
+        }
+    }
+
     /// The error for a failed API call: [`PluginError::Unreachable`] when the request never got
     /// an answer, else [`PluginError::Api`] with the server's message.
     pub fn api(error: &kube::Error, url: &str, action: impl Into<String>) -> PluginError {

@@ -10,7 +10,7 @@ use kube::api::{DynamicObject, ListParams};
 use super::cli::{ConnectionArgs, ListArgs};
 use super::discovery::Discovered;
 use super::error::{detail, status_code};
-use super::{Cluster, PluginError, Report, activity, lock_kind, lock_resource, spec};
+use super::{Cluster, PluginError, Report, activity, lock_kind, lock_resource, owner, spec};
 use crate::api::{self, LockSpec};
 
 /// Target lookups in flight at once.
@@ -51,6 +51,7 @@ pub(super) async fn list(
         return Ok(Report {
             stdout: String::new(),
             notes,
+            exit_code: 0,
         });
     }
 
@@ -89,8 +90,8 @@ pub(super) async fn list(
 
     let now = Timestamp::now();
     let mut header = vec![
-        "NAME", "KIND", "COVERS", "TARGET", "MODE", "ENFORCED", "BLOCKED", "EXPIRES", "HOLDER",
-        "REASON",
+        "NAME", "KIND", "COVERS", "TARGET", "OWNER", "MODE", "ENFORCED", "BLOCKED", "EXPIRES",
+        "HOLDER", "REASON",
     ];
     if args.all_namespaces {
         header.insert(0, "NAMESPACE");
@@ -106,6 +107,7 @@ pub(super) async fn list(
                 Some(spec) => vec![
                     spec::describe_covers(&name, spec),
                     target.to_owned(),
+                    owners(o),
                     match unenforced(o, spec) {
                         true => UNENFORCED.to_owned(),
                         false => spec::mode(spec).to_owned(),
@@ -124,6 +126,7 @@ pub(super) async fn list(
                 None => vec![
                     "?".to_owned(),
                     "-".to_owned(),
+                    owners(o),
                     "?".to_owned(),
                     activity::enforced(o),
                     blocked.as_ref().map_or("-".to_owned(), |b| b.of(o)),
@@ -153,6 +156,7 @@ pub(super) async fn list(
     Ok(Report {
         stdout: table(&header, &rows),
         notes,
+        exit_code: 0,
     })
 }
 
@@ -235,6 +239,17 @@ async fn target_state(
     }
 }
 
+/// OWNER: `Job/backup` for each ownerReference (the objects whose deletion deletes the lock),
+/// `-` without any.
+fn owners(lock: &DynamicObject) -> String {
+    match lock.metadata.owner_references.as_deref() {
+        None | Some([]) => "-".to_owned(),
+        Some(references) => (references.iter().map(owner::short))
+            .collect::<Vec<_>>()
+            .join(","),
+    }
+}
+
 /// Columns separated by three spaces, as kubectl prints them.
 fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
@@ -260,6 +275,27 @@ fn table(header: &[&str], rows: &[Vec<String>]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn owner_column() {
+        let lock = |owners: serde_json::Value| -> DynamicObject {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "objectlock.dev/v1alpha1", "kind": "Lock",
+                "metadata": {"name": "data", "namespace": "prod", "ownerReferences": owners},
+            }))
+            .expect("an object")
+        };
+        let reference = |kind: &str, name: &str| serde_json::json!({"apiVersion": "v1", "kind": kind, "name": name, "uid": "u"});
+        assert_eq!(owners(&lock(serde_json::Value::Null)), "-");
+        assert_eq!(owners(&lock(serde_json::json!([]))), "-");
+        assert_eq!(
+            owners(&lock(serde_json::json!([
+                reference("Job", "backup"),
+                reference("ConfigMap", "x")
+            ]))),
+            "Job/backup,ConfigMap/x"
+        );
+    }
 
     #[test]
     fn columns_line_up() {

@@ -1,20 +1,59 @@
 //! `kubectl lock RESOURCE/NAME` and `kubectl unlock RESOURCE/NAME`.
 
+use std::time::Duration;
+
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DeleteParams, DynamicObject, PostParams, Preconditions};
+use kube::api::{Api, DeleteParams, DynamicObject, PostParams, Preconditions};
+use tokio::sync::watch;
 
 use super::cli::{ConnectionArgs, LockArgs, Operation};
 use super::confirm::{self, Probe};
 use super::error::status_code;
+use super::owner;
 use super::spec::{self, NewSpec};
 use super::{Cluster, PluginError, Report, Target, collector, lock_resource};
+use crate::api::LockKey;
 
 /// Creates the lock of the object `args.target` names.
 pub(super) async fn lock(
     connection: &ConnectionArgs,
     args: &LockArgs,
 ) -> Result<Report, PluginError> {
-    let expires_at = expiry(args, Timestamp::now())?;
+    take(connection, args, None).await
+}
+
+/// A lock held for as long as a command runs, on a lease (`kubectl lock ... -- COMMAND`).
+pub(super) struct Held<'a> {
+    /// The lease.
+    pub lease: Duration,
+    /// The first `expiresAt`: one lease from now.
+    pub expires_at: Timestamp,
+    /// Told the lock as soon as it is created, before it is confirmed.
+    pub created: &'a watch::Sender<Option<Created>>,
+}
+
+/// A lock this process created.
+#[derive(Clone)]
+pub(super) struct Created {
+    /// Its `Api`, through the plugin's client.
+    pub api: Api<DynamicObject>,
+    /// Which lock.
+    pub key: LockKey,
+    /// Its uid, a precondition of every later write.
+    pub uid: String,
+}
+
+/// Creates the lock of the object `args.target` names and waits until it is in force (unless
+/// `--wait=false`); `held`: with a lease as `expiresAt` rather than `--for`/`--until`.
+pub(super) async fn take(
+    connection: &ConnectionArgs,
+    args: &LockArgs,
+    held: Option<Held<'_>>,
+) -> Result<Report, PluginError> {
+    let expires_at = match &held {
+        Some(held) => Some(held.expires_at),
+        None => expiry(args, Timestamp::now())?,
+    };
     let mut operations = args.operations.clone();
     operations.sort();
     operations.dedup();
@@ -52,6 +91,11 @@ pub(super) async fn lock(
         true => None,
         false => Some(super::holder::caller(&cluster).await?),
     };
+    let owner = match &args.owner {
+        Some(text) => Some(owner::resolve(&cluster, text, &target, &operations).await?),
+        None => None,
+    };
+
     let new = NewSpec {
         group: &target.resource.group,
         plural: &target.resource.plural,
@@ -68,19 +112,29 @@ pub(super) async fn lock(
     let mut object = DynamicObject::new(&lock.name, &lock_resource(namespaced))
         .data(serde_json::json!({ "spec": spec }));
     object.metadata.namespace = lock.namespace.clone();
-    if let Err(e) = super::lock_api(&cluster, &lock)
-        .create(&PostParams::default(), &object)
-        .await
-    {
-        return Err(match status_code(&e) {
-            Some(409) => PluginError::AlreadyLocked {
-                scope: (lock.namespace.as_ref())
-                    .map(|ns| format!(" -n {ns}"))
-                    .unwrap_or_default(),
-                lock: lock.to_string(),
-            },
-            _ => cluster.failed(&e, format!("cannot create {lock}")),
-        });
+    object.metadata.owner_references = owner.clone().map(|owner| vec![owner]);
+    let api = super::lock_api(&cluster, &lock);
+    match api.create(&PostParams::default(), &object).await {
+        Ok(object) => {
+            if let Some(held) = &held {
+                held.created.send_replace(Some(Created {
+                    api,
+                    key: lock.clone(),
+                    uid: object.metadata.uid.unwrap_or_default(),
+                }));
+            }
+        }
+        Err(e) => {
+            return Err(match status_code(&e) {
+                Some(409) => PluginError::AlreadyLocked {
+                    scope: (lock.namespace.as_ref())
+                        .map(|ns| format!(" -n {ns}"))
+                        .unwrap_or_default(),
+                    lock: lock.to_string(),
+                },
+                _ => cluster.failed(&e, format!("cannot create {lock}")),
+            });
+        }
     }
     let reason = args
         .reason
@@ -102,11 +156,27 @@ pub(super) async fn lock(
                 .suffix()
         }
     };
-    let stdout = format!(
-        "locked {target} with {lock} ({}){reason}{confirmed}\n",
-        new.summary()
-    );
-    Ok(Report { stdout, notes })
+    let owned = (owner.as_ref())
+        .map(|o| format!("; owned by {}", owner::short(o)))
+        .unwrap_or_default();
+    let summary = match &held {
+        None => new.summary(),
+        Some(held) => format!(
+            "{}; lease {}",
+            NewSpec {
+                expires_at: None,
+                ..new
+            }
+            .summary(),
+            humantime::format_duration(held.lease)
+        ),
+    };
+    let stdout = format!("locked {target} with {lock} ({summary}{owned}){reason}{confirmed}\n");
+    Ok(Report {
+        stdout,
+        notes,
+        exit_code: 0,
+    })
 }
 
 /// `expiresAt` from `--for` (from `now`, whole seconds) or `--until` (in the future).
@@ -177,6 +247,7 @@ pub(super) async fn unlock(
             Ok(Report {
                 stdout: format!("unlocked {target} (deleted {lock})\n"),
                 notes,
+                exit_code: 0,
             })
         }
         Err(e) if status_code(&e) == Some(404) => Err(no_lock(String::new())),

@@ -16,8 +16,11 @@ mod confirm;
 pub mod discovery;
 mod error;
 mod holder;
+mod lease;
 mod list;
 mod lock;
+mod owner;
+mod run;
 mod spec;
 
 use kube::api::{Api, ApiResource, DynamicObject};
@@ -36,6 +39,8 @@ pub struct Report {
     pub stdout: String,
     /// Remarks for stderr, each one line (a `--namespace` that was ignored, an empty list).
     pub notes: Vec<String>,
+    /// The exit status: 0, or a command's (`kubectl lock ... -- COMMAND`).
+    pub exit_code: u8,
 }
 
 /// Runs a parsed command line against the cluster its flags name.
@@ -43,7 +48,8 @@ pub async fn run(invocation: Invocation) -> Result<Report, PluginError> {
     match invocation {
         Invocation::Lock(cli) => match cli.command {
             Some(LockCommand::List(args)) => list::list(&cli.connection, &args).await,
-            None => lock::lock(&cli.connection, &cli.lock).await,
+            None if cli.lock.command.is_empty() => lock::lock(&cli.connection, &cli.lock).await,
+            None => run::run(&cli.connection, &cli.lock).await,
         },
         Invocation::Unlock(cli) => lock::unlock(&cli.connection, &cli.target, cli.no_nudge).await,
     }

@@ -315,6 +315,25 @@ impl Ctx<'_> {
         })
     }
 
+    /// Waits until GET `path` answers 404 (an object deleted by a controller), at most
+    /// `within`; how long it took.
+    pub fn gone(&self, path: &str, within: Duration) -> Result<Duration> {
+        let start = Instant::now();
+        loop {
+            let reply = self.env.rest.get(path)?;
+            if reply.code == 404 {
+                return Ok(start.elapsed());
+            }
+            if start.elapsed() > within {
+                bail!(
+                    "{path} still exists after {within:?}: {}",
+                    reply.body["status"]
+                );
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
     /// Repeats `probe` until it is allowed (a lock released), at most `within`.
     pub fn released(
         &self,

@@ -8,7 +8,8 @@
 //! What it fakes:
 //! - `locks` (namespaced, kind `Lock`) and `clusterlocks` (cluster-scoped, kind `ClusterLock`):
 //!   LIST (`limit`/`continue` paging over a consistent snapshot, `resourceVersion` +
-//!   `resourceVersionMatch`), GET, POST, DELETE, and WATCH (`watch=true`, `resourceVersion`,
+//!   `resourceVersionMatch`), GET, POST, DELETE, merge PATCH (a `metadata.uid` in the patch a
+//!   precondition; failures injected with [`FakeApiServer::fail_patches`]), and WATCH (`watch=true`, `resourceVersion`,
 //!   `timeoutSeconds`, `sendInitialEvents` ending with the `k8s.io/initial-events-end` bookmark).
 //! - One global, etcd-like resourceVersion counter; every change is kept as a watch event.
 //! - A watch from a resourceVersion older than the last [`FakeApiServer::compact`] gets HTTP 200
@@ -154,6 +155,8 @@ struct State {
     frozen: bool,
     fault: Option<Fault>,
     watch_fault: Option<WatchFault>,
+    /// Codes to answer the next merge PATCHes of locks with, one each.
+    patch_faults: VecDeque<u16>,
     /// Objects other than locks, by their path (`/api/v1/namespaces/prod/configmaps/web`).
     others: BTreeMap<String, Value>,
     log: Vec<String>,
@@ -351,6 +354,14 @@ impl FakeApiServer {
     /// Ends the fault set by [`FakeApiServer::set_fault`].
     pub fn clear_fault(&self) {
         self.state().fault = None;
+    }
+
+    /// Answers the next `count` merge PATCHes of locks with a `Status` of HTTP `code` (a
+    /// renewal failing).
+    pub fn fail_patches(&self, count: usize, code: u16) {
+        self.state()
+            .patch_faults
+            .extend(std::iter::repeat_n(code, count));
     }
 
     /// Injects `fault` into every later WATCH until [`FakeApiServer::clear_watch_fault`].
@@ -573,6 +584,26 @@ impl FakeApiServer {
                     Ok(obj) => self.create(&route, obj).map(|obj| (201, obj)),
                 }
             }
+            (&Method::PATCH, Some(name)) => {
+                let merge = req
+                    .headers()
+                    .get(http::header::CONTENT_TYPE)
+                    .is_some_and(|t| t.as_bytes().starts_with(b"application/merge-patch+json"));
+                let body = req.into_body().collect().await.map(|b| b.to_bytes());
+                let fault = self.state().patch_faults.pop_front();
+                match (
+                    fault,
+                    serde_json::from_slice::<Value>(&body.unwrap_or_default()),
+                ) {
+                    _ if !merge => Err(status(415, "only merge patches are faked", Value::Null)),
+                    _ if query.contains_key("dryRun") => Err(bad_request("dryRun is not faked")),
+                    (Some(code), _) => Err(fault_status(code, &route)),
+                    (None, Err(e)) => {
+                        Err(bad_request(&format!("error decoding request body: {e}")))
+                    }
+                    (None, Ok(patch)) => self.merge(&route, name, &patch).map(|obj| (200, obj)),
+                }
+            }
             (&Method::DELETE, Some(name)) => {
                 // A custom resource without finalizers is gone at once: the answer is a
                 // `Status` of success naming it, not the object.
@@ -614,6 +645,27 @@ impl FakeApiServer {
             return Err(status(422, msg, Value::Null));
         }
         self.store((route.res, ns, name), obj, true)
+    }
+
+    /// A merge PATCH of a lock: a `metadata.uid` in the patch is a precondition (409 when it
+    /// differs), as kube-apiserver's storage makes it.
+    fn merge(&self, route: &Route, name: &str, patch: &Value) -> Result<Value, Value> {
+        let old = self.state().objects.get(&route.key()).cloned();
+        let mut object = old.ok_or_else(|| not_found(route.res, name))?;
+        let uid = &object["metadata"]["uid"];
+        if let Some(wanted) = patch["metadata"]["uid"].as_str().filter(|u| uid != u) {
+            let message = format!(
+                "Operation cannot be fulfilled on {}.{GROUP} \"{name}\": Precondition failed: \
+                 UID in precondition: {wanted}, UID in object meta: {}",
+                route.res.plural(),
+                uid.as_str().unwrap_or_default()
+            );
+            let mut conflict = status(409, &message, details(route.res, name));
+            conflict["reason"] = json!("Conflict");
+            return Err(conflict);
+        }
+        ext::merge_patch(&mut object, patch);
+        self.store(route.key(), object, false)
     }
 
     /// GET of one object, or one page of a LIST.

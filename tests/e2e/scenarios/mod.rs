@@ -4,6 +4,7 @@ mod audit;
 mod cluster_locks;
 mod collections;
 mod collector;
+mod command;
 mod enforcement;
 mod excluded;
 mod fake_parity;
@@ -14,6 +15,7 @@ mod metrics;
 mod mtls;
 mod namespaces;
 mod narrowing;
+mod owned;
 mod plugin;
 mod pods;
 mod restart;
@@ -64,6 +66,8 @@ pub fn all() -> Vec<Scenario> {
         parallel("spec-validation", spec::validation),
         parallel("combining", spec::combining),
         parallel("plugin", plugin::run),
+        parallel("plugin-owned", owned::run),
+        parallel("plugin-command", command::run),
         parallel("excluded-namespaces", excluded::run),
         parallel("fake-parity", fake_parity::run),
         parallel("enforcement-visible", enforcement::run),

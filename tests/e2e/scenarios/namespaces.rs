@@ -4,27 +4,14 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, bail, ensure};
+use anyhow::{Result, ensure};
 use serde_json::json;
 
 use crate::suite::{CLUSTER_DENIAL, Ctx, ENFORCE_WITHIN};
 
 /// Waits until the namespace is gone (needs a controller manager).
 fn gone(ctx: &Ctx, ns: &str, within: Duration) -> Result<Duration> {
-    let start = Instant::now();
-    loop {
-        let reply = ctx.rest().get(&format!("/api/v1/namespaces/{ns}"))?;
-        if reply.code == 404 {
-            return Ok(start.elapsed());
-        }
-        if start.elapsed() > within {
-            bail!(
-                "namespace {ns} still exists after {within:?}: {}",
-                reply.body["status"]
-            );
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    ctx.gone(&format!("/api/v1/namespaces/{ns}"), within)
 }
 
 pub fn run(ctx: &Ctx) -> Result<()> {

@@ -10,18 +10,18 @@ use super::scale::deployment;
 use crate::kubectl::{self, Out};
 use crate::suite::{Ctx, ENFORCE_WITHIN, locked};
 
-fn plugin(ctx: &Ctx, args: &[&str]) -> Out {
+pub(super) fn plugin(ctx: &Ctx, args: &[&str]) -> Out {
     let kubeconfig = ctx.env.kubectl.kubeconfig.to_string_lossy().into_owned();
     let mut full = args.to_vec();
     full.extend(["--kubeconfig", kubeconfig.as_str()]);
     kubectl::run(&ctx.env.cfg.plugin_bin, &full, None, None)
 }
 
-type Row = BTreeMap<String, String>;
+pub(super) type Row = BTreeMap<String, String>;
 
 /// The rows of a kubectl-style table, cells found by the header's column offsets (a cell may
 /// hold spaces: `any resource named x`).
-fn table(text: &str) -> Vec<Row> {
+pub(super) fn table(text: &str) -> Vec<Row> {
     let mut lines = text.lines();
     let Some(header) = lines.next() else {
         return Vec::new();
@@ -46,7 +46,7 @@ fn table(text: &str) -> Vec<Row> {
         .collect()
 }
 
-fn stdout_starts(out: &Out, prefix: &str) -> Result<()> {
+pub(super) fn stdout_starts(out: &Out, prefix: &str) -> Result<()> {
     ensure!(
         out.ok() && out.stdout.starts_with(prefix),
         "`{}`: expected stdout `{prefix}...`, got (exit {:?}) {} {}",
@@ -58,7 +58,7 @@ fn stdout_starts(out: &Out, prefix: &str) -> Result<()> {
     Ok(())
 }
 
-fn fails(out: &Out, code: i32, text: &str) -> Result<()> {
+pub(super) fn fails(out: &Out, code: i32, text: &str) -> Result<()> {
     ensure!(
         out.code() == Some(code)
             && out.stderr.lines().count() == 1

@@ -1,0 +1,385 @@
+//! `kubectl lock RESOURCE/NAME [flags] -- COMMAND [ARGS...]`: a lock held while a command runs,
+//! as flock(1) holds a file lock.
+//!
+//! The lock is created with `expiresAt` one lease ahead and confirmed in force as any lock
+//! ([`lock::take`]); then the command runs with this process's terminal and environment, the
+//! lease is renewed while it runs ([`lease`]), and the lock is deleted when it ends, whatever
+//! the way. Nothing of this is left to the command: it may be any program.
+//!
+//! Signals: SIGINT, SIGTERM and SIGHUP no longer end `kubectl lock`; they are passed to the
+//! command, whose end then removes the lock. One the kernel sent (a key at the terminal, a
+//! hangup) reached the whole foreground process group, the command included, so it is not sent
+//! a second time. Before the command starts, such a signal stops everything: the lock is removed
+//! and the command never runs. Only SIGKILL (or a lost machine) leaves the lock behind, and the
+//! lease makes it lapse.
+//!
+//! Exit status: the command's, 128+N when signal N killed it; when the command was not run,
+//! one of the codes below, chosen, as timeout(1) and env(1) do, above what commands commonly use.
+
+use std::ffi::OsString;
+use std::io;
+use std::os::unix::process::ExitStatusExt;
+use std::process::ExitStatus;
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+use signal_hook::iterator::SignalsInfo;
+use signal_hook::iterator::exfiltrator::WithOrigin;
+use signal_hook::low_level::siginfo::{Cause, Origin};
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+
+use super::cli::{ConnectionArgs, LockArgs};
+use super::error::{detail, status_code};
+use super::lease::{self, Clock, Notice, Renew, RenewError, Schedule};
+use super::lock::{self, Created, Held};
+use super::{PluginError, Report};
+
+/// The command exited 0, but the lock could not be removed.
+pub const NOT_REMOVED: u8 = 122;
+/// Not run: a lock of the object's name exists.
+pub const ALREADY_LOCKED: u8 = 123;
+/// Not run: the lock was not in force within `--timeout`.
+pub const NOT_IN_FORCE: u8 = 124;
+/// Not run: the lock could not be taken.
+pub const NOT_TAKEN: u8 = 125;
+/// Not run: the command cannot be executed.
+pub const CANNOT_EXECUTE: u8 = 126;
+/// Not run: no such command.
+pub const NOT_FOUND: u8 = 127;
+
+/// Tries to delete the lock, and the waits between them.
+const REMOVAL_RETRIES: [Duration; 2] = [Duration::from_millis(500), Duration::from_secs(2)];
+
+/// Holds the lock of `args.target` while `args.command` runs.
+pub(super) async fn run(
+    connection: &ConnectionArgs,
+    args: &LockArgs,
+) -> Result<Report, PluginError> {
+    let lease_length = args.lease.unwrap_or(lease::DEFAULT_LEASE);
+    let mut signals = Signals::listen().map_err(|e| not_run(NOT_TAKEN, signal_setup(e)))?;
+    let clock = Clock::start();
+    let first_expiry = Instant::now() + lease_length;
+    let (created_tx, created_rx) = watch::channel(None::<Created>);
+    let name =
+        || (created_tx.borrow().as_ref()).map_or("the lock".to_owned(), |c| c.key.to_string());
+    let lease = lease::keep(
+        Schedule {
+            lease: lease_length,
+        },
+        clock,
+        first_expiry,
+        created_rx,
+        |notice| eprintln!("{}", tell(&notice, &name(), lease_length)),
+    );
+    tokio::pin!(lease);
+    let mut lost = false;
+
+    let held = Held {
+        lease: lease_length,
+        expires_at: clock.wall(first_expiry),
+        created: &created_tx,
+    };
+    let take = lock::take(connection, args, Some(held));
+    tokio::pin!(take);
+    let taken = loop {
+        tokio::select! {
+            taken = &mut take => break Ok(taken),
+            Some(origin) = signals.rx.recv() => break Err(origin.signal),
+            _ = lease.as_mut(), if !lost => lost = true,
+        }
+    };
+    let created = created_tx.borrow().clone();
+    let report = match taken {
+        Ok(Ok(report)) => report,
+        Ok(Err(e)) => {
+            let code = match &e {
+                PluginError::AlreadyLocked { .. } => ALREADY_LOCKED,
+                PluginError::NotInForce(_) => NOT_IN_FORCE,
+                _ => NOT_TAKEN,
+            };
+            remove_or_tell(created.as_ref()).await;
+            return Err(not_run(code, e));
+        }
+        Err(signal) => {
+            remove_or_tell(created.as_ref()).await;
+            return Err(not_run(
+                signal_status(signal),
+                PluginError::Interrupted(signal_name(signal)),
+            ));
+        }
+    };
+    // stdout is the command's: what kubectl lock says goes to stderr.
+    eprint!("{}", report.stdout);
+    for note in &report.notes {
+        eprintln!("note: {note}");
+    }
+
+    let command = describe(&args.command);
+    let mut child = match spawn(&args.command) {
+        Ok(child) => child,
+        Err(e) => {
+            remove_or_tell(created.as_ref()).await;
+            let code = match e.kind() {
+                io::ErrorKind::NotFound => NOT_FOUND,
+                _ => CANNOT_EXECUTE,
+            };
+            let error = PluginError::CannotRun {
+                command,
+                detail: e.to_string(),
+            };
+            return Err(not_run(code, error));
+        }
+    };
+    let status = loop {
+        tokio::select! {
+            status = child.wait() => break status,
+            Some(origin) = signals.rx.recv() => {
+                if let (Some(pid), true) = (child.id(), forwarded(&origin.cause)) {
+                    pass_on(pid, origin.signal);
+                }
+            }
+            _ = lease.as_mut(), if !lost => lost = true,
+        }
+    };
+    let code = match status {
+        Ok(status) => exit_status(status),
+        Err(e) => {
+            eprintln!("error: cannot wait for {command}: {e}");
+            1
+        }
+    };
+    let removed = remove_or_tell(created.as_ref()).await;
+    Ok(Report {
+        stdout: String::new(),
+        notes: vec![],
+        exit_code: match (removed, code) {
+            (false, 0) => NOT_REMOVED,
+            _ => code,
+        },
+    })
+}
+
+fn not_run(code: u8, error: PluginError) -> PluginError {
+    PluginError::NotRun {
+        code,
+        error: Box::new(error),
+    }
+}
+
+fn signal_setup(e: io::Error) -> PluginError {
+    PluginError::CannotRun {
+        command: "the signal handlers".to_owned(),
+        detail: e.to_string(),
+    }
+}
+
+/// The command, with the terminal, environment and process group of this process.
+fn spawn(command: &[OsString]) -> io::Result<tokio::process::Child> {
+    let (program, args) = command
+        .split_first()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no command given"))?;
+    tokio::process::Command::new(program).args(args).spawn()
+}
+
+/// `'./migrate.sh'`, for messages.
+fn describe(command: &[OsString]) -> String {
+    let program = command.first().map(|p| p.to_string_lossy().into_owned());
+    format!("'{}'", program.unwrap_or_default())
+}
+
+/// The exit status of `kubectl lock` for the command's: its code, or 128+N for signal N.
+fn exit_status(status: ExitStatus) -> u8 {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => (code & 0xff) as u8,
+        (None, Some(signal)) => signal_status(signal),
+        (None, None) => 1,
+    }
+}
+
+fn signal_status(signal: i32) -> u8 {
+    u8::try_from(128 + signal).unwrap_or(255)
+}
+
+fn signal_name(signal: i32) -> String {
+    signal_hook::low_level::signal_name(signal)
+        .map_or_else(|| format!("signal {signal}"), str::to_owned)
+}
+
+/// Whether a signal received is passed to the command: not one the kernel sent (a key at the
+/// terminal, a hangup), which the command's process group received too.
+fn forwarded(cause: &Cause) -> bool {
+    !matches!(cause, Cause::Kernel)
+}
+
+fn pass_on(pid: u32, signal: i32) {
+    let pid = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw);
+    let signal = rustix::process::Signal::from_named_raw(signal);
+    if let (Some(pid), Some(signal)) = (pid, signal) {
+        // The command may have just ended: nothing to pass the signal to, which is fine.
+        let _ = rustix::process::kill_process(pid, signal);
+    }
+}
+
+/// A notice of the lease, as one line for stderr.
+fn tell(notice: &Notice, lock: &str, lease: Duration) -> String {
+    match notice {
+        Notice::Failing { left, why } => format!(
+            "warning: cannot renew the lease of {lock} ({why}): it lapses in {} unless renewed",
+            humantime::format_duration(Duration::from_secs(left.as_secs()))
+        ),
+        Notice::Lapsed { why } => format!(
+            "warning: the lease of {lock} ran out ({why}): the object is not locked until a renewal succeeds"
+        ),
+        Notice::Recovered => format!("note: the lease of {lock} is renewed again"),
+        Notice::Lost(why) => format!(
+            "warning: {why}: the object is no longer locked while the command runs (lease {})",
+            humantime::format_duration(lease)
+        ),
+    }
+}
+
+/// Deletes the lock this process created, if any, trying a few times; says on stderr how to do
+/// it by hand when it cannot. False when it is still there.
+async fn remove_or_tell(created: Option<&Created>) -> bool {
+    let Some(created) = created else {
+        return true;
+    };
+    let mut waits = REMOVAL_RETRIES.iter();
+    loop {
+        let error = match remove(created).await {
+            Ok(()) => return true,
+            Err(e) => e,
+        };
+        match waits.next() {
+            Some(wait) => tokio::time::sleep(*wait).await,
+            None => {
+                eprintln!(
+                    "error: cannot remove {}: {}; remove it with: {}",
+                    created.key,
+                    detail(&error),
+                    created.key.unlock_command()
+                );
+                return false;
+            }
+        }
+    }
+}
+
+/// Deletes the lock with its uid as a precondition; one already gone is fine.
+async fn remove(created: &Created) -> Result<(), kube::Error> {
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: Some(created.uid.clone()),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match created.api.delete(&created.key.name, &params).await {
+        Ok(_) => Ok(()),
+        // Gone (kubectl unlock), or replaced by another lock of that name: not ours to delete.
+        Err(e) if matches!(status_code(&e), Some(404 | 409)) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+impl Renew for Created {
+    /// A merge patch of `spec.expiresAt`, with the uid as a precondition: a lock deleted and
+    /// created again under the same name by someone else is not renewed.
+    async fn renew(&mut self, expires_at: Timestamp) -> Result<(), RenewError> {
+        let patch = serde_json::json!({
+            "metadata": { "uid": self.uid },
+            "spec": { "expiresAt": expires_at.to_string() },
+        });
+        let params = PatchParams::default();
+        match (self.api)
+            .patch(&self.key.name, &params, &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) => Err(match status_code(&e) {
+                Some(404) => RenewError::Lost(format!("{} was deleted", self.key)),
+                Some(409) => RenewError::Lost(format!(
+                    "{} was replaced by another lock of that name",
+                    self.key
+                )),
+                _ => RenewError::Failed(detail(&e)),
+            }),
+        }
+    }
+}
+
+/// SIGINT, SIGTERM and SIGHUP, with where each came from, read on a thread of their own.
+struct Signals {
+    rx: mpsc::UnboundedReceiver<Origin>,
+    handle: signal_hook::iterator::Handle,
+}
+
+impl Signals {
+    fn listen() -> io::Result<Signals> {
+        let mut signals = SignalsInfo::<WithOrigin>::new([SIGINT, SIGTERM, SIGHUP])?;
+        let handle = signals.handle();
+        let (tx, rx) = mpsc::unbounded_channel();
+        std::thread::Builder::new()
+            .name("signals".to_owned())
+            .spawn(move || {
+                for origin in signals.forever() {
+                    if tx.send(origin).is_err() {
+                        break;
+                    }
+                }
+            })?;
+        Ok(Signals { rx, handle })
+    }
+}
+
+impl Drop for Signals {
+    fn drop(&mut self) {
+        self.handle.close();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use signal_hook::low_level::siginfo::Sent;
+
+    #[test]
+    fn signals_from_the_terminal_are_not_sent_twice() {
+        assert!(!forwarded(&Cause::Kernel));
+        assert!(forwarded(&Cause::Sent(Sent::User)));
+        assert!(forwarded(&Cause::Sent(Sent::TKill)));
+        assert!(forwarded(&Cause::Unknown));
+    }
+
+    #[test]
+    fn exit_statuses() {
+        assert_eq!(exit_status(ExitStatus::from_raw(0)), 0);
+        assert_eq!(exit_status(ExitStatus::from_raw(3 << 8)), 3);
+        assert_eq!(exit_status(ExitStatus::from_raw(SIGTERM)), 143);
+        assert_eq!(exit_status(ExitStatus::from_raw(9)), 137);
+        assert_eq!(signal_name(SIGHUP), "SIGHUP");
+    }
+
+    #[test]
+    fn lease_notices_name_the_lock() {
+        let lease = Duration::from_secs(60);
+        let failing = Notice::Failing {
+            left: Duration::from_millis(15_400),
+            why: "HTTP 500".into(),
+        };
+        assert_eq!(
+            tell(&failing, "Lock prod/web", lease),
+            "warning: cannot renew the lease of Lock prod/web (HTTP 500): it lapses in 15s unless renewed"
+        );
+        let lost = Notice::Lost("Lock prod/web was deleted".into());
+        assert_eq!(
+            tell(&lost, "Lock prod/web", lease),
+            "warning: Lock prod/web was deleted: the object is no longer locked while the command runs (lease 1m)"
+        );
+    }
+}
