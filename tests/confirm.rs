@@ -10,7 +10,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use support::fake_apiserver::FakeApiServer;
+use support::fake_apiserver::{FakeApiServer, USER};
 use support::{TestServer, fixture};
 
 const LOCK_BIN: &str = env!("CARGO_BIN_EXE_kubectl-lock");
@@ -110,7 +110,7 @@ async fn a_lock_is_confirmed_once_an_instance_enforces_it_and_a_dry_run_is_refus
         run.stdout,
         format!(
             "locked configmaps \"locked-a\" in namespace \"{NS}\" with Lock {NS}/locked-a \
-             (UPDATE, DELETE): snapshot (enforced by 1)\n"
+             (UPDATE, DELETE; held by user \"{USER}\"): snapshot (enforced by 1)\n"
         )
     );
     let dry_runs = s.dry_runs();
@@ -174,7 +174,7 @@ async fn without_a_webhook_the_lock_stays_and_the_error_says_why() {
         "the lock is left in place"
     );
     // --wait=false does not look.
-    let run = s.lock(&["deploy/web", "--wait=false"]).await;
+    let run = s.lock(&["deploy/web", "--wait=false", "--no-holder"]).await;
     assert_eq!(run.code, 0, "{run:?}");
     assert!(run.stdout.ends_with("(UPDATE, DELETE)\n"), "{run:?}");
 }
