@@ -73,6 +73,9 @@ fn ours(body: &[u8], locks: &Locks, now: Timestamp) -> Vec<u8> {
         Plan::Lookup(lookup) => {
             let scope = locks.get(lookup.scope);
             let contents = lookup.contents_of.map(|ns| locks.get(ns));
+            // As the review asks it of every lookup; no lock here has a selector.
+            let needed = decide::labels_needed(&parsed.request, &scope, now);
+            assert!(needed.is_none(), "no selector lock, no label read");
             decide::decide(&parsed.request, &lookup, &scope, contents.as_deref(), now)
         }
     };

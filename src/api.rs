@@ -210,9 +210,9 @@ pub struct LockSpec {
 
     /// Lock every object in the namespace whose labels match (read from the object as it is
     /// before the change), whatever its name; the Lock's own name is then free. Without it the
-    /// lock covers the object with the Lock's name. Labels are not sent for evictions and scale
-    /// updates, so a selector lock never covers those, whatever it says (NotIn and
-    /// DoesNotExist included). Must not be empty.
+    /// lock covers the object with the Lock's name. An eviction or a scale update is selected
+    /// by the labels of the pod or the scaled object, which the webhook reads from the API
+    /// server. Must not be empty.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("has(self.matchLabels) && size(self.matchLabels) > 0 || has(self.matchExpressions) && size(self.matchExpressions) > 0").message("an empty selector would lock every object in the namespace: give matchLabels or matchExpressions"))]
     #[x_kube(validation = Rule::new("!has(self.matchExpressions) || self.matchExpressions.all(e, e.operator in ['In', 'NotIn', 'Exists', 'DoesNotExist'])").message("matchExpressions operators are In, NotIn, Exists or DoesNotExist"))]

@@ -15,6 +15,7 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use crate::admission::Reviewer;
+use crate::admission::labels::kube::KubeLabels;
 use crate::kubeconfig::{self, KubeconfigError};
 use crate::locks::LockSource;
 use crate::locks::files::{FilesError, FilesSource};
@@ -392,6 +393,9 @@ impl Webhook {
         );
         if let Some(reporting) = &reporting {
             reviewer = reviewer.with_events(reporting.events.clone());
+        }
+        if let Some(client) = &source.client {
+            reviewer = reviewer.with_labels(Arc::new(KubeLabels::new(client.clone())));
         }
         let checked = reloader.clone();
         let health: crate::http::HealthCheck = Arc::new(move || checked.health());

@@ -51,6 +51,13 @@ pub struct LookupErrorLabels {
     pub decision: &'static str,
 }
 
+/// Labels of the reads of an object's labels for selector locks.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LabelReadLabels {
+    /// `read`, `not_found`, `timeout`, `forbidden`, `api`, `connection` or `no_cluster`.
+    pub outcome: &'static str,
+}
+
 /// Labels of API requests.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ApiLabels {
@@ -124,6 +131,8 @@ pub struct AdmissionMetrics {
     pub duration: Histogram,
     /// Lookup failures by reason and the decision they caused.
     pub lookup_errors: Family<LookupErrorLabels, Counter>,
+    /// Reads of the labels of evicted pods and scaled objects for selector locks, by outcome.
+    pub label_reads: Family<LabelReadLabels, Counter>,
     /// The counters of `requests`, each looked up once: the family hashes its labels and takes
     /// a lock on every lookup. Filled on first use, so a series appears once it counts.
     counters: Arc<[OnceLock<Counter>; OPERATIONS.len() * DECISIONS]>,
@@ -138,6 +147,7 @@ impl Default for AdmissionMetrics {
                 0.000_025, 2.0, 19,
             )),
             lookup_errors: Family::default(),
+            label_reads: Family::default(),
             counters: Arc::new(std::array::from_fn(|_| OnceLock::new())),
         }
     }
@@ -345,6 +355,11 @@ impl Metrics {
             "lookup_errors",
             "Lock lookups that failed, by reason and the on_lookup_error decision they caused",
             admission.lookup_errors.clone(),
+        );
+        registry.register(
+            "label_reads",
+            "Reads of the labels of evicted pods and scaled objects for selector locks, by outcome",
+            admission.label_reads.clone(),
         );
         registry.register(
             "invalid_requests",

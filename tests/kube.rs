@@ -102,13 +102,7 @@ impl Setup {
     }
 
     async fn review_body(&self, body: Vec<u8>) -> Value {
-        let reply = self
-            .server
-            .http1()
-            .post_json(&self.server.url("/validate?timeout=10s"), body)
-            .await;
-        assert_eq!(reply.status, 200);
-        reply.json()["response"].clone()
+        self.server.admission_response(body).await
     }
 
     async fn allowed(&self, fixture_name: &str) -> bool {

@@ -95,6 +95,10 @@ enum Choice {
     LargeObject,
     /// The one-namespace reviews, with a new TCP and TLS connection for every request.
     NewConnection,
+    /// Pod evictions in a namespace whose Lock is named: no label read.
+    Evictions,
+    /// Pod evictions under a selector Lock: one metadata GET of the pod each, half denied.
+    SelectorEvictions,
     /// Lock-to-enforcement: Locks created one at a time, each until its object is refused.
     LockToEnforcement,
 }

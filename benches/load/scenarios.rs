@@ -45,6 +45,11 @@ const TEMPLATES: [(&str, &str); 7] = [
     ("configmap-deletecollection-item.json", "locked-sweep2"),
 ];
 
+/// The namespace of the eviction scenarios.
+const EVICTION_NAMESPACE: &str = "bench-evict";
+/// Pods of the eviction scenarios; every second one is labelled `app: db`.
+const PODS: usize = 1_000;
+
 /// A scenario's name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Name {
@@ -53,15 +58,19 @@ pub enum Name {
     Locked1Pct,
     LargeObject,
     NewConnection,
+    Evictions,
+    SelectorEvictions,
 }
 
 impl Name {
-    pub const ALL: [Name; 5] = [
+    pub const ALL: [Name; 7] = [
         Name::OneNamespace,
         Name::Namespaces10k,
         Name::Locked1Pct,
         Name::LargeObject,
         Name::NewConnection,
+        Name::Evictions,
+        Name::SelectorEvictions,
     ];
 
     /// The scenarios selected on the command line, in the canonical order, each once.
@@ -77,6 +86,8 @@ impl Name {
                             Name::Locked1Pct => *c == Choice::Locked1Pct,
                             Name::LargeObject => *c == Choice::LargeObject,
                             Name::NewConnection => *c == Choice::NewConnection,
+                            Name::Evictions => *c == Choice::Evictions,
+                            Name::SelectorEvictions => *c == Choice::SelectorEvictions,
                         }
                 })
             })
@@ -90,6 +101,8 @@ impl Name {
             Name::Locked1Pct => "locked-1pct",
             Name::LargeObject => "large-object",
             Name::NewConnection => "new-connection",
+            Name::Evictions => "evictions",
+            Name::SelectorEvictions => "selector-evictions",
         }
     }
 }
@@ -109,6 +122,10 @@ pub struct Scenario {
     pub bodies: Arc<Vec<Bytes>>,
     /// Locks to create in the fake API server before the webhook starts: (namespace, name).
     pub locks: Vec<(String, String)>,
+    /// The spec of those Locks (`{"reason": "load benchmark"}` unless a scenario says otherwise).
+    pub lock_spec: serde_json::Value,
+    /// Other objects to seed the fake API server with: (collection path, object).
+    pub objects: Vec<(String, serde_json::Value)>,
     /// A new TCP and TLS connection for every request.
     pub new_connection: bool,
     /// The fraction of requests the webhook must deny.
@@ -139,6 +156,7 @@ pub fn build(name: Name) -> anyhow::Result<Scenario> {
             locks: Vec::new(),
             new_connection: name == Name::NewConnection,
             expected_denied: 0.0,
+            ..Scenario::plain(name)
         },
         Name::Namespaces10k => Scenario {
             name,
@@ -158,6 +176,7 @@ pub fn build(name: Name) -> anyhow::Result<Scenario> {
                 .collect(),
             new_connection: false,
             expected_denied: 0.0,
+            ..Scenario::plain(name)
         },
         Name::Locked1Pct => Scenario {
             name,
@@ -172,6 +191,7 @@ pub fn build(name: Name) -> anyhow::Result<Scenario> {
                 .collect(),
             new_connection: false,
             expected_denied: 1.0 / LOCKED_ONE_IN as f64,
+            ..Scenario::plain(name)
         },
         Name::LargeObject => {
             let template = large_template()?;
@@ -190,10 +210,69 @@ pub fn build(name: Name) -> anyhow::Result<Scenario> {
                 locks: Vec::new(),
                 new_connection: false,
                 expected_denied: 0.0,
+                ..Scenario::plain(name)
+            }
+        }
+        Name::Evictions | Name::SelectorEvictions => {
+            let template = Template::in_namespace(
+                "pod-eviction-create.json",
+                compact(&fixture("pod-eviction-create.json")?)?,
+                "evict-me",
+                "lock-demo",
+            )?;
+            let selector = name == Name::SelectorEvictions;
+            Scenario {
+                name,
+                about: if selector {
+                    format!(
+                        "evictions of {PODS} pods in a namespace holding a selector Lock (app=db): one label GET each, every second pod selected and denied"
+                    )
+                } else {
+                    format!(
+                        "evictions of {PODS} pods in a namespace holding a named Lock on another pod: no label read, none denied"
+                    )
+                },
+                bodies: Arc::new(
+                    (0..PODS)
+                        .map(|i| template.instantiate(i, EVICTION_NAMESPACE, &pod(i)))
+                        .collect::<anyhow::Result<_>>()?,
+                ),
+                locks: vec![(EVICTION_NAMESPACE.to_owned(), HELD.to_owned())],
+                lock_spec: if selector {
+                    serde_json::json!({"selector": {"matchLabels": {"app": "db"}}, "reason": "load benchmark"})
+                } else {
+                    serde_json::json!({"reason": "load benchmark"})
+                },
+                objects: (0..PODS)
+                    .map(|i| {
+                        let app = if i % 2 == 0 { "db" } else { "web" };
+                        let pod = serde_json::json!({"metadata": {"name": pod(i), "labels": {"app": app}},
+                            "spec": {"containers": [{"name": "c", "image": "registry.invalid/db:1"}]}});
+                        (format!("/api/v1/namespaces/{EVICTION_NAMESPACE}/pods"), pod)
+                    })
+                    .collect(),
+                new_connection: false,
+                expected_denied: if selector { 0.5 } else { 0.0 },
             }
         }
     };
     Ok(scenario)
+}
+
+impl Scenario {
+    /// The fields most scenarios leave as they are.
+    pub fn plain(name: Name) -> Scenario {
+        Scenario {
+            name,
+            about: String::new(),
+            bodies: Arc::new(Vec::new()),
+            locks: Vec::new(),
+            lock_spec: serde_json::json!({"reason": "load benchmark"}),
+            objects: Vec::new(),
+            new_connection: false,
+            expected_denied: 0.0,
+        }
+    }
 }
 
 /// DELETE reviews of `bench-enf-I` in `bench-ns-I` for I in `0..n`: the objects the
@@ -219,6 +298,10 @@ pub fn namespace_of(i: usize) -> String {
     namespace(i)
 }
 
+fn pod(i: usize) -> String {
+    format!("bench-pod-{i:04}")
+}
+
 fn object(i: usize) -> String {
     format!("bench-cm-{i:04}")
 }
@@ -233,6 +316,7 @@ struct Template {
     bytes: String,
     uid: String,
     name: &'static str,
+    namespace: &'static str,
 }
 
 fn fixture(file: &str) -> anyhow::Result<String> {
@@ -305,12 +389,21 @@ fn large_template() -> anyhow::Result<Template> {
 
 impl Template {
     fn new(file: &'static str, bytes: String, name: &'static str) -> anyhow::Result<Template> {
+        Template::in_namespace(file, bytes, name, FIXTURE_NAMESPACE)
+    }
+
+    fn in_namespace(
+        file: &'static str,
+        bytes: String,
+        name: &'static str,
+        namespace: &'static str,
+    ) -> anyhow::Result<Template> {
         let parsed = kube_object_lock::admission::review::parse(bytes.as_bytes())
             .map_err(|e| anyhow::anyhow!("{file}: {e}"))?;
         let req = &parsed.request;
         ensure!(
-            req.object_name() == Some(name) && req.object_namespace() == Some(FIXTURE_NAMESPACE),
-            "{file}: expected {FIXTURE_NAMESPACE}/{name}, found {:?}/{:?}",
+            req.object_name() == Some(name) && req.object_namespace() == Some(namespace),
+            "{file}: expected {namespace}/{name}, found {:?}/{:?}",
             req.object_namespace(),
             req.object_name()
         );
@@ -319,6 +412,7 @@ impl Template {
             uid: req.uid.to_string(),
             bytes,
             name,
+            namespace,
         })
     }
 
@@ -330,7 +424,7 @@ impl Template {
             .bytes
             .replace(&quoted(&self.uid), &quoted(&uid))
             .replace(&quoted(self.name), &quoted(name))
-            .replace(&quoted(FIXTURE_NAMESPACE), &quoted(namespace));
+            .replace(&quoted(self.namespace), &quoted(namespace));
         let parsed = kube_object_lock::admission::review::parse(body.as_bytes())
             .map_err(|e| anyhow::anyhow!("{}: rewritten body does not parse: {e}", self.file))?;
         let req = &parsed.request;

@@ -307,14 +307,7 @@ pub fn measure_enforcement(
     samples: usize,
 ) -> anyhow::Result<Enforcement> {
     let bodies = crate::scenarios::enforcement_bodies(samples)?;
-    let scenario = Scenario {
-        name: crate::scenarios::Name::OneNamespace,
-        about: String::new(),
-        bodies: Arc::new(Vec::new()),
-        locks: Vec::new(),
-        new_connection: false,
-        expected_denied: 0.0,
-    };
+    let scenario = Scenario::plain(crate::scenarios::Name::OneNamespace);
     let server = start_ours(runtime, env, &scenario)?;
     let fake = server
         .fake
@@ -405,7 +398,10 @@ fn start_ours(
     let fake = FakeApi::start()?;
     for (namespace, name) in &scenario.locks {
         fake.api
-            .create_lock(namespace, name, json!({ "reason": "load benchmark" }));
+            .create_lock(namespace, name, scenario.lock_spec.clone());
+    }
+    for (collection, object) in &scenario.objects {
+        fake.api.add_object(collection, object.clone());
     }
     let kubeconfig = env.path("kubeconfig.yaml");
     std::fs::write(&kubeconfig, kubeconfig_yaml(&fake.api.url()))

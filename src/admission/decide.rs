@@ -2,8 +2,11 @@
 //!
 //! Pure and synchronous on purpose: every rule (and every trap from the API server's side, such
 //! as evictions arriving as CREATE or DELETECOLLECTION items without a name) is a row in a
-//! table test, without a server or a cluster. It runs in two steps so the caller knows what to
-//! fetch: [`plan`] says whether locks are needed at all and which; [`decide`] reads them.
+//! table test, without a server or a cluster. It runs in steps so the caller knows what to
+//! fetch: [`plan`] says whether locks are needed at all and which; [`decide`] reads them. For an
+//! eviction or a scale, whose reviews do not carry the labels of the pod or scaled object,
+//! [`labels_needed`] says between the two whether a selector Lock makes those labels worth
+//! reading, and [`decide_with_labels`] decides with what reading them gave.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -12,7 +15,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::jiff::Timestamp;
 use kube::core::{Selector, SelectorExt};
 
+use super::labels::{LabelError, Labels, Target};
 use super::request::{AdmissionRequest, Operation, UserInfo};
+use super::subresources;
 use crate::api::{self, LockKey, LockMode, LockOperation, LockSpec};
 use crate::locks::{LockRef, LockSet, LookupError};
 use crate::settings::OnLookupError;
@@ -207,6 +212,9 @@ pub fn plan<'a>(req: &'a AdmissionRequest<'_>) -> Plan<'a> {
 /// Every lock that covers the object, the resource and the operation, has not expired and does
 /// not exempt the user is counted; the most restrictive wins: one Enforce lock refuses (the
 /// message names every Enforce lock), Warn locks only warn.
+///
+/// A selector Lock selects by the labels the request carries; for an eviction or a scale, which
+/// carry none of the object's, it selects nothing here: see [`decide_with_labels`].
 pub fn decide(
     req: &AdmissionRequest,
     lookup: &Lookup<'_>,
@@ -214,7 +222,71 @@ pub fn decide(
     contents: Option<&LockSet>,
     now: Timestamp,
 ) -> Verdict {
-    let found = applicable(req, lookup.name, scope_locks, now);
+    decide_reading(req, lookup, scope_locks, contents, None, now)
+}
+
+/// Step one and a half, after reading the locks: the object whose labels a selector Lock of
+/// `locks` needs and the request does not carry (the pod of an eviction, the object of a
+/// Scale). `None` for every other request, and when no selector Lock could cover this one: one
+/// that covers the operation (an eviction is a DELETE, a scale an UPDATE) and the resource,
+/// has not expired and does not exempt the user.
+pub fn labels_needed<'a>(
+    req: &'a AdmissionRequest<'_>,
+    locks: &LockSet,
+    now: Timestamp,
+) -> Option<Target<'a>> {
+    let target = target(req)?;
+    let operation = lock_operation(req);
+    let needed = locks.iter().any(|lock| {
+        let spec = &lock.spec;
+        spec.selector.is_some()
+            && covers_request(spec, req, operation)
+            && !spec.is_expired(now)
+            && exemption(spec, &req.user_info).is_none()
+    });
+    needed.then_some(target)
+}
+
+/// Step two, when [`labels_needed`] named an object: the verdict with its `labels` as read. The
+/// selector Locks that need labels that could not be read follow `policy` when one of them is
+/// in Enforce mode (unless another Lock refuses anyway), and add a warning when all are Warn.
+pub fn decide_with_labels(
+    req: &AdmissionRequest,
+    lookup: &Lookup<'_>,
+    scope_locks: &LockSet,
+    contents: Option<&LockSet>,
+    labels: &Labels,
+    policy: OnLookupError,
+    now: Timestamp,
+) -> Verdict {
+    decide_reading(
+        req,
+        lookup,
+        scope_locks,
+        contents,
+        Some((labels, policy)),
+        now,
+    )
+}
+
+fn decide_reading(
+    req: &AdmissionRequest,
+    lookup: &Lookup<'_>,
+    scope_locks: &LockSet,
+    contents: Option<&LockSet>,
+    read: Option<(&Labels, OnLookupError)>,
+    now: Timestamp,
+) -> Verdict {
+    let read_labels = read.and_then(|(labels, _)| match labels {
+        Labels::Read(labels) => Some(labels),
+        Labels::Gone | Labels::Unreadable(_) => None,
+    });
+    let found = applicable(req, lookup.name, scope_locks, read_labels, now);
+    let unreadable = read.and_then(|(labels, policy)| match labels {
+        Labels::Unreadable(error) => Some((error, policy)),
+        Labels::Read(_) | Labels::Gone => None,
+    });
+    let unknown = unreadable.filter(|_| !found.unknown.is_empty());
     let mut verdict = if !found.enforcing.is_empty() {
         if req.operation == Operation::Update && req.is_terminating() {
             // Refusing this would wedge the object in Terminating: finalizer removal is an UPDATE.
@@ -229,6 +301,8 @@ pub fn decide(
         } else {
             deny_locked(req, &describe_object(req, lookup.name), &found.enforcing)
         }
+    } else if let Some((error, policy)) = unknown {
+        labels_unreadable(req, lookup.name, &found.unknown, error, policy)
     } else if let Some(contents) = contents.filter(|set| !set.is_empty()) {
         namespace_deletion(req, lookup.name, contents, now)
     } else {
@@ -256,6 +330,9 @@ struct Applicable<'a> {
     warning: Vec<&'a LockRef>,
     exempted: Vec<(&'a LockRef, String)>,
     expired: Vec<&'a LockRef>,
+    /// Selector locks that would apply (not expired, not exempting the user) if they selected
+    /// the object, whose labels could not be read.
+    unknown: Vec<&'a LockRef>,
 }
 
 impl<'a> Applicable<'a> {
@@ -271,6 +348,14 @@ impl<'a> Applicable<'a> {
             self.warning.push(lock);
         } else {
             self.enforcing.push(lock);
+        }
+    }
+
+    /// Files a selector lock that may or may not select the object, its labels unknown: kept
+    /// unless it would not apply anyway (expired, or exempting the user).
+    fn sort_unknown(&mut self, lock: &'a LockRef, user: &UserInfo, now: Timestamp) {
+        if !lock.spec.is_expired(now) && exemption(&lock.spec, user).is_none() {
+            self.unknown.push(lock);
         }
     }
 
@@ -295,42 +380,79 @@ impl<'a> Applicable<'a> {
     }
 }
 
+/// The locks of `locks` that cover the request. `read` holds the labels read for
+/// [`labels_needed`], when the request carries none of its own; selector locks then select by
+/// them. When the labels are not known either way, `unknown_labels` says whether they were
+/// sought and could not be read (the selector locks then go to `unknown`) or are simply absent
+/// (a selector then selects nothing).
 fn applicable<'a>(
     req: &AdmissionRequest,
     name: &str,
     locks: &'a LockSet,
+    read: Option<&BTreeMap<String, String>>,
     now: Timestamp,
 ) -> Applicable<'a> {
-    // An eviction deletes the pod.
-    let operation = if req.operation == Operation::Update {
-        LockOperation::Update
-    } else {
-        LockOperation::Delete
-    };
-    // Labels as they are before the change; unknown for an eviction or a Scale, and an object
-    // whose labels are unknown is selected by no selector, whatever it says.
-    let labels = req.labels();
+    let operation = lock_operation(req);
+    // Labels as they are before the change; for an eviction or a Scale, those read of the pod
+    // or the scaled object, if any. An object whose labels are unknown is selected by no
+    // selector, whatever it says.
+    let labels = req.labels().or(read);
     let mut found = Applicable::default();
     for lock in locks.iter() {
         let spec = &lock.spec;
         let covers_object = match &spec.selector {
-            None => lock.name == name,
-            Some(selector) => labels.is_some_and(|labels| selects(selector, labels)),
+            None => Some(lock.name == name),
+            Some(selector) => labels.map(|labels| selects(selector, labels)),
         };
-        if !covers_object
-            || !covers_resource(
-                spec,
-                &req.resource.group,
-                &req.resource.resource,
-                req.subresource(),
-            )
-            || !spec.operations().contains(&operation)
-        {
+        if covers_object == Some(false) || !covers_request(spec, req, operation) {
             continue;
         }
-        found.sort(lock, &req.user_info, now);
+        match covers_object {
+            Some(_) => found.sort(lock, &req.user_info, now),
+            None => found.sort_unknown(lock, &req.user_info, now),
+        }
     }
     found
+}
+
+/// The lock operation a request is: an eviction deletes the pod.
+fn lock_operation(req: &AdmissionRequest) -> LockOperation {
+    if req.operation == Operation::Update {
+        LockOperation::Update
+    } else {
+        LockOperation::Delete
+    }
+}
+
+/// Whether a lock's `operations` and `resources` cover the request.
+fn covers_request(spec: &LockSpec, req: &AdmissionRequest, operation: LockOperation) -> bool {
+    spec.operations().contains(&operation)
+        && covers_resource(
+            spec,
+            &req.resource.group,
+            &req.resource.resource,
+            req.subresource(),
+        )
+}
+
+/// The object an eviction or a scale acts on, whose labels its review does not carry: the
+/// request's own resource and name (`pods` for `pods/eviction`, `deployments.apps` for
+/// `deployments/scale`). `None` for every other request.
+fn target<'a>(req: &'a AdmissionRequest<'_>) -> Option<Target<'a>> {
+    let elsewhere = is_eviction(req)
+        || (req.operation == Operation::Update
+            && req
+                .subresource()
+                .and_then(|sub| subresources::changing(&req.resource.resource, sub))
+                .is_some_and(|sub| !sub.carries_object));
+    if !elsewhere {
+        return None;
+    }
+    Some(Target {
+        resource: &req.resource,
+        namespace: req.object_namespace(),
+        name: req.object_name()?,
+    })
 }
 
 /// Whether a lock's `resources` cover `resource` in `group` (and its `subresource`, if any):
@@ -454,25 +576,74 @@ pub fn decide_unreadable(
     error: &LookupError,
 ) -> Verdict {
     let what = describe_object(req, lookup.name);
+    by_policy(
+        req,
+        policy,
+        format!(
+            "{what} may be locked, but the lock state could not be read ({error}); the change is refused until it can be (on_lookup_error=deny)"
+        ),
+        format!("lock state of {what} could not be read; allowed (on_lookup_error=allow)"),
+        error.to_string(),
+    )
+}
+
+/// What `policy` answers when something the decision needs could not be read: a 503 with
+/// `refusal`, or an allow with `warning`; a Terminating object's update is allowed either way
+/// (refusing it could wedge the object), with nothing to add. The outcome is an error, and
+/// `annotation` the audit annotation `lookup-error`.
+fn by_policy(
+    req: &AdmissionRequest,
+    policy: OnLookupError,
+    refusal: String,
+    warning: String,
+    annotation: String,
+) -> Verdict {
     let mut verdict = if req.operation == Operation::Update && req.is_terminating() {
-        // Allowed whatever the locks say; nothing to add.
         Verdict::allow()
     } else {
         match policy {
-            OnLookupError::Deny => Verdict::deny(
-                503,
-                "ServiceUnavailable",
-                format!(
-                    "{what} may be locked, but the lock state could not be read ({error}); the change is refused until it can be (on_lookup_error=deny)"
-                ),
-            ),
-            OnLookupError::Allow => Verdict::allow().warn(format!(
-                "lock state of {what} could not be read; allowed (on_lookup_error=allow)"
-            )),
+            OnLookupError::Deny => Verdict::deny(503, "ServiceUnavailable", refusal),
+            OnLookupError::Allow => Verdict::allow().warn(warning),
         }
     };
     verdict.outcome = Outcome::Error;
-    verdict.annotate("lookup-error", error.to_string())
+    verdict.annotate("lookup-error", annotation)
+}
+
+/// The verdict when the labels that selector Locks `locks` need could not be read, and no other
+/// Lock refuses: `policy` decides if one of them is in Enforce mode; Warn locks only warn.
+fn labels_unreadable(
+    req: &AdmissionRequest,
+    name: &str,
+    locks: &[&LockRef],
+    error: &LabelError,
+    policy: OnLookupError,
+) -> Verdict {
+    let what = describe_object(req, name);
+    let enforcing: Vec<&LockRef> = (locks.iter())
+        .filter(|l| l.spec.mode.unwrap_or_default() == LockMode::Enforce)
+        .copied()
+        .collect();
+    let which = format!(
+        "cannot read the labels of {what} to apply selector {}",
+        names(if enforcing.is_empty() {
+            locks
+        } else {
+            &enforcing
+        })
+    );
+    // Warnings may be cut at 256 characters: what was decided comes before the error.
+    if enforcing.is_empty() {
+        return Verdict::allow().warn(format!("{which} (mode Warn): {error}"));
+    }
+    let problem = format!("{which}: {error}");
+    by_policy(
+        req,
+        policy,
+        format!("{problem}; the change is refused until they can be read (on_lookup_error=deny)"),
+        format!("{which}, allowed (on_lookup_error=allow): {error}"),
+        problem,
+    )
 }
 
 /// Who deletes a Namespace's contents once its deletion is admitted: the namespace controller

@@ -1,10 +1,13 @@
 //! Admission: what arrives, what is decided, what is answered.
 //!
 //! `request` holds the slice of an AdmissionReview the decision reads, `scan` reads it from the
-//! body fast, `decide` is the pure decision, `refusals` what it hands on to the event writer, `subresources` says which subresources change their
-//! object, and `review` joins them to a lock source: bytes in, AdmissionReview out.
+//! body fast, `decide` is the pure decision, `refusals` what it hands on to the event writer,
+//! `subresources` says which subresources change their object, `labels` reads the labels an
+//! eviction or a scale does not carry, and `review` joins them to a lock source: bytes in,
+//! AdmissionReview out.
 
 pub mod decide;
+pub mod labels;
 pub mod refusals;
 pub mod request;
 pub mod response;

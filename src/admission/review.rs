@@ -13,13 +13,14 @@ use k8s_openapi::jiff::Timestamp;
 use tracing::{debug, info, warn};
 
 use super::decide::{self, Outcome, Plan, Verdict};
+use super::labels::{LabelError, LabelReader, Labels, NoCluster, Target};
 use super::refusals::EventSink;
 use super::request::{
     ADMISSION_V1, ADMISSION_V1BETA1, AdmissionRequest, IncomingReview, ParsedReview,
 };
 use super::response::{ReviewAnswer, respond};
 use crate::locks::{LockSet, LockSource, LookupError};
-use crate::metrics::{AdmissionMetrics, Decision, LookupErrorLabels};
+use crate::metrics::{AdmissionMetrics, Decision, LabelReadLabels, LookupErrorLabels};
 use crate::settings::ReviewPolicy;
 
 /// Why a body could not be answered with an AdmissionReview.
@@ -124,6 +125,7 @@ type ReadLocks = (Arc<LockSet>, Option<Arc<LockSet>>);
 #[derive(Clone)]
 pub struct Reviewer {
     source: Arc<dyn LockSource>,
+    labels: Arc<dyn LabelReader>,
     policy: ReviewPolicy,
     metrics: AdmissionMetrics,
     events: Option<EventSink>,
@@ -152,10 +154,18 @@ impl Reviewer {
     ) -> Self {
         Reviewer {
             source,
+            labels: Arc::new(NoCluster),
             policy,
             metrics,
             events: None,
         }
+    }
+
+    /// Reads the labels an eviction or a scale does not carry through `reader` (without one,
+    /// they cannot be read and `on_lookup_error` decides for the selector Locks needing them).
+    pub fn with_labels(mut self, reader: Arc<dyn LabelReader>) -> Self {
+        self.labels = reader;
+        self
     }
 
     /// Records refusals (and Warn-mode matches) as Kubernetes Events through `sink`.
@@ -197,7 +207,20 @@ impl Reviewer {
                     // Boxed: the review's future stays small for the answers that never wait.
                     None => Box::pin(self.read(&lookup, self.lookup_timeout(deadline))).await,
                 };
-                self.verdict(req, &lookup, read)
+                let now = Timestamp::now();
+                // Only an eviction or a scale that a selector Lock could cover reads labels.
+                let target = (read.as_ref().ok())
+                    .and_then(|(scope, _)| decide::labels_needed(req, scope, now));
+                let labels = match target {
+                    Some(target) => {
+                        let timeout = self
+                            .lookup_timeout(deadline)
+                            .saturating_sub(started.elapsed());
+                        Some(Box::pin(self.read_labels(req, target, timeout)).await)
+                    }
+                    None => None,
+                };
+                self.verdict(req, &lookup, read, labels.as_ref(), now)
             }
         };
         let elapsed = started.elapsed();
@@ -242,13 +265,26 @@ impl Reviewer {
         req: &AdmissionRequest<'_>,
         lookup: &decide::Lookup<'_>,
         read: Result<ReadLocks, LookupError>,
+        labels: Option<&Labels>,
+        now: Timestamp,
     ) -> Verdict {
         match read {
             Ok((scope, contents)) => {
-                let verdict =
-                    decide::decide(req, lookup, &scope, contents.as_deref(), Timestamp::now());
+                let contents = contents.as_deref();
+                let verdict = match labels {
+                    None => decide::decide(req, lookup, &scope, contents, now),
+                    Some(labels) => decide::decide_with_labels(
+                        req,
+                        lookup,
+                        &scope,
+                        contents,
+                        labels,
+                        self.policy.on_lookup_error,
+                        now,
+                    ),
+                };
                 if let Some(events) = &self.events {
-                    events.record_verdict(req, &verdict, &scope, contents.as_deref());
+                    events.record_verdict(req, &verdict, &scope, contents);
                 }
                 verdict
             }
@@ -270,6 +306,39 @@ impl Reviewer {
                 verdict
             }
         }
+    }
+
+    /// The labels of `target`, read within `timeout`, counted and logged.
+    async fn read_labels(
+        &self,
+        req: &AdmissionRequest<'_>,
+        target: Target<'_>,
+        timeout: Duration,
+    ) -> Labels {
+        let read = tokio::time::timeout(timeout, self.labels.labels(&target)).await;
+        let labels = match read {
+            Ok(Ok(Some(labels))) => Labels::Read(labels),
+            Ok(Ok(None)) => Labels::Gone,
+            Ok(Err(error)) => Labels::Unreadable(error),
+            Err(_) => Labels::Unreadable(LabelError::Timeout(timeout)),
+        };
+        let outcome = match &labels {
+            Labels::Read(_) => "read",
+            Labels::Gone => "not_found",
+            Labels::Unreadable(error) => error.reason(),
+        };
+        let counted = LabelReadLabels { outcome };
+        self.metrics.label_reads.get_or_create(&counted).inc();
+        match &labels {
+            Labels::Unreadable(error) => {
+                warn!(uid = %req.uid, operation = req.operation.as_str(), resource = %req.resource_path(),
+                    object = %target, %error, "cannot read the labels a selector lock needs")
+            }
+            _ => {
+                debug!(uid = %req.uid, object = %target, outcome, "read labels for selector locks")
+            }
+        }
+        labels
     }
 
     async fn read(

@@ -6,7 +6,9 @@
 
 use std::io::Read;
 use std::path::Path;
+use std::sync::Arc;
 
+use crate::admission::labels::kube::KubeLabels;
 use crate::admission::{Outcome, ReviewError, Reviewer};
 use crate::app::{self, StartError};
 use crate::settings::Settings;
@@ -70,7 +72,10 @@ pub async fn check(settings: &Settings, input: &Path) -> Result<CheckResult, Che
         source,
     })?;
     let source = app::lock_source(settings, false).await?;
-    let reviewer = Reviewer::new(source.source, settings.review_policy());
+    let mut reviewer = Reviewer::new(source.source, settings.review_policy());
+    if let Some(client) = source.client {
+        reviewer = reviewer.with_labels(Arc::new(KubeLabels::new(client)));
+    }
     let answer = reviewer
         .review(&body, None)
         .await

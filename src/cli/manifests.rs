@@ -298,8 +298,14 @@ fn match_conditions() -> Vec<MatchCondition> {
     .collect()
 }
 
-/// The ClusterRole (read the locks, write their status, record refusal events; nothing else) and
-/// its binding to the webhook's identity.
+/// Core resources whose labels selector Locks may need: evicted pods, scaled
+/// ReplicationControllers.
+pub const LABELS_READ_CORE: [&str; 2] = ["pods", "replicationcontrollers"];
+/// `apps` resources with a `scale` subresource, whose labels selector Locks may need.
+pub const LABELS_READ_APPS: [&str; 3] = ["deployments", "replicasets", "statefulsets"];
+
+/// The ClusterRole (read the locks, write their status, record refusal events, get the labels
+/// of evicted pods and scaled objects; nothing else) and its binding to the webhook's identity.
 pub fn rbac(identity: &Identity) -> (ClusterRole, ClusterRoleBinding) {
     let meta = || ObjectMeta {
         name: Some(NAME.to_owned()),
@@ -330,6 +336,22 @@ pub fn rbac(identity: &Identity) -> (ClusterRole, ClusterRoleBinding) {
                 api_groups: Some(vec!["events.k8s.io".to_owned()]),
                 resources: Some(vec!["events".to_owned()]),
                 verbs: ["create", "patch"].map(str::to_owned).to_vec(),
+                ..PolicyRule::default()
+            },
+            // A selector Lock applies to an eviction or a scale by the labels of the pod or the
+            // scaled object, which their reviews do not carry: the webhook GETs them (metadata
+            // only, but RBAC has no metadata-only verb), only in namespaces holding a selector
+            // Lock. `get` of one object by name; never list or watch.
+            PolicyRule {
+                api_groups: Some(vec![String::new()]),
+                resources: Some(LABELS_READ_CORE.map(str::to_owned).to_vec()),
+                verbs: vec!["get".to_owned()],
+                ..PolicyRule::default()
+            },
+            PolicyRule {
+                api_groups: Some(vec!["apps".to_owned()]),
+                resources: Some(LABELS_READ_APPS.map(str::to_owned).to_vec()),
+                verbs: vec!["get".to_owned()],
                 ..PolicyRule::default()
             },
         ]),

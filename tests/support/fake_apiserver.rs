@@ -28,7 +28,9 @@
 //!   `APIResourceList` ([`DISCOVERY`]: a few core, `apps`, `rbac.authorization.k8s.io` and lock
 //!   resources with their short names, scopes and verbs, and some subresources).
 //! - Other objects, seeded with [`FakeApiServer::add_object`] and answered by GET of one object
-//!   (200, or a 404 `NotFound` Status naming it); only the resources in [`DISCOVERY`].
+//!   (200, or a 404 `NotFound` Status naming it; `PartialObjectMetadata` when the `Accept`
+//!   header asks for metadata only, as kube's `get_metadata` does); only the resources in
+//!   [`DISCOVERY`]. Their own faults: [`FakeApiServer::set_object_fault`].
 //! - The locks' `status` subresource: GET, PATCH as server-side apply with per-manager field
 //!   ownership, list-map merging, conflicts and `force` (module `ssa`), and merge PATCH (which
 //!   takes the fields it removes from every manager); writes to the main
@@ -154,6 +156,8 @@ struct State {
     /// Nothing is answered nor sent while set (see [`FakeApiServer::freeze`]).
     frozen: bool,
     fault: Option<Fault>,
+    /// The fault of GETs of objects other than locks.
+    object_fault: Option<Fault>,
     watch_fault: Option<WatchFault>,
     /// Codes to answer the next merge PATCHes of locks with, one each.
     patch_faults: VecDeque<u16>,
@@ -364,6 +368,25 @@ impl FakeApiServer {
             .extend(std::iter::repeat_n(code, count));
     }
 
+    /// Injects `fault` into every later GET of an object other than a lock (a pod, a
+    /// Deployment) until [`FakeApiServer::clear_object_fault`].
+    pub fn set_object_fault(&self, fault: Fault) {
+        self.state().object_fault = Some(fault);
+    }
+
+    /// Ends the fault set by [`FakeApiServer::set_object_fault`].
+    pub fn clear_object_fault(&self) {
+        self.state().object_fault = None;
+    }
+
+    /// GETs of objects other than locks so far whose path contains `path_contains`.
+    pub fn object_gets(&self, path_contains: &str) -> usize {
+        let st = self.state();
+        (st.log.iter())
+            .filter(|line| line.starts_with("GET ") && line.contains(path_contains))
+            .count()
+    }
+
     /// Injects `fault` into every later WATCH until [`FakeApiServer::clear_watch_fault`].
     /// Open streams go on (call [`FakeApiServer::drop_watches`] to end them).
     pub fn set_watch_fault(&self, fault: WatchFault) {
@@ -539,10 +562,28 @@ impl FakeApiServer {
             return Ok(reply(200, list));
         }
         if let Some(route) = ObjectRoute::parse(uri.path()).filter(|r| r.entry().is_some()) {
-            let answer = match method {
-                Method::GET => self.state().others.get(&decode(uri.path())).cloned(),
-                _ => return Ok(reply_status(status(405, NOT_ALLOWED, json!({})))),
-            };
+            if method != Method::GET {
+                return Ok(reply_status(status(405, NOT_ALLOWED, json!({}))));
+            }
+            let fault = self.state().object_fault.clone();
+            if let Some(Fault::Delay(delay)) = fault {
+                tokio::time::sleep(delay).await;
+            }
+            if let Some(Fault::Status(code)) = fault {
+                return Ok(reply_status(route.fault(code)));
+            }
+            let answer = self.state().others.get(&decode(uri.path())).cloned();
+            let metadata_only = (req.headers().get_all(http::header::ACCEPT).iter()).any(|v| {
+                v.to_str()
+                    .is_ok_and(|v| v.contains("as=PartialObjectMetadata"))
+            });
+            let answer = answer.map(|o| {
+                if metadata_only {
+                    partial_metadata(o)
+                } else {
+                    o
+                }
+            });
             return Ok(answer.map_or_else(|| reply_status(route.not_found()), |o| reply(200, o)));
         }
         let Some(route) = parse_route(uri.path()) else {
@@ -981,6 +1022,39 @@ impl ObjectRoute {
             .find(|r| r["name"] == self.plural.as_str() && r["namespaced"] == self.ns.is_some())
     }
 
+    /// The Status a real server sends for `code` on this GET.
+    fn fault(&self, code: u16) -> Value {
+        let (plural, name) = (&self.plural, &self.name);
+        let group = self.group_version.split_once('/').map_or("", |(g, _)| g);
+        let resource = if group.is_empty() {
+            plural.clone()
+        } else {
+            format!("{plural}.{group}")
+        };
+        let scope = match &self.ns {
+            Some(ns) => format!("in the namespace \"{ns}\""),
+            None => "at the cluster scope".to_string(),
+        };
+        match code {
+            403 => {
+                let msg = format!(
+                    "{resource} \"{name}\" is forbidden: User \"{FAKE_USER}\" cannot get resource \
+                     \"{plural}\" in API group \"{group}\" {scope}"
+                );
+                status(
+                    403,
+                    &msg,
+                    json!({ "name": name, "group": group, "kind": plural }),
+                )
+            }
+            _ => {
+                let cause = "fault injected by FakeApiServer";
+                let msg = format!("Internal error occurred: {cause}");
+                status(code, &msg, json!({ "causes": [{ "message": cause }] }))
+            }
+        }
+    }
+
     fn not_found(&self) -> Value {
         let (plural, name) = (&self.plural, &self.name);
         let mut details = json!({ "name": name, "kind": plural });
@@ -1193,6 +1267,12 @@ fn details(res: Res, name: &str) -> Value {
 fn not_found(res: Res, name: &str) -> Value {
     let msg = format!("{}.{GROUP} \"{name}\" not found", res.plural());
     status(404, &msg, details(res, name))
+}
+
+/// `object` as a metadata-only GET returns it (`Accept: application/json;as=PartialObjectMetadata`).
+fn partial_metadata(object: Value) -> Value {
+    json!({ "kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
+        "metadata": object["metadata"].clone() })
 }
 
 /// The Status a real server sends for `code` on this LIST or GET.

@@ -364,6 +364,17 @@ impl HttpsClient {
 }
 
 impl TestServer {
+    /// POSTs the AdmissionReview `body` to `/validate` (with the API server's `?timeout=10s`)
+    /// over HTTP/1.1, as the API server does, and returns the answer's `response`.
+    pub async fn admission_response(&self, body: Vec<u8>) -> serde_json::Value {
+        let reply = self
+            .http1()
+            .post_json(&self.url("/validate?timeout=10s"), body)
+            .await;
+        assert_eq!(reply.status, 200);
+        reply.json()["response"].clone()
+    }
+
     /// Scrapes `/metrics` over plain HTTP/1.1.
     pub async fn scrape(&self) -> String {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -549,7 +549,8 @@ fn selector_locks_cover_matching_objects_whatever_their_name() {
             .expect("lookup")
             .allowed()
     );
-    // Evictions carry no pod labels: a selector lock cannot cover them.
+    // Evictions carry no pod labels: without the pod's, read apart (see
+    // `selector_locks_cover_evictions_and_scale_by_the_labels_read`), nothing is selected.
     assert!(
         run(&eviction("web-1"), &[freeze], &[])
             .expect("lookup")
@@ -1038,5 +1039,308 @@ fn rule_8_only_locks_that_would_refuse_deleting_their_objects_block_the_namespac
             .expect("denied")
             .message
             .contains("is exempt"),
+    );
+}
+
+/// A scale update of Deployment `name` in `prod`, as the API server sends it: a Scale, with
+/// none of the Deployment's labels.
+fn scale(name: &str) -> AdmissionRequest<'static> {
+    update(json!({
+        "name": name, "subResource": "scale",
+        "resource": {"group": "apps", "version": "v1", "resource": "deployments"},
+        "kind": {"group": "autoscaling", "version": "v1", "kind": "Scale"},
+        "object": {"metadata": {"name": name, "namespace": "prod"}},
+        "oldObject": {"metadata": {"name": name, "namespace": "prod"}},
+    }))
+}
+
+/// Plans, finds whose labels are needed in the `prod` locks, and decides with `labels` when
+/// some are (with `policy` for unreadable ones); `None` as the target when none are needed.
+fn run_reading(
+    req: &AdmissionRequest,
+    namespaced: &[LockRef],
+    labels: Labels,
+    policy: OnLookupError,
+) -> (Option<String>, Verdict) {
+    let Plan::Lookup(lookup) = plan(req) else {
+        panic!("needs a lookup")
+    };
+    let set = locks(namespaced);
+    match labels_needed(req, &set, now()) {
+        None => (None, decide(req, &lookup, &set, None, now())),
+        Some(target) => {
+            let verdict = decide_with_labels(req, &lookup, &set, None, &labels, policy, now());
+            (Some(target.to_string()), verdict)
+        }
+    }
+}
+
+fn app(value: &str) -> Labels {
+    Labels::Read([("app".to_owned(), value.to_owned())].into())
+}
+
+fn dbs(extra: Value) -> LockRef {
+    let mut value = json!({"selector": {"matchLabels": {"app": "db"}}, "reason": "backup"});
+    for (k, v) in extra.as_object().expect("object") {
+        value[k] = v.clone();
+    }
+    lock("dbs", value)
+}
+
+#[test]
+fn labels_are_needed_only_for_evictions_and_scale_a_selector_lock_could_cover() {
+    let pod = Some("pods \"db-0\" in namespace \"prod\"".to_owned());
+    let deployment = Some("deployments.apps \"web\" in namespace \"prod\"".to_owned());
+    let needed = |req: &AdmissionRequest, lock: LockRef| {
+        let set = locks(&[lock]);
+        labels_needed(req, &set, now()).map(|t| t.to_string())
+    };
+    let rows: Vec<(&str, AdmissionRequest, LockRef, Option<String>)> = vec![
+        (
+            "eviction, selector lock",
+            eviction("db-0"),
+            dbs(json!({})),
+            pod.clone(),
+        ),
+        (
+            "scale, selector lock",
+            scale("web"),
+            dbs(json!({})),
+            deployment.clone(),
+        ),
+        // Only the operation the request is: an eviction is a DELETE, a scale an UPDATE.
+        (
+            "eviction, UPDATE-only lock",
+            eviction("db-0"),
+            dbs(json!({"operations": ["UPDATE"]})),
+            None,
+        ),
+        (
+            "scale, DELETE-only lock",
+            scale("web"),
+            dbs(json!({"operations": ["DELETE"]})),
+            None,
+        ),
+        // The lock's resources must match the parent resource (or its subresource).
+        (
+            "eviction, pods lock",
+            eviction("db-0"),
+            dbs(json!({"resources": [{"apiGroups": [""], "resources": ["pods"]}]})),
+            pod.clone(),
+        ),
+        (
+            "eviction, deployments lock",
+            eviction("db-0"),
+            dbs(json!({"resources": [{"apiGroups": ["apps"], "resources": ["deployments"]}]})),
+            None,
+        ),
+        (
+            "scale, deployments/scale lock",
+            scale("web"),
+            dbs(
+                json!({"resources": [{"apiGroups": ["apps"], "resources": ["deployments/scale"]}]}),
+            ),
+            deployment.clone(),
+        ),
+        (
+            "scale, statefulsets lock",
+            scale("web"),
+            dbs(json!({"resources": [{"apiGroups": ["apps"], "resources": ["statefulsets"]}]})),
+            None,
+        ),
+        // A lock that would not apply whatever the labels: nothing to read.
+        (
+            "expired",
+            eviction("db-0"),
+            dbs(json!({"expiresAt": "2026-01-01T00:00:00Z"})),
+            None,
+        ),
+        (
+            "user exempt",
+            eviction("db-0"),
+            dbs(json!({"exempt": {"users": ["alice"]}})),
+            None,
+        ),
+        // Warn locks warn by labels too.
+        (
+            "Warn lock",
+            eviction("db-0"),
+            dbs(json!({"mode": "Warn"})),
+            pod.clone(),
+        ),
+        // A named lock needs no labels.
+        (
+            "named lock",
+            eviction("db-0"),
+            lock("db-0", json!({})),
+            None,
+        ),
+        // Requests that carry the object's labels, or are not sent for its labels.
+        (
+            "direct update",
+            update(json!({"name": "db-0"})),
+            dbs(json!({})),
+            None,
+        ),
+        (
+            "direct delete",
+            request(json!({"name": "db-0"})),
+            dbs(json!({})),
+            None,
+        ),
+        (
+            "ephemeral containers",
+            update(json!({"name": "db-0", "subResource": "ephemeralcontainers",
+                "resource": {"group": "", "version": "v1", "resource": "pods"}})),
+            dbs(json!({})),
+            None,
+        ),
+    ];
+    for (case, req, lock, want) in rows {
+        assert_eq!(needed(&req, lock), want, "{case}");
+    }
+    // A namespace without locks, the common case, reads nothing.
+    assert_eq!(
+        labels_needed(&eviction("db-0"), &LockSet::default(), now()),
+        None
+    );
+}
+
+#[test]
+fn selector_locks_cover_evictions_and_scale_by_the_labels_read() {
+    let deny = OnLookupError::Deny;
+    // The selected pod's eviction is refused, as its DELETE would be.
+    let (target, verdict) = run_reading(&eviction("db-0"), &[dbs(json!({}))], app("db"), deny);
+    assert_eq!(
+        target.as_deref(),
+        Some("pods \"db-0\" in namespace \"prod\"")
+    );
+    let refusal = verdict.refusal.as_ref().expect("denied");
+    assert_eq!((refusal.code, refusal.reason), (403, "Forbidden"));
+    assert_eq!(
+        refusal.message,
+        "cannot evict: pods \"db-0\" in namespace \"prod\" is locked by Lock prod/dbs: backup (to unlock: kubectl delete lock dbs -n prod)"
+    );
+    assert_eq!(verdict.locks, [LockKey::lock("prod", "dbs")]);
+    // An unselected pod's eviction is allowed.
+    let (_, verdict) = run_reading(&eviction("web-0"), &[dbs(json!({}))], app("web"), deny);
+    assert_eq!(verdict, Verdict::allow());
+    // The selected Deployment's scale is refused.
+    let (target, verdict) = run_reading(&scale("web"), &[dbs(json!({}))], app("db"), deny);
+    assert_eq!(
+        target.as_deref(),
+        Some("deployments.apps \"web\" in namespace \"prod\"")
+    );
+    assert_eq!(
+        verdict.refusal.expect("denied").message,
+        "deployments.apps \"web\" in namespace \"prod\" is locked by Lock prod/dbs: backup (to unlock: kubectl delete lock dbs -n prod)"
+    );
+    let (_, verdict) = run_reading(&scale("web"), &[dbs(json!({}))], app("web"), deny);
+    assert_eq!(verdict, Verdict::allow());
+    // A pod gone before its labels were read leaves nothing to lock.
+    let (_, verdict) = run_reading(&eviction("db-0"), &[dbs(json!({}))], Labels::Gone, deny);
+    assert_eq!(verdict, Verdict::allow());
+    // NotIn and DoesNotExist select an object read without labels, exactly as a direct write.
+    let not_db = lock(
+        "not-db",
+        json!({"selector": {"matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["db"]}]}}),
+    );
+    let unlabelled = Labels::Read(BTreeMap::new());
+    let (_, verdict) = run_reading(&eviction("x"), &[not_db.clone()], unlabelled, deny);
+    assert!(!verdict.allowed());
+    let (_, verdict) = run_reading(&scale("x"), &[not_db], app("x"), deny);
+    assert!(!verdict.allowed(), "no tier label: NotIn holds");
+    // A Warn lock warns about the selected pod's eviction.
+    let (_, verdict) = run_reading(
+        &eviction("db-0"),
+        &[dbs(json!({"mode": "Warn"}))],
+        app("db"),
+        deny,
+    );
+    assert!(verdict.allowed());
+    assert_eq!(verdict.outcome, Outcome::Warned);
+    assert_eq!(verdict.warned, [LockKey::lock("prod", "dbs")]);
+}
+
+#[test]
+fn labels_that_cannot_be_read_follow_on_lookup_error() {
+    let forbidden = Labels::Unreadable(crate::admission::labels::LabelError::Forbidden {
+        resource: "pods".to_owned(),
+        message: "pods \"db-0\" is forbidden".to_owned(),
+    });
+    let problem = "cannot read the labels of pods \"db-0\" in namespace \"prod\" to apply selector Lock prod/dbs: the webhook's identity may not get pods: grant it get on pods (pods \"db-0\" is forbidden)";
+    let (_, denied) = run_reading(
+        &eviction("db-0"),
+        &[dbs(json!({}))],
+        forbidden.clone(),
+        OnLookupError::Deny,
+    );
+    let refusal = denied.refusal.as_ref().expect("denied");
+    assert_eq!((refusal.code, refusal.reason), (503, "ServiceUnavailable"));
+    assert_eq!(
+        refusal.message,
+        format!("{problem}; the change is refused until they can be read (on_lookup_error=deny)")
+    );
+    assert_eq!(denied.outcome, Outcome::Error);
+    assert_eq!(
+        denied
+            .audit_annotations
+            .get("lookup-error")
+            .map(String::as_str),
+        Some(problem)
+    );
+    let (_, allowed) = run_reading(
+        &eviction("db-0"),
+        &[dbs(json!({}))],
+        forbidden.clone(),
+        OnLookupError::Allow,
+    );
+    assert!(allowed.allowed());
+    assert_eq!(allowed.outcome, Outcome::Error);
+    assert_eq!(
+        allowed.warnings,
+        [problem.replacen(": ", ", allowed (on_lookup_error=allow): ", 1)]
+    );
+    // A named lock refuses whatever the labels: its refusal, not the lookup's.
+    let both = [dbs(json!({})), lock("db-0", json!({}))];
+    let (_, verdict) = run_reading(
+        &eviction("db-0"),
+        &both,
+        forbidden.clone(),
+        OnLookupError::Deny,
+    );
+    let refusal = verdict.refusal.expect("denied");
+    assert_eq!(refusal.code, 403);
+    assert!(
+        refusal.message.contains("locked by Lock prod/db-0"),
+        "{}",
+        refusal.message
+    );
+    // Only Warn locks need them: a warning, never a refusal.
+    let (_, verdict) = run_reading(
+        &eviction("db-0"),
+        &[dbs(json!({"mode": "Warn"}))],
+        forbidden,
+        OnLookupError::Deny,
+    );
+    assert!(verdict.allowed());
+    assert_eq!(verdict.outcome, Outcome::Warned);
+    assert!(
+        verdict.warnings[0].contains("to apply selector Lock prod/dbs (mode Warn): the webhook's"),
+        "{:?}",
+        verdict.warnings
+    );
+    // Files: no cluster to read from; the policy decides, and the message says why.
+    let (_, verdict) = run_reading(
+        &scale("web"),
+        &[dbs(json!({}))],
+        Labels::Unreadable(crate::admission::labels::LabelError::NoCluster),
+        OnLookupError::Deny,
+    );
+    assert_eq!(verdict.refusal.as_ref().map(|r| r.code), Some(503));
+    assert!(
+        verdict.refusal.expect("denied").message.contains(
+            "cannot read the labels of deployments.apps \"web\" in namespace \"prod\" to apply selector Lock prod/dbs: locks are read from files"
+        )
     );
 }

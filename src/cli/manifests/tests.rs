@@ -105,7 +105,20 @@ fn the_webhook_sends_what_the_decision_needs_and_nothing_it_must_not() {
 fn rbac_reads_locks_writes_their_status_and_events_and_nothing_else() {
     let (role, binding) = rbac(&Identity::service_account("kol/webhook").expect("sa"));
     let rules = role.rules.expect("rules");
-    assert_eq!(rules.len(), 3);
+    assert_eq!(rules.len(), 5);
+    // Labels for selector locks: get (no list, no watch) of pods and the built-in scalables.
+    for (rule, group, resources) in [
+        (&rules[3], "", &["pods", "replicationcontrollers"][..]),
+        (
+            &rules[4],
+            "apps",
+            &["deployments", "replicasets", "statefulsets"][..],
+        ),
+    ] {
+        assert_eq!(rule.verbs, ["get"]);
+        assert_eq!(rule.api_groups.as_deref(), Some(&[group.to_owned()][..]));
+        assert_eq!(rule.resources.as_deref().unwrap_or_default(), resources);
+    }
     assert_eq!(rules[0].verbs, ["get", "list", "watch"]);
     // Status: patch only, on the status subresources only.
     assert_eq!(rules[1].verbs, ["patch"]);

@@ -175,6 +175,17 @@ fn selector_namespaces_send_everything() {
         );
         assert_eq!(sends(&plan, &review), 1, "{name}");
     }
+    // Evictions and scales too, whatever the name: their labels are read for the selector.
+    for fixture_name in ["pod-eviction-create.json", "deployment-scale-update.json"] {
+        let review = with(
+            fixture_name,
+            &[
+                ("/request/namespace", serde_json::json!("selected")),
+                ("/request/name", serde_json::json!("anything")),
+            ],
+        );
+        assert_eq!(sends(&plan, &review), 1, "{fixture_name}");
+    }
     // A selector Lock that expired no longer sends its namespace.
     let expired = [LockRef::lock(
         "selected",

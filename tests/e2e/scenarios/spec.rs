@@ -67,7 +67,8 @@ pub fn resources(ctx: &Ctx) -> Result<()> {
 }
 
 /// `selector`: every object whose labels (before the change) match, whatever its name; the
-/// Lock's own name is free; no Scale or eviction (they carry no labels).
+/// Lock's own name is free; evictions and scales by the labels of the pod or the scaled object
+/// (their reviews carry none: the webhook reads them).
 pub fn selector(ctx: &Ctx) -> Result<()> {
     let ns = ctx.namespace("")?;
     let n = ns.as_str();
@@ -80,14 +81,18 @@ pub fn selector(ctx: &Ctx) -> Result<()> {
     ] {
         ctx.configmap(&ns, name, labels)?;
     }
-    ctx.create(
-        &format!("/apis/apps/v1/namespaces/{ns}/deployments"),
-        deployment("d", json!({"app": "web"})),
-    )?;
-    ctx.create(
-        &format!("/api/v1/namespaces/{ns}/pods"),
-        pod("p", json!({"app": "web"})),
-    )?;
+    for (name, app) in [("d", "web"), ("e", "db")] {
+        ctx.create(
+            &format!("/apis/apps/v1/namespaces/{ns}/deployments"),
+            deployment(name, json!({"app": app})),
+        )?;
+    }
+    for (name, app) in [("p", "web"), ("q", "db")] {
+        ctx.create(
+            &format!("/api/v1/namespaces/{ns}/pods"),
+            pod(name, json!({"app": app})),
+        )?;
+    }
     ctx.lock(
         &ns,
         "sel",
@@ -111,31 +116,52 @@ pub fn selector(ctx: &Ctx) -> Result<()> {
         .allowed()?;
     ctx.k(&["label", "deployment", "d", "-n", n, "x=1"])
         .refused("locked by Lock")?;
-    // Scale and eviction carry no labels: not covered.
+    // Scale and eviction carry none of the object's labels; the webhook reads them, so the
+    // selected Deployment's scale and the selected pod's eviction are refused...
+    let locked_by = format!("is locked by Lock {ns}/sel: web freeze");
     ctx.k(&["scale", "deployment", "d", "-n", n, "--replicas=2"])
+        .refused(&format!(
+            "deployments.apps \"d\" in namespace \"{ns}\" {locked_by}"
+        ))?;
+    let evicted = format!("cannot evict: pods \"p\" in namespace \"{ns}\" {locked_by}");
+    let evict = |name: &str| format!("/api/v1/namespaces/{ns}/pods/{name}/eviction");
+    ctx.k_in(
+        &["create", "--raw", &evict("p"), "-f", "-"],
+        &eviction(&ns, "p", false).to_string(),
+    )
+    .refused(&evicted)?;
+    rest.post(&evict("p"), &eviction(&ns, "p", false))?
+        .refused("eviction of a selected pod", &evicted)?;
+    rest.post(&evict("p"), &eviction(&ns, "p", true))?
+        .refused("dry-run eviction of a selected pod", &evicted)?;
+    // ...and the unselected ones go through (the pod is Pending: the eviction deletes it).
+    ctx.k(&["scale", "deployment", "e", "-n", n, "--replicas=2"])
         .allowed()?;
-    rest.post(
-        &format!("/api/v1/namespaces/{ns}/pods/p/eviction"),
-        &eviction(&ns, "p", true),
-    )?
-    .allowed("dry-run eviction under a selector lock")?;
+    rest.post(&evict("q"), &eviction(&ns, "q", false))?
+        .allowed("eviction of an unselected pod")?;
 
-    // Only negative terms: an object without the label is selected, a Scale should not be.
+    // Only negative terms: an object without the label is selected, and so is the scale of a
+    // Deployment without it, by the Deployment's labels.
     let neg = ctx.namespace("neg")?;
     ctx.configmap(&neg, "plain", json!({}))?;
-    ctx.create(
-        &format!("/apis/apps/v1/namespaces/{neg}/deployments"),
-        deployment("d", json!({})),
-    )?;
+    for (name, labels) in [("d", json!({})), ("db", json!({"tier": "db"}))] {
+        ctx.create(
+            &format!("/apis/apps/v1/namespaces/{neg}/deployments"),
+            deployment(name, labels),
+        )?;
+    }
     ctx.lock(
         &neg,
         "not-db",
         json!({"selector": {"matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["db"]}]}}),
     )?;
     ctx.update_enforced(&cm_path(&neg, "plain"))?;
-    let scale = ctx.k(&["scale", "deployment", "d", "-n", &neg, "--replicas=2"]);
-    // A Scale has no labels: no selector lock covers it, whatever its operators.
-    scale.allowed()?;
+    ctx.k(&["scale", "deployment", "d", "-n", &neg, "--replicas=2"])
+        .refused(&format!(
+            "deployments.apps \"d\" in namespace \"{neg}\" is locked by Lock {neg}/not-db"
+        ))?;
+    ctx.k(&["scale", "deployment", "db", "-n", &neg, "--replicas=2"])
+        .allowed()?;
     Ok(())
 }
 

@@ -1,0 +1,120 @@
+//! The labels of the object a review acts on but does not carry: the pod of an eviction, the
+//! object a Scale belongs to.
+//!
+//! An eviction's review carries an Eviction and a scale update's an autoscaling/v1 Scale; neither
+//! has the labels of the object it acts on, which a selector Lock needs. The decision says whose
+//! labels it needs ([`crate::admission::decide::labels_needed`]), only when a selector Lock of the
+//! namespace could cover the request; the review reads them through a [`LabelReader`] (the API
+//! server, metadata only, `kube.rs`) and decides with them. Every other request reads nothing.
+
+pub mod kube;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+
+use super::request::Resource;
+
+/// The object whose labels are needed: what a metadata-only GET names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Target<'a> {
+    /// Its resource (`pods`, `deployments` in `apps`) and version.
+    pub resource: &'a Resource<'a>,
+    /// The object's namespace; `None` when cluster-scoped.
+    pub namespace: Option<&'a str>,
+    /// The object's name.
+    pub name: &'a str,
+}
+
+impl fmt::Display for Target<'_> {
+    /// `pods "db-0" in namespace "prod"`, as the API server words objects.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} \"{}\"", self.resource.qualified(), self.name)?;
+        match self.namespace {
+            Some(ns) => write!(f, " in namespace \"{ns}\""),
+            None => Ok(()),
+        }
+    }
+}
+
+/// What reading a [`Target`]'s labels gave.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Labels {
+    /// Its labels (empty when it has none).
+    Read(BTreeMap<String, String>),
+    /// It does not exist (404): nothing is left to lock, and the API server answers the
+    /// eviction or scale itself (an eviction of a missing pod is a 404).
+    Gone,
+    /// They could not be read; `on_lookup_error` decides for the locks that need them.
+    Unreadable(LabelError),
+}
+
+/// Why a target's labels could not be read.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LabelError {
+    /// No answer within the lookup timeout.
+    #[error("no answer within {}ms", .0.as_millis())]
+    Timeout(Duration),
+    /// The webhook's identity may not read the object.
+    #[error(
+        "the webhook's identity may not get {resource}: grant it get on {resource} ({message})"
+    )]
+    Forbidden {
+        /// `pods`, `deployments.apps`.
+        resource: String,
+        /// The API server's message.
+        message: String,
+    },
+    /// The API server answered with another error (5xx, 4xx other than 403 and 404).
+    #[error("the API server answered {code}: {message}")]
+    Api {
+        /// The HTTP code.
+        code: u16,
+        /// The API server's message.
+        message: String,
+    },
+    /// The API server could not be reached, or its answer not read.
+    #[error("{0}")]
+    Connection(String),
+    /// The locks come from files: there is no cluster to read labels from.
+    #[error("locks are read from files: there is no cluster to read them from")]
+    NoCluster,
+}
+
+impl LabelError {
+    /// A short label for metrics: `timeout`, `forbidden`, `api`, `connection`, `no_cluster`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            LabelError::Timeout(_) => "timeout",
+            LabelError::Forbidden { .. } => "forbidden",
+            LabelError::Api { .. } => "api",
+            LabelError::Connection(_) => "connection",
+            LabelError::NoCluster => "no_cluster",
+        }
+    }
+}
+
+/// A place to read an object's labels from. The caller bounds the wait.
+pub trait LabelReader: Send + Sync + 'static {
+    /// The labels of `target`; `Ok(None)` when it does not exist.
+    fn labels(
+        &self,
+        target: &Target<'_>,
+    ) -> BoxFuture<'static, Result<Option<BTreeMap<String, String>>, LabelError>>;
+}
+
+/// The reader without a cluster (locks from files): every read fails with
+/// [`LabelError::NoCluster`], so `on_lookup_error` decides.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoCluster;
+
+impl LabelReader for NoCluster {
+    fn labels(
+        &self,
+        _target: &Target<'_>,
+    ) -> BoxFuture<'static, Result<Option<BTreeMap<String, String>>, LabelError>> {
+        Box::pin(async { Err(LabelError::NoCluster) })
+    }
+}
