@@ -209,8 +209,10 @@ async fn owners_are_referenced_by_uid() {
     let run = c.lock(&["cm/app-config", "--owner", "deploy/web"]).await;
     assert_eq!(
         run.ok(),
-        "locked configmaps \"app-config\" in namespace \"prod\" with Lock prod/app-config \
-         (UPDATE, DELETE; owned by Deployment/web)\n"
+        format!(
+            "locked configmaps \"app-config\" in namespace \"prod\" with Lock prod/app-config \
+             (UPDATE, DELETE; held by user \"{USER}\"; owned by Deployment/web)\n"
+        )
     );
     let lock = c
         .api
@@ -1025,8 +1027,11 @@ async fn a_command_runs_while_its_lock_is_held() {
     assert_eq!(
         lines.first().copied(),
         Some(
-            "locked configmaps \"app-config\" in namespace \"prod\" with Lock prod/app-config \
-             (UPDATE, DELETE; lease 3s)"
+            format!(
+                "locked configmaps \"app-config\" in namespace \"prod\" with Lock prod/app-config \
+                 (UPDATE, DELETE; held by user \"{USER}\"; lease 3s)"
+            )
+            .as_str()
         ),
         "{run:?}"
     );

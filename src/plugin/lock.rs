@@ -87,13 +87,13 @@ pub(super) async fn take(
         }
     }
 
-    let holder = match args.no_holder {
-        true => None,
-        false => Some(super::holder::caller(&cluster).await?),
-    };
     let owner = match &args.owner {
         Some(text) => Some(owner::resolve(&cluster, text, &target, &operations).await?),
         None => None,
+    };
+    let holder = match args.no_holder {
+        true => None,
+        false => Some(super::holder::caller(&cluster).await?),
     };
 
     let new = NewSpec {

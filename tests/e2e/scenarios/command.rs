@@ -90,7 +90,8 @@ pub fn run(ctx: &Ctx) -> Result<()> {
     );
     ensure!(
         stderr.starts_with(&format!(
-            "locked configmaps \"data\" in namespace \"{ns}\" with Lock {ns}/data (UPDATE, DELETE; lease 1m) (enforced by"
+            "locked configmaps \"data\" in namespace \"{ns}\" with Lock {ns}/data (UPDATE, DELETE; held by user \"{}\"; lease 1m) (enforced by",
+            ctx.env.user
         )),
         "{stderr}"
     );

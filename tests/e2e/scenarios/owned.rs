@@ -48,7 +48,8 @@ pub fn run(ctx: &Ctx) -> Result<()> {
     stdout_starts(
         &out,
         &format!(
-            "locked configmaps \"data\" in namespace \"{ns}\" with Lock {ns}/data (UPDATE, DELETE; owned by Job/backup) (enforced by"
+            "locked configmaps \"data\" in namespace \"{ns}\" with Lock {ns}/data (UPDATE, DELETE; held by user \"{}\"; owned by Job/backup) (enforced by",
+            ctx.env.user
         ),
     )?;
     let lock_path = format!("/apis/objectlock.dev/v1alpha1/namespaces/{ns}/locks/data");
@@ -116,7 +117,8 @@ pub fn run(ctx: &Ctx) -> Result<()> {
     stdout_starts(
         &out,
         &format!(
-            "locked namespaces \"{target_ns}\" with ClusterLock {target_ns} (UPDATE, DELETE; owned by ClusterRole/{role})"
+            "locked namespaces \"{target_ns}\" with ClusterLock {target_ns} (UPDATE, DELETE; held by user \"{}\"; owned by ClusterRole/{role})",
+            ctx.env.user
         ),
     )?;
     let namespace = format!("/api/v1/namespaces/{target_ns}");
