@@ -66,6 +66,9 @@ pub enum StartError {
     /// The instance name cannot be used.
     #[error("instance.name: {0}")]
     Instance(String),
+    /// The socket systemd passed cannot be used.
+    #[error(transparent)]
+    PassedSocket(#[from] systemd::PassedSocketError),
     /// The listen address cannot be bound.
     #[error("cannot listen on {addr} ({key})")]
     Bind {
@@ -294,13 +297,15 @@ impl Webhook {
             settings.tls.max_reload_failures,
         ));
         let addr = settings.server.listen;
-        let listener = TcpListener::bind(addr)
-            .await
-            .map_err(|source| StartError::Bind {
-                key: "server.listen",
-                addr,
-                source,
-            })?;
+        let listener = match systemd::passed_listener(addr)? {
+            Some(passed) => TcpListener::from_std(passed),
+            None => TcpListener::bind(addr).await,
+        }
+        .map_err(|source| StartError::Bind {
+            key: "server.listen",
+            addr,
+            source,
+        })?;
         let metrics_listener = match settings.metrics.addr() {
             Some(addr) => {
                 Some(

@@ -8,6 +8,14 @@
 //! nothing of locks, and [`app`] wires them together for the binary.
 #![forbid(unsafe_code)]
 
+/// `--version` of both binaries: the crate version and the commit built from (build.rs).
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("KUBE_OBJECT_LOCK_COMMIT"),
+    ")"
+);
+
 pub mod admission;
 pub mod api;
 pub mod app;

@@ -8,12 +8,18 @@ use anyhow::Context;
 use clap::Parser;
 use kube_object_lock::cli::{Cli, Command, certs};
 use kube_object_lock::settings::{LogFormat, LogSettings, LogTarget, Settings};
-use kube_object_lock::{api, app, cli, server, telemetry};
+use kube_object_lock::{api, app, cli, server, systemd, telemetry};
 
 fn main() -> ExitCode {
     // One crypto provider for the server and the kube client alike.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let cli = Cli::parse();
+    // Before the runtime starts its threads: taking the socket changes the environment.
+    if matches!(cli.command, Command::Serve(_))
+        && let Err(e) = systemd::take_passed_listener()
+    {
+        return fail(1, anyhow::Error::new(e).context("cannot start the webhook"));
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {

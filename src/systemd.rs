@@ -5,7 +5,13 @@
 //! webhook answers from LISTs while its watch syncs, and a unit stuck in "activating" because
 //! the API server is slow would only delay the control plane. Outside systemd (no
 //! `NOTIFY_SOCKET`) every call is a no-op.
+//!
+//! Socket activation (`kube-object-lock.socket`): systemd holds the listening socket across
+//! restarts of the service, so connections made while it restarts wait in the socket's queue
+//! instead of being refused. The service takes it over at start and binds `server.listen`
+//! itself when there is none.
 
+use std::net::{SocketAddr, TcpListener};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -61,6 +67,58 @@ impl Status {
     pub fn line(&self) -> String {
         self.line.lock().unwrap_or_else(|e| e.into_inner()).render()
     }
+}
+
+/// The listening socket systemd passed, taken by [`take_passed_listener`].
+static PASSED: Mutex<Option<TcpListener>> = Mutex::new(None);
+
+/// Why the socket systemd passed cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum PassedSocketError {
+    /// LISTEN_FDS names something that is not a listening TCP socket.
+    #[error("the socket systemd passed (LISTEN_FDS) is not a listening TCP socket")]
+    NotTcp(#[source] std::io::Error),
+    /// It listens elsewhere than the settings say.
+    #[error(
+        "server.listen is {want}, but the socket systemd passed listens on {got}: make ListenStream= in kube-object-lock.socket and server.listen the same"
+    )]
+    Elsewhere {
+        /// server.listen.
+        want: SocketAddr,
+        /// The socket's own address.
+        got: SocketAddr,
+    },
+    /// Its address or mode cannot be read or set.
+    #[error("the socket systemd passed cannot be used")]
+    Io(#[source] std::io::Error),
+}
+
+/// Takes the listening socket systemd passed (`LISTEN_FDS`, for this process's `LISTEN_PID`),
+/// keeping it for [`passed_listener`]. Call it before any other thread starts: it unsets
+/// `LISTEN_FDS` and `LISTEN_PID` so that no child inherits them, and changing the environment
+/// is sound only while the process has one thread.
+pub fn take_passed_listener() -> Result<(), PassedSocketError> {
+    let listener = listenfd::ListenFd::from_env()
+        .take_tcp_listener(0)
+        .map_err(PassedSocketError::NotTcp)?;
+    *PASSED.lock().unwrap_or_else(|e| e.into_inner()) = listener;
+    Ok(())
+}
+
+/// The socket taken by [`take_passed_listener`], once, checked to listen on `want`
+/// (`server.listen`) and made non-blocking; `None` when systemd passed none.
+pub fn passed_listener(want: SocketAddr) -> Result<Option<TcpListener>, PassedSocketError> {
+    let Some(listener) = PASSED.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+        return Ok(None);
+    };
+    let got = listener.local_addr().map_err(PassedSocketError::Io)?;
+    if got != want {
+        return Err(PassedSocketError::Elsewhere { want, got });
+    }
+    listener
+        .set_nonblocking(true)
+        .map_err(PassedSocketError::Io)?;
+    Ok(Some(listener))
 }
 
 /// STOPPING=1.

@@ -374,3 +374,69 @@ fn a_reload_and_a_stop_right_after_ready_are_handled_not_fatal() {
         recv_until(&notify, "STOPPING=1", |m| m.contains("STOPPING=1"));
     }
 }
+
+/// `serve` with `listener` as its fd 3 and LISTEN_FDS=1, as systemd starts it from
+/// kube-object-lock.socket (the shell moves stdin to fd 3).
+fn serve_passed(
+    certs: &Certs,
+    locks: &Path,
+    listen_port: u16,
+    listener: std::net::TcpListener,
+) -> Command {
+    let mut wrapper = Command::new("sh");
+    wrapper
+        .args(["-c", r#"exec 3<&0 0</dev/null; exec "$0" "$@""#])
+        .arg(BIN);
+    let mut cmd = serve(wrapper, certs, locks, listen_port);
+    cmd.env("LISTEN_FDS", "1")
+        .env_remove("LISTEN_PID")
+        .stdin(Stdio::from(std::os::fd::OwnedFd::from(listener)));
+    cmd
+}
+
+#[test]
+fn the_socket_systemd_passes_is_served_and_must_be_the_configured_address() {
+    let certs = Certs::new();
+    let locks = tempfile::tempdir().expect("tempdir");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    // Held here too: the server could not bind the port itself, only serve the socket passed.
+    let _held = listener.try_clone().expect("clone");
+    let notify_dir = tempfile::tempdir().expect("tempdir");
+    let notify_path = notify_dir.path().join("notify");
+    let notify = UnixDatagram::bind(&notify_path).expect("notify socket");
+    notify
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    let mut cmd = serve_passed(&certs, locks.path(), port, listener);
+    let child = cmd
+        .env("NOTIFY_SOCKET", &notify_path)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let ready = recv_until(&notify, "READY=1", |m| m.contains("READY=1"));
+    let serving = status_line(&ready).expect("STATUS with READY");
+    assert!(
+        serving.starts_with(&format!("serving on 127.0.0.1:{port},")),
+        "{serving}"
+    );
+    assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_ok());
+    assert!(stop(child).success());
+
+    // A socket on another address than server.listen: a start error naming both.
+    let elsewhere = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let got = elsewhere.local_addr().expect("addr");
+    let want = free_port();
+    let out = serve_passed(&certs, locks.path(), want, elsewhere)
+        .stderr(Stdio::piped())
+        .output()
+        .expect("run");
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains(&format!("server.listen is 127.0.0.1:{want}"))
+            && text.contains(&format!("listens on {got}"))
+            && text.contains("ListenStream="),
+        "{text}"
+    );
+}

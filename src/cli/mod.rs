@@ -16,7 +16,7 @@ use crate::settings::Layers;
 /// Locks Kubernetes objects: a validating admission webhook that refuses UPDATE and DELETE of
 /// any object with a Lock (or, cluster-scoped, a ClusterLock) of the same name.
 #[derive(Debug, Parser)]
-#[command(name = "kube-object-lock", version, propagate_version = true)]
+#[command(name = "kube-object-lock", version = crate::VERSION, propagate_version = true)]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]

@@ -114,7 +114,7 @@ pub struct ConnectionArgs {
 #[command(
     name = "kubectl-lock",
     bin_name = "kubectl lock",
-    version,
+    version = crate::VERSION,
     about = LOCK_ABOUT,
     long_about = LOCK_LONG_ABOUT,
     after_help = LOCK_EXAMPLES,
@@ -244,7 +244,7 @@ impl Operation {
 #[command(
     name = UNLOCK_BINARY,
     bin_name = "kubectl unlock",
-    version,
+    version = crate::VERSION,
     about = "Unlock a Kubernetes object locked with `kubectl lock`.",
     long_about = UNLOCK_LONG_ABOUT,
     after_help = UNLOCK_EXAMPLES
