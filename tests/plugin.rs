@@ -708,7 +708,7 @@ async fn bad_input_is_one_line() {
     assert_eq!(
         c.lock(&["lk/x"]).await.error(1),
         "error: locks.objectlock.dev cannot be locked: locks are never locked, so unlocking \
-         always works"
+         never waits on the webhook"
     );
     assert!(
         c.lock(&["web"])
