@@ -69,6 +69,28 @@ pub fn run(ctx: &Ctx) -> Result<()> {
         unlocked_calls < n / 4 && locked_calls >= n,
         "unlocked writes reached the webhook ({unlocked_calls} calls for {n}) or locked ones did not ({locked_calls})"
     );
+    // In a namespace holding no Lock, the namespaceSelector decides: no CEL is evaluated.
+    let elsewhere = ctx.namespace("unlocked")?;
+    ctx.configmap(&elsewhere, "free", json!({}))?;
+    let before = condition_evaluations(ctx)?;
+    for _ in 0..n {
+        rest.probe_update(&format!("/api/v1/namespaces/{elsewhere}/configmaps/free"))?
+            .allowed("update in a namespace without Locks")?;
+    }
+    let outside = condition_evaluations(ctx)? - before;
+    let before = condition_evaluations(ctx)?;
+    for _ in 0..n {
+        rest.probe_update(&free)?
+            .allowed("update of an unlocked ConfigMap")?;
+    }
+    let inside = condition_evaluations(ctx)? - before;
+    ctx.note(format!(
+        "matchCondition evaluations of the namespaced entry: {outside} for {n} writes in a namespace without Locks, {inside} for {n} in one holding a Lock"
+    ));
+    ensure!(
+        outside < n / 4 && inside >= n,
+        "the namespaceSelector does not keep the conditions from writes elsewhere ({outside} evaluations for {n} writes; {inside} where a Lock is)"
+    );
 
     phases.mark("which writes are sent");
     // Lock to enforcement, the registration update included.
@@ -331,27 +353,49 @@ fn registered(ctx: &Ctx, key: &str) -> Result<bool> {
 
 /// Calls the API server made to the namespaced webhook so far (its own metric).
 fn webhook_calls(ctx: &Ctx) -> Result<u64> {
-    let reply = ctx.rest().get("/metrics")?;
-    let Value::String(text) = &reply.body else {
-        anyhow::bail!("/metrics: {} {}", reply.code, reply.body);
-    };
-    let label = format!("name=\"{NAMESPACED}\"");
-    let sum = |metric: &str| -> Option<u64> {
-        let lines: Vec<_> = text
-            .lines()
-            .filter(|l| l.starts_with(&format!("{metric}{{")) && l.contains(&label))
-            .collect();
-        (!lines.is_empty()).then(|| {
-            lines
-                .iter()
-                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                .sum::<f64>() as u64
+    let text = apiserver_metrics(ctx)?;
+    sum(&text, "apiserver_admission_webhook_request_total")
+        .or_else(|| {
+            sum(
+                &text,
+                "apiserver_admission_webhook_admission_duration_seconds_count",
+            )
         })
-    };
-    sum("apiserver_admission_webhook_request_total")
-        .or_else(|| sum("apiserver_admission_webhook_admission_duration_seconds_count"))
         .or(Some(0))
         .context("no webhook metric")
+}
+
+/// Evaluations of the namespaced webhook's matchConditions so far (the API server's metric).
+fn condition_evaluations(ctx: &Ctx) -> Result<u64> {
+    let text = apiserver_metrics(ctx)?;
+    Ok(sum(
+        &text,
+        "apiserver_admission_match_condition_evaluation_seconds_count",
+    )
+    .unwrap_or(0))
+}
+
+fn apiserver_metrics(ctx: &Ctx) -> Result<String> {
+    let reply = ctx.rest().get("/metrics")?;
+    let Value::String(text) = reply.body else {
+        anyhow::bail!("/metrics: {} {}", reply.code, reply.body);
+    };
+    Ok(text)
+}
+
+/// The sum of `metric`'s series for the namespaced entry; `None` when it has none.
+fn sum(text: &str, metric: &str) -> Option<u64> {
+    let label = format!("name=\"{NAMESPACED}\"");
+    let lines: Vec<_> = text
+        .lines()
+        .filter(|l| l.starts_with(&format!("{metric}{{")) && l.contains(&label))
+        .collect();
+    (!lines.is_empty()).then(|| {
+        lines
+            .iter()
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as u64
+    })
 }
 
 /// The default `registration.max_names`; the last step fills up to just under it.
