@@ -19,9 +19,7 @@ use k8s_openapi::api::admissionregistration::v1::{
     WebhookClientConfig,
 };
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
-    LabelSelector, LabelSelectorRequirement, ObjectMeta,
-};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject;
 use serde::Serialize;
@@ -213,19 +211,7 @@ pub fn webhook_configuration(reg: &Registration, name: &str) -> ValidatingWebhoo
         // Refusals are recorded as Events, except for dry runs.
         side_effects: "NoneOnDryRun".to_owned(),
         timeout_seconds: Some(reg.timeout_seconds),
-        namespace_selector: Some(LabelSelector {
-            match_expressions: Some(vec![LabelSelectorRequirement {
-                key: "kubernetes.io/metadata.name".to_owned(),
-                operator: "NotIn".to_owned(),
-                values: Some(
-                    api::EXCLUDED_NAMESPACES
-                        .iter()
-                        .map(|s| (*s).to_owned())
-                        .collect(),
-                ),
-            }]),
-            match_labels: None,
-        }),
+        namespace_selector: Some(crate::registration::broad_selector()),
         object_selector: None,
         match_conditions: Some(match_conditions()),
         rules: Some(rules),
@@ -392,6 +378,13 @@ pub fn cluster(reg: &Registration) -> Result<String, ManifestsError> {
         .get_or_insert_with(Vec::new)
         .push(crate::registration::rbac_rule(NAME));
     let mut config = webhook_configuration(reg, NAME);
+    config.metadata.annotations = Some(
+        [(
+            crate::registration::FORMAT_ANNOTATION.to_owned(),
+            crate::registration::NAMESPACES_FORMAT.to_owned(),
+        )]
+        .into(),
+    );
     config.webhooks = Some(
         crate::registration::starting_point(config.webhooks.as_deref().unwrap_or_default())
             .map_err(|e| ManifestsError::Yaml(e.to_string()))?,

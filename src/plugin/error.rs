@@ -65,7 +65,9 @@ pub enum PluginError {
         candidates: String,
     },
     /// Locks are never locked: the webhook lets every change of them through.
-    #[error("{resource} cannot be locked: locks are never locked, so unlocking never waits on the webhook")]
+    #[error(
+        "{resource} cannot be locked: locks are never locked, so unlocking never waits on the webhook"
+    )]
     LockingALock {
         /// `locks.objectlock.dev` or `clusterlocks.objectlock.dev`.
         resource: String,

@@ -49,8 +49,8 @@ pub struct Limits {
     pub max_names: usize,
     /// Most characters of keys in one expression (the API server allows 100,000 code points).
     pub chunk_chars: usize,
-    /// Most characters of keys in all expressions together (the configuration must stay far
-    /// below the 1.5 MiB an object may take in etcd).
+    /// Most characters of keys in all expressions and namespace names in all selectors
+    /// together (the configuration must stay far below the 1.5 MiB an object may take in etcd).
     pub max_total_chars: usize,
 }
 
@@ -77,9 +77,9 @@ pub enum BroadReason {
         /// The bound.
         max: usize,
     },
-    /// The keys would make the configuration too large.
+    /// The keys and selectors would make the configuration too large.
     #[error(
-        "the locked names take {chars} characters, more than {max} for one configuration: every UPDATE and DELETE is sent to the webhook"
+        "the locked names and their namespaces take {chars} characters, more than {max} for one configuration: every UPDATE and DELETE is sent to the webhook"
     )]
     TooLarge {
         /// Characters of keys.
@@ -104,6 +104,10 @@ pub struct Plan {
     pub next_expiry: Option<Timestamp>,
     /// Narrowed conditions or the broad registration.
     pub scope: Scope,
+    /// For each namespaced entry of [`Scope::Narrow`], in the same order, the namespaces its
+    /// keys belong to (sorted): its `namespaceSelector` names them, so that the API server
+    /// evaluates the entry's condition only for requests in those namespaces. Empty when broad.
+    pub namespaces: Vec<Vec<String>>,
 }
 
 /// Narrowed or broad.
@@ -171,6 +175,7 @@ pub fn plan<'a>(
         names,
         next_expiry,
         scope: Scope::Broad(reason),
+        namespaces: Vec::new(),
     };
     if names > limits.max_names {
         return broad(BroadReason::TooManyNames {
@@ -195,6 +200,7 @@ pub fn plan<'a>(
             }
         }
     }
+    let namespaced_total = namespaced.total;
     // Cluster keys, in name order; a name that is both a ClusterLock and a namespace holding
     // Locks stays in one chunk, so a Namespace deletion hits one entry.
     let mut by_name: BTreeMap<&str, (bool, bool)> = BTreeMap::new();
@@ -213,7 +219,12 @@ pub fn plan<'a>(
             .collect();
         cluster.push(&keys);
     }
-    let chars = namespaced.total + cluster.total;
+    let namespaced = namespaced.finish();
+    let selected: Vec<Vec<String>> = namespaced.iter().map(chunk_namespaces).collect();
+    // The selectors count against the same bound as the keys: a namespace name is written once
+    // per entry whose keys it holds.
+    let selector_chars: usize = (selected.iter().flatten()).map(|ns| ns.len() + 1).sum();
+    let chars = namespaced_total + cluster.total + selector_chars;
     if chars > limits.max_total_chars {
         return broad(BroadReason::TooLarge {
             chars,
@@ -224,10 +235,22 @@ pub fn plan<'a>(
         names,
         next_expiry,
         scope: Scope::Narrow {
-            namespaced: namespaced.finish().iter().map(namespaced_expr).collect(),
+            namespaced: namespaced.iter().map(namespaced_expr).collect(),
             cluster: cluster.finish().iter().map(cluster_expr).collect(),
         },
+        namespaces: selected,
     }
+}
+
+/// The namespaces of a namespaced chunk's keys: list 0 holds namespaces, list 1 `namespace/name`.
+fn chunk_namespaces([selector_namespaces, names]: &[Vec<String>; 2]) -> Vec<String> {
+    let from_names = names
+        .iter()
+        .filter_map(|k| k.split_once('/').map(|(ns, _)| ns));
+    let all: BTreeSet<&str> = (selector_namespaces.iter().map(String::as_str))
+        .chain(from_names)
+        .collect();
+    all.into_iter().map(str::to_owned).collect()
 }
 
 /// Characters that need no escaping in a single-quoted CEL string and cannot be confused with

@@ -38,8 +38,10 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use super::conditions::{self, Limits, Plan, Scope};
-use super::{Registered, RegisteredScope};
-use super::{is_current, webhooks};
+use super::{
+    CONDITIONS_FORMAT, Decision, FORMAT_ANNOTATION, Format, NAMESPACES_FORMAT, Registered,
+    RegisteredScope, decide, is_current, webhooks,
+};
 use crate::locks::index::{Change, Follower, LockIndex};
 use crate::locks::{LockKey, LockRef};
 use crate::metrics::{OutcomeLabels, RegistrationMetrics};
@@ -255,21 +257,34 @@ impl Narrower {
             ));
         };
         let entries = current.webhooks.as_deref().unwrap_or_default();
-        let desired = webhooks(entries, plan).map_err(|e| {
+        let decision = decide(current);
+        let format = match decision {
+            Decision::Write(format) => format,
+            Decision::FallBack => Format::Conditions,
+        };
+        let desired = webhooks(entries, plan, format).map_err(|e| {
             outcome("missing").inc();
             e.to_string()
         })?;
         self.metrics
             .locked_names
             .set(i64::try_from(plan.names).unwrap_or(i64::MAX));
-        if is_current(entries, &desired) {
+        if decision != Decision::FallBack && is_current(entries, &desired) {
             self.confirm(plan, live);
             return Ok(None);
+        }
+        let mut metadata = serde_json::json!({"name": self.config.name});
+        if decision == Decision::FallBack {
+            warn!(
+                name = %self.config.name,
+                "an instance of an earlier version writes the webhook configuration (conditions without the format marker next to a narrowed namespaceSelector): narrowing the conditions only, with the broad namespaceSelector; once every instance runs this version, set the annotation {FORMAT_ANNOTATION}={NAMESPACES_FORMAT} again"
+            );
+            metadata["annotations"] = serde_json::json!({ FORMAT_ANNOTATION: CONDITIONS_FORMAT });
         }
         let body = serde_json::json!({
             "apiVersion": "admissionregistration.k8s.io/v1",
             "kind": "ValidatingWebhookConfiguration",
-            "metadata": {"name": self.config.name},
+            "metadata": metadata,
             "webhooks": desired,
         });
         let params = PatchParams::apply(FIELD_MANAGER).force();

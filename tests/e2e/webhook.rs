@@ -206,28 +206,127 @@ impl Serve {
 
     /// SIGTERM, then up to 10 s for the drain; SIGKILL after.
     pub fn stop(mut self) -> Result<()> {
-        let pid = rustix::process::Pid::from_raw(self.child.id() as i32)
-            .context("the child has no pid")?;
-        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if self.child.try_wait()?.is_some() {
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_millis(50));
+        match terminate(&mut self.child)? {
+            Some(_) => Ok(()),
+            None => bail!("serve ignored SIGTERM for 10s"),
         }
-        self.child.kill()?;
-        self.child.wait()?;
-        bail!("serve ignored SIGTERM for 10s")
     }
 }
 
 impl Drop for Serve {
     fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
+        kill(&mut self.child);
+    }
+}
+
+/// SIGTERM, then up to 10 s for the exit; SIGKILL after (`None`: it had to be killed).
+fn terminate(child: &mut Child) -> Result<Option<std::process::ExitStatus>> {
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).context("the child has no pid")?;
+    let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if let Some(status) = child.try_wait()? {
+            return Ok(Some(status));
         }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.kill()?;
+    child.wait()?;
+    Ok(None)
+}
+
+/// Kills a child still running (a test that failed half-way).
+fn kill(child: &mut Child) {
+    if matches!(child.try_wait(), Ok(None)) {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+/// A `serve` besides the suite's, on other ports, registered nowhere (the registration has one
+/// URL, the suite's): one that answers reviews posted to it, or one of another version that
+/// keeps the registration beside the suite's.
+pub struct Spare {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Spare {
+    /// `bin serve` with `kubeconfig` on `ports` (webhook, metrics), logging to `log`, with extra
+    /// environment (settings).
+    pub fn start(
+        bin: &Path,
+        files: &Files,
+        kubeconfig: &Path,
+        log: &Path,
+        (port, metrics_port): (u16, u16),
+        env: &[(&str, String)],
+    ) -> Result<Spare> {
+        let out = File::options().create(true).append(true).open(log)?;
+        let child = Command::new(bin)
+            .arg("serve")
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("--tls-cert")
+            .arg(files.pki("tls.crt"))
+            .arg("--tls-key")
+            .arg(files.pki("tls.key"))
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .env(
+                "KUBE_OBJECT_LOCK__WEBHOOK__URL",
+                format!("https://127.0.0.1:{port}/validate"),
+            )
+            .env(
+                "KUBE_OBJECT_LOCK__METRICS__LISTEN",
+                format!("127.0.0.1:{metrics_port}"),
+            )
+            .envs(env.iter().map(|(k, v)| (*k, v)))
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out)
+            .spawn()
+            .with_context(|| format!("cannot start a second serve ({})", bin.display()))?;
+        let mut spare = Spare {
+            child,
+            log: log.to_owned(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = spare.child.try_wait()? {
+                bail!("serve exited ({status}): {}", tail(log, 20));
+            }
+            let up = |p| std::net::TcpStream::connect(("127.0.0.1", p)).is_ok();
+            if up(port) && up(metrics_port) {
+                return Ok(spare);
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "the second serve does not listen after 30s: {}",
+                tail(log, 20)
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// SIGTERM; it must exit 0 within 10 s.
+    pub fn stop(mut self) -> Result<()> {
+        match terminate(&mut self.child)? {
+            Some(status) => ensure!(
+                status.success(),
+                "the second serve exited with {status}: {}",
+                tail(&self.log, 20)
+            ),
+            None => bail!("the second serve ignored SIGTERM for 10s"),
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Spare {
+    fn drop(&mut self) {
+        kill(&mut self.child);
     }
 }
 

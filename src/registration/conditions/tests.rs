@@ -342,3 +342,62 @@ fn at_the_bound_every_expression_fits_and_each_name_hits_one_entry() {
         Scope::Broad(BroadReason::TooManyNames { .. })
     ));
 }
+
+#[test]
+fn each_namespaced_chunk_knows_its_namespaces() {
+    // 2,000 Locks over 200 namespaces, cut into several chunks: a namespace whose keys straddle
+    // two chunks is named by both, every other by one.
+    let limits = Limits {
+        chunk_chars: 3_000,
+        ..Limits::default()
+    };
+    let locks: Vec<_> = (0..2_000)
+        .map(|i| {
+            LockRef::lock(
+                &format!("team-{:03}", i % 200),
+                &format!("name-{i:04}"),
+                LockSpec::default(),
+            )
+        })
+        .collect();
+    let plan = plan(&locks, now(), &limits);
+    let Scope::Narrow { namespaced, .. } = &plan.scope else {
+        panic!("{:?}", plan.scope);
+    };
+    assert!(namespaced.len() > 5, "{} chunks", namespaced.len());
+    assert_eq!(plan.namespaces.len(), namespaced.len());
+    for (expr, namespaces) in namespaced.iter().zip(&plan.namespaces) {
+        assert!(!namespaces.is_empty());
+        for ns in namespaces {
+            assert!(expr.contains(&format!("|{ns}/")), "{ns} has no key here");
+        }
+    }
+    let named: usize = plan.namespaces.iter().map(Vec::len).sum();
+    assert!((200..200 + namespaced.len()).contains(&named), "{named}");
+    // The selectors count against the bound: exactly enough for the keys is not enough.
+    let keys_only = Limits {
+        max_total_chars: locks
+            .iter()
+            .map(|l| l.namespace.as_deref().unwrap_or("").len() + l.name.len() + 2)
+            .sum::<usize>()
+            + 200 * ("team-000".len() + 1),
+        ..limits
+    };
+    assert!(matches!(
+        super::plan(&locks, now(), &keys_only).scope,
+        Scope::Broad(BroadReason::TooLarge { .. })
+    ));
+    // Nothing namespaced: one chunk, no namespace.
+    let cluster_only = [LockRef::cluster_lock("node-1", LockSpec::default())];
+    assert_eq!(
+        super::plan(&cluster_only, now(), &limits).namespaces,
+        [Vec::<String>::new()]
+    );
+    // A selector Lock's namespace is named too.
+    let mut selecting = LockRef::lock("everything", "all", LockSpec::default());
+    selecting.spec.selector = Some(Default::default());
+    assert_eq!(
+        super::plan(&[selecting], now(), &limits).namespaces,
+        [vec!["everything".to_owned()]]
+    );
+}

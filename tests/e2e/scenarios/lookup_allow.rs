@@ -10,19 +10,16 @@
 //! would. Without RBAC it can write no lock status and no event, so the suite's locks are not
 //! touched.
 
-use std::fs::File;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 use serde_json::{Value, json};
 
 use super::metrics::{requests, scrape};
 use crate::env::WebhookMode;
 use crate::kubectl::run as exec;
 use crate::suite::{Ctx, skip};
-use crate::webhook::{self, SPARE_PORTS, tail};
+use crate::webhook::{self, SPARE_PORTS, Spare};
 
 pub fn run(ctx: &Ctx) -> Result<()> {
     if ctx.env.cfg.mode != WebhookMode::Own {
@@ -58,7 +55,21 @@ pub fn run(ctx: &Ctx) -> Result<()> {
         "the ServiceAccount without bindings may list Locks: {denied}"
     );
     let log = files.dir.join("lookup-allow.log");
-    let instance = Instance::start(ctx, &kubeconfig, &log, port, metrics_port)?;
+    let instance = Spare::start(
+        &ctx.env.cfg.server_bin,
+        files,
+        &kubeconfig,
+        &log,
+        (port, metrics_port),
+        &[
+            ("KUBE_OBJECT_LOCK__ON_LOOKUP_ERROR", "allow".to_owned()),
+            ("KUBE_OBJECT_LOCK__REGISTRATION__NARROW", "false".to_owned()),
+            (
+                "KUBE_OBJECT_LOCK__INSTANCE__NAME",
+                format!("kol-e2e-{}-lookup-allow", ctx.env.run),
+            ),
+        ],
+    )?;
 
     let update = review(n, "configmap-update-merge-patch.json")?;
     let delete = review(n, "configmap-delete-unlocked.json")?;
@@ -160,102 +171,4 @@ fn post(ctx: &Ctx, port: u16, review: &Value) -> Result<Value> {
     );
     let reply: Value = serde_json::from_str(text).with_context(|| format!("{url}: {text}"))?;
     Ok(reply["response"].clone())
-}
-
-/// The second `serve`; killed when dropped.
-struct Instance {
-    child: Child,
-    log: std::path::PathBuf,
-}
-
-impl Instance {
-    fn start(
-        ctx: &Ctx,
-        kubeconfig: &Path,
-        log: &Path,
-        port: u16,
-        metrics_port: u16,
-    ) -> Result<Instance> {
-        let files = &ctx.env.files;
-        let out = File::options().create(true).append(true).open(log)?;
-        let child = Command::new(&ctx.env.cfg.server_bin)
-            .arg("serve")
-            .arg("--listen")
-            .arg(format!("127.0.0.1:{port}"))
-            .arg("--tls-cert")
-            .arg(files.pki("tls.crt"))
-            .arg("--tls-key")
-            .arg(files.pki("tls.key"))
-            .arg("--kubeconfig")
-            .arg(kubeconfig)
-            .env("KUBE_OBJECT_LOCK__ON_LOOKUP_ERROR", "allow")
-            .env("KUBE_OBJECT_LOCK__REGISTRATION__NARROW", "false")
-            .env(
-                "KUBE_OBJECT_LOCK__INSTANCE__NAME",
-                format!("kol-e2e-{}-lookup-allow", ctx.env.run),
-            )
-            .env(
-                "KUBE_OBJECT_LOCK__WEBHOOK__URL",
-                format!("https://127.0.0.1:{port}/validate"),
-            )
-            .env(
-                "KUBE_OBJECT_LOCK__METRICS__LISTEN",
-                format!("127.0.0.1:{metrics_port}"),
-            )
-            .env_remove("RUST_LOG")
-            .stdin(Stdio::null())
-            .stdout(out.try_clone()?)
-            .stderr(out)
-            .spawn()
-            .context("cannot start a second serve")?;
-        let mut instance = Instance {
-            child,
-            log: log.to_owned(),
-        };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(status) = instance.child.try_wait()? {
-                bail!("serve exited ({status}): {}", tail(log, 20));
-            }
-            let up = |p| std::net::TcpStream::connect(("127.0.0.1", p)).is_ok();
-            if up(port) && up(metrics_port) {
-                return Ok(instance);
-            }
-            ensure!(
-                Instant::now() < deadline,
-                "the second serve does not listen after 30s: {}",
-                tail(log, 20)
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    /// SIGTERM; it must exit 0 within 10 s.
-    fn stop(mut self) -> Result<()> {
-        let pid = rustix::process::Pid::from_raw(self.child.id() as i32)
-            .context("the child has no pid")?;
-        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Some(status) = self.child.try_wait()? {
-                ensure!(
-                    status.success(),
-                    "the second serve exited with {status}: {}",
-                    tail(&self.log, 20)
-                );
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        bail!("the second serve ignored SIGTERM for 10s")
-    }
-}
-
-impl Drop for Instance {
-    fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
 }

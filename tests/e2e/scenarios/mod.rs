@@ -18,6 +18,7 @@ mod narrowing;
 mod owned;
 mod plugin;
 mod pods;
+mod registration_cost;
 mod restart;
 mod rights;
 mod rotation;
@@ -79,6 +80,8 @@ pub fn all() -> Vec<Scenario> {
         alone("lock-rights", rights::run),
         alone("latency", latency::run),
         alone("narrowing", narrowing::run),
+        alone("narrowing-upgrade", narrowing::upgrade),
+        alone("registration-cost", registration_cost::run),
         alone("apiserver-restart", restart::run),
         // Alone: it stops the API server for a few seconds.
         alone("silent-apiserver", silent_apiserver::run),

@@ -12,11 +12,16 @@ use serde_json::{Value, json};
 
 use crate::env::WebhookMode;
 use crate::scenarios::latency::percentiles;
-use crate::suite::{Ctx, skip};
-use crate::webhook::{REGISTRATION, Serve};
+use crate::scenarios::metrics::scrape;
+use crate::suite::{Ctx, skip, skip_unless_required};
+use crate::webhook::{METRICS_PORT, REGISTRATION, SPARE_PORTS, Serve, Spare};
 
 const VWC: &str = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations";
 const NAMESPACED: &str = "namespaced.objectlock.dev";
+/// The registration's format annotation (see `registration::FORMAT_ANNOTATION`).
+const FORMAT: &str = "objectlock.dev/registration-format";
+/// What ends every condition written in format 2.
+const MARKER: &str = "// registration-format 2";
 
 pub fn run(ctx: &Ctx) -> Result<()> {
     if ctx.env.cfg.mode != WebhookMode::Own {
@@ -63,6 +68,28 @@ pub fn run(ctx: &Ctx) -> Result<()> {
     ensure!(
         unlocked_calls < n / 4 && locked_calls >= n,
         "unlocked writes reached the webhook ({unlocked_calls} calls for {n}) or locked ones did not ({locked_calls})"
+    );
+    // In a namespace holding no Lock, the namespaceSelector decides: no CEL is evaluated.
+    let elsewhere = ctx.namespace("unlocked")?;
+    ctx.configmap(&elsewhere, "free", json!({}))?;
+    let before = condition_evaluations(ctx)?;
+    for _ in 0..n {
+        rest.probe_update(&format!("/api/v1/namespaces/{elsewhere}/configmaps/free"))?
+            .allowed("update in a namespace without Locks")?;
+    }
+    let outside = condition_evaluations(ctx)? - before;
+    let before = condition_evaluations(ctx)?;
+    for _ in 0..n {
+        rest.probe_update(&free)?
+            .allowed("update of an unlocked ConfigMap")?;
+    }
+    let inside = condition_evaluations(ctx)? - before;
+    ctx.note(format!(
+        "matchCondition evaluations of the namespaced entry: {outside} for {n} writes in a namespace without Locks, {inside} for {n} in one holding a Lock"
+    ));
+    ensure!(
+        outside < n / 4 && inside >= n,
+        "the namespaceSelector does not keep the conditions from writes elsewhere ({outside} evaluations for {n} writes; {inside} where a Lock is)"
     );
 
     phases.mark("which writes are sent");
@@ -121,6 +148,8 @@ pub fn run(ctx: &Ctx) -> Result<()> {
     ));
 
     phases.mark("status");
+    new_namespaces(ctx)?;
+    phases.mark("new namespaces");
     // The webhook stopped: only locked objects are refused.
     restart_serve(ctx, &[], |ctx| {
         rest.probe_update(&free)?
@@ -145,10 +174,12 @@ pub fn run(ctx: &Ctx) -> Result<()> {
         &[("KUBE_OBJECT_LOCK__REGISTRATION__MAX_NAMES", "2")],
         |ctx| {
             let start = Instant::now();
-            while conditions(ctx)?
-                .lines()
-                .any(|l| !l.ends_with("may-be-locked: true"))
-            {
+            while conditions(ctx)?.lines().any(|l| {
+                !l.split(" //")
+                    .next()
+                    .unwrap_or(l)
+                    .ends_with("may-be-locked: true")
+            }) {
                 ensure!(
                     start.elapsed() < Duration::from_secs(30),
                     "the registration did not go broad"
@@ -322,27 +353,49 @@ fn registered(ctx: &Ctx, key: &str) -> Result<bool> {
 
 /// Calls the API server made to the namespaced webhook so far (its own metric).
 fn webhook_calls(ctx: &Ctx) -> Result<u64> {
-    let reply = ctx.rest().get("/metrics")?;
-    let Value::String(text) = &reply.body else {
-        anyhow::bail!("/metrics: {} {}", reply.code, reply.body);
-    };
-    let label = format!("name=\"{NAMESPACED}\"");
-    let sum = |metric: &str| -> Option<u64> {
-        let lines: Vec<_> = text
-            .lines()
-            .filter(|l| l.starts_with(&format!("{metric}{{")) && l.contains(&label))
-            .collect();
-        (!lines.is_empty()).then(|| {
-            lines
-                .iter()
-                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                .sum::<f64>() as u64
+    let text = apiserver_metrics(ctx)?;
+    sum(&text, "apiserver_admission_webhook_request_total")
+        .or_else(|| {
+            sum(
+                &text,
+                "apiserver_admission_webhook_admission_duration_seconds_count",
+            )
         })
-    };
-    sum("apiserver_admission_webhook_request_total")
-        .or_else(|| sum("apiserver_admission_webhook_admission_duration_seconds_count"))
         .or(Some(0))
         .context("no webhook metric")
+}
+
+/// Evaluations of the namespaced webhook's matchConditions so far (the API server's metric).
+fn condition_evaluations(ctx: &Ctx) -> Result<u64> {
+    let text = apiserver_metrics(ctx)?;
+    Ok(sum(
+        &text,
+        "apiserver_admission_match_condition_evaluation_seconds_count",
+    )
+    .unwrap_or(0))
+}
+
+fn apiserver_metrics(ctx: &Ctx) -> Result<String> {
+    let reply = ctx.rest().get("/metrics")?;
+    let Value::String(text) = reply.body else {
+        anyhow::bail!("/metrics: {} {}", reply.code, reply.body);
+    };
+    Ok(text)
+}
+
+/// The sum of `metric`'s series for the namespaced entry; `None` when it has none.
+fn sum(text: &str, metric: &str) -> Option<u64> {
+    let label = format!("name=\"{NAMESPACED}\"");
+    let lines: Vec<_> = text
+        .lines()
+        .filter(|l| l.starts_with(&format!("{metric}{{")) && l.contains(&label))
+        .collect();
+    (!lines.is_empty()).then(|| {
+        lines
+            .iter()
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as u64
+    })
 }
 
 /// The default `registration.max_names`; the last step fills up to just under it.
@@ -398,31 +451,9 @@ fn measure_by_names(ctx: &Ctx, free: &str, bulk: &str) -> Result<Vec<String>> {
         // Created by 8 writers at once: the registration follows in fewer, larger writes.
         let names: Vec<String> = (have..target).map(|i| format!("name-{i:05}")).collect();
         let t = Instant::now();
-        let rest = ctx.rest();
-        let collection = format!("/apis/objectlock.dev/v1alpha1/namespaces/{bulk}/locks");
-        let collection = &collection;
-        std::thread::scope(|scope| {
-            let writers: Vec<_> = names
-                .chunks(names.len().div_ceil(8).max(1))
-                .map(|chunk| {
-                    scope.spawn(move || -> Result<()> {
-                        for name in chunk {
-                            let lock = json!({"apiVersion": "objectlock.dev/v1alpha1",
-                                "kind": "Lock", "metadata": {"name": name}, "spec": {}});
-                            rest.post(collection, &lock)?
-                                .allowed("create a bulk Lock")?;
-                        }
-                        Ok(())
-                    })
-                })
-                .collect();
-            for writer in writers {
-                writer
-                    .join()
-                    .map_err(|_| anyhow::anyhow!("a writer panicked"))??;
-            }
-            Ok::<_, anyhow::Error>(())
-        })?;
+        let locks: Vec<(String, String)> =
+            names.iter().map(|n| (bulk.to_owned(), n.clone())).collect();
+        create_locks(ctx, &locks)?;
         have = have.max(target);
         if !names.is_empty() {
             let took = t.elapsed();
@@ -461,6 +492,36 @@ fn measure_by_names(ctx: &Ctx, free: &str, bulk: &str) -> Result<Vec<String>> {
         figures.push(format!("{target} names: {}", measure(ctx, free)?));
     }
     Ok(figures)
+}
+
+/// Creates the Locks `(namespace, name)` (on no particular object) from 8 clients at once.
+pub fn create_locks(ctx: &Ctx, locks: &[(String, String)]) -> Result<()> {
+    let rest = ctx.rest();
+    std::thread::scope(|scope| {
+        let writers: Vec<_> = locks
+            .chunks(locks.len().div_ceil(8).max(1))
+            .map(|chunk| {
+                scope.spawn(move || -> Result<()> {
+                    for (ns, name) in chunk {
+                        let lock = json!({"apiVersion": "objectlock.dev/v1alpha1",
+                            "kind": "Lock", "metadata": {"name": name}, "spec": {}});
+                        rest.post(
+                            &format!("/apis/objectlock.dev/v1alpha1/namespaces/{ns}/locks"),
+                            &lock,
+                        )?
+                        .allowed("create a bulk Lock")?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for writer in writers {
+            writer
+                .join()
+                .map_err(|_| anyhow::anyhow!("a writer panicked"))??;
+        }
+        Ok(())
+    })
 }
 
 /// 100 sequential unlocked dry-run updates, then 320 from 16 writers at once: rates and
@@ -509,4 +570,358 @@ fn measure(ctx: &Ctx, free: &str) -> Result<String> {
         "{sequential}; {CONCURRENT} clients {rate:.0} writes/s, {}",
         percentiles(&mut took)
     ))
+}
+
+/// A Lock in a namespace that held none: the namespaced entries' `namespaceSelector` leaves the
+/// namespace out until then, and the Lock is enforced once both the selector and the condition
+/// name it. The status says enforced only then: the next write is refused every time.
+fn new_namespaces(ctx: &Ctx) -> Result<()> {
+    let rest = ctx.rest();
+    ensure!(
+        format_of(ctx)?.as_deref() == Some("2"),
+        "the suite's registration (manifests cluster) is not in format 2"
+    );
+    let mut enforce = Vec::new();
+    let mut to_status = Vec::new();
+    for i in 0..ctx.env.cfg.tries.min(10) {
+        let ns = ctx.namespace(&format!("new{i}"))?;
+        ctx.configmap(&ns, "held", json!({}))?;
+        ensure!(
+            !selected(ctx)?.contains(&ns),
+            "{ns} holds no Lock, yet the namespaceSelector names it"
+        );
+        let path = format!("/api/v1/namespaces/{ns}/configmaps/held");
+        let lock = format!("/apis/objectlock.dev/v1alpha1/namespaces/{ns}/locks/held");
+        let created = Instant::now();
+        ctx.lock(&ns, "held", json!({}))?;
+        if i.is_multiple_of(2) {
+            enforce.push(ctx.update_enforced(&path)?.after);
+        } else {
+            while rest.get(&lock)?.body["status"]["enforcedCount"]
+                .as_i64()
+                .unwrap_or(0)
+                < 1
+            {
+                ensure!(
+                    created.elapsed() < Duration::from_secs(30),
+                    "Lock {ns}/held never said it was enforced"
+                );
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            to_status.push(created.elapsed());
+            let reply = rest.probe_update(&path)?;
+            ensure!(
+                reply.code == 403,
+                "Lock {ns}/held said it was enforced, yet the next write got {} {}",
+                reply.code,
+                reply.message()
+            );
+        }
+        ensure!(
+            selected(ctx)?.contains(&ns),
+            "{ns} holds a Lock that is enforced, yet the namespaceSelector does not name it"
+        );
+    }
+    ctx.figure(format!(
+        "narrowed, a Lock in a namespace that held none: lock created -> first refused write: {}; -> status enforced (the next write refused every time): {}",
+        percentiles(&mut enforce),
+        percentiles(&mut to_status)
+    ));
+    Ok(())
+}
+
+/// The registration's format annotation.
+fn format_of(ctx: &Ctx) -> Result<Option<String>> {
+    let reply = ctx.rest().get(&format!("{VWC}/{REGISTRATION}"))?;
+    ensure!(reply.ok(), "GET the registration: {}", reply.code);
+    Ok(reply.body["metadata"]["annotations"][FORMAT]
+        .as_str()
+        .map(str::to_owned))
+}
+
+/// Sets (or removes) the format annotation, as an operator would with `kubectl annotate`.
+fn set_format(ctx: &Ctx, value: Option<&str>) -> Result<()> {
+    ctx.rest()
+        .merge_patch(
+            &format!("{VWC}/{REGISTRATION}"),
+            &json!({"metadata": {"annotations": {FORMAT: value}}}),
+        )?
+        .allowed("annotate the registration")
+}
+
+/// The namespaces the namespaced entries select (`In`), or `["*"]` for an entry that selects
+/// every namespace but the excluded ones (the broad selector, conditions-only format), and
+/// whether every condition carries the format 2 marker.
+fn selection(ctx: &Ctx) -> Result<(Vec<String>, bool)> {
+    let reply = ctx.rest().get(&format!("{VWC}/{REGISTRATION}"))?;
+    ensure!(reply.ok(), "GET the registration: {}", reply.code);
+    let mut names = Vec::new();
+    let mut marked = true;
+    for webhook in reply.body["webhooks"].as_array().into_iter().flatten() {
+        let name = webhook["name"].as_str().unwrap_or_default();
+        for c in webhook["matchConditions"].as_array().into_iter().flatten() {
+            if c["name"] == "may-be-locked" {
+                marked &= c["expression"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .contains(MARKER);
+            }
+        }
+        if !name.starts_with("namespaced") {
+            continue;
+        }
+        let expressions = webhook["namespaceSelector"]["matchExpressions"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let narrowing: Vec<_> = expressions
+            .iter()
+            .filter(|e| e["operator"] != "NotIn")
+            .collect();
+        match narrowing.first() {
+            None => names.push("*".to_owned()),
+            Some(e) if e["operator"] == "Exists" => names.push("*".to_owned()),
+            Some(e) => names.extend(
+                e["values"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|v| v.as_str().map(str::to_owned)),
+            ),
+        }
+    }
+    Ok((names, marked))
+}
+
+fn selected(ctx: &Ctx) -> Result<Vec<String>> {
+    Ok(selection(ctx)?.0)
+}
+
+/// The registration's `metadata.generation`: it grows with every write that changes the
+/// entries, whoever makes it (a write of what is stored already leaves it).
+fn generation(ctx: &Ctx) -> Result<i64> {
+    let reply = ctx.rest().get(&format!("{VWC}/{REGISTRATION}"))?;
+    ensure!(reply.ok(), "GET the registration: {}", reply.code);
+    reply.body["metadata"]["generation"]
+        .as_i64()
+        .context("the registration has no generation")
+}
+
+/// The registration writes an instance has made, from its metrics.
+fn registration_writes(metrics_port: u16) -> Result<f64> {
+    Ok(
+        scrape(metrics_port)?
+            .get("kube_object_lock_registration_writes_total{outcome=\"written\"}"),
+    )
+}
+
+/// A rolling upgrade: the previous release's `serve` (`KOL_E2E_PREVIOUS_BIN`, built by
+/// `.ci/previous-release`) and this one keep the same registration. Three phases:
+/// 1. the registration as the previous release installed it (no format annotation): both write
+///    the conditions only, the same text; a minute of Lock churn (new namespaces among them),
+///    every Lock refusing writes once enforced, and few registration writes;
+/// 2. format 2 asked for while the previous one still runs: it rewrites the conditions, and this
+///    version falls back to the broad selector and format 1 (enforcement kept throughout);
+/// 3. the previous one replaced by this version, format 2 asked for again: the selector is
+///    narrowed; the same churn, for comparison.
+pub fn upgrade(ctx: &Ctx) -> Result<()> {
+    if ctx.env.cfg.mode != WebhookMode::Own {
+        return skip("KOL_E2E_WEBHOOK=external: the registration is not the suite's to change");
+    }
+    let Some(previous) = std::env::var_os("KOL_E2E_PREVIOUS_BIN") else {
+        return skip_unless_required(
+            "KOL_E2E_PREVIOUS_BIN is unset: no binary of the previous release (.ci/previous-release builds one)",
+        );
+    };
+    let previous = std::path::PathBuf::from(previous);
+    ensure!(
+        previous.is_file(),
+        "KOL_E2E_PREVIOUS_BIN={}: no such file",
+        previous.display()
+    );
+    let (port, metrics_port) = SPARE_PORTS;
+    for p in [port, metrics_port] {
+        if std::net::TcpStream::connect(("127.0.0.1", p)).is_ok() {
+            return skip(format!("127.0.0.1:{p} is in use by another process"));
+        }
+    }
+    let result = upgrade_phases(ctx, &previous, (port, metrics_port));
+    // Whatever happened, the suite's registration goes back to format 2.
+    let restored = set_format(ctx, Some("2"));
+    result.and(restored)
+}
+
+fn upgrade_phases(ctx: &Ctx, previous: &std::path::Path, ports: (u16, u16)) -> Result<()> {
+    // 1. Installed by the previous release.
+    set_format(ctx, None)?;
+    wait_for(ctx, "the conditions-only format", |(names, marked)| {
+        !marked && names.iter().all(|n| n == "*")
+    })?;
+    let files = &ctx.env.files;
+    let instance = format!("kol-e2e-{}-previous", ctx.env.run);
+    let spare = Spare::start(
+        previous,
+        files,
+        &files.kubeconfig(),
+        &files.dir.join("previous-release.log"),
+        ports,
+        &[("KUBE_OBJECT_LOCK__INSTANCE__NAME", instance.clone())],
+    )?;
+    let writes = || -> Result<(f64, f64, i64)> {
+        Ok((
+            registration_writes(ports.1)?,
+            registration_writes(METRICS_PORT)?,
+            generation(ctx)?,
+        ))
+    };
+    let before = writes()?;
+    let (changes, counted) = churn(ctx, "a", Duration::from_secs(60), 2)?;
+    let after = writes()?;
+    let changed = after.2 - before.2;
+    ctx.figure(format!(
+        "previous release and this one side by side, conditions only: {changes} Lock changes in 60 s ({counted}) -> registration writes: {:.0} by the previous, {:.0} by this one, {changed} of them changed it; every Lock refused writes once created, and once enforced by both",
+        after.0 - before.0,
+        after.1 - before.1
+    ));
+    // About one change of the registration per Lock change; versions undoing each other's
+    // writes would make two. (Two instances of one version race too: a write computed before
+    // the other's landed is still sent; phase 3 shows how often.)
+    ensure!(
+        changed * 2 < changes as i64 * 3,
+        "{changed} changes of the registration for {changes} Lock changes: the versions undo each other's writes"
+    );
+    let (_, marked) = selection(ctx)?;
+    ensure!(
+        !marked && selected(ctx)?.iter().all(|n| n == "*"),
+        "side by side without the format annotation, the registration left the conditions-only format"
+    );
+
+    // 2. Format 2 asked for while the previous release still writes.
+    let before = writes()?;
+    set_format(ctx, Some("2"))?;
+    let start = Instant::now();
+    loop {
+        let format = format_of(ctx)?;
+        let (names, marked) = selection(ctx)?;
+        if format.as_deref() != Some("2") && !marked && names.iter().all(|n| n == "*") {
+            break;
+        }
+        ensure!(
+            start.elapsed() < Duration::from_secs(30),
+            "format 2 with the previous release running: never fell back (format {format:?}, selected {names:?})"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let fell_back = start.elapsed();
+    let (changes, _) = churn(ctx, "b", Duration::from_secs(15), 2)?;
+    let after = writes()?;
+    ctx.figure(format!(
+        "format 2 asked for with the previous release running: back to the conditions only after {} ms; from the annotation on, {changes} Lock changes in 15 s -> registration writes: {:.0} by the previous, {:.0} by this one, {} of them changed it",
+        fell_back.as_millis(),
+        after.0 - before.0,
+        after.1 - before.1,
+        after.2 - before.2
+    ));
+    ensure!(
+        format_of(ctx)?.as_deref() != Some("2"),
+        "the fallback did not hold"
+    );
+
+    // 3. The previous release replaced by this version: format 2 narrows; the same churn for
+    // comparison, two instances of this version.
+    spare.stop()?;
+    let spare = Spare::start(
+        &ctx.env.cfg.server_bin,
+        files,
+        &files.kubeconfig(),
+        &files.dir.join("previous-release.log"),
+        ports,
+        &[("KUBE_OBJECT_LOCK__INSTANCE__NAME", instance)],
+    )?;
+    set_format(ctx, Some("2"))?;
+    wait_for(ctx, "format 2", |(names, marked)| {
+        *marked && !names.iter().any(|n| n == "*")
+    })?;
+    let before = writes()?;
+    let (changes, _) = churn(ctx, "c", Duration::from_secs(20), 2)?;
+    let after = writes()?;
+    ctx.figure(format!(
+        "the previous release replaced by this version, format 2 set again: narrowed; {changes} Lock changes in 20 s -> registration writes: {:.0} and {:.0} by the two instances, {} of them changed it",
+        after.0 - before.0,
+        after.1 - before.1,
+        after.2 - before.2
+    ));
+    spare.stop()
+}
+
+/// Waits up to 30 s until the registration's selection satisfies `done`.
+fn wait_for(ctx: &Ctx, what: &str, done: impl Fn(&(Vec<String>, bool)) -> bool) -> Result<()> {
+    let start = Instant::now();
+    loop {
+        let seen = selection(ctx)?;
+        if done(&seen) {
+            return Ok(());
+        }
+        ensure!(
+            start.elapsed() < Duration::from_secs(30),
+            "the registration never reached {what}: {seen:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Lock churn for `period`: a Lock created on a ConfigMap (every 5th in a namespace of its own,
+/// which held none), its object's write refused; once `instances` instances say they enforce it,
+/// the next write refused too; the Lock three creations older deleted. Returns the Lock changes
+/// (creations and deletions) and what was seen.
+fn churn(ctx: &Ctx, tag: &str, period: Duration, instances: i64) -> Result<(usize, String)> {
+    let rest = ctx.rest();
+    let shared = ctx.namespace(&format!("churn-{tag}"))?;
+    let start = Instant::now();
+    let mut live: std::collections::VecDeque<(String, String)> = Default::default();
+    let (mut changes, mut new_namespaces) = (0usize, 0usize);
+    let mut i = 0usize;
+    while start.elapsed() < period {
+        let ns = if i.is_multiple_of(5) {
+            new_namespaces += 1;
+            ctx.namespace(&format!("churn-{tag}{i}"))?
+        } else {
+            shared.clone()
+        };
+        let name = format!("c{i}");
+        ctx.configmap(&ns, &name, json!({}))?;
+        ctx.lock(&ns, &name, json!({}))?;
+        changes += 1;
+        let path = format!("/api/v1/namespaces/{ns}/configmaps/{name}");
+        ctx.update_enforced(&path)?;
+        let lock = format!("/apis/objectlock.dev/v1alpha1/namespaces/{ns}/locks/{name}");
+        let confirmed = Instant::now();
+        while rest.get(&lock)?.body["status"]["enforcedCount"]
+            .as_i64()
+            .unwrap_or(0)
+            < instances
+        {
+            ensure!(
+                confirmed.elapsed() < Duration::from_secs(30),
+                "Lock {ns}/{name} never said it was enforced by {instances} instances"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let reply = rest.probe_update(&path)?;
+        ensure!(
+            reply.code == 403,
+            "Lock {ns}/{name} enforced by {instances}, yet a write got {} {}",
+            reply.code,
+            reply.message()
+        );
+        live.push_back((ns, name));
+        if live.len() > 3
+            && let Some((ns, name)) = live.pop_front()
+        {
+            ctx.unlock(&ns, &name)?;
+            changes += 1;
+        }
+        i += 1;
+    }
+    Ok((changes, format!("{new_namespaces} Locks in new namespaces")))
 }
