@@ -23,7 +23,9 @@
 //! - UPDATE/DELETE of a cluster-scoped object named like a ClusterLock;
 //! - DELETE of a Namespace that holds Locks (refused or warned about while they live).
 //!
-//! Expired locks are left out; [`Plan::next_expiry`] says when to compute again.
+//! A live ClusterLock with a selector makes the registration broad: it may select any
+//! cluster-scoped object. Expired locks are left out; [`Plan::next_expiry`] says when to
+//! compute again.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -93,6 +95,11 @@ pub enum BroadReason {
         "lock name {0:?} cannot be written into a CEL condition: every UPDATE and DELETE is sent to the webhook"
     )]
     UnsafeName(String),
+    /// A ClusterLock with a selector may select any cluster-scoped object, whatever its name.
+    #[error(
+        "ClusterLock {0} has a selector, which may select any cluster-scoped object: every UPDATE and DELETE is sent to the webhook"
+    )]
+    ClusterSelector(String),
 }
 
 /// What the registration should say.
@@ -136,6 +143,7 @@ pub fn plan<'a>(
     // Namespace -> Some(names) for named Locks only, None once a selector Lock is seen.
     let mut namespaces: BTreeMap<&str, Option<BTreeSet<&str>>> = BTreeMap::new();
     let mut cluster_locks: BTreeSet<&str> = BTreeSet::new();
+    let mut cluster_selector = None;
     let mut unsafe_name = None;
     for lock in locks {
         if lock.spec.is_expired(now) {
@@ -156,6 +164,9 @@ pub fn plan<'a>(
         match (lock.kind, lock.namespace.as_deref()) {
             (LockKind::ClusterLock, _) | (LockKind::Lock, None) => {
                 cluster_locks.insert(&lock.name);
+                if lock.spec.selector.is_some() {
+                    cluster_selector.get_or_insert_with(|| lock.name.clone());
+                }
             }
             (LockKind::Lock, Some(ns)) => {
                 let entry = namespaces
@@ -185,6 +196,11 @@ pub fn plan<'a>(
     }
     if let Some(name) = unsafe_name {
         return broad(BroadReason::UnsafeName(name));
+    }
+    // The conditions name objects; a cluster-scoped selector names none. Rare enough (Namespaces
+    // by label, say) that sending everything while one lives is the simple, safe answer.
+    if let Some(name) = cluster_selector {
+        return broad(BroadReason::ClusterSelector(name));
     }
 
     // Namespaced keys, in namespace order: a selector namespace is one key; otherwise one key

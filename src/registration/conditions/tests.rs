@@ -401,3 +401,30 @@ fn each_namespaced_chunk_knows_its_namespaces() {
         [vec!["everything".to_owned()]]
     );
 }
+
+#[test]
+fn a_cluster_lock_with_a_selector_sends_everything() {
+    let mut locks = sample_locks();
+    locks.push(LockRef::cluster_lock(
+        "tiers",
+        spec(serde_json::json!({"selector": {"matchLabels": {"tier": "prod"}}})),
+    ));
+    let plan = plan(&locks, now(), &Limits::default());
+    assert_eq!(
+        plan.scope,
+        Scope::Broad(BroadReason::ClusterSelector("tiers".to_owned()))
+    );
+    // Expired, it no longer does.
+    let expired = [LockRef::cluster_lock(
+        "tiers",
+        spec(
+            serde_json::json!({"selector": {"matchLabels": {"tier": "prod"}}, "expiresAt": "2026-11-22T11:00:00Z"}),
+        ),
+    )];
+    let plan = super::plan(&expired, now(), &Limits::default());
+    assert!(
+        matches!(plan.scope, Scope::Narrow { .. }),
+        "{:?}",
+        plan.scope
+    );
+}

@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use crate::env::WebhookMode;
 use crate::scenarios::latency::percentiles;
 use crate::scenarios::metrics::scrape;
-use crate::suite::{Ctx, skip, skip_unless_required};
+use crate::suite::{Ctx, ENFORCE_WITHIN, RUN_LABEL, skip, skip_unless_required};
 use crate::webhook::{METRICS_PORT, REGISTRATION, SPARE_PORTS, Serve, Spare};
 
 const VWC: &str = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations";
@@ -150,6 +150,8 @@ pub fn run(ctx: &Ctx) -> Result<()> {
     phases.mark("status");
     new_namespaces(ctx)?;
     phases.mark("new namespaces");
+    cluster_selector(ctx)?;
+    phases.mark("cluster selector");
     // The webhook stopped: only locked objects are refused.
     restart_serve(ctx, &[], |ctx| {
         rest.probe_update(&free)?
@@ -575,6 +577,37 @@ fn measure(ctx: &Ctx, free: &str) -> Result<String> {
 /// A Lock in a namespace that held none: the namespaced entries' `namespaceSelector` leaves the
 /// namespace out until then, and the Lock is enforced once both the selector and the condition
 /// name it. The status says enforced only then: the next write is refused every time.
+/// A ClusterLock with a selector may select any cluster-scoped object: the registration goes
+/// broad while it lives, so a labelled ClusterRole of another name is refused, then narrow again.
+fn cluster_selector(ctx: &Ctx) -> Result<()> {
+    let role = ctx.cluster_name("tiered");
+    ctx.create(
+        "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+               "metadata": {"name": role, "labels": {RUN_LABEL: ctx.env.run, "tier": role}},
+               "rules": []}),
+    )?;
+    let lock = ctx.cluster_name("tiers");
+    ctx.cluster_lock(&lock, json!({"selector": {"matchLabels": {"tier": role}}}))?;
+    let path = format!("/apis/rbac.authorization.k8s.io/v1/clusterroles/{role}");
+    ctx.update_enforced(&path)?;
+    ensure!(
+        conditions(ctx)?.contains("may-be-locked: true"),
+        "a ClusterLock with a selector lives, yet the registration is not broad"
+    );
+    let reply = ctx.rest().delete(&format!(
+        "/apis/objectlock.dev/v1alpha1/clusterlocks/{lock}"
+    ))?;
+    reply.allowed("delete the selector ClusterLock")?;
+    ctx.released(
+        "the selected ClusterRole after the unlock",
+        ENFORCE_WITHIN,
+        || ctx.rest().probe_update(&path),
+    )?;
+    ctx.k(&["delete", "clusterrole", &role]).check()?;
+    Ok(())
+}
+
 fn new_namespaces(ctx: &Ctx) -> Result<()> {
     let rest = ctx.rest();
     ensure!(
