@@ -194,8 +194,8 @@ fn policy_checks(ns: &str, bot: &User, alice: &User, bob: &User, carol: &User) -
 /// bootstrap roles); the suite impersonates them (dry runs: the lock stays).
 fn cleanup_controllers(ctx: &Ctx, ns: &str, role: &str, holder: &User) -> Result<()> {
     let held = format!("is held by user \"{}\"", holder.name);
-    for controller in ["generic-garbage-collector", "namespace-controller"] {
-        let account = format!("--as=system:serviceaccount:kube-system:{controller}");
+    let delete_as = |account: &str| {
+        let account = format!("--as=system:serviceaccount:{account}");
         ctx.k(&[
             "delete",
             "lock",
@@ -205,12 +205,14 @@ fn cleanup_controllers(ctx: &Ctx, ns: &str, role: &str, holder: &User) -> Result
             "--dry-run=server",
             &account,
         ])
-        .check()?;
+    };
+    for controller in ["generic-garbage-collector", "namespace-controller"] {
+        delete_as(&format!("kube-system:{controller}")).check()?;
     }
     // Another controller, given the right to delete Locks, is held back like anyone.
     let other = "kube-system:resourcequota-controller";
     let binding = format!("{}-other-controller", holder.name);
-    ctx.k(&[
+    let create = [
         "create",
         "rolebinding",
         &binding,
@@ -218,30 +220,11 @@ fn cleanup_controllers(ctx: &Ctx, ns: &str, role: &str, holder: &User) -> Result
         ns,
         "--clusterrole",
         role,
-    ])
-    .check()?;
-    ctx.k(&[
-        "set",
-        "subject",
-        "rolebinding",
-        &binding,
-        "-n",
-        ns,
-        "--serviceaccount",
-        other,
-    ])
-    .check()?;
-    let account = format!("--as=system:serviceaccount:{other}");
-    ctx.k(&[
-        "delete",
-        "lock",
-        "db-config",
-        "-n",
-        ns,
-        "--dry-run=server",
-        &account,
-    ])
-    .refused(&held)
+    ];
+    let mut args = create.to_vec();
+    args.extend(["--serviceaccount", other]);
+    ctx.k(&args).check()?;
+    delete_as(other).refused(&held)
 }
 
 /// The command failed with `text` in its error.
