@@ -194,8 +194,10 @@ pub struct LockSpec {
     #[schemars(length(max = 1024))]
     pub reason: Option<String>,
 
-    /// The operations refused: UPDATE, DELETE, or both (the default). A DELETE-only lock lets
-    /// the object be edited but not removed; evicting a pod counts as DELETE.
+    /// The operations refused: UPDATE and DELETE (the default), or any of UPDATE, DELETE,
+    /// CREATE and CONNECT. A DELETE-only lock lets the object be edited but not removed;
+    /// evicting a pod counts as DELETE. CREATE reserves the name (a request with generateName
+    /// is never refused); CONNECT refuses exec, attach, port-forward and proxy into the pod.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1), extend("x-kubernetes-list-type" = "set"))]
     pub operations: Option<Vec<LockOperation>>,
@@ -342,6 +344,12 @@ pub enum LockOperation {
     Update,
     /// DELETE, and evictions.
     Delete,
+    /// CREATE of an object of the lock's name: the lock reserves the name. A request with
+    /// `generateName` has no name yet and is never refused.
+    Create,
+    /// `exec`, `attach`, `port-forward` and `proxy` into the locked pod: nothing reaches the
+    /// pod through the API server.
+    Connect,
 }
 
 /// Enforce (the default) refuses the change; Warn allows it with a warning and an audit

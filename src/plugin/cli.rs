@@ -168,7 +168,8 @@ pub struct LockArgs {
     /// Unlock by itself at this RFC 3339 time (2026-11-22T05:00:00Z); must be in the future.
     #[arg(long, value_name = "TIME", value_parser = parse_time, conflicts_with = "command")]
     pub until: Option<Timestamp>,
-    /// Lock only these operations (repeat or separate with commas) [default: UPDATE,DELETE].
+    /// Lock only these operations: UPDATE, DELETE, CREATE, CONNECT (repeat or separate with
+    /// commas) [default: UPDATE,DELETE].
     #[arg(
         long,
         value_name = "OPERATION",
@@ -227,6 +228,12 @@ pub enum Operation {
     /// Deletion of the object.
     #[value(name = "DELETE")]
     Delete,
+    /// Creation of an object of the name (the lock reserves it).
+    #[value(name = "CREATE")]
+    Create,
+    /// exec, attach, port-forward and proxy into the pod.
+    #[value(name = "CONNECT")]
+    Connect,
 }
 
 impl Operation {
@@ -235,6 +242,8 @@ impl Operation {
         match self {
             Operation::Update => "UPDATE",
             Operation::Delete => "DELETE",
+            Operation::Create => "CREATE",
+            Operation::Connect => "CONNECT",
         }
     }
 }
@@ -468,7 +477,7 @@ mod tests {
     fn flag_errors_are_one_line_naming_the_flag() {
         for (args, flag) in [
             (
-                &["deploy/web", "--operations", "CREATE"][..],
+                &["deploy/web", "--operations", "PATCH"][..],
                 "--operations",
             ),
             (&["deploy/web", "--for", "soon"][..], "--for"),

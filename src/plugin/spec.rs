@@ -36,6 +36,8 @@ impl NewSpec<'_> {
                     .map(|o| match o {
                         Operation::Update => LockOperation::Update,
                         Operation::Delete => LockOperation::Delete,
+                        Operation::Create => LockOperation::Create,
+                        Operation::Connect => LockOperation::Connect,
                     })
                     .collect()
             }),
