@@ -352,6 +352,18 @@ pub enum LockOperation {
     Connect,
 }
 
+impl LockOperation {
+    /// As written in `spec.operations`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LockOperation::Update => "UPDATE",
+            LockOperation::Delete => "DELETE",
+            LockOperation::Create => "CREATE",
+            LockOperation::Connect => "CONNECT",
+        }
+    }
+}
+
 /// Enforce (the default) refuses the change; Warn allows it with a warning and an audit
 /// annotation, to try a new lock before it blocks anyone.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]

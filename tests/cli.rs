@@ -164,6 +164,40 @@ fn check_exits_by_verdict() {
     );
 }
 
+/// `check` answers a real CREATE review: allowed by the default lock, refused with the lock's
+/// message once the lock asks for CREATE.
+#[test]
+fn check_explains_a_lock_reserving_the_name() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let create = fixtures.join("configmap-create.json");
+    let locks = locks_dir();
+    let allowed = run(bin()
+        .args(["check", "--locks-dir"])
+        .arg(locks.path())
+        .arg(&create));
+    assert_eq!(allowed.status.code(), Some(0), "{}", stderr(&allowed));
+
+    let reserving = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        reserving.path().join("locks.yaml"),
+        "apiVersion: objectlock.dev/v1alpha1\nkind: Lock\nmetadata:\n  name: locked-a\n  namespace: demo-015226\nspec:\n  operations: [CREATE]\n  reason: name reserved\n",
+    )
+    .expect("write");
+    let denied = run(bin()
+        .args(["check", "--locks-dir"])
+        .arg(reserving.path())
+        .arg(&create));
+    assert_eq!(denied.status.code(), Some(1), "{}", stderr(&denied));
+    let response: serde_json::Value = serde_json::from_slice(&denied.stdout).expect("JSON");
+    let message = response["response"]["status"]["message"]
+        .as_str()
+        .expect("message");
+    assert!(
+        message.starts_with("cannot create: configmaps \"locked-a\" in namespace \"demo-015226\" is locked by Lock demo-015226/locked-a: name reserved"),
+        "{message}"
+    );
+}
+
 #[test]
 fn serve_refuses_bad_configuration_clearly() {
     let certs = Certs::new();

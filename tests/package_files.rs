@@ -208,7 +208,10 @@ fn kubectl_plugin_completion_offers_flags_values_resources_and_names() {
         &["deploy/web", "--operations", ""],
         true,
     );
-    assert_eq!(candidates(&lines), ["UPDATE", "DELETE", ":4"]);
+    assert_eq!(
+        candidates(&lines),
+        ["UPDATE", "DELETE", "CREATE", "CONNECT", ":4"]
+    );
     let (lines, _) = complete(d, "kubectl_complete-lock", &["-n", ""], true);
     assert_eq!(candidates(&lines), ["default", "prod", ":4"]);
     let (lines, _) = complete(d, "kubectl_complete-lock", &["--kubeconfig", ""], true);

@@ -493,7 +493,10 @@ async fn list_shows_coverage_targets_and_time_left() {
     ])
     .await
     .ok();
-    c.lock(&["cm/gone", "--allow-missing"]).await.ok();
+    // A lock reserving the name needs no --allow-missing.
+    c.lock(&["cm/gone", "--operations", "CREATE,DELETE"])
+        .await
+        .ok();
     c.lock(&["ns/prod"]).await.ok();
     c.api.create_lock("prod", "app-config", json!({}));
     let configmaps = json!([{ "apiGroups": [""], "resources": ["configmaps"] }]);
@@ -515,11 +518,8 @@ async fn list_shows_coverage_targets_and_time_left() {
     assert_eq!(lines.len(), 7, "{}", run.stdout);
     let header: Vec<&str> = lines[0].split_whitespace().collect();
     assert_eq!(
-        header,
-        [
-            "NAME", "KIND", "COVERS", "TARGET", "OWNER", "MODE", "ENFORCED", "BLOCKED", "EXPIRES",
-            "HOLDER", "REASON"
-        ]
+        header.join(" "),
+        "NAME KIND COVERS OPERATIONS TARGET OWNER MODE ENFORCED BLOCKED EXPIRES HOLDER REASON"
     );
     assert_eq!(
         run.row(&["web"]),
@@ -527,6 +527,7 @@ async fn list_shows_coverage_targets_and_time_left() {
             "web",
             "Lock",
             "deployments.apps",
+            "UPDATE,DELETE",
             "exists",
             "ConfigMap/app-config",
             "Enforce",
@@ -544,6 +545,7 @@ async fn list_shows_coverage_targets_and_time_left() {
             "gone",
             "Lock",
             "configmaps",
+            "DELETE,CREATE",
             "missing",
             "-",
             "Enforce",
@@ -562,6 +564,7 @@ async fn list_shows_coverage_targets_and_time_left() {
             "resource",
             "named",
             "app-config",
+            "UPDATE,DELETE",
             "-",
             "-",
             "Enforce",
@@ -577,6 +580,7 @@ async fn list_shows_coverage_targets_and_time_left() {
             "old",
             "Lock",
             "configmaps",
+            "UPDATE,DELETE",
             "missing",
             "-",
             "Enforce",
@@ -589,7 +593,18 @@ async fn list_shows_coverage_targets_and_time_left() {
     assert_eq!(
         run.row(&["by-label"]),
         [
-            "by-label", "Lock", "selector", "app=web", "-", "-", "Warn", "-", "0", "never", "-"
+            "by-label",
+            "Lock",
+            "selector",
+            "app=web",
+            "UPDATE,DELETE",
+            "-",
+            "-",
+            "Warn",
+            "-",
+            "0",
+            "never",
+            "-"
         ]
     );
     assert_eq!(
@@ -598,6 +613,7 @@ async fn list_shows_coverage_targets_and_time_left() {
             "prod",
             "ClusterLock",
             "namespaces",
+            "UPDATE,DELETE",
             "exists",
             "-",
             "Enforce",
@@ -622,6 +638,7 @@ async fn list_shows_coverage_targets_and_time_left() {
             "resource",
             "named",
             "db",
+            "UPDATE,DELETE",
             "-",
             "-",
             "Enforce",
@@ -632,7 +649,7 @@ async fn list_shows_coverage_targets_and_time_left() {
             "migration"
         ]
     );
-    assert_eq!(run.row(&["prod", "web"])[4], "exists");
+    assert_eq!(run.row(&["prod", "web"])[5], "exists");
     assert_eq!(
         run.row(&["-", "prod"]),
         [
@@ -640,6 +657,7 @@ async fn list_shows_coverage_targets_and_time_left() {
             "prod",
             "ClusterLock",
             "namespaces",
+            "UPDATE,DELETE",
             "exists",
             "-",
             "Enforce",
@@ -718,10 +736,7 @@ async fn bad_input_is_one_line() {
         "a name without a resource"
     );
     for (args, flag) in [
-        (
-            &["deploy/web", "--operations", "CREATE"][..],
-            "--operations",
-        ),
+        (&["deploy/web", "--operations", "PATCH"][..], "--operations"),
         (&["deploy/web", "--for", "soon"][..], "--for"),
         (&["deploy/web", "--bogus"][..], "--bogus"),
         (&["list", "--reason", "x"][..], "--reason"),
@@ -846,7 +861,7 @@ async fn specs_are_read_as_the_webhook_reads_them() {
     let run = c.lock(&["list"]).await;
     assert_eq!(
         run.row(&["odd"]),
-        ["odd", "Lock", "?", "-", "-", "?", "-", "0", "?", "?"],
+        ["odd", "Lock", "?", "?", "-", "-", "?", "-", "0", "?", "?"],
         "{run:?}"
     );
     assert_eq!(
@@ -856,6 +871,7 @@ async fn specs_are_read_as_the_webhook_reads_them() {
             "Lock",
             "no",
             "resource",
+            "UPDATE,DELETE",
             "-",
             "-",
             "Enforce",
@@ -931,6 +947,7 @@ async fn locks_the_webhook_never_sees_are_refused_or_marked() {
             "coredns",
             "Lock",
             "configmaps",
+            "UPDATE,DELETE",
             "missing",
             "-",
             "unenforced",
@@ -940,8 +957,8 @@ async fn locks_the_webhook_never_sees_are_refused_or_marked() {
             USER
         ]
     );
-    assert_eq!(run.row(&["-", "kube-system"])[6], "unenforced", "{run:?}");
-    assert_eq!(run.row(&["prod", "web"])[6], "Enforce");
+    assert_eq!(run.row(&["-", "kube-system"])[7], "unenforced", "{run:?}");
+    assert_eq!(run.row(&["prod", "web"])[7], "Enforce");
     assert_eq!(
         run.stderr,
         "note: locks marked unenforced are never enforced: the webhook registration leaves out \

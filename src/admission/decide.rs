@@ -31,9 +31,11 @@ const MAX_WARNING_CHARS: usize = 256;
 /// Why a request was allowed without reading any lock.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Exempt {
-    /// CREATE of anything but `pods/eviction`: nothing exists yet to protect.
+    /// CREATE of a subresource other than `pods/eviction` (a binding, a token): it creates
+    /// nothing of a lock's name.
     Create,
-    /// CONNECT (exec, attach, proxy) does not change the object.
+    /// CONNECT to anything but a pod's exec, attach, portforward or proxy (a Service's or a
+    /// Node's proxy): it reaches no locked pod.
     Connect,
     /// A Lock or ClusterLock: unlocking is deleting the lock, so it must always work.
     LockResource,
@@ -177,13 +179,14 @@ impl Verdict {
 /// Step one: decide what can be decided without locks, or say what to read.
 pub fn plan<'a>(req: &'a AdmissionRequest<'_>) -> Plan<'a> {
     let sub = req.subresource();
-    let eviction = req.operation == Operation::Create
-        && req.resource.group.is_empty()
-        && req.resource.resource == "pods"
-        && sub == Some("eviction");
+    let pods = req.resource.group.is_empty() && req.resource.resource == "pods";
     match req.operation {
-        Operation::Create if !eviction => return Plan::Allow(Exempt::Create),
-        Operation::Connect => return Plan::Allow(Exempt::Connect),
+        Operation::Create if sub.is_some() && !(pods && sub == Some("eviction")) => {
+            return Plan::Allow(Exempt::Create);
+        }
+        Operation::Connect if !(pods && connect_verb(sub).is_some()) => {
+            return Plan::Allow(Exempt::Connect);
+        }
         _ => {}
     }
     if req.resource.group == api::GROUP
@@ -417,10 +420,26 @@ fn applicable<'a>(
 
 /// The lock operation a request is: an eviction deletes the pod.
 fn lock_operation(req: &AdmissionRequest) -> LockOperation {
-    if req.operation == Operation::Update {
-        LockOperation::Update
-    } else {
-        LockOperation::Delete
+    match req.operation {
+        Operation::Update => LockOperation::Update,
+        Operation::Create if !is_eviction(req) => LockOperation::Create,
+        Operation::Connect => LockOperation::Connect,
+        Operation::Create | Operation::Delete => LockOperation::Delete,
+    }
+}
+
+/// What a CONNECT to a pod's subresource does, as kubectl words it; `None` for subresources
+/// that reach no pod's containers.
+///
+/// `proxy` belongs with the others: it carries HTTP to the pod's ports, as `port-forward` does
+/// (a Service's or a Node's proxy is not the pod's, and is left alone).
+fn connect_verb(subresource: Option<&str>) -> Option<&'static str> {
+    match subresource? {
+        "exec" => Some("exec"),
+        "attach" => Some("attach"),
+        "portforward" => Some("port-forward"),
+        "proxy" => Some("proxy"),
+        _ => None,
     }
 }
 
@@ -435,11 +454,12 @@ fn covers_request(spec: &LockSpec, req: &AdmissionRequest, operation: LockOperat
         )
 }
 
-/// The object an eviction or a scale acts on, whose labels its review does not carry: the
-/// request's own resource and name (`pods` for `pods/eviction`, `deployments.apps` for
-/// `deployments/scale`). `None` for every other request.
+/// The object an eviction, a scale or a CONNECT acts on, whose labels its review does not carry:
+/// the request's own resource and name (`pods` for `pods/eviction` and `pods/exec`,
+/// `deployments.apps` for `deployments/scale`). `None` for every other request.
 fn target<'a>(req: &'a AdmissionRequest<'_>) -> Option<Target<'a>> {
     let elsewhere = is_eviction(req)
+        || req.operation == Operation::Connect
         || (req.operation == Operation::Update
             && req
                 .subresource()
@@ -516,8 +536,14 @@ fn names(locks: &[&LockRef]) -> String {
 
 fn deny_locked(req: &AdmissionRequest, what: &str, locks: &[&LockRef]) -> Verdict {
     let mut message = String::new();
-    if is_eviction(req) {
-        message.push_str("cannot evict: ");
+    match lock_operation(req) {
+        _ if is_eviction(req) => message.push_str("cannot evict: "),
+        LockOperation::Create => message.push_str("cannot create: "),
+        LockOperation::Connect => {
+            let verb = connect_verb(req.subresource()).unwrap_or("connect");
+            message.push_str(&format!("cannot {verb}: "));
+        }
+        LockOperation::Update | LockOperation::Delete => {}
     }
     message.push_str(&format!("{what} is locked by "));
     let described: Vec<String> = locks

@@ -212,16 +212,20 @@ impl AdmissionRequest<'_> {
         })
     }
 
-    /// The labels of the object as it is before the change, or `None` when the request does
-    /// not carry them: an eviction (no `oldObject`), a `scale` update (its objects are
-    /// autoscaling/v1 `Scale`s, which have no labels), or a subresource whose reviews are not
-    /// known to carry the object itself. `Some` of an empty map is an object without labels.
+    /// The labels of the object as it is before the change (as it is created, for a CREATE),
+    /// or `None` when the request does not carry them: an eviction or a CONNECT (no
+    /// `oldObject`), a `scale` update (its objects are autoscaling/v1 `Scale`s, which have no
+    /// labels), or a subresource whose reviews are not known to carry the object itself.
+    /// `Some` of an empty map is an object without labels.
     ///
     /// The difference matters: `tier NotIn (db)` selects an object without labels, but must not
     /// select a Scale whose Deployment may well be `tier=db`.
     pub fn labels(&self) -> Option<&BTreeMap<String, String>> {
         static NONE: BTreeMap<String, String> = BTreeMap::new();
-        let old = self.old_object.as_ref()?;
+        let old = match (self.operation, self.subresource()) {
+            (Operation::Create, None) => self.object.as_ref()?,
+            _ => self.old_object.as_ref()?,
+        };
         if let Some(sub) = self.subresource() {
             subresources::changing(&self.resource.resource, sub).filter(|s| s.carries_object)?;
         }

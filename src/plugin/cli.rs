@@ -64,6 +64,12 @@ Examples:
   # Lock an object that does not exist yet
   kubectl lock secret/tls-cert --allow-missing
 
+  # Reserve a name: nobody may create deployment/web in prod while the lock lives
+  kubectl lock deploy/web -n prod --operations CREATE
+
+  # Keep kubectl exec, attach and port-forward out of a pod (and its deletion)
+  kubectl lock pod/db-0 --operations CONNECT,DELETE
+
   # A lock anyone allowed to delete Locks may lift (by default only you, its holder, may)
   kubectl lock configmap/app-config --no-holder
 
@@ -193,7 +199,8 @@ pub struct LockArgs {
     /// A ClusterLock takes cluster-scoped owners only.
     #[arg(long, value_name = "KIND/NAME")]
     pub owner: Option<String>,
-    /// Lock even if the object does not exist (yet); without it a missing object is an error.
+    /// Lock even if the object does not exist (yet); without it a missing object is an error,
+    /// unless the lock refuses CREATE (it reserves the name).
     #[arg(long)]
     pub allow_missing: bool,
     /// Create the lock even in a namespace the webhook registration leaves out (kube-system,
@@ -476,10 +483,7 @@ mod tests {
     #[test]
     fn flag_errors_are_one_line_naming_the_flag() {
         for (args, flag) in [
-            (
-                &["deploy/web", "--operations", "PATCH"][..],
-                "--operations",
-            ),
+            (&["deploy/web", "--operations", "PATCH"][..], "--operations"),
             (&["deploy/web", "--for", "soon"][..], "--for"),
             (&["deploy/web", "--until", "tomorrow"][..], "--until"),
             (

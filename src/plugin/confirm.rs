@@ -35,8 +35,11 @@ pub(super) enum Probe {
     Delete,
     /// UPDATE it (an annotation, in a dry run).
     Update,
-    /// Nothing to try: a Warn-mode lock, or no object (`--allow-missing`).
+    /// Nothing to try: a Warn-mode lock.
     None,
+    /// Nothing a dry run can show: a lock of CREATE or CONNECT only (the object exists, and
+    /// CONNECT has no dry run). Confirmed by its status alone.
+    Status,
 }
 
 /// How a lock was confirmed.
@@ -46,6 +49,9 @@ pub(super) enum Confirmed {
     Enforced(usize),
     /// Enforced by this many instances; the object does not exist, so no dry run was tried.
     EnforcedUntried(usize),
+    /// Enforced by this many instances; a lock of CREATE or CONNECT only, which no dry run
+    /// can show.
+    EnforcedByStatus(usize),
     /// A Warn-mode lock an instance has seen.
     Warned,
 }
@@ -57,6 +63,9 @@ impl Confirmed {
             Confirmed::Enforced(n) => format!(" (enforced by {n})"),
             Confirmed::EnforcedUntried(n) => {
                 format!(" (enforced by {n}; not tried: the object does not exist)")
+            }
+            Confirmed::EnforcedByStatus(n) => {
+                format!(" (enforced by {n}; not tried: no dry run shows CREATE or CONNECT)")
             }
             Confirmed::Warned => {
                 " (seen by the webhook; mode Warn: changes are allowed with a warning)".to_owned()
@@ -186,6 +195,7 @@ pub(super) fn assess(object: &DynamicObject, probe: Probe) -> Assessment {
     match (instances, probe) {
         (0, _) => Assessment::Pending(Pending::NoInstance),
         (n, Probe::None) => Assessment::Done(Confirmed::EnforcedUntried(n)),
+        (n, Probe::Status) => Assessment::Done(Confirmed::EnforcedByStatus(n)),
         (n, _) => Assessment::Try(n),
     }
 }

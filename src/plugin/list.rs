@@ -90,8 +90,18 @@ pub(super) async fn list(
 
     let now = Timestamp::now();
     let mut header = vec![
-        "NAME", "KIND", "COVERS", "TARGET", "OWNER", "MODE", "ENFORCED", "BLOCKED", "EXPIRES",
-        "HOLDER", "REASON",
+        "NAME",
+        "KIND",
+        "COVERS",
+        "OPERATIONS",
+        "TARGET",
+        "OWNER",
+        "MODE",
+        "ENFORCED",
+        "BLOCKED",
+        "EXPIRES",
+        "HOLDER",
+        "REASON",
     ];
     if args.all_namespaces {
         header.insert(0, "NAMESPACE");
@@ -106,6 +116,7 @@ pub(super) async fn list(
             let mut row = match spec {
                 Some(spec) => vec![
                     spec::describe_covers(&name, spec),
+                    spec::operations(spec),
                     target.to_owned(),
                     owners(o),
                     match unenforced(o, spec) {
@@ -124,6 +135,7 @@ pub(super) async fn list(
                         .join(" "),
                 ],
                 None => vec![
+                    "?".to_owned(),
                     "?".to_owned(),
                     "-".to_owned(),
                     owners(o),

@@ -68,7 +68,8 @@ pub(super) async fn take(
         }
         notes.push(format!("{lock} is not enforced: {why}"));
     }
-    if !args.allow_missing {
+    // A lock reserving the name is mostly taken before the object exists.
+    if !args.allow_missing && !operations.contains(&Operation::Create) {
         let api = cluster.api(&target.resource.api_resource(), target.namespace.as_deref());
         let object = api
             .get(&target.name)
@@ -145,11 +146,19 @@ pub(super) async fn take(
     let confirmed = match args.wait && target.unenforced().is_none() {
         false => String::new(),
         true => {
-            let probe = match (args.warn, args.allow_missing, operations.as_slice()) {
-                (true, _, _) => Probe::None,
-                // Missing objects are found out by the dry run (404).
-                (_, _, [Operation::Update]) => Probe::Update,
-                _ => Probe::Delete,
+            let asks = |op| match operations.as_slice() {
+                [] => matches!(op, Operation::Update | Operation::Delete),
+                ops => ops.contains(&op),
+            };
+            // Missing objects are found out by the dry run (404).
+            let probe = if args.warn {
+                Probe::None
+            } else if asks(Operation::Delete) {
+                Probe::Delete
+            } else if asks(Operation::Update) {
+                Probe::Update
+            } else {
+                Probe::Status
             };
             confirm::confirm(&cluster, &target, &lock, probe, args.timeout)
                 .await?

@@ -144,6 +144,14 @@ pub(super) fn describe_covers(name: &str, spec: &LockSpec) -> String {
     }
 }
 
+/// The OPERATIONS column: `UPDATE,DELETE`, `CREATE,CONNECT`.
+pub(super) fn operations(spec: &LockSpec) -> String {
+    (spec.operations().iter())
+        .map(|op| op.as_str())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// The one resource whose object of the lock's name can be looked up: a single group and
 /// resource, no wildcard and no selector.
 pub(super) fn single_resource(spec: &LockSpec) -> Option<(String, String)> {

@@ -161,15 +161,222 @@ fn rule_1_cluster_scoped_objects_are_locked_by_cluster_locks() {
     );
 }
 
-#[test]
-fn rule_2_create_and_connect_need_no_lookup() {
-    let create = request(json!({"operation": "CREATE", "oldObject": null}));
-    assert_eq!(plan(&create), Plan::Allow(Exempt::Create));
-    let connect = request(json!({
-        "operation": "CONNECT", "subResource": "exec",
+/// A CREATE of ConfigMap `name` in `prod`, with `labels`.
+fn create(name: &str, labels: Value) -> AdmissionRequest<'static> {
+    request(json!({
+        "operation": "CREATE", "name": name, "oldObject": null,
+        "object": {"metadata": {"name": name, "namespace": "prod", "labels": labels}},
+    }))
+}
+
+/// A CONNECT to `subresource` of pod `name` in `prod`; its object is the options, not the pod.
+fn connect(name: &str, subresource: &str) -> AdmissionRequest<'static> {
+    request(json!({
+        "operation": "CONNECT", "name": name, "subResource": subresource,
         "resource": {"group": "", "version": "v1", "resource": "pods"},
+        "kind": {"group": "", "version": "v1", "kind": "PodExecOptions"},
+        "object": {"kind": "PodExecOptions", "metadata": {}}, "oldObject": null,
+    }))
+}
+
+#[test]
+fn rule_2_create_is_refused_by_a_lock_asking_for_it() {
+    let reserve = lock(
+        "app-config",
+        json!({"operations": ["CREATE"], "reason": "reserved"}),
+    );
+    let verdict = run(&create("app-config", json!({})), &[reserve.clone()], &[]).expect("lookup");
+    assert_eq!(
+        verdict.refusal.expect("denied").message,
+        "cannot create: configmaps \"app-config\" in namespace \"prod\" is locked by Lock prod/app-config: reserved (to unlock: kubectl delete lock app-config -n prod)"
+    );
+    // The default lock (UPDATE and DELETE) lets the name be created: a StatefulSet recreates
+    // its pods under their old names.
+    let verdict = run(&create("app-config", json!({})), &[prod_lock()], &[]).expect("lookup");
+    assert_eq!(verdict, Verdict::allow());
+    // Another name, and a CREATE-only lock against an UPDATE or a DELETE.
+    assert!(
+        run(&create("other", json!({})), &[reserve.clone()], &[])
+            .expect("lookup")
+            .allowed()
+    );
+    assert!(
+        run(&update(json!({})), &[reserve.clone()], &[])
+            .expect("lookup")
+            .allowed()
+    );
+    assert!(
+        run(&request(json!({})), &[reserve.clone()], &[])
+            .expect("lookup")
+            .allowed()
+    );
+    // generateName: no name yet, nothing a lock can name.
+    let generated = request(json!({
+        "operation": "CREATE", "name": null, "oldObject": null,
+        "object": {"metadata": {"generateName": "app-config-", "namespace": "prod"}},
     }));
-    assert_eq!(plan(&connect), Plan::Allow(Exempt::Connect));
+    assert_eq!(plan(&generated), Plan::Allow(Exempt::Unnamed));
+    // Other subresource creates (a token request) create nothing of a lock's name.
+    let token = request(json!({
+        "operation": "CREATE", "subResource": "token", "name": "app-config",
+        "resource": {"group": "", "version": "v1", "resource": "serviceaccounts"},
+    }));
+    assert_eq!(plan(&token), Plan::Allow(Exempt::Create));
+    // Warn mode warns; the resources still decide.
+    let warn = lock(
+        "app-config",
+        json!({"operations": ["CREATE"], "mode": "Warn"}),
+    );
+    let verdict = run(&create("app-config", json!({})), &[warn], &[]).expect("lookup");
+    assert!(verdict.allowed());
+    assert_eq!(verdict.outcome, Outcome::Warned);
+    let deployments = lock(
+        "app-config",
+        json!({"operations": ["CREATE"], "resources": [{"apiGroups": ["apps"], "resources": ["deployments"]}]}),
+    );
+    assert!(
+        run(&create("app-config", json!({})), &[deployments], &[])
+            .expect("lookup")
+            .allowed()
+    );
+}
+
+#[test]
+fn rule_2_a_selector_lock_asking_create_refuses_objects_created_with_its_labels() {
+    let dbs = lock(
+        "dbs",
+        json!({"operations": ["CREATE"], "selector": {"matchLabels": {"app": "db"}}}),
+    );
+    let verdict = run(&create("db-7", json!({"app": "db"})), &[dbs.clone()], &[]).expect("lookup");
+    assert_eq!(verdict.locks, [LockKey::lock("prod", "dbs")]);
+    assert!(
+        run(&create("web-7", json!({"app": "web"})), &[dbs], &[])
+            .expect("lookup")
+            .allowed()
+    );
+}
+
+#[test]
+fn rule_2_a_cluster_lock_asking_create_reserves_a_cluster_scoped_name() {
+    let req = request(json!({
+        "operation": "CREATE", "name": "team-a", "namespace": "team-a", "oldObject": null,
+        "resource": {"group": "", "version": "v1", "resource": "namespaces"},
+        "object": {"metadata": {"name": "team-a"}},
+    }));
+    let reserve = LockRef::cluster_lock("team-a", spec(json!({"operations": ["CREATE"]})));
+    let verdict = run(&req, &[], &[reserve]).expect("lookup");
+    assert_eq!(
+        verdict.refusal.expect("denied").message,
+        "cannot create: namespaces \"team-a\" is locked by ClusterLock team-a (to unlock: kubectl delete clusterlock team-a)"
+    );
+}
+
+#[test]
+fn rule_2_connect_to_a_pod_is_refused_by_a_lock_asking_for_it() {
+    let guard = lock(
+        "db-0",
+        json!({"operations": ["CONNECT"], "reason": "VM snapshot"}),
+    );
+    for (sub, verb) in [
+        ("exec", "exec"),
+        ("attach", "attach"),
+        ("portforward", "port-forward"),
+        ("proxy", "proxy"),
+    ] {
+        let verdict = run(&connect("db-0", sub), &[guard.clone()], &[]).expect("lookup");
+        assert_eq!(
+            verdict.refusal.expect("denied").message,
+            format!(
+                "cannot {verb}: pods \"db-0\" in namespace \"prod\" is locked by Lock prod/db-0: VM snapshot (to unlock: kubectl delete lock db-0 -n prod)"
+            )
+        );
+    }
+    // Another pod; the default lock; a CONNECT-only lock against a DELETE.
+    assert!(
+        run(&connect("db-1", "exec"), &[guard.clone()], &[])
+            .expect("lookup")
+            .allowed()
+    );
+    let default = lock("db-0", json!({}));
+    assert!(
+        run(&connect("db-0", "exec"), &[default], &[])
+            .expect("lookup")
+            .allowed()
+    );
+    let delete = request(
+        json!({"name": "db-0", "resource": {"group": "", "version": "v1", "resource": "pods"}}),
+    );
+    assert!(
+        run(&delete, &[guard.clone()], &[])
+            .expect("lookup")
+            .allowed()
+    );
+    // A lock on pods' subresources names them like RBAC: `pods` covers exec; `pods/exec` only it.
+    let exec_only = lock(
+        "db-0",
+        json!({"operations": ["CONNECT"], "resources": [{"apiGroups": [""], "resources": ["pods/exec"]}]}),
+    );
+    assert!(
+        !run(&connect("db-0", "exec"), &[exec_only.clone()], &[])
+            .expect("lookup")
+            .allowed()
+    );
+    assert!(
+        run(&connect("db-0", "attach"), &[exec_only], &[])
+            .expect("lookup")
+            .allowed()
+    );
+    // A Service's or a Node's proxy reaches no locked pod.
+    for resource in ["services", "nodes"] {
+        let proxy = request(json!({
+            "operation": "CONNECT", "name": "db-0", "subResource": "proxy",
+            "resource": {"group": "", "version": "v1", "resource": resource},
+        }));
+        assert_eq!(plan(&proxy), Plan::Allow(Exempt::Connect), "{resource}");
+    }
+}
+
+#[test]
+fn rule_2_a_selector_lock_asking_connect_selects_by_the_pods_labels_read() {
+    let dbs = lock(
+        "dbs",
+        json!({"operations": ["CONNECT"], "selector": {"matchLabels": {"app": "db"}}}),
+    );
+    let (target, verdict) = run_reading(
+        &connect("db-0", "exec"),
+        &[dbs.clone()],
+        app("db"),
+        OnLookupError::Deny,
+    );
+    assert_eq!(
+        target.as_deref(),
+        Some("pods \"db-0\" in namespace \"prod\"")
+    );
+    assert!(
+        verdict
+            .refusal
+            .expect("denied")
+            .message
+            .starts_with("cannot exec: pods \"db-0\"")
+    );
+    let (_, verdict) = run_reading(
+        &connect("web-0", "exec"),
+        &[dbs.clone()],
+        app("web"),
+        OnLookupError::Deny,
+    );
+    assert_eq!(verdict, Verdict::allow());
+    // A default selector lock does not make an exec read anything.
+    let (target, _) = run_reading(
+        &connect("db-0", "exec"),
+        &[lock(
+            "dbs",
+            json!({"selector": {"matchLabels": {"app": "db"}}}),
+        )],
+        app("db"),
+        OnLookupError::Deny,
+    );
+    assert_eq!(target, None);
 }
 
 #[test]

@@ -10,7 +10,8 @@
 //! - **No escalation**: creating a lock, or changing its spec, needs every right the lock takes
 //!   away from everyone, on what it covers (for UPDATE `update` and `patch`, for DELETE
 //!   `delete`, and the subresources that do the same: `pods/eviction` `create`, `scale`,
-//!   `pods/ephemeralcontainers`, ...).
+//!   `pods/ephemeralcontainers`, ...; for CREATE `create`; for CONNECT `create` on
+//!   `pods/exec`, `pods/attach`, `pods/portforward` and `pods/proxy`).
 //! - **Held locks**: a lock whose `spec.holder` is set is deleted, or its spec or owners
 //!   changed, only by its holder, by whoever is granted the `unlock` verb on it, and by the
 //!   controllers that clean up after deleted objects (the garbage collector, the namespace
@@ -52,6 +53,9 @@ const SCALED: [&str; 4] = [
     "replicationcontrollers",
 ];
 
+/// The pod subresources a CONNECT lock closes.
+const CONNECT_SUBRESOURCES: [&str; 4] = ["exec", "attach", "portforward", "proxy"];
+
 /// CEL for one entry of `variables.needed`: `[verb, group, resource, subresource]`.
 fn check(verb: &str, resource: &str, subresource: &str) -> String {
     format!("['{verb}', string(p[0]), {resource}, '{subresource}']")
@@ -92,6 +96,28 @@ fn needed_for_pair() -> String {
     parts.push(format!(
         "('DELETE' in variables.ops && p[1] == 'pods' ? [{}] : [])",
         check("create", "string(p[1])", "eviction")
+    ));
+    parts.push(format!(
+        "('CREATE' in variables.ops ? [{}] : [])",
+        check("create", "string(p[1])", "")
+    ));
+    // CONNECT is authorized as `create` on the pod's subresource (the API server asks the same
+    // verb of a WebSocket GET since 1.35); it concerns pods only, whatever else the lock covers.
+    let connect: Vec<String> = CONNECT_SUBRESOURCES
+        .iter()
+        .map(|sub| format!("['create', '', 'pods', '{sub}']"))
+        .collect();
+    let named: Vec<String> = CONNECT_SUBRESOURCES
+        .iter()
+        .map(|sub| format!("'pods/{sub}'"))
+        .collect();
+    parts.push(format!(
+        "('CONNECT' in variables.ops && p[0] in ['', '*'] && p[1] in ['pods', '*'] ? [{}] : [])",
+        connect.join(", ")
+    ));
+    parts.push(format!(
+        "('CONNECT' in variables.ops && p[0] in ['', '*'] && p[1] in [{}] ? [['create', '', string(p[1]), '']] : [])",
+        named.join(", ")
     ));
     parts.join(" + ")
 }
@@ -325,4 +351,76 @@ pub fn unlock_role() -> Value {
             "verbs": ["get", "list", "delete", UNLOCK_VERB],
         }],
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The rights `needed_for_pair` asks for a lock of `ops` covering `[group, resource]`, as
+    /// `verb group resource/subresource`.
+    fn needed(ops: &[&str], pair: [&str; 2]) -> Vec<String> {
+        let expression = needed_for_pair();
+        let program = cel::Program::compile(&expression).expect("compiles");
+        let mut context = cel::Context::default();
+        for (name, value) in [("p", json!(pair)), ("variables", json!({ "ops": ops }))] {
+            let value = cel::to_value(value).expect("value");
+            context.add_variable(name, value).expect("variable");
+        }
+        let cel::Value::List(checks) = program.execute(&context).expect("evaluates") else {
+            panic!("not a list")
+        };
+        (checks.iter())
+            .map(|check| {
+                let cel::Value::List(parts) = check else {
+                    panic!("not a list: {check:?}")
+                };
+                let part = |i: usize| match &parts[i] {
+                    cel::Value::String(s) => s.to_string(),
+                    other => panic!("not a string: {other:?}"),
+                };
+                let sub = part(3);
+                let sub = if sub.is_empty() {
+                    sub
+                } else {
+                    format!("/{sub}")
+                };
+                format!("{} {} {}{sub}", part(0), part(1), part(2))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn create_and_connect_need_the_rights_the_api_server_asks_for_them() {
+        assert_eq!(
+            needed(&["CREATE"], ["apps", "deployments"]),
+            ["create apps deployments"]
+        );
+        let connect = [
+            "create  pods/exec",
+            "create  pods/attach",
+            "create  pods/portforward",
+            "create  pods/proxy",
+        ];
+        assert_eq!(needed(&["CONNECT"], ["", "pods"]), connect);
+        // Every resource includes pods; a lock on Deployments has no pod to connect to.
+        assert_eq!(needed(&["CONNECT"], ["*", "*"]), connect);
+        assert!(needed(&["CONNECT"], ["apps", "deployments"]).is_empty());
+        assert_eq!(
+            needed(&["CONNECT"], ["", "pods/exec"]),
+            ["create  pods/exec"]
+        );
+        // The default operations ask for neither.
+        let default = needed(&["UPDATE", "DELETE"], ["", "pods"]);
+        assert!(
+            default
+                .iter()
+                .all(|c| !c.starts_with("create") || c.ends_with("/eviction")),
+            "{default:?}"
+        );
+        assert_eq!(
+            needed(&["CREATE", "CONNECT", "UPDATE", "DELETE"], ["", "pods"]).len(),
+            default.len() + 1 + connect.len()
+        );
+    }
 }

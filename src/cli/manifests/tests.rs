@@ -464,11 +464,15 @@ fn the_registration_sends_every_subresource_the_decision_locks() {
             }))
             .expect("request");
             let locked = matches!(plan(&request), Plan::Lookup(_));
-            let registered = hooks.iter().any(|hook| {
-                hook.rules.iter().flatten().any(|rule| {
-                    rule_matches(rule, operation, group, resource, subresource, namespaced)
-                })
-            });
+            // CREATE and CONNECT are sent by entries the instances add while a Lock asks.
+            let by_lock_entries = (operation == "CREATE" && subresource.is_empty())
+                || (operation == "CONNECT" && group.is_empty() && resource == "pods");
+            let registered = by_lock_entries
+                || hooks.iter().any(|hook| {
+                    hook.rules.iter().flatten().any(|rule| {
+                        rule_matches(rule, operation, group, resource, subresource, namespaced)
+                    })
+                });
             if locked != registered {
                 drift.push(format!(
                     "{operation} {group}/{resource}/{subresource}: locked {locked}, registered {registered}"

@@ -5,6 +5,7 @@ mod cluster_locks;
 mod collections;
 mod collector;
 mod command;
+mod create_connect;
 mod enforcement;
 mod excluded;
 mod fake_parity;
@@ -58,6 +59,7 @@ pub fn all() -> Vec<Scenario> {
         parallel("namespace-deletion", namespaces::run),
         parallel("cluster-locks", cluster_locks::run),
         parallel("collector", collector::run),
+        parallel("create-and-connect", create_connect::run),
         parallel("spec-operations", spec::operations),
         parallel("spec-resources", spec::resources),
         parallel("spec-selector", spec::selector),
