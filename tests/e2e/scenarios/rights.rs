@@ -162,6 +162,40 @@ fn policy_checks(ns: &str, bot: &User, alice: &User, bob: &User, carol: &User) -
         .patch_lock(ns, "worker", more)
         .refused("may not delete roles.rbac.authorization.k8s.io \"worker\"")?;
 
+    // CREATE takes away `create` of the name, CONNECT `create` on the pod's exec, attach,
+    // port-forward and proxy: the editor has them (dry run), bot has neither.
+    bot.k_in(
+        &["create", "-f", "-"],
+        &lock(
+            "app-config",
+            json!({"resources": configmaps, "operations": ["CREATE"]}),
+        ),
+    )
+    .refused(&format!(
+        "user \"{}\" may not create configmaps \"app-config\" in namespace \"{ns}\"",
+        bot.name
+    ))?;
+    bot.k_in(
+        &["create", "-f", "-"],
+        &lock(
+            "worker",
+            json!({"resources": pods, "operations": ["CONNECT"]}),
+        ),
+    )
+    .refused(&format!(
+        "user \"{}\" may not create pods/exec \"worker\" in namespace \"{ns}\"",
+        bot.name
+    ))?;
+    alice
+        .k_in(
+            &["create", "--dry-run=server", "-f", "-"],
+            &lock(
+                "guarded",
+                json!({"resources": pods, "operations": ["CREATE", "CONNECT"]}),
+            ),
+        )
+        .check()?;
+
     // A held lock: another editor may neither lift nor loosen it...
     let held = format!("is held by user \"{}\"", alice.name);
     failed_with(&bob.k(&["unlock", "configmap/db-config", "-n", ns]), &held)?;
