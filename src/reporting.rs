@@ -22,6 +22,8 @@ pub struct Reporting {
     status: tokio::task::JoinHandle<()>,
     writer: tokio::task::JoinHandle<()>,
     feed: tokio::task::JoinHandle<()>,
+    /// The namespace watch, when this instance keeps the configuration.
+    labels: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Reporting {
@@ -36,7 +38,19 @@ impl Reporting {
         registered: Option<watch::Receiver<Registered>>,
     ) -> Reporting {
         let (snapshots, feed) = status::view::follow(index);
-        let inputs = DecisionInputs { registered };
+        // The namespaces' labels matter only under a configuration this instance keeps: only
+        // there can it read the operator's requirements.
+        let (namespaces, labels) = match &registered {
+            Some(registered) => {
+                let (rx, run) = status::namespaces::follow(client.clone(), registered.clone());
+                (Some(rx), Some(tokio::spawn(run)))
+            }
+            None => (None, None),
+        };
+        let inputs = DecisionInputs {
+            registered,
+            namespaces,
+        };
         let (events, queue) = EventSink::channel(EVENT_QUEUE, metrics.clone());
         let (stop, stopped) = tokio::sync::oneshot::channel();
         let writer = tokio::spawn(events::run(
@@ -62,6 +76,7 @@ impl Reporting {
             status,
             writer,
             feed: tokio::spawn(feed),
+            labels,
         }
     }
 
@@ -84,6 +99,9 @@ impl Reporting {
             );
         }
         for task in [&self.status, &self.writer, &self.feed] {
+            task.abort();
+        }
+        if let Some(task) = &self.labels {
             task.abort();
         }
     }

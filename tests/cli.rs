@@ -466,6 +466,33 @@ fn manifests_cluster_is_narrowed_unless_broad() {
     let text = String::from_utf8_lossy(&broad.stdout);
     assert!(!text.contains("may-be-locked"), "{text}");
     assert!(!text.contains("validatingwebhookconfigurations"), "{text}");
+    // Limited to selected namespaces: a selector that does not parse is refused, naming the flag.
+    let out = run(bin()
+        .args([
+            "manifests",
+            "cluster",
+            "--namespace-selector",
+            "lockable in (true",
+        ])
+        .arg("--ca-file")
+        .arg(&ca));
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("--namespace-selector \"lockable in (true\""),
+        "{}",
+        stderr(&out)
+    );
+    let out = run(bin()
+        .args([
+            "manifests",
+            "cluster",
+            "--namespace-selector",
+            "lockable=true",
+        ])
+        .arg("--ca-file")
+        .arg(&ca));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("lockable: \"true\""));
     // The static variant is always broad: the flag is not one of its flags.
     let out = run(bin()
         .args(["manifests", "static", "--broad", "--ca-file"])

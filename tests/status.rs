@@ -293,6 +293,25 @@ async fn an_unhealthy_source_withdraws_the_instance_and_a_healthy_one_returns_it
     writer.abort();
 }
 
+/// Instance `cp-1`'s status writer over the locks of `api`, deciding with `inputs`: the writer
+/// and the feed of its lock view.
+fn writer_with(
+    api: &FakeApiServer,
+    inputs: DecisionInputs,
+    metrics: EnforcementMetrics,
+) -> (JoinHandle<()>, JoinHandle<()>) {
+    let (snapshots, feed) = support::lock_view(api.client());
+    let writer = tokio::spawn(writer::run(
+        api.client(),
+        "cp-1".into(),
+        snapshots,
+        inputs,
+        metrics,
+        std::future::pending(),
+    ));
+    (writer, tokio::spawn(feed))
+}
+
 #[tokio::test]
 async fn a_lock_counts_as_enforced_only_once_the_registration_names_it() {
     support::init();
@@ -300,8 +319,6 @@ async fn a_lock_counts_as_enforced_only_once_the_registration_names_it() {
     api.create_lock("prod", "web", json!({}));
     // Another lock, whose status shows when a registration has been acted on.
     api.create_lock("prod", "other", json!({}));
-    let (snapshots, feed) = support::lock_view(api.client());
-    let feed = tokio::spawn(feed);
     let (registration, registered) = watch::channel(Registered::default());
     let metrics = EnforcementMetrics::default();
     let written = {
@@ -310,16 +327,11 @@ async fn a_lock_counts_as_enforced_only_once_the_registration_names_it() {
             .get_or_create(&kube_object_lock::metrics::OutcomeLabels { outcome: "success" });
         move || counter.get()
     };
-    let writer = tokio::spawn(writer::run(
-        api.client(),
-        "cp-1".into(),
-        snapshots,
-        DecisionInputs {
-            registered: Some(registered),
-        },
-        metrics.clone(),
-        std::future::pending(),
-    ));
+    let inputs = DecisionInputs {
+        registered: Some(registered),
+        namespaces: None,
+    };
+    let (writer, feed) = writer_with(&api, inputs, metrics.clone());
     let condition = |s: &Value| s["conditions"][0].clone();
     // No write of the configuration confirmed yet.
     let status = support::until(
@@ -350,6 +362,7 @@ async fn a_lock_counts_as_enforced_only_once_the_registration_names_it() {
         scope: Some(RegisteredScope::Narrow(
             [LockKey::lock("prod", "other")].into(),
         )),
+        ..Registered::default()
     });
     support::until(
         "the other lock enforced once named",
@@ -363,6 +376,7 @@ async fn a_lock_counts_as_enforced_only_once_the_registration_names_it() {
         scope: Some(RegisteredScope::Narrow(
             [LockKey::lock("prod", "web")].into(),
         )),
+        ..Registered::default()
     });
     let status = support::until(
         "enforced once named",
@@ -376,6 +390,7 @@ async fn a_lock_counts_as_enforced_only_once_the_registration_names_it() {
         scope: Some(RegisteredScope::Broad(
             "3 live locks exceed registration.max_names (2)".to_owned(),
         )),
+        ..Registered::default()
     });
     let status = support::until(
         "broad",
@@ -388,6 +403,77 @@ async fn a_lock_counts_as_enforced_only_once_the_registration_names_it() {
     )
     .await;
     assert_eq!(instances(&status), ["cp-1"]);
+    writer.abort();
+    feed.abort();
+}
+
+#[tokio::test]
+async fn a_lock_in_an_unselected_namespace_says_so_until_the_namespace_is_relabelled() {
+    use kube_object_lock::registration::NamespaceSelection;
+    use kube_object_lock::status::NamespaceLabels;
+    support::init();
+    let api = FakeApiServer::start().await;
+    api.create_lock("dev", "web", json!({}));
+    api.create_lock("prod", "web", json!({}));
+    let lockable = k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector {
+        match_labels: Some([("lockable".to_owned(), "true".to_owned())].into()),
+        match_expressions: None,
+    };
+    let (_registration, registered) = watch::channel(Registered {
+        scope: Some(RegisteredScope::Narrow(
+            [LockKey::lock("dev", "web"), LockKey::lock("prod", "web")].into(),
+        )),
+        namespaces: NamespaceSelection {
+            locks: lockable.clone(),
+            namespaces: lockable,
+        },
+    });
+    let labels = |dev: &str| NamespaceLabels {
+        listed: true,
+        labels: [("dev", dev), ("prod", "true")]
+            .into_iter()
+            .map(|(ns, v)| {
+                let labels = [("lockable".to_owned(), v.to_owned())].into();
+                (ns.to_owned(), Arc::new(labels))
+            })
+            .collect(),
+    };
+    let (relabel, namespaces) = watch::channel(labels("false"));
+    let inputs = DecisionInputs {
+        registered: Some(registered),
+        namespaces: Some(namespaces),
+    };
+    let (writer, feed) = writer_with(&api, inputs, EnforcementMetrics::default());
+    let condition = |s: &Value| s["conditions"][0].clone();
+    let status = support::until(
+        "not selected",
+        || status_of(&api, Some("dev"), "web"),
+        |s| condition(s)["reason"] == "NamespaceNotSelected",
+    )
+    .await;
+    assert!(instances(&status).is_empty(), "{status}");
+    let message = condition(&status)["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        message.contains("namespace dev ") && message.contains("(lockable=true)"),
+        "{message}"
+    );
+    support::until(
+        "the selected namespace's lock enforced",
+        || status_of(&api, Some("prod"), "web"),
+        |s| instances(s) == ["cp-1"],
+    )
+    .await;
+    // Relabelled, nothing else changed: the same lock is enforced.
+    relabel.send_replace(labels("true"));
+    support::until(
+        "enforced once its namespace is selected",
+        || status_of(&api, Some("dev"), "web"),
+        |s| instances(s) == ["cp-1"] && condition(s)["reason"] == "Enforcing",
+    )
+    .await;
     writer.abort();
     feed.abort();
 }

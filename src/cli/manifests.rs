@@ -19,16 +19,17 @@ use k8s_openapi::api::admissionregistration::v1::{
     WebhookClientConfig,
 };
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject;
 use serde::Serialize;
 use serde_json::json;
 
 use crate::admission::subresources;
-use crate::api;
+use crate::{api, registration};
 
 pub mod policy;
+mod selector;
 
 /// Name of the webhook configuration, the ClusterRole and its binding.
 pub const NAME: &str = "kube-object-lock";
@@ -53,6 +54,14 @@ pub enum ManifestsError {
     /// The URL is not an https URL with a host.
     #[error("--url {0:?} must be an https:// URL with a host, e.g. {DEFAULT_URL}")]
     Url(String),
+    /// The namespace selector cannot be used.
+    #[error("--namespace-selector {selector:?}: {message}")]
+    NamespaceSelector {
+        /// The text given.
+        selector: String,
+        /// What is wrong.
+        message: String,
+    },
     /// timeoutSeconds outside what the API server accepts.
     #[error("--timeout-seconds {0} must be between 1 and 30")]
     Timeout(i32),
@@ -144,6 +153,9 @@ pub struct Registration {
     pub timeout_seconds: i32,
     /// Who the webhook is, for RBAC.
     pub identity: Identity,
+    /// The operator's requirements on namespaces (`--namespace-selector`): locks apply only in
+    /// the namespaces they select. Empty: every namespace but the excluded ones.
+    pub namespaces: LabelSelector,
 }
 
 impl Registration {
@@ -179,7 +191,18 @@ impl Registration {
             failure_policy,
             timeout_seconds,
             identity,
+            namespaces: LabelSelector::default(),
         })
+    }
+
+    /// Limits locking to the namespaces `text` (a label selector, e.g. `lockable=true`) selects.
+    pub fn with_namespace_selector(mut self, text: &str) -> Result<Registration, ManifestsError> {
+        self.namespaces =
+            selector::parse(text).map_err(|message| ManifestsError::NamespaceSelector {
+                selector: text.to_owned(),
+                message,
+            })?;
+        Ok(self)
     }
 }
 
@@ -211,7 +234,12 @@ pub fn webhook_configuration(reg: &Registration, name: &str) -> ValidatingWebhoo
         // Refusals are recorded as Events, except for dry runs.
         side_effects: "NoneOnDryRun".to_owned(),
         timeout_seconds: Some(reg.timeout_seconds),
-        namespace_selector: Some(crate::registration::broad_selector()),
+        // The cluster-scoped entry's selects Namespace objects by their own labels: the same
+        // exclusions and requirements.
+        namespace_selector: Some(registration::namespaced_selector(
+            Some(&reg.namespaces),
+            registration::Narrowing::Broad,
+        )),
         object_selector: None,
         match_conditions: Some(match_conditions()),
         rules: Some(rules),
@@ -374,9 +402,11 @@ pub fn rbac(identity: &Identity) -> (ClusterRole, ClusterRoleBinding) {
 /// the role may keep that one configuration up to date.
 pub fn cluster(reg: &Registration) -> Result<String, ManifestsError> {
     let (mut role, binding) = rbac(&reg.identity);
-    role.rules
-        .get_or_insert_with(Vec::new)
-        .push(crate::registration::rbac_rule(NAME));
+    let rules = role.rules.get_or_insert_with(Vec::new);
+    rules.push(crate::registration::rbac_rule(NAME));
+    // The status of a Lock in a namespace the operator's requirements leave out says so, from
+    // the namespaces' labels.
+    rules.push(crate::status::namespaces::rbac_rule());
     let mut config = webhook_configuration(reg, NAME);
     config.metadata.annotations = Some(
         [(

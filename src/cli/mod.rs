@@ -166,6 +166,11 @@ pub struct RegistrationArgs {
     /// The webhook's identity is this ServiceAccount.
     #[arg(long, value_name = "NAMESPACE/NAME")]
     pub service_account: Option<String>,
+    /// Lock only in the namespaces this label selector selects (e.g. lockable=true; `a!=b`,
+    /// `k in (x,y)`, `k notin (x)`, `k`, `!k`, comma = and), besides kube-system and
+    /// kube-node-lease, which are always left out.
+    #[arg(long, value_name = "SELECTOR")]
+    pub namespace_selector: Option<String>,
 }
 
 /// The API server's side of mTLS.
@@ -199,13 +204,17 @@ impl RegistrationArgs {
             Some(sa) => manifests::Identity::service_account(sa)?,
             None => manifests::Identity::User(self.user.clone()),
         };
-        manifests::Registration::new(
+        let registration = manifests::Registration::new(
             &self.url,
             &self.ca_file,
             self.failure_policy,
             self.timeout_seconds,
             identity,
-        )
+        )?;
+        match &self.namespace_selector {
+            Some(selector) => registration.with_namespace_selector(selector),
+            None => Ok(registration),
+        }
     }
 }
 

@@ -79,7 +79,8 @@ impl Confirmed {
 pub(super) enum Pending {
     /// No status entry yet.
     NoInstance,
-    /// The lock's namespace is left out of the registration.
+    /// The lock's namespace is left out of the registration, or not selected by the operator's
+    /// requirements in it: the status says so, with this message.
     NotSent(String),
     /// Enforced, yet the dry run was allowed.
     DryRunAllowed(usize),
@@ -176,7 +177,8 @@ pub(super) fn assess(object: &DynamicObject, probe: Probe) -> Assessment {
     let conditions = status["conditions"].as_array().cloned().unwrap_or_default();
     let enforced = conditions.iter().find(|c| c["type"] == "Enforced");
     let reason = enforced.and_then(|c| c["reason"].as_str()).unwrap_or("");
-    if reason == "NotSentToWebhook" {
+    // The plugin cannot read the registration; the instances can, and say so in the status.
+    if matches!(reason, "NotSentToWebhook" | "NamespaceNotSelected") {
         let message = enforced.and_then(|c| c["message"].as_str()).unwrap_or("");
         return Assessment::Fatal(Pending::NotSent(message.to_owned()));
     }
@@ -308,6 +310,26 @@ mod tests {
             assess(&object(1, excluded), Probe::Delete),
             Assessment::Fatal(Pending::NotSent("namespace kube-system is left out".into()))
         );
+        // Not selected by the registration's namespaceSelector: never waited for either, even
+        // with another instance's entry still there, nor as a Warn-mode lock.
+        let message = "namespace dev is not selected by the webhook registration's namespaceSelector (lockable=true)";
+        let unselected = json!({"enforcedBy": [entry(1)], "conditions": [{"type": "Enforced", "status": "False", "reason": "NamespaceNotSelected", "message": message, "observedGeneration": 1}]});
+        for probe in [Probe::Delete, Probe::Update, Probe::None] {
+            let assessment = assess(&object(1, unselected.clone()), probe);
+            assert_eq!(
+                assessment,
+                Assessment::Fatal(Pending::NotSent(message.into())),
+                "{probe:?}"
+            );
+            let Assessment::Fatal(pending) = assessment else {
+                unreachable!()
+            };
+            let error = not_in_force(&LockKey::lock("dev", "web"), None, &pending).to_string();
+            assert!(
+                error.contains("Lock dev/web") && error.contains("(lockable=true)"),
+                "the refusal gives the reason: {error}"
+            );
+        }
     }
 
     #[test]

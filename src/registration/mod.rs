@@ -17,6 +17,12 @@
 //! format 2 ([`FORMAT_ANNOTATION`]), which `manifests cluster` sets and the operator sets after
 //! an upgrade; and an earlier version found writing in format 2 turns it off ([`decide`]).
 //!
+//! The operator may limit locking to some namespaces (`manifests cluster --namespace-selector`):
+//! those requirements sit in the base entries' `namespaceSelector`, beside the exclusions, and
+//! every entry written carries them ([`namespaced_selector`]); what is not one of this module's
+//! own requirements on `kubernetes.io/metadata.name` is the operator's. Earlier versions copy
+//! the selector they find, so they keep the requirements too.
+//!
 //! [`conditions`] computes the conditions (pure); [`webhooks`] turns them into webhook entries
 //! from the entries `manifests cluster` installed (their URL, caBundle, rules and failure
 //! policy are kept); [`writer`] keeps the configuration up to date from a watch of the locks.
@@ -30,7 +36,8 @@ use k8s_openapi::api::admissionregistration::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 
 use conditions::{CONDITION_NAME, Plan, Scope};
-use std::collections::BTreeSet;
+use kube::core::SelectorExt;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::api::{self, LockKey};
 
@@ -134,8 +141,7 @@ pub fn decide(config: &ValidatingWebhookConfiguration) -> Decision {
         (w.match_conditions.iter().flatten())
             .any(|c| c.name == CONDITION_NAME && c.expression.ends_with(FORMAT_MARKER))
     });
-    let broad = broad_selector();
-    if marked || ours(NAMESPACED_ENTRY).all(|w| w.namespace_selector.as_ref() == Some(&broad)) {
+    if marked || ours(NAMESPACED_ENTRY).all(|w| !is_narrowed(w.namespace_selector.as_ref())) {
         Decision::Write(Format::Namespaces)
     } else {
         Decision::FallBack
@@ -143,49 +149,101 @@ pub fn decide(config: &ValidatingWebhookConfiguration) -> Decision {
 }
 
 /// The `namespaceSelector` of every namespaced entry before narrowing (and in
-/// [`Format::Conditions`]): every namespace but the excluded ones.
+/// [`Format::Conditions`]), without requirements of the operator's: every namespace but the
+/// excluded ones.
 pub fn broad_selector() -> LabelSelector {
+    namespaced_selector(None, Narrowing::Broad)
+}
+
+/// How far a namespaced entry's `namespaceSelector` narrows the namespaces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Narrowing<'a> {
+    /// Not at all: every namespace but the excluded ones ([`Format::Conditions`], and the
+    /// starting point of [`Format::Namespaces`]).
+    Broad,
+    /// Every namespace, written so that it differs from [`Narrowing::Broad`], which [`decide`]
+    /// takes for "not narrowed yet" (a broad plan in [`Format::Namespaces`]).
+    Every,
+    /// The namespaces of the entry's keys (none: no namespace at all).
+    To(&'a [String]),
+}
+
+/// Whether a requirement is one this module writes: the exclusions, or a narrowing on the
+/// namespace's name. Everything else in a stored selector is the operator's.
+fn is_ours(requirement: &LabelSelectorRequirement) -> bool {
+    requirement.key == NAMESPACE_NAME_LABEL
+        && match requirement.operator.as_str() {
+            "In" | "Exists" | "DoesNotExist" => true,
+            "NotIn" => requirement
+                .values
+                .as_deref()
+                .is_some_and(|v| v.iter().map(String::as_str).eq(api::EXCLUDED_NAMESPACES)),
+            _ => false,
+        }
+}
+
+/// The operator's requirements in a stored `namespaceSelector` (`manifests cluster
+/// --namespace-selector`, or a patch of the base entries): its `matchLabels`, and every
+/// `matchExpressions` item but the exclusions and the narrowing this module writes.
+pub fn operator_requirements(selector: Option<&LabelSelector>) -> LabelSelector {
+    let Some(selector) = selector else {
+        return LabelSelector::default();
+    };
+    let expressions: Vec<_> = (selector.match_expressions.iter().flatten())
+        .filter(|r| !is_ours(r))
+        .cloned()
+        .collect();
     LabelSelector {
-        match_expressions: Some(vec![LabelSelectorRequirement {
-            key: NAMESPACE_NAME_LABEL.to_owned(),
-            operator: "NotIn".to_owned(),
-            values: Some(
-                api::EXCLUDED_NAMESPACES
-                    .iter()
-                    .map(|s| (*s).to_owned())
-                    .collect(),
-            ),
-        }]),
-        match_labels: None,
+        match_labels: selector.match_labels.clone().filter(|l| !l.is_empty()),
+        match_expressions: (!expressions.is_empty()).then_some(expressions),
     }
 }
 
-/// The broad selector, narrowed: to `namespaces` (`None`: every namespace, yet written so that
-/// it differs from [`broad_selector`], which [`decide`] takes for "not narrowed yet").
-fn narrowed_selector(namespaces: Option<&[String]>) -> LabelSelector {
-    let mut selector = broad_selector();
+/// The `namespaceSelector` of a namespaced entry, the one place it is made: the exclusions, the
+/// operator's requirements carried from `base` (the stored selector of the entry it is made
+/// from, or the operator's own), and the narrowing. Every namespaced entry, whatever its
+/// operations, gets its selector here, so the operator's requirements reach them all.
+pub fn namespaced_selector(
+    base: Option<&LabelSelector>,
+    narrowing: Narrowing<'_>,
+) -> LabelSelector {
+    let operator = operator_requirements(base);
     let requirement = |operator: &str, values: Option<Vec<String>>| LabelSelectorRequirement {
         key: NAMESPACE_NAME_LABEL.to_owned(),
         operator: operator.to_owned(),
         values,
     };
-    let narrowing = match namespaces {
-        None => requirement("Exists", None),
+    let excluded = api::EXCLUDED_NAMESPACES.map(str::to_owned).to_vec();
+    let mut expressions = vec![requirement("NotIn", Some(excluded))];
+    expressions.extend(operator.match_expressions.into_iter().flatten());
+    match narrowing {
+        Narrowing::Broad => {}
+        Narrowing::Every => expressions.push(requirement("Exists", None)),
         // `In` needs at least one value; every namespace has the label, so none matches.
-        Some([]) => requirement("DoesNotExist", None),
-        Some(names) => requirement("In", Some(names.to_vec())),
-    };
-    selector
-        .match_expressions
-        .get_or_insert_with(Vec::new)
-        .push(narrowing);
-    selector
+        Narrowing::To([]) => expressions.push(requirement("DoesNotExist", None)),
+        Narrowing::To(names) => expressions.push(requirement("In", Some(names.to_vec()))),
+    }
+    LabelSelector {
+        match_labels: operator.match_labels,
+        match_expressions: Some(expressions),
+    }
+}
+
+/// Whether a stored selector narrows the namespaces (anything but [`Narrowing::Broad`]),
+/// whatever the operator's requirements beside.
+fn is_narrowed(selector: Option<&LabelSelector>) -> bool {
+    (selector
+        .and_then(|s| s.match_expressions.as_ref())
+        .into_iter()
+        .flatten())
+    .any(|r| is_ours(r) && r.operator != "NotIn")
 }
 
 /// The webhook entries the plan asks for in `format`, made from the configuration's current
 /// entries: each base entry keeps everything but its `may-be-locked` condition, which is replaced
-/// (`true` when broad), and, for the namespaced ones, its `namespaceSelector`; extra entries are
-/// copies of the base entry with their own condition and selector. Entries of other names are
+/// (`true` when broad), and, for the namespaced ones, its `namespaceSelector`, rebuilt by
+/// [`namespaced_selector`] with the operator's requirements carried; extra entries are copies
+/// of the base entry with their own condition and selector. Entries of other names are
 /// left out (and left alone by the writer). The cluster-scoped entries keep their selector: it
 /// filters Namespace objects by their own labels, nothing else that is cluster-scoped.
 pub fn webhooks(
@@ -210,12 +268,17 @@ pub fn webhooks(
         // --server-side of `manifests cluster`) co-owns would survive its removal half-written.
         Scope::Broad(_) => (vec![&broad], vec![&broad]),
     };
-    let selector = |index: usize| match (format, &plan.scope) {
-        (Format::Conditions, _) => broad_selector(),
-        (Format::Namespaces, Scope::Broad(_)) => narrowed_selector(None),
-        (Format::Namespaces, Scope::Narrow { .. }) => narrowed_selector(Some(
-            plan.namespaces.get(index).map_or(&[][..], Vec::as_slice),
-        )),
+    // The base entry's selector carries the operator's requirements into every entry.
+    let base = namespaced.namespace_selector.as_ref();
+    let selector = |index: usize| {
+        let narrowing = match (format, &plan.scope) {
+            (Format::Conditions, _) => Narrowing::Broad,
+            (Format::Namespaces, Scope::Broad(_)) => Narrowing::Every,
+            (Format::Namespaces, Scope::Narrow { .. }) => {
+                Narrowing::To(plan.namespaces.get(index).map_or(&[][..], Vec::as_slice))
+            }
+        };
+        namespaced_selector(base, narrowing)
     };
     let marker = match format {
         Format::Conditions => "",
@@ -269,7 +332,8 @@ pub fn starting_point(
     let mut entries = webhooks(entries, &plan, Format::Namespaces)?;
     for entry in &mut entries {
         if entry.name == NAMESPACED_ENTRY {
-            entry.namespace_selector = Some(broad_selector());
+            let base = entry.namespace_selector.take();
+            entry.namespace_selector = Some(namespaced_selector(base.as_ref(), Narrowing::Broad));
         }
     }
     Ok(entries)
@@ -303,10 +367,55 @@ pub fn is_current(current: &[ValidatingWebhook], desired: &[ValidatingWebhook]) 
 }
 
 /// What the configuration says, once written and read back.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Registered {
     /// `None` until the first write is confirmed.
     pub scope: Option<RegisteredScope>,
+    /// The namespaces the operator lets locks apply in.
+    pub namespaces: NamespaceSelection,
+}
+
+/// The operator's requirements on namespaces (`manifests cluster --namespace-selector`), read
+/// from the base entries: the API server matches them natively, so a Lock in a namespace they
+/// do not select is never sent, whatever the conditions say.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct NamespaceSelection {
+    /// The namespaced entry's: the namespaces whose objects are sent.
+    pub locks: LabelSelector,
+    /// The cluster-scoped entry's: it filters Namespace objects by their own labels, and no
+    /// other cluster-scoped object.
+    pub namespaces: LabelSelector,
+}
+
+impl NamespaceSelection {
+    /// The requirements of the base entries among `entries` (none where an entry is missing).
+    pub fn of(entries: &[ValidatingWebhook]) -> NamespaceSelection {
+        let of = |base: &str| {
+            let entry = entries.iter().find(|w| w.name == base);
+            operator_requirements(entry.and_then(|w| w.namespace_selector.as_ref()))
+        };
+        NamespaceSelection {
+            locks: of(NAMESPACED_ENTRY),
+            namespaces: of(CLUSTER_ENTRY),
+        }
+    }
+
+    /// True when the operator asks for nothing: every namespace but the excluded ones.
+    pub fn is_everything(&self) -> bool {
+        self.locks == LabelSelector::default() && self.namespaces == LabelSelector::default()
+    }
+}
+
+/// Whether `selector` selects a namespace labelled `labels`. One the API server would not have
+/// stored (an unknown operator) selects none: a lock is then never claimed to be sent.
+pub fn selects(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
+    kube::core::Selector::try_from(selector.clone()).is_ok_and(|s| s.matches(labels))
+}
+
+/// `selector` as kubectl writes one: `lockable=true,tier notin (dev)`.
+pub fn describe(selector: &LabelSelector) -> String {
+    kube::core::Selector::try_from(selector.clone())
+        .map_or_else(|_| format!("{selector:?}"), |s| s.to_string())
 }
 
 /// Narrowed to these locks, or broad.
@@ -658,12 +767,21 @@ mod tests {
         let now = "2026-11-22T12:00:00Z".parse().expect("time");
         let locks = [LockRef::lock("prod", "web", LockSpec::default())];
         let plan = conditions::plan(&locks, now, &Limits::default());
-        let installed = with_broad_selector(base_entries());
-        let narrowed = webhooks(&installed, &plan, Format::Namespaces).expect("entries");
-        let conditions_only = webhooks(&installed, &plan, Format::Conditions).expect("entries");
+        // The same, with requirements of the operator's in the selectors.
+        for installed in [
+            with_broad_selector(base_entries()),
+            installed_with_requirements(),
+        ] {
+            the_format_is_read_from(&installed, &plan);
+        }
+    }
+
+    fn the_format_is_read_from(installed: &[ValidatingWebhook], plan: &Plan) {
+        let narrowed = webhooks(installed, plan, Format::Namespaces).expect("entries");
+        let conditions_only = webhooks(installed, plan, Format::Conditions).expect("entries");
         let rows: [(Option<&str>, &[ValidatingWebhook], Decision); 7] = [
             // Installed by an earlier version, or kept by one: conditions only.
-            (None, &installed, Decision::Write(Format::Conditions)),
+            (None, installed, Decision::Write(Format::Conditions)),
             (None, &narrowed, Decision::Write(Format::Conditions)),
             (
                 Some(CONDITIONS_FORMAT),
@@ -673,7 +791,7 @@ mod tests {
             // Asked for, not written yet (or written by an instance that had not seen it yet).
             (
                 Some(NAMESPACES_FORMAT),
-                &installed,
+                installed,
                 Decision::Write(Format::Namespaces),
             ),
             (
@@ -690,7 +808,7 @@ mod tests {
             // Rewritten since by an earlier version, which kept the narrowed selector.
             (
                 Some(NAMESPACES_FORMAT),
-                &earlier_version(&narrowed, &plan),
+                &earlier_version(&narrowed, plan),
                 Decision::FallBack,
             ),
         ];
@@ -703,18 +821,23 @@ mod tests {
         }
     }
 
-    #[test]
-    fn an_earlier_version_and_this_one_settle_on_the_conditions() {
+    /// The plans of one Lock (`prod/web`), then of a second one in another namespace.
+    fn one_lock_then_two() -> (Plan, Plan) {
         let now = "2026-11-22T12:00:00Z".parse().expect("time");
         let one = [LockRef::lock("prod", "web", LockSpec::default())];
         let two = [
             one[0].clone(),
             LockRef::lock("staging", "db", LockSpec::default()),
         ];
-        let (plan_one, plan_two) = (
+        (
             conditions::plan(&one, now, &Limits::default()),
             conditions::plan(&two, now, &Limits::default()),
-        );
+        )
+    }
+
+    #[test]
+    fn an_earlier_version_and_this_one_settle_on_the_conditions() {
+        let (plan_one, plan_two) = one_lock_then_two();
         // A rolling upgrade from a registration an earlier version installed: both write the
         // same, so neither rewrites what the other wrote.
         let installed = with_broad_selector(base_entries());
@@ -748,6 +871,221 @@ mod tests {
             &fallen,
             &webhooks(&fallen, &plan_two, Format::Conditions).expect("e")
         ));
+    }
+
+    /// The operator's requirements as `manifests cluster --namespace-selector
+    /// "lockable=true,tier notin (dev)"` writes them.
+    fn operator() -> LabelSelector {
+        LabelSelector {
+            match_labels: Some([("lockable".to_owned(), "true".to_owned())].into()),
+            match_expressions: Some(vec![LabelSelectorRequirement {
+                key: "tier".to_owned(),
+                operator: "NotIn".to_owned(),
+                values: Some(vec!["dev".to_owned()]),
+            }]),
+        }
+    }
+
+    /// The base entries as installed with the operator's requirements.
+    fn installed_with_requirements() -> Vec<ValidatingWebhook> {
+        let mut entries = base_entries();
+        for entry in &mut entries[..2] {
+            entry.namespace_selector =
+                Some(namespaced_selector(Some(&operator()), Narrowing::Broad));
+        }
+        entries
+    }
+
+    /// Whether `entry`'s selector holds every requirement of the operator's.
+    fn carries_requirements(entry: &ValidatingWebhook) -> bool {
+        let selector = entry.namespace_selector.as_ref().expect("selector");
+        let operator = operator();
+        selector.match_labels == operator.match_labels
+            && (operator.match_expressions.iter().flatten())
+                .all(|r| selector.match_expressions.iter().flatten().any(|s| s == r))
+            && operator_requirements(Some(selector)) == operator
+    }
+
+    #[test]
+    fn the_operators_requirements_reach_every_entry_in_both_formats() {
+        let now = "2026-11-22T12:00:00Z".parse().expect("time");
+        let locks: Vec<_> = (0..40)
+            .map(|i| {
+                LockRef::lock(
+                    &format!("ns-{:02}", i / 4),
+                    &format!("name-{i:02}"),
+                    LockSpec::default(),
+                )
+            })
+            .chain([LockRef::cluster_lock("node-1", LockSpec::default())])
+            .collect();
+        let limits = Limits {
+            chunk_chars: 150,
+            ..Limits::default()
+        };
+        let plan = conditions::plan(&locks, now, &limits);
+        let installed = installed_with_requirements();
+        let is_namespaced = |w: &&ValidatingWebhook| {
+            w.name == NAMESPACED_ENTRY || is_extra_entry(&w.name, NAMESPACED_ENTRY)
+        };
+        for format in [Format::Conditions, Format::Namespaces] {
+            let desired = webhooks(&installed, &plan, format).expect("entries");
+            let namespaced: Vec<_> = desired.iter().filter(is_namespaced).collect();
+            assert!(namespaced.len() > 2, "{format:?}: chunk entries");
+            for entry in &desired {
+                assert!(carries_requirements(entry), "{format:?} {}", entry.name);
+            }
+            for entry in &namespaced {
+                let selector = entry.namespace_selector.clone().expect("selector");
+                let expressions = selector.match_expressions.expect("expressions");
+                assert_eq!(
+                    expressions[0],
+                    broad_selector().match_expressions.expect("e")[0],
+                    "the exclusions stay"
+                );
+                let narrowing: Vec<_> = expressions
+                    .iter()
+                    .filter(|r| is_ours(r) && r.operator != "NotIn")
+                    .collect();
+                match format {
+                    // As installed: what an earlier version, which copies the selector it
+                    // finds, writes too.
+                    Format::Conditions => {
+                        assert!(narrowing.is_empty());
+                        assert_eq!(entry.namespace_selector, installed[0].namespace_selector);
+                    }
+                    Format::Namespaces => {
+                        assert_eq!(narrowing.len(), 1, "{}", entry.name);
+                        assert_eq!(narrowing[0].operator, "In");
+                    }
+                }
+            }
+            // The cluster-scoped entries keep the base entry's selector, requirements and all.
+            for entry in desired.iter().filter(|w| !is_namespaced(w)) {
+                assert_eq!(entry.namespace_selector, installed[1].namespace_selector);
+            }
+            // Written back, the requirements are read from the narrowed base entry again: the
+            // same entries, and current.
+            assert_eq!(webhooks(&desired, &plan, format).expect("entries"), desired);
+            assert!(is_current(
+                &desired,
+                &webhooks(&desired, &plan, format).expect("e")
+            ));
+            assert_eq!(
+                NamespaceSelection::of(&desired),
+                NamespaceSelection {
+                    locks: operator(),
+                    namespaces: operator(),
+                }
+            );
+            // Nothing locked, or broad: still only where the operator lets locks apply.
+            let empty = conditions::plan(&[], now, &limits);
+            let broad = Plan {
+                scope: Scope::Broad(BroadReason::TooManyNames { names: 3, max: 2 }),
+                ..conditions::plan(&[], now, &limits)
+            };
+            for plan in [&empty, &broad] {
+                for entry in webhooks(&desired, plan, format).expect("entries") {
+                    assert!(carries_requirements(&entry), "{format:?} {}", entry.name);
+                }
+            }
+        }
+        // Without requirements, what the entries say is what they said before.
+        let plain = with_broad_selector(base_entries());
+        assert!(NamespaceSelection::of(&plain).is_everything());
+        let desired = webhooks(&plain, &plan, Format::Namespaces).expect("entries");
+        let selector = desired[0].namespace_selector.clone().expect("selector");
+        assert_eq!(selector.match_labels, None);
+        assert_eq!(selector.match_expressions.map(|e| e.len()), Some(2));
+    }
+
+    #[test]
+    fn the_operators_requirements_survive_an_earlier_version_and_a_fall_back() {
+        let (plan_one, plan_two) = one_lock_then_two();
+        let installed = installed_with_requirements();
+        let narrowed = webhooks(&installed, &plan_one, Format::Namespaces).expect("entries");
+        let earlier = earlier_version(&narrowed, &plan_two);
+        assert_eq!(
+            decide(&config(Some(NAMESPACES_FORMAT), earlier.clone())),
+            Decision::FallBack
+        );
+        // The fall-back selector is the installed one, requirements kept; from then on the
+        // earlier version and this one write the same.
+        let fallen = webhooks(&earlier, &plan_two, Format::Conditions).expect("entries");
+        assert_eq!(
+            fallen[0].namespace_selector,
+            installed[0].namespace_selector
+        );
+        assert!(fallen.iter().all(carries_requirements));
+        assert!(is_current(&fallen, &earlier_version(&fallen, &plan_two)));
+        // An earlier version keeping a registration installed with requirements: both write the
+        // same, requirements included, so neither undoes the other.
+        let stored = earlier_version(&installed, &plan_one);
+        assert!(stored.iter().all(carries_requirements));
+        assert!(is_current(
+            &stored,
+            &webhooks(&stored, &plan_one, Format::Conditions).expect("e")
+        ));
+        // The starting point keeps them too, with the broad selector.
+        let start = starting_point(&installed).expect("entries");
+        assert_eq!(start[0].namespace_selector, installed[0].namespace_selector);
+        assert_eq!(start[1].namespace_selector, installed[1].namespace_selector);
+    }
+
+    #[test]
+    fn only_the_operators_requirements_are_the_operators() {
+        let requirement =
+            |key: &str, operator: &str, values: Option<&[&str]>| LabelSelectorRequirement {
+                key: key.to_owned(),
+                operator: operator.to_owned(),
+                values: values.map(|v| v.iter().map(|s| (*s).to_owned()).collect()),
+            };
+        let name = NAMESPACE_NAME_LABEL;
+        let ours = [
+            requirement(name, "NotIn", Some(&api::EXCLUDED_NAMESPACES)),
+            requirement(name, "In", Some(&["prod"])),
+            requirement(name, "Exists", None),
+            requirement(name, "DoesNotExist", None),
+        ];
+        let theirs = [
+            requirement(name, "NotIn", Some(&["dev"])),
+            requirement("lockable", "In", Some(&["true"])),
+            requirement("legacy", "DoesNotExist", None),
+        ];
+        let stored = LabelSelector {
+            match_labels: Some([("team".to_owned(), "db".to_owned())].into()),
+            match_expressions: Some(ours.iter().chain(&theirs).cloned().collect()),
+        };
+        let operator = operator_requirements(Some(&stored));
+        assert_eq!(operator.match_labels, stored.match_labels);
+        assert_eq!(operator.match_expressions.as_deref(), Some(&theirs[..]));
+        assert_eq!(operator_requirements(None), LabelSelector::default());
+        assert!(is_narrowed(Some(&stored)));
+        let mut broad = stored.clone();
+        broad.match_expressions = Some([&ours[0]].into_iter().chain(&theirs).cloned().collect());
+        assert!(!is_narrowed(Some(&broad)));
+        // Matched as the API server matches; described as kubectl writes it.
+        let lockable = |v: &str| BTreeMap::from([("lockable".to_owned(), v.to_owned())]);
+        let selector = LabelSelector {
+            match_labels: Some(lockable("true")),
+            match_expressions: None,
+        };
+        assert!(selects(&selector, &lockable("true")));
+        assert!(!selects(&selector, &lockable("false")));
+        assert!(!selects(&selector, &BTreeMap::new()));
+        assert_eq!(describe(&selector), "lockable=true");
+        assert_eq!(
+            describe(&operator),
+            "team=db,kubernetes.io/metadata.name notin (dev),lockable in (true),!legacy"
+        );
+        let odd = LabelSelector {
+            match_labels: None,
+            match_expressions: Some(vec![requirement("a", "Near", None)]),
+        };
+        assert!(
+            !selects(&odd, &BTreeMap::new()),
+            "an unknown operator selects nothing"
+        );
     }
 
     #[test]

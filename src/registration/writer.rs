@@ -39,8 +39,8 @@ use tracing::{debug, info, warn};
 
 use super::conditions::{self, Limits, Plan, Scope};
 use super::{
-    CONDITIONS_FORMAT, Decision, FORMAT_ANNOTATION, Format, NAMESPACES_FORMAT, Registered,
-    RegisteredScope, decide, is_current, webhooks,
+    CONDITIONS_FORMAT, Decision, FORMAT_ANNOTATION, Format, NAMESPACES_FORMAT, NamespaceSelection,
+    Registered, RegisteredScope, decide, is_current, webhooks,
 };
 use crate::locks::index::{Change, Follower, LockIndex};
 use crate::locks::{LockKey, LockRef};
@@ -270,7 +270,7 @@ impl Narrower {
             .locked_names
             .set(i64::try_from(plan.names).unwrap_or(i64::MAX));
         if decision != Decision::FallBack && is_current(entries, &desired) {
-            self.confirm(plan, live);
+            self.confirm(plan, live, NamespaceSelection::of(entries));
             return Ok(None);
         }
         let mut metadata = serde_json::json!({"name": self.config.name});
@@ -336,12 +336,12 @@ impl Narrower {
             }
             (Scope::Broad(reason), _) => warn!(%reason, "webhook configuration is broad"),
         }
-        self.confirm(plan, live);
+        self.confirm(plan, live, NamespaceSelection::of(&desired));
         Ok(Some(written))
     }
 
     /// Publishes what the configuration now says.
-    fn confirm(&self, plan: &Plan, live: BTreeSet<LockKey>) {
+    fn confirm(&self, plan: &Plan, live: BTreeSet<LockKey>, namespaces: NamespaceSelection) {
         let scope = match &plan.scope {
             Scope::Narrow { .. } => {
                 self.metrics.narrowed.set(1);
@@ -352,9 +352,17 @@ impl Narrower {
                 RegisteredScope::Broad(reason.to_string())
             }
         };
+        if !namespaces.is_everything() && namespaces != self.registered.borrow().namespaces {
+            info!(
+                namespaced = %super::describe(&namespaces.locks),
+                namespaces = %super::describe(&namespaces.namespaces),
+                "locks apply only in the namespaces the registration's namespaceSelector selects"
+            );
+        }
         self.registered.send_if_modified(|r| {
-            let changed = r.scope.as_ref() != Some(&scope);
+            let changed = r.scope.as_ref() != Some(&scope) || r.namespaces != namespaces;
             r.scope = Some(scope);
+            r.namespaces = namespaces;
             changed
         });
     }

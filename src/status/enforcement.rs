@@ -2,13 +2,13 @@
 //! not), and whether what the lock's status shows already says it. No I/O: table-tested in
 //! `tests.rs`.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
 use k8s_openapi::jiff::Timestamp;
 use tokio::time::{Duration, Instant};
 
-use super::{CONDITION, KnownLock};
+use super::{CONDITION, KnownLock, NamespaceLabels};
 use crate::api::{self, Enforcer, LockCondition, LockKey, LockMode, LockSpec};
-use crate::registration::{Registered, RegisteredScope};
+use crate::registration::{self, Registered, RegisteredScope};
 
 /// Whether the webhook configuration sends a lock's requests to the webhook.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -18,22 +18,65 @@ pub enum Coverage {
     Sent,
     /// Sent because the configuration is broad, for this reason.
     Broad(String),
-    /// Not named by the configuration yet, or no write of it confirmed yet.
+    /// Not named by the configuration yet, or no write of it confirmed yet (or the labels of
+    /// its namespace, which the operator's requirements need, not known yet).
     NotYet,
+    /// In (or on) a namespace the operator's requirements in the `namespaceSelector` do not
+    /// select: never sent, whatever the conditions say.
+    NotSelected {
+        /// The namespace.
+        namespace: String,
+        /// The requirements, as kubectl writes them.
+        selector: String,
+    },
 }
 
 impl Coverage {
-    /// The coverage of `key` by what this instance last confirmed; `None`: it keeps no
-    /// configuration.
-    pub fn of(registered: Option<&Registered>, key: &LockKey) -> Coverage {
+    /// The coverage of `lock` by what this instance last confirmed, with the labels of the
+    /// namespaces; `registered` `None`: it keeps no configuration, and so cannot know the
+    /// operator's requirements either.
+    pub fn of(
+        registered: Option<&Registered>,
+        namespaces: &NamespaceLabels,
+        lock: &KnownLock,
+    ) -> Coverage {
         let Some(registered) = registered else {
             return Coverage::Sent;
         };
-        match &registered.scope {
-            None => Coverage::NotYet,
-            Some(RegisteredScope::Broad(reason)) => Coverage::Broad(reason.clone()),
-            Some(RegisteredScope::Narrow(_)) if registered.covers(key) => Coverage::Sent,
-            Some(RegisteredScope::Narrow(_)) => Coverage::NotYet,
+        let Some(scope) = &registered.scope else {
+            return Coverage::NotYet;
+        };
+        // The namespaced entries select by the Lock's namespace; the cluster-scoped one selects
+        // Namespace objects by their own labels, and no other cluster-scoped object.
+        let key = &lock.key;
+        let selection = &registered.namespaces;
+        let (selector, namespace) = match &key.namespace {
+            Some(ns) => (&selection.locks, ns),
+            None if lock.spec.as_ref().is_ok_and(covers_only_namespaces) => {
+                (&selection.namespaces, &key.name)
+            }
+            None => (&LabelSelector::default(), &key.name),
+        };
+        if *selector != LabelSelector::default() {
+            match namespaces.labels.get(namespace) {
+                _ if !namespaces.listed => return Coverage::NotYet,
+                Some(labels) if !registration::selects(selector, labels) => {
+                    return Coverage::NotSelected {
+                        namespace: namespace.clone(),
+                        selector: registration::describe(selector),
+                    };
+                }
+                Some(_) => {}
+                // A Lock's namespace exists: the watch has not shown it yet.
+                None if key.namespace.is_some() => return Coverage::NotYet,
+                // A ClusterLock on a Namespace that does not exist: nothing is left out.
+                None => {}
+            }
+        }
+        match scope {
+            RegisteredScope::Broad(reason) => Coverage::Broad(reason.clone()),
+            RegisteredScope::Narrow(_) if registered.covers(key) => Coverage::Sent,
+            RegisteredScope::Narrow(_) => Coverage::NotYet,
         }
     }
 }
@@ -53,6 +96,13 @@ pub enum Enforcement {
     WarnMode,
     /// The namespace is left out of the webhook registration.
     NotSent(String),
+    /// The namespace is not selected by the operator's requirements in the registration.
+    NamespaceNotSelected {
+        /// The namespace.
+        namespace: String,
+        /// The requirements, as kubectl writes them.
+        selector: String,
+    },
     /// The narrowed configuration does not name the lock yet.
     NotYetRegistered,
 }
@@ -86,6 +136,18 @@ impl Enforcement {
     /// How `lock` stands at `now`, given whether the configuration sends its requests.
     pub fn with_coverage(lock: &KnownLock, coverage: &Coverage, now: Timestamp) -> Enforcement {
         let enforcement = Enforcement::of(lock, now);
+        // Not sent: neither a refusal nor a warning nor an unparsed spec's lock comes of it.
+        if let Coverage::NotSelected {
+            namespace,
+            selector,
+        } = coverage
+            && !matches!(enforcement, Enforcement::NotSent(_))
+        {
+            return Enforcement::NamespaceNotSelected {
+                namespace: namespace.clone(),
+                selector: selector.clone(),
+            };
+        }
         if !enforcement.is_enforced() {
             return enforcement;
         }
@@ -140,6 +202,11 @@ impl Enforcement {
                 "False",
                 "NotSentToWebhook",
                 format!("namespace {ns} is left out of the webhook registration: its objects never reach the webhook"),
+            ),
+            Enforcement::NamespaceNotSelected { namespace, selector } => (
+                "False",
+                "NamespaceNotSelected",
+                format!("namespace {namespace} is not selected by the webhook registration's namespaceSelector ({selector}): its objects never reach the webhook (label the namespace to match, or lock elsewhere)"),
             ),
             Enforcement::NotYetRegistered => (
                 "False",

@@ -11,12 +11,14 @@
 //!   instance computes it from the list as it last saw it and writes it with `force`; they agree
 //!   once the list settles;
 //! - the condition `Enforced` (True/Enforcing, or False with Expired, WarnMode,
-//!   NotSentToWebhook or NotYetRegistered). Every instance writes the same condition, so it
-//!   carries no time.
+//!   NotSentToWebhook, NamespaceNotSelected or NotYetRegistered). Every instance writes the
+//!   same condition, so it carries no time.
 //!
 //! With a self-narrowing registration ([`crate::registration::writer`]), a lock counts as
 //! enforced only once the configuration that names it has been written and read back: before
-//! that, the API server does not send its object's writes to the webhook at all.
+//! that, the API server does not send its object's writes to the webhook at all. When the
+//! operator limits that configuration to some namespaces, a lock elsewhere is never sent
+//! either: the namespaces' labels ([`namespaces`]) say which.
 //!
 //! Writes happen only when the result changes (a lock appears, changes generation, expires,
 //! the source turns unhealthy...), never per admission. While the lock source is unhealthy the
@@ -27,9 +29,11 @@
 //! path's lock index, so a lock counts as enforced from what the admissions are decided from.
 
 pub mod enforcement;
+pub mod namespaces;
 pub mod view;
 pub mod writer;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::api::{LockKey, LockSpec};
@@ -76,4 +80,14 @@ pub struct LockSnapshot {
     /// Every known lock. A persistent map: publishing a snapshot per change costs no copy, and
     /// the diff of two snapshots visits only the parts that changed.
     pub locks: imbl::OrdMap<LockKey, Arc<KnownLock>>,
+}
+
+/// The labels of every namespace, as the namespace watch last listed them.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NamespaceLabels {
+    /// True once the first list is in: until then no namespace is known.
+    pub listed: bool,
+    /// Each namespace's labels, by name. A persistent map: the status writer diffs two of them
+    /// to find the namespaces whose labels changed.
+    pub labels: imbl::OrdMap<String, Arc<BTreeMap<String, String>>>,
 }

@@ -2,7 +2,7 @@
 //! status in line with the lock view ([`super::view`]), with server-side apply under the
 //! instance's own field manager, only when the result changes.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::enforcement::{Applied, Coverage, Desired, desired, needs_write};
-use super::{FIELD_MANAGER_PREFIX, KnownLock, LockSnapshot};
+use super::{FIELD_MANAGER_PREFIX, KnownLock, LockSnapshot, NamespaceLabels};
 use crate::api::LockKey;
 use crate::metrics::{EnforcementMetrics, OutcomeLabels};
 use crate::registration::Registered;
@@ -29,12 +29,16 @@ const WRITES_PER_PASS: usize = 64;
 const FIRST_RETRY: Duration = Duration::from_secs(1);
 
 /// What this instance's refusals depend on besides the lock itself: the webhook configuration
-/// it keeps (when narrowed). A lock counts as enforced only once it names the lock. (The locks
-/// come from the index the admissions are decided from: what the writer sees, they decide by.)
+/// it keeps (when narrowed). A lock counts as enforced only once it names the lock, and only in
+/// a namespace it selects. (The locks come from the index the admissions are decided from: what
+/// the writer sees, they decide by.)
 #[derive(Default)]
 pub struct DecisionInputs {
     /// What the narrowed configuration names; `None` when this instance keeps none.
     pub registered: Option<watch::Receiver<Registered>>,
+    /// The namespaces' labels, which the configuration's `namespaceSelector` selects by;
+    /// `None` when this instance keeps no configuration.
+    pub namespaces: Option<watch::Receiver<NamespaceLabels>>,
 }
 
 /// A failed write waiting for its retry.
@@ -85,9 +89,14 @@ pub async fn run(
     metrics: EnforcementMetrics,
     stop: impl Future<Output = ()>,
 ) {
-    let DecisionInputs { mut registered } = inputs;
+    let DecisionInputs {
+        mut registered,
+        mut namespaces,
+    } = inputs;
     let keeps_registration = registered.is_some();
     let mut confirmed = Registered::default();
+    let mut labels = NamespaceLabels::default();
+    let mut relabelled = false;
     let mut stop = std::pin::pin!(stop);
     let mut stopping = false;
     let manager = format!("{FIELD_MANAGER_PREFIX}{instance}");
@@ -109,6 +118,24 @@ pub async fn run(
             && every_lock
         {
             confirmed = registered.borrow_and_update().clone();
+        }
+        // The namespaces whose labels changed: their locks are looked at again.
+        let mut touched = BTreeSet::new();
+        if let Some(namespaces) = &mut namespaces
+            && (std::mem::take(&mut relabelled) || every_lock)
+        {
+            let now_labels = namespaces.borrow_and_update().clone();
+            if now_labels.listed != labels.listed {
+                every_lock = true;
+            }
+            touched = (labels.labels.diff(&now_labels.labels))
+                .map(|change| match change {
+                    imbl::ordmap::DiffItem::Add(ns, _)
+                    | imbl::ordmap::DiffItem::Update { new: (ns, _), .. }
+                    | imbl::ordmap::DiffItem::Remove(ns, _) => ns.clone(),
+                })
+                .collect();
+            labels = now_labels;
         }
         let registration = keeps_registration.then_some(&confirmed);
         if stopping {
@@ -142,6 +169,13 @@ pub async fn run(
                         books.forget(key);
                         todo.remove(key);
                     }
+                }
+            }
+            if !touched.is_empty() {
+                let relabelled = (snapshot.locks.keys())
+                    .filter(|key| touched.contains(key.namespace.as_ref().unwrap_or(&key.name)));
+                for key in relabelled {
+                    todo.insert(key.clone(), true);
                 }
             }
             if due_now {
@@ -184,7 +218,7 @@ pub async fn run(
                 key.clone(),
                 (lock.meta.resource_version.clone(), snapshot.healthy),
             );
-            let coverage = Coverage::of(registration, &key);
+            let coverage = Coverage::of(registration, &labels, lock);
             let want = desired(lock, snapshot.healthy, &coverage, &instance, now);
             if needs_write(lock, &want, &instance, books.applied.get(&key)) {
                 picked.push((lock.clone(), want));
@@ -277,6 +311,12 @@ pub async fn run(
             } else {
                 // The configuration keeper stopped: what it last confirmed stays true.
                 registered = None;
+            },
+            alive = changed(&mut namespaces) => if alive {
+                relabelled = true;
+            } else {
+                // The namespace watch stopped: the labels it last showed stay true.
+                namespaces = None;
             },
             // A retry or an expiry is due.
             () = sleep_until(wake) => due = true,

@@ -421,26 +421,17 @@ pub fn write_private(path: &Path, text: &str) -> Result<()> {
 /// `manifests cluster --url URL --ca-file ca.crt --service-account NS/NAME`, applied
 /// server-side.
 pub fn register(bin: &Path, kubectl: &Kubectl, files: &Files, sa: &str) -> Result<()> {
-    let ca = files.pki("ca.crt");
-    let yaml = run(
-        bin,
-        &[
-            "manifests",
-            "cluster",
-            "--url",
-            URL,
-            "--ca-file",
-            &ca.to_string_lossy(),
-            "--service-account",
-            sa,
-        ],
-        None,
-        None,
-    )
-    .check()?
-    .stdout;
-    kubectl.apply(&yaml)?;
+    kubectl.apply(&cluster_manifests(bin, files, &["--service-account", sa])?)?;
     Ok(())
+}
+
+/// What `manifests cluster --url URL --ca-file ca.crt FLAGS...` prints.
+pub fn cluster_manifests(bin: &Path, files: &Files, flags: &[&str]) -> Result<String> {
+    let ca = files.pki("ca.crt");
+    let ca = ca.to_string_lossy();
+    let mut args = vec!["manifests", "cluster", "--url", URL, "--ca-file", &ca];
+    args.extend(flags);
+    Ok(run(bin, &args, None, None).check()?.stdout)
 }
 
 /// The URL of the first webhook of the registration, or `None` when there is none.

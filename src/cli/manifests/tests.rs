@@ -553,3 +553,69 @@ fn manifests_cluster_carries_the_lock_policy_and_an_unbound_unlock_role() {
         json!(["get", "list", "delete", policy::UNLOCK_VERB])
     );
 }
+
+#[test]
+fn the_namespace_selector_reaches_every_entry_and_a_bad_one_names_the_flag() {
+    use crate::registration::{NAMESPACED_ENTRY, NamespaceSelection};
+    let reg = registration()
+        .with_namespace_selector("lockable=true,tier notin (dev)")
+        .expect("valid");
+    for config in [
+        webhook_configuration(&reg, NAME),
+        webhook_configuration(&reg, STATIC_NAME),
+    ] {
+        let entries = config.webhooks.expect("entries");
+        let selection = NamespaceSelection::of(&entries);
+        assert_eq!(selection.locks, reg.namespaces, "the namespaced entry");
+        assert_eq!(
+            selection.namespaces, reg.namespaces,
+            "the cluster-scoped entry"
+        );
+        for entry in &entries {
+            let selector = entry.namespace_selector.as_ref().expect("selector");
+            let excluded = &selector.match_expressions.as_ref().expect("expressions")[0];
+            assert_eq!(
+                (excluded.operator.as_str(), excluded.values.as_deref()),
+                (
+                    "NotIn",
+                    Some(&["kube-system".to_owned(), "kube-node-lease".to_owned()][..])
+                ),
+                "the exclusions stay"
+            );
+        }
+    }
+    // Narrowed: the starting point keeps them, and the identity may watch namespaces' labels.
+    let yaml = cluster(&reg).expect("yaml");
+    assert_eq!(yaml.matches("lockable: \"true\"").count(), 2, "{yaml}");
+    let watch_namespaces = "  resources:\n  - namespaces\n  verbs:\n  - list\n  - watch\n";
+    assert!(yaml.contains(watch_namespaces), "{yaml}");
+    // Broad: no instance keeps the configuration, so none reads the requirements back.
+    let broad = cluster_broad(&reg).expect("yaml");
+    assert_eq!(broad.matches("lockable: \"true\"").count(), 2, "{broad}");
+    assert!(!broad.contains(watch_namespaces), "{broad}");
+    let start = crate::registration::starting_point(
+        webhook_configuration(&reg, NAME)
+            .webhooks
+            .as_deref()
+            .expect("entries"),
+    )
+    .expect("entries");
+    assert_eq!(start[0].name, NAMESPACED_ENTRY);
+    assert_eq!(NamespaceSelection::of(&start).locks, reg.namespaces);
+
+    for bad in [
+        "",
+        "a in (x",
+        "lockable>1",
+        "kubernetes.io/metadata.name in (prod)",
+    ] {
+        let error = registration()
+            .with_namespace_selector(bad)
+            .expect_err(bad)
+            .to_string();
+        assert!(
+            error.starts_with(&format!("--namespace-selector {bad:?}: ")),
+            "{error}"
+        );
+    }
+}

@@ -249,21 +249,32 @@ fn coverage_follows_what_the_registration_names() {
                 })
                 .collect(),
         )),
+        ..Registered::default()
     };
-    assert_eq!(Coverage::of(None, &l.key), Coverage::Sent, "not kept here");
+    let labels = NamespaceLabels::default();
     assert_eq!(
-        Coverage::of(Some(&Registered::default()), &l.key),
+        Coverage::of(None, &labels, &l),
+        Coverage::Sent,
+        "not kept here"
+    );
+    assert_eq!(
+        Coverage::of(Some(&Registered::default()), &labels, &l),
         Coverage::NotYet,
         "no write confirmed"
     );
     assert_eq!(
-        Coverage::of(Some(&named(&[(None, "web"), (Some("dev"), "web")])), &l.key),
+        Coverage::of(
+            Some(&named(&[(None, "web"), (Some("dev"), "web")])),
+            &labels,
+            &l
+        ),
         Coverage::NotYet,
         "same name, other scope"
     );
     assert_eq!(
-        Coverage::of(Some(&named(&[(Some("prod"), "web")])), &l.key),
-        Coverage::Sent
+        Coverage::of(Some(&named(&[(Some("prod"), "web")])), &labels, &l),
+        Coverage::Sent,
+        "no requirement of the operator's: the namespaces' labels do not matter"
     );
 
     let not_yet = desired(&l, true, &Coverage::NotYet, "cp-1", now());
@@ -282,5 +293,192 @@ fn coverage_follows_what_the_registration_names() {
     assert_eq!(
         desired(&warn, true, &Coverage::NotYet, "cp-1", now()).conditions[0].reason,
         "WarnMode"
+    );
+}
+
+/// Namespaces labelled `lockable`: `prod` true, `dev` false, `bare` without the label.
+fn labelled() -> NamespaceLabels {
+    let labels = |lockable: Option<&str>| {
+        Arc::new(
+            lockable
+                .map(|v| ("lockable".to_owned(), v.to_owned()))
+                .into_iter()
+                .collect(),
+        )
+    };
+    NamespaceLabels {
+        listed: true,
+        labels: [
+            ("prod".to_owned(), labels(Some("true"))),
+            ("dev".to_owned(), labels(Some("false"))),
+            ("bare".to_owned(), labels(None)),
+        ]
+        .into_iter()
+        .collect(),
+    }
+}
+
+/// A registration naming every lock of `keys`, limited to `lockable=true` namespaces (the
+/// namespaced entries and the cluster-scoped one alike).
+fn opted_in(keys: &[LockKey]) -> Registered {
+    let lockable = LabelSelector {
+        match_labels: Some([("lockable".to_owned(), "true".to_owned())].into()),
+        match_expressions: None,
+    };
+    Registered {
+        scope: Some(RegisteredScope::Narrow(keys.iter().cloned().collect())),
+        namespaces: crate::registration::NamespaceSelection {
+            locks: lockable.clone(),
+            namespaces: lockable,
+        },
+    }
+}
+
+#[test]
+fn a_lock_in_a_namespace_the_selector_leaves_out_is_not_enforced_and_says_where() {
+    let labels = labelled();
+    for ns in ["dev", "bare"] {
+        let l = lock(Some(ns), serde_json::json!({}));
+        let registered = opted_in(std::slice::from_ref(&l.key));
+        let coverage = Coverage::of(Some(&registered), &labels, &l);
+        assert_eq!(
+            coverage,
+            Coverage::NotSelected {
+                namespace: ns.to_owned(),
+                selector: "lockable=true".to_owned()
+            }
+        );
+        let want = desired(&l, true, &coverage, "cp-1", now());
+        assert_eq!(want.entry, None, "{ns}");
+        assert_eq!(want.count, 0);
+        let condition = &want.conditions[0];
+        assert_eq!(
+            (condition.status.as_str(), condition.reason.as_str()),
+            ("False", "NamespaceNotSelected")
+        );
+        assert!(
+            condition.message.contains(&format!("namespace {ns} "))
+                && condition.message.contains("(lockable=true)"),
+            "names the namespace and the selector: {}",
+            condition.message
+        );
+        // Not sent: a Warn-mode lock warns of nothing, an expired or unreadable one neither.
+        for spec in [
+            serde_json::json!({"mode": "Warn"}),
+            serde_json::json!({"expiresAt": "2026-11-22T11:00:00Z"}),
+            serde_json::json!({"mode": 7}),
+        ] {
+            let other = lock(Some(ns), spec);
+            let want = desired(&other, true, &coverage, "cp-1", now());
+            assert_eq!(want.conditions[0].reason, "NamespaceNotSelected");
+            assert_eq!(want.entry, None);
+        }
+    }
+    // In a selected namespace, named by the registration: enforced.
+    let l = lock(Some("prod"), serde_json::json!({}));
+    let registered = opted_in(std::slice::from_ref(&l.key));
+    let coverage = Coverage::of(Some(&registered), &labels, &l);
+    assert_eq!(coverage, Coverage::Sent);
+    assert_eq!(
+        desired(&l, true, &coverage, "cp-1", now()).conditions[0].reason,
+        "Enforcing"
+    );
+    // Broad beyond the bound: still sent only where selected.
+    let mut broad = registered.clone();
+    broad.scope = Some(RegisteredScope::Broad("too many".into()));
+    assert_eq!(
+        Coverage::of(Some(&broad), &labels, &l),
+        Coverage::Broad("too many".into())
+    );
+    let dev = lock(Some("dev"), serde_json::json!({}));
+    assert!(matches!(
+        Coverage::of(Some(&broad), &labels, &dev),
+        Coverage::NotSelected { .. }
+    ));
+    // Relabelled: the same lock is sent.
+    let mut relabelled = labels.clone();
+    relabelled.labels.insert(
+        "dev".to_owned(),
+        Arc::new([("lockable".to_owned(), "true".to_owned())].into()),
+    );
+    let registered = opted_in(std::slice::from_ref(&dev.key));
+    assert_eq!(
+        Coverage::of(Some(&registered), &relabelled, &dev),
+        Coverage::Sent
+    );
+    // The labels not known yet, or a namespace the watch has not shown yet: not yet.
+    assert_eq!(
+        Coverage::of(Some(&registered), &NamespaceLabels::default(), &dev),
+        Coverage::NotYet
+    );
+    let new = lock(Some("new"), serde_json::json!({}));
+    assert_eq!(
+        Coverage::of(
+            Some(&opted_in(std::slice::from_ref(&new.key))),
+            &labels,
+            &new
+        ),
+        Coverage::NotYet
+    );
+    // kube-system keeps its own reason.
+    let system = lock(Some("kube-system"), serde_json::json!({}));
+    let coverage = Coverage::NotSelected {
+        namespace: "kube-system".into(),
+        selector: "lockable=true".into(),
+    };
+    assert_eq!(
+        desired(&system, true, &coverage, "cp-1", now()).conditions[0].reason,
+        "NotSentToWebhook"
+    );
+}
+
+#[test]
+fn a_cluster_lock_on_an_unselected_namespace_is_not_enforced_and_others_are() {
+    let labels = labelled();
+    let on_namespace = |name: &str| {
+        let mut l = lock(
+            None,
+            serde_json::json!({"resources": [{"apiGroups": [""], "resources": ["namespaces"]}]}),
+        );
+        l.key.name = name.to_owned();
+        l
+    };
+    let dev = on_namespace("dev");
+    let coverage = Coverage::of(
+        Some(&opted_in(std::slice::from_ref(&dev.key))),
+        &labels,
+        &dev,
+    );
+    assert_eq!(
+        desired(&dev, true, &coverage, "cp-1", now()).conditions[0].reason,
+        "NamespaceNotSelected"
+    );
+    let prod = on_namespace("prod");
+    let coverage = Coverage::of(
+        Some(&opted_in(std::slice::from_ref(&prod.key))),
+        &labels,
+        &prod,
+    );
+    assert_eq!(coverage, Coverage::Sent);
+    // A ClusterLock that may cover other cluster-scoped objects named "dev": those are sent.
+    let mut any = lock(None, serde_json::json!({}));
+    any.key.name = "dev".to_owned();
+    assert_eq!(
+        Coverage::of(
+            Some(&opted_in(std::slice::from_ref(&any.key))),
+            &labels,
+            &any
+        ),
+        Coverage::Sent
+    );
+    // A Namespace that does not exist has no labels to leave it out by.
+    let missing = on_namespace("missing");
+    assert_eq!(
+        Coverage::of(
+            Some(&opted_in(std::slice::from_ref(&missing.key))),
+            &labels,
+            &missing
+        ),
+        Coverage::Sent
     );
 }

@@ -16,6 +16,7 @@ mod metrics;
 mod mtls;
 mod namespaces;
 mod narrowing;
+mod opt_in;
 mod owned;
 mod plugin;
 mod pods;
@@ -95,6 +96,8 @@ pub fn all() -> Vec<Scenario> {
         alone("sigterm-withdraw", sigterm::run),
         alone("lookup-error", lookup_error::run),
         alone("watch-forbidden", watch_forbidden::run),
+        // Alone: it limits the registration to labelled namespaces for a while.
+        alone("namespace-opt-in", opt_in::run),
         // Alone: it widens the Lock CRD for a while.
         alone("unreadable-lock", unreadable::run),
         // Alone: a second API server and webhook instance, which every Lock's status names.

@@ -349,7 +349,8 @@ fn conditions(ctx: &Ctx) -> Result<String> {
     Ok(out)
 }
 
-fn registered(ctx: &Ctx, key: &str) -> Result<bool> {
+/// Whether a `may-be-locked` condition of the registration names `key` (`|ns/name|`).
+pub(super) fn registered(ctx: &Ctx, key: &str) -> Result<bool> {
     Ok(conditions(ctx)?.contains(key))
 }
 
