@@ -961,8 +961,9 @@ async fn locks_the_webhook_never_sees_are_refused_or_marked() {
     assert_eq!(run.row(&["prod", "web"])[7], "Enforce");
     assert_eq!(
         run.stderr,
-        "note: locks marked unenforced are never enforced: the webhook registration leaves out \
-         kube-system and kube-node-lease\n"
+        "note: locks marked unenforced are not enforced: the webhook registration leaves out \
+         kube-system and kube-node-lease, and the namespaces its namespaceSelector does not select \
+         (status reason NamespaceNotSelected)\n"
     );
 }
 

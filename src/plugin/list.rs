@@ -161,7 +161,7 @@ pub(super) async fn list(
         .any(|(o, spec)| spec.as_ref().is_some_and(|spec| unenforced(o, spec)));
     if marked {
         notes.push(format!(
-            "locks marked {UNENFORCED} are never enforced: the webhook registration leaves out {}",
+            "locks marked {UNENFORCED} are not enforced: the webhook registration leaves out {}, and the namespaces its namespaceSelector does not select (status reason {NOT_SELECTED})",
             api::EXCLUDED_NAMESPACES.join(" and ")
         ));
     }
@@ -204,18 +204,27 @@ async fn blocked(
 /// The MODE of a lock the webhook never hears of.
 const UNENFORCED: &str = "unenforced";
 
+/// The status reason of a lock in a namespace the registration's namespaceSelector (namespaces
+/// that opt in) does not select.
+const NOT_SELECTED: &str = "NamespaceNotSelected";
+
 /// A Lock in a namespace the registration leaves out, or a ClusterLock that can only cover one
-/// of those Namespaces.
+/// of those Namespaces; or a lock whose status says its namespace is not selected (the plugin
+/// cannot read the registration, the instances can).
 fn unenforced(lock: &DynamicObject, spec: &LockSpec) -> bool {
-    match lock.metadata.namespace.as_deref() {
-        Some(ns) => api::is_excluded_namespace(ns),
-        None => {
-            let name = lock.metadata.name.as_deref().unwrap_or_default();
-            api::is_excluded_namespace(name)
-                && spec::single_resource(spec)
-                    .is_some_and(|(g, r)| g.is_empty() && r == "namespaces")
+    let conditions = lock.data["status"]["conditions"].as_array();
+    let not_selected = (conditions.into_iter().flatten())
+        .any(|c| c["type"] == "Enforced" && c["reason"] == NOT_SELECTED);
+    not_selected
+        || match lock.metadata.namespace.as_deref() {
+            Some(ns) => api::is_excluded_namespace(ns),
+            None => {
+                let name = lock.metadata.name.as_deref().unwrap_or_default();
+                api::is_excluded_namespace(name)
+                    && spec::single_resource(spec)
+                        .is_some_and(|(g, r)| g.is_empty() && r == "namespaces")
+            }
         }
-    }
 }
 
 /// TARGET: `exists` or `missing` when the lock names one object that can be looked up, `-`
@@ -307,6 +316,22 @@ mod tests {
             ]))),
             "Job/backup,ConfigMap/x"
         );
+    }
+
+    #[test]
+    fn locks_in_excluded_or_unselected_namespaces_are_marked_unenforced() {
+        let lock = |ns: &str, reason: &str| -> DynamicObject {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "objectlock.dev/v1alpha1", "kind": "Lock",
+                "metadata": {"name": "data", "namespace": ns},
+                "status": {"conditions": [{"type": "Enforced", "reason": reason}]},
+            }))
+            .expect("an object")
+        };
+        let spec = LockSpec::default();
+        assert!(!unenforced(&lock("prod", "Enforcing"), &spec));
+        assert!(unenforced(&lock("prod", NOT_SELECTED), &spec));
+        assert!(unenforced(&lock("kube-system", "Enforcing"), &spec));
     }
 
     #[test]
