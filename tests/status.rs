@@ -350,6 +350,7 @@ async fn a_lock_counts_as_enforced_only_once_the_registration_names_it() {
         scope: Some(RegisteredScope::Narrow(
             [LockKey::lock("prod", "other")].into(),
         )),
+        ..Registered::default()
     });
     support::until(
         "the other lock enforced once named",
@@ -363,6 +364,7 @@ async fn a_lock_counts_as_enforced_only_once_the_registration_names_it() {
         scope: Some(RegisteredScope::Narrow(
             [LockKey::lock("prod", "web")].into(),
         )),
+        ..Registered::default()
     });
     let status = support::until(
         "enforced once named",
@@ -376,6 +378,7 @@ async fn a_lock_counts_as_enforced_only_once_the_registration_names_it() {
         scope: Some(RegisteredScope::Broad(
             "3 live locks exceed registration.max_names (2)".to_owned(),
         )),
+        ..Registered::default()
     });
     let status = support::until(
         "broad",

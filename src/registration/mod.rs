@@ -19,9 +19,11 @@
 //!
 //! [`conditions`] computes the conditions (pure); [`webhooks`] turns them into webhook entries
 //! from the entries `manifests cluster` installed (their URL, caBundle, rules and failure
-//! policy are kept); [`writer`] keeps the configuration up to date from a watch of the locks.
+//! policy are kept); [`operations`] adds the entries that send CREATE and CONNECT, only while a
+//! Lock asks for them; [`writer`] keeps the configuration up to date from a watch of the locks.
 
 pub mod conditions;
+pub mod operations;
 pub mod writer;
 
 use k8s_openapi::api::admissionregistration::v1::{
@@ -32,7 +34,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelecto
 use conditions::{CONDITION_NAME, Plan, Scope};
 use std::collections::BTreeSet;
 
-use crate::api::{self, LockKey};
+use crate::api::{self, LockKey, LockOperation};
 
 /// The entry for namespaced objects (and the first chunk of their conditions).
 pub const NAMESPACED_ENTRY: &str = "namespaced.objectlock.dev";
@@ -145,41 +147,42 @@ pub fn decide(config: &ValidatingWebhookConfiguration) -> Decision {
 /// The `namespaceSelector` of every namespaced entry before narrowing (and in
 /// [`Format::Conditions`]): every namespace but the excluded ones.
 pub fn broad_selector() -> LabelSelector {
-    LabelSelector {
-        match_expressions: Some(vec![LabelSelectorRequirement {
-            key: NAMESPACE_NAME_LABEL.to_owned(),
-            operator: "NotIn".to_owned(),
-            values: Some(
-                api::EXCLUDED_NAMESPACES
-                    .iter()
-                    .map(|s| (*s).to_owned())
-                    .collect(),
-            ),
-        }]),
-        match_labels: None,
-    }
+    namespace_selector(Selected::All)
 }
 
-/// The broad selector, narrowed: to `namespaces` (`None`: every namespace, yet written so that
-/// it differs from [`broad_selector`], which [`decide`] takes for "not narrowed yet").
-fn narrowed_selector(namespaces: Option<&[String]>) -> LabelSelector {
-    let mut selector = broad_selector();
+/// Which namespaces a namespaced entry selects, besides leaving out the excluded ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Selected<'a> {
+    /// Every namespace: [`broad_selector`].
+    All,
+    /// Every namespace, yet written so that it differs from [`broad_selector`], which
+    /// [`decide`] takes for "not narrowed yet": a broad plan in [`Format::Namespaces`].
+    AllNarrowed,
+    /// These namespaces only; none: no namespace at all.
+    Only(&'a [String]),
+}
+
+/// The `namespaceSelector` of a namespaced entry, base or per operation
+/// ([`operations`]): every one is made here, so that they all leave out the same namespaces.
+pub fn namespace_selector(selected: Selected<'_>) -> LabelSelector {
     let requirement = |operator: &str, values: Option<Vec<String>>| LabelSelectorRequirement {
         key: NAMESPACE_NAME_LABEL.to_owned(),
         operator: operator.to_owned(),
         values,
     };
-    let narrowing = match namespaces {
-        None => requirement("Exists", None),
+    let excluded = (api::EXCLUDED_NAMESPACES.iter()).map(|s| (*s).to_owned());
+    let mut expressions = vec![requirement("NotIn", Some(excluded.collect()))];
+    match selected {
+        Selected::All => {}
+        Selected::AllNarrowed => expressions.push(requirement("Exists", None)),
         // `In` needs at least one value; every namespace has the label, so none matches.
-        Some([]) => requirement("DoesNotExist", None),
-        Some(names) => requirement("In", Some(names.to_vec())),
-    };
-    selector
-        .match_expressions
-        .get_or_insert_with(Vec::new)
-        .push(narrowing);
-    selector
+        Selected::Only([]) => expressions.push(requirement("DoesNotExist", None)),
+        Selected::Only(names) => expressions.push(requirement("In", Some(names.to_vec()))),
+    }
+    LabelSelector {
+        match_expressions: Some(expressions),
+        match_labels: None,
+    }
 }
 
 /// The webhook entries the plan asks for in `format`, made from the configuration's current
@@ -193,13 +196,10 @@ pub fn webhooks(
     plan: &Plan,
     format: Format,
 ) -> Result<Vec<ValidatingWebhook>, MissingEntry> {
-    let template = |base: &str| {
-        current
-            .iter()
-            .find(|w| w.name == base)
-            .ok_or_else(|| MissingEntry(base.to_owned()))
-    };
-    let (namespaced, cluster) = (template(NAMESPACED_ENTRY)?, template(CLUSTER_ENTRY)?);
+    let (namespaced, cluster) = (
+        template(current, NAMESPACED_ENTRY)?,
+        template(current, CLUSTER_ENTRY)?,
+    );
     let broad = "true".to_owned();
     let (ns_exprs, cluster_exprs) = match &plan.scope {
         Scope::Narrow {
@@ -210,12 +210,9 @@ pub fn webhooks(
         // --server-side of `manifests cluster`) co-owns would survive its removal half-written.
         Scope::Broad(_) => (vec![&broad], vec![&broad]),
     };
-    let selector = |index: usize| match (format, &plan.scope) {
-        (Format::Conditions, _) => broad_selector(),
-        (Format::Namespaces, Scope::Broad(_)) => narrowed_selector(None),
-        (Format::Namespaces, Scope::Narrow { .. }) => narrowed_selector(Some(
-            plan.namespaces.get(index).map_or(&[][..], Vec::as_slice),
-        )),
+    let selector = |index: usize| match format {
+        Format::Conditions => broad_selector(),
+        Format::Namespaces => namespace_selector(selected(plan, index)),
     };
     let marker = match format {
         Format::Conditions => "",
@@ -232,22 +229,42 @@ pub fn webhooks(
             if base == NAMESPACED_ENTRY {
                 entry.namespace_selector = Some(selector(index));
             }
-            let mut conditions: Vec<MatchCondition> = entry
-                .match_conditions
-                .take()
-                .unwrap_or_default()
-                .into_iter()
-                .filter(|c| c.name != CONDITION_NAME)
-                .collect();
-            conditions.push(MatchCondition {
-                name: CONDITION_NAME.to_owned(),
-                expression: format!("{expr}{marker}"),
-            });
-            entry.match_conditions = Some(conditions);
+            set_condition(&mut entry, format!("{expr}{marker}"));
             out.push(entry);
         }
     }
     Ok(out)
+}
+
+/// The base entry `base` of the configuration, which the entries written are made from.
+fn template<'a>(
+    current: &'a [ValidatingWebhook],
+    base: &str,
+) -> Result<&'a ValidatingWebhook, MissingEntry> {
+    (current.iter().find(|w| w.name == base)).ok_or_else(|| MissingEntry(base.to_owned()))
+}
+
+/// Replaces the entry's `may-be-locked` condition (keeping the others, in their order).
+fn set_condition(entry: &mut ValidatingWebhook, expression: String) {
+    let mut conditions: Vec<MatchCondition> = (entry.match_conditions.take().unwrap_or_default())
+        .into_iter()
+        .filter(|c| c.name != CONDITION_NAME)
+        .collect();
+    conditions.push(MatchCondition {
+        name: CONDITION_NAME.to_owned(),
+        expression,
+    });
+    entry.match_conditions = Some(conditions);
+}
+
+/// The namespaces the `index`-th namespaced entry of `plan` selects, narrowed.
+fn selected(plan: &Plan, index: usize) -> Selected<'_> {
+    match &plan.scope {
+        Scope::Broad(_) => Selected::AllNarrowed,
+        Scope::Narrow { .. } => {
+            Selected::Only(plan.namespaces.get(index).map_or(&[][..], Vec::as_slice))
+        }
+    }
 }
 
 /// The narrowed entries before any lock exists: `may-be-locked` is `false`, so nothing is sent
@@ -305,8 +322,13 @@ pub fn is_current(current: &[ValidatingWebhook], desired: &[ValidatingWebhook]) 
 /// What the configuration says, once written and read back.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Registered {
-    /// `None` until the first write is confirmed.
+    /// The base entries (UPDATE and DELETE); `None` until the first write is confirmed.
     pub scope: Option<RegisteredScope>,
+    /// The CREATE entries ([`operations`]), from their own writes; `None` until the first is
+    /// confirmed.
+    pub create: Option<RegisteredScope>,
+    /// The CONNECT entries, likewise.
+    pub connect: Option<RegisteredScope>,
 }
 
 /// Narrowed to these locks, or broad.
@@ -318,14 +340,30 @@ pub enum RegisteredScope {
     Broad(String),
 }
 
-impl Registered {
-    /// Whether requests concerning this lock reach the webhook.
-    pub fn covers(&self, key: &LockKey) -> bool {
-        match &self.scope {
-            None => false,
-            Some(RegisteredScope::Broad(_)) => true,
-            Some(RegisteredScope::Narrow(keys)) => keys.contains(key),
+impl RegisteredScope {
+    fn covers(&self, key: &LockKey) -> bool {
+        match self {
+            RegisteredScope::Broad(_) => true,
+            RegisteredScope::Narrow(keys) => keys.contains(key),
         }
+    }
+}
+
+impl Registered {
+    /// Whether requests concerning this lock reach the webhook (UPDATE and DELETE: the base
+    /// entries).
+    pub fn covers(&self, key: &LockKey) -> bool {
+        self.scope.as_ref().is_some_and(|s| s.covers(key))
+    }
+
+    /// Whether `operation` on this lock's object reaches the webhook.
+    pub fn sends(&self, operation: LockOperation, key: &LockKey) -> bool {
+        let scope = match operation {
+            LockOperation::Update | LockOperation::Delete => &self.scope,
+            LockOperation::Create => &self.create,
+            LockOperation::Connect => &self.connect,
+        };
+        scope.as_ref().is_some_and(|s| s.covers(key))
     }
 }
 
@@ -412,19 +450,25 @@ mod tests {
         assert!(!is_current(&written, &desired_fewer));
     }
 
-    #[test]
-    fn manifests_cluster_starts_narrowed_and_broad_stays_broad() {
+    /// The registration `manifests cluster` makes for the example CA.
+    pub(super) fn example_registration() -> crate::cli::manifests::Registration {
         use crate::cli::manifests::{self, FailurePolicy, Identity, Registration};
         let ca =
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/examples/example-ca.crt");
-        let reg = Registration::new(
+        Registration::new(
             manifests::DEFAULT_URL,
             &ca,
             FailurePolicy::Fail,
             5,
             Identity::User("kol".to_owned()),
         )
-        .expect("registration");
+        .expect("registration")
+    }
+
+    #[test]
+    fn manifests_cluster_starts_narrowed_and_broad_stays_broad() {
+        use crate::cli::manifests;
+        let reg = example_registration();
         let broad = manifests::webhook_configuration(&reg, manifests::NAME);
         let broad_entries = broad.webhooks.as_deref().expect("entries");
         let names: Vec<_> = broad_entries.iter().map(|w| w.name.as_str()).collect();

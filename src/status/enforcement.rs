@@ -7,7 +7,7 @@ use k8s_openapi::jiff::Timestamp;
 use tokio::time::{Duration, Instant};
 
 use super::{CONDITION, KnownLock};
-use crate::api::{self, Enforcer, LockCondition, LockKey, LockMode, LockSpec};
+use crate::api::{self, Enforcer, LockCondition, LockKey, LockMode, LockOperation, LockSpec};
 use crate::registration::{Registered, RegisteredScope};
 
 /// Whether the webhook configuration sends a lock's requests to the webhook.
@@ -20,20 +20,52 @@ pub enum Coverage {
     Broad(String),
     /// Not named by the configuration yet, or no write of it confirmed yet.
     NotYet,
+    /// UPDATE and DELETE are sent, but the entries of these operations the lock asks for
+    /// (CREATE, CONNECT) do not name it yet, or no write of them is confirmed yet.
+    OperationsNotYet(Vec<LockOperation>),
+    /// Everything else is sent, but these operations the lock asks for never are: the
+    /// configuration is one this instance keeps no copy of (`manifests cluster --broad`,
+    /// static files), which has no rules for CREATE or CONNECT; or CONNECT of a ClusterLock
+    /// (only pods are connected to, and they are namespaced).
+    NeverSent(Vec<LockOperation>),
 }
 
 impl Coverage {
-    /// The coverage of `key` by what this instance last confirmed; `None`: it keeps no
-    /// configuration.
-    pub fn of(registered: Option<&Registered>, key: &LockKey) -> Coverage {
+    /// The coverage of `lock` by what this instance last confirmed; `registered` is `None`
+    /// when it keeps no configuration. A lock counts as sent once the base entries name it
+    /// and, for each of CREATE and CONNECT it asks for, the entries of that operation do.
+    pub fn of(registered: Option<&Registered>, lock: &KnownLock) -> Coverage {
+        let key = &lock.key;
+        // A spec that does not parse locks UPDATE and DELETE of its name.
+        let asked = (lock.spec.as_ref()).map_or(&[][..], |spec| spec.operations());
+        let (mut never, mut not_yet) = (Vec::new(), Vec::new());
+        for &operation in asked {
+            if matches!(operation, LockOperation::Update | LockOperation::Delete) {
+                continue;
+            }
+            match registered {
+                _ if operation == LockOperation::Connect && key.namespace.is_none() => {
+                    never.push(operation)
+                }
+                None => never.push(operation),
+                Some(registered) if !registered.sends(operation, key) => not_yet.push(operation),
+                Some(_) => {}
+            }
+        }
         let Some(registered) = registered else {
-            return Coverage::Sent;
+            return if never.is_empty() {
+                Coverage::Sent
+            } else {
+                Coverage::NeverSent(never)
+            };
         };
         match &registered.scope {
             None => Coverage::NotYet,
+            Some(RegisteredScope::Narrow(_)) if !registered.covers(key) => Coverage::NotYet,
+            _ if !not_yet.is_empty() => Coverage::OperationsNotYet(not_yet),
+            _ if !never.is_empty() => Coverage::NeverSent(never),
             Some(RegisteredScope::Broad(reason)) => Coverage::Broad(reason.clone()),
-            Some(RegisteredScope::Narrow(_)) if registered.covers(key) => Coverage::Sent,
-            Some(RegisteredScope::Narrow(_)) => Coverage::NotYet,
+            Some(RegisteredScope::Narrow(_)) => Coverage::Sent,
         }
     }
 }
@@ -90,7 +122,7 @@ impl Enforcement {
             return enforcement;
         }
         match (coverage, enforcement) {
-            (Coverage::NotYet, _) => Enforcement::NotYetRegistered,
+            (Coverage::NotYet | Coverage::OperationsNotYet(_), _) => Enforcement::NotYetRegistered,
             (Coverage::Broad(reason), Enforcement::Enforcing) => {
                 Enforcement::EnforcingBroad(reason.clone())
             }

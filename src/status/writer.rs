@@ -184,7 +184,7 @@ pub async fn run(
                 key.clone(),
                 (lock.meta.resource_version.clone(), snapshot.healthy),
             );
-            let coverage = Coverage::of(registration, &key);
+            let coverage = Coverage::of(registration, lock);
             let want = desired(lock, snapshot.healthy, &coverage, &instance, now);
             if needs_write(lock, &want, &instance, books.applied.get(&key)) {
                 picked.push((lock.clone(), want));

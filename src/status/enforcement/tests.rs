@@ -239,32 +239,178 @@ fn writes_happen_only_when_the_status_differs() {
 
 #[test]
 fn coverage_follows_what_the_registration_names() {
+    use LockOperation::{Connect, Create};
     let l = lock(Some("prod"), serde_json::json!({}));
-    let named = |keys: &[(Option<&str>, &str)]| Registered {
-        scope: Some(RegisteredScope::Narrow(
+    let scope = |keys: &[(Option<&str>, &str)]| {
+        Some(RegisteredScope::Narrow(
             keys.iter()
                 .map(|(ns, name)| LockKey {
                     namespace: ns.map(str::to_owned),
                     name: (*name).to_owned(),
                 })
                 .collect(),
-        )),
+        ))
     };
-    assert_eq!(Coverage::of(None, &l.key), Coverage::Sent, "not kept here");
-    assert_eq!(
-        Coverage::of(Some(&Registered::default()), &l.key),
-        Coverage::NotYet,
-        "no write confirmed"
+    let broad = || Some(RegisteredScope::Broad("too many".to_owned()));
+    let named = |keys: &[(Option<&str>, &str)]| Registered {
+        scope: scope(keys),
+        ..Registered::default()
+    };
+    let (web, cluster_web) = ((Some("prod"), "web"), (None, "web"));
+    let create = lock(
+        Some("prod"),
+        serde_json::json!({"operations": ["CREATE", "UPDATE"]}),
     );
-    assert_eq!(
-        Coverage::of(Some(&named(&[(None, "web"), (Some("dev"), "web")])), &l.key),
-        Coverage::NotYet,
-        "same name, other scope"
+    let connect = lock(Some("prod"), serde_json::json!({"operations": ["CONNECT"]}));
+    let both = lock(
+        Some("prod"),
+        serde_json::json!({"operations": ["CREATE", "CONNECT"]}),
     );
-    assert_eq!(
-        Coverage::of(Some(&named(&[(Some("prod"), "web")])), &l.key),
-        Coverage::Sent
+    let cluster_both = lock(
+        None,
+        serde_json::json!({"operations": ["CREATE", "CONNECT"]}),
     );
+    let unparsed = lock(
+        Some("prod"),
+        serde_json::json!({"operations": ["SHUTDOWN"]}),
+    );
+    assert!(unparsed.spec.is_err());
+    let rows: Vec<(&str, Option<Registered>, &KnownLock, Coverage)> = vec![
+        ("not kept here", None, &l, Coverage::Sent),
+        (
+            "no write confirmed",
+            Some(Registered::default()),
+            &l,
+            Coverage::NotYet,
+        ),
+        (
+            "same name, other scope",
+            Some(named(&[cluster_web, (Some("dev"), "web")])),
+            &l,
+            Coverage::NotYet,
+        ),
+        ("named", Some(named(&[web])), &l, Coverage::Sent),
+        (
+            "broad",
+            Some(Registered {
+                scope: broad(),
+                ..Registered::default()
+            }),
+            &l,
+            Coverage::Broad("too many".into()),
+        ),
+        // CREATE and CONNECT: their own entries must name the lock too.
+        (
+            "CREATE, its entries not written yet",
+            Some(named(&[web])),
+            &create,
+            Coverage::OperationsNotYet(vec![Create]),
+        ),
+        (
+            "CREATE, its entries name another",
+            Some(Registered {
+                create: scope(&[(Some("dev"), "web")]),
+                ..named(&[web])
+            }),
+            &create,
+            Coverage::OperationsNotYet(vec![Create]),
+        ),
+        (
+            "CREATE named",
+            Some(Registered {
+                create: scope(&[web]),
+                ..named(&[web])
+            }),
+            &create,
+            Coverage::Sent,
+        ),
+        (
+            "CREATE named, the base entries not yet",
+            Some(Registered {
+                create: scope(&[web]),
+                ..named(&[])
+            }),
+            &create,
+            Coverage::NotYet,
+        ),
+        (
+            "CREATE named, the base entries broad",
+            Some(Registered {
+                scope: broad(),
+                create: scope(&[web]),
+                ..Registered::default()
+            }),
+            &create,
+            Coverage::Broad("too many".into()),
+        ),
+        (
+            "CREATE broad",
+            Some(Registered {
+                create: broad(),
+                ..named(&[web])
+            }),
+            &create,
+            Coverage::Sent,
+        ),
+        (
+            "CONNECT not named, CREATE is",
+            Some(Registered {
+                create: scope(&[web]),
+                connect: scope(&[]),
+                ..named(&[web])
+            }),
+            &both,
+            Coverage::OperationsNotYet(vec![Connect]),
+        ),
+        (
+            "neither named",
+            Some(named(&[web])),
+            &both,
+            Coverage::OperationsNotYet(vec![Create, Connect]),
+        ),
+        (
+            "CONNECT named",
+            Some(Registered {
+                connect: scope(&[web]),
+                ..named(&[web])
+            }),
+            &connect,
+            Coverage::Sent,
+        ),
+        (
+            "a ClusterLock's CONNECT is never sent",
+            Some(Registered {
+                create: scope(&[cluster_web]),
+                connect: scope(&[]),
+                ..named(&[cluster_web])
+            }),
+            &cluster_both,
+            Coverage::NeverSent(vec![Connect]),
+        ),
+        // A configuration this instance keeps no copy of has no CREATE or CONNECT rules.
+        (
+            "--broad or static: CREATE",
+            None,
+            &create,
+            Coverage::NeverSent(vec![Create]),
+        ),
+        (
+            "--broad or static: both",
+            None,
+            &both,
+            Coverage::NeverSent(vec![Create, Connect]),
+        ),
+        // A spec that does not parse locks UPDATE and DELETE of its name only.
+        ("unparsed", Some(named(&[web])), &unparsed, Coverage::Sent),
+    ];
+    for (what, registered, lock, expected) in rows {
+        assert_eq!(Coverage::of(registered.as_ref(), lock), expected, "{what}");
+    }
+    // A lock whose CREATE is not sent yet is not enforced yet, as for UPDATE and DELETE.
+    let operations_not_yet = Coverage::OperationsNotYet(vec![Create]);
+    let pending = desired(&create, true, &operations_not_yet, "cp-1", now());
+    assert_eq!(pending.entry, None);
+    assert_eq!(pending.conditions[0].reason, "NotYetRegistered");
 
     let not_yet = desired(&l, true, &Coverage::NotYet, "cp-1", now());
     assert_eq!(not_yet.entry, None);
