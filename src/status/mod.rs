@@ -15,8 +15,9 @@
 //!   carries no time.
 //!
 //! With a self-narrowing registration ([`crate::registration::writer`]), a lock counts as
-//! enforced only once the configuration that names it has been written and read back: before
-//! that, the API server does not send its object's writes to the webhook at all.
+//! enforced only once the configuration that names it has been written and read back (for a
+//! lock asking for CREATE or CONNECT, the entries of those operations too): before that, the
+//! API server does not send its object's writes to the webhook at all.
 //!
 //! Writes happen only when the result changes (a lock appears, changes generation, expires,
 //! the source turns unhealthy...), never per admission. While the lock source is unhealthy the
