@@ -427,6 +427,7 @@ async fn a_lock_in_an_unselected_namespace_says_so_until_the_namespace_is_relabe
             locks: lockable.clone(),
             namespaces: lockable,
         },
+        ..Registered::default()
     });
     let labels = |dev: &str| NamespaceLabels {
         listed: true,

@@ -26,6 +26,9 @@
 //! A live ClusterLock with a selector makes the registration broad: it may select any
 //! cluster-scoped object. Expired locks are left out; [`Plan::next_expiry`] says when to
 //! compute again.
+//!
+//! The entries that send CREATE and CONNECT ([`super::operations`]) are planned by the same
+//! code over the Locks asking for the operation, with [`Clauses::Names`]: the names only.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -132,8 +135,30 @@ pub enum Scope {
     Broad(BroadReason),
 }
 
-/// Computes the plan for `locks` at `now`.
+/// What the conditions send besides the requests concerning a locked name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Clauses {
+    /// UPDATE and DELETE (the base entries): also the DELETE of a Namespace holding Locks, and
+    /// everything while a ClusterLock has a selector (the whole plan is broad).
+    Changes,
+    /// An operation on the locked names only (CREATE, CONNECT): never a Namespace deletion, and
+    /// a ClusterLock with a selector makes the cluster-scoped condition `true` while the
+    /// namespaced keys stay narrowed (a ClusterLock never concerns a namespaced object).
+    Names,
+}
+
+/// Computes the plan for `locks` at `now`, for the base entries ([`Clauses::Changes`]).
 pub fn plan<'a>(
+    locks: impl IntoIterator<Item = &'a LockRef>,
+    now: Timestamp,
+    limits: &Limits,
+) -> Plan {
+    plan_with(Clauses::Changes, locks, now, limits)
+}
+
+/// Computes the plan for `locks` at `now`, with `clauses`.
+pub fn plan_with<'a>(
+    clauses: Clauses,
     locks: impl IntoIterator<Item = &'a LockRef>,
     now: Timestamp,
     limits: &Limits,
@@ -199,8 +224,10 @@ pub fn plan<'a>(
     }
     // The conditions name objects; a cluster-scoped selector names none. Rare enough (Namespaces
     // by label, say) that sending everything while one lives is the simple, safe answer.
-    if let Some(name) = cluster_selector {
-        return broad(BroadReason::ClusterSelector(name));
+    if let Some(name) = cluster_selector.as_ref()
+        && clauses == Clauses::Changes
+    {
+        return broad(BroadReason::ClusterSelector(name.clone()));
     }
 
     // Namespaced keys, in namespace order: a selector namespace is one key; otherwise one key
@@ -223,8 +250,10 @@ pub fn plan<'a>(
     for name in &cluster_locks {
         by_name.entry(name).or_default().0 = true;
     }
-    for ns in namespaces.keys() {
-        by_name.entry(ns).or_default().1 = true;
+    if clauses == Clauses::Changes {
+        for ns in namespaces.keys() {
+            by_name.entry(ns).or_default().1 = true;
+        }
     }
     let mut cluster = Chunks::new(limits.chunk_chars);
     for (name, (locked, holds_locks)) in by_name {
@@ -247,12 +276,16 @@ pub fn plan<'a>(
             max: limits.max_total_chars,
         });
     }
+    let cluster = match cluster_selector {
+        Some(_) => vec!["true".to_owned()],
+        None => cluster.finish().iter().map(cluster_expr).collect(),
+    };
     Plan {
         names,
         next_expiry,
         scope: Scope::Narrow {
             namespaced: namespaced.iter().map(namespaced_expr).collect(),
-            cluster: cluster.finish().iter().map(cluster_expr).collect(),
+            cluster,
         },
         namespaces: selected,
     }
@@ -377,5 +410,6 @@ fn cluster_expr([cluster_locks, namespaces]: &[Vec<String>; 2]) -> String {
     or(parts)
 }
 
+/// Its CEL evaluation and fixtures serve the other plans' tests too.
 #[cfg(test)]
-mod tests;
+pub(super) mod tests;

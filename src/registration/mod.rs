@@ -25,9 +25,11 @@
 //!
 //! [`conditions`] computes the conditions (pure); [`webhooks`] turns them into webhook entries
 //! from the entries `manifests cluster` installed (their URL, caBundle, rules and failure
-//! policy are kept); [`writer`] keeps the configuration up to date from a watch of the locks.
+//! policy are kept); [`operations`] adds the entries that send CREATE and CONNECT, only while a
+//! Lock asks for them; [`writer`] keeps the configuration up to date from a watch of the locks.
 
 pub mod conditions;
+pub mod operations;
 pub mod writer;
 
 use k8s_openapi::api::admissionregistration::v1::{
@@ -39,7 +41,7 @@ use conditions::{CONDITION_NAME, Plan, Scope};
 use kube::core::SelectorExt;
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::api::{self, LockKey};
+use crate::api::{self, LockKey, LockOperation};
 
 /// The entry for namespaced objects (and the first chunk of their conditions).
 pub const NAMESPACED_ENTRY: &str = "namespaced.objectlock.dev";
@@ -251,13 +253,10 @@ pub fn webhooks(
     plan: &Plan,
     format: Format,
 ) -> Result<Vec<ValidatingWebhook>, MissingEntry> {
-    let template = |base: &str| {
-        current
-            .iter()
-            .find(|w| w.name == base)
-            .ok_or_else(|| MissingEntry(base.to_owned()))
-    };
-    let (namespaced, cluster) = (template(NAMESPACED_ENTRY)?, template(CLUSTER_ENTRY)?);
+    let (namespaced, cluster) = (
+        template(current, NAMESPACED_ENTRY)?,
+        template(current, CLUSTER_ENTRY)?,
+    );
     let broad = "true".to_owned();
     let (ns_exprs, cluster_exprs) = match &plan.scope {
         Scope::Narrow {
@@ -295,22 +294,42 @@ pub fn webhooks(
             if base == NAMESPACED_ENTRY {
                 entry.namespace_selector = Some(selector(index));
             }
-            let mut conditions: Vec<MatchCondition> = entry
-                .match_conditions
-                .take()
-                .unwrap_or_default()
-                .into_iter()
-                .filter(|c| c.name != CONDITION_NAME)
-                .collect();
-            conditions.push(MatchCondition {
-                name: CONDITION_NAME.to_owned(),
-                expression: format!("{expr}{marker}"),
-            });
-            entry.match_conditions = Some(conditions);
+            set_condition(&mut entry, format!("{expr}{marker}"));
             out.push(entry);
         }
     }
     Ok(out)
+}
+
+/// The base entry `base` of the configuration, which the entries written are made from.
+fn template<'a>(
+    current: &'a [ValidatingWebhook],
+    base: &str,
+) -> Result<&'a ValidatingWebhook, MissingEntry> {
+    (current.iter().find(|w| w.name == base)).ok_or_else(|| MissingEntry(base.to_owned()))
+}
+
+/// Replaces the entry's `may-be-locked` condition (keeping the others, in their order).
+fn set_condition(entry: &mut ValidatingWebhook, expression: String) {
+    let mut conditions: Vec<MatchCondition> = (entry.match_conditions.take().unwrap_or_default())
+        .into_iter()
+        .filter(|c| c.name != CONDITION_NAME)
+        .collect();
+    conditions.push(MatchCondition {
+        name: CONDITION_NAME.to_owned(),
+        expression,
+    });
+    entry.match_conditions = Some(conditions);
+}
+
+/// The namespaces the `index`-th namespaced entry of `plan` selects, narrowed.
+fn selected(plan: &Plan, index: usize) -> Narrowing<'_> {
+    match &plan.scope {
+        Scope::Broad(_) => Narrowing::Every,
+        Scope::Narrow { .. } => {
+            Narrowing::To(plan.namespaces.get(index).map_or(&[][..], Vec::as_slice))
+        }
+    }
 }
 
 /// The narrowed entries before any lock exists: `may-be-locked` is `false`, so nothing is sent
@@ -369,10 +388,15 @@ pub fn is_current(current: &[ValidatingWebhook], desired: &[ValidatingWebhook]) 
 /// What the configuration says, once written and read back.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Registered {
-    /// `None` until the first write is confirmed.
+    /// The base entries (UPDATE and DELETE); `None` until the first write is confirmed.
     pub scope: Option<RegisteredScope>,
     /// The namespaces the operator lets locks apply in.
     pub namespaces: NamespaceSelection,
+    /// The CREATE entries ([`operations`]), from their own writes; `None` until the first is
+    /// confirmed.
+    pub create: Option<RegisteredScope>,
+    /// The CONNECT entries, likewise.
+    pub connect: Option<RegisteredScope>,
 }
 
 /// The operator's requirements on namespaces (`manifests cluster --namespace-selector`), read
@@ -427,14 +451,30 @@ pub enum RegisteredScope {
     Broad(String),
 }
 
-impl Registered {
-    /// Whether requests concerning this lock reach the webhook.
-    pub fn covers(&self, key: &LockKey) -> bool {
-        match &self.scope {
-            None => false,
-            Some(RegisteredScope::Broad(_)) => true,
-            Some(RegisteredScope::Narrow(keys)) => keys.contains(key),
+impl RegisteredScope {
+    fn covers(&self, key: &LockKey) -> bool {
+        match self {
+            RegisteredScope::Broad(_) => true,
+            RegisteredScope::Narrow(keys) => keys.contains(key),
         }
+    }
+}
+
+impl Registered {
+    /// Whether requests concerning this lock reach the webhook (UPDATE and DELETE: the base
+    /// entries).
+    pub fn covers(&self, key: &LockKey) -> bool {
+        self.scope.as_ref().is_some_and(|s| s.covers(key))
+    }
+
+    /// Whether `operation` on this lock's object reaches the webhook.
+    pub fn sends(&self, operation: LockOperation, key: &LockKey) -> bool {
+        let scope = match operation {
+            LockOperation::Update | LockOperation::Delete => &self.scope,
+            LockOperation::Create => &self.create,
+            LockOperation::Connect => &self.connect,
+        };
+        scope.as_ref().is_some_and(|s| s.covers(key))
     }
 }
 
@@ -521,19 +561,25 @@ mod tests {
         assert!(!is_current(&written, &desired_fewer));
     }
 
-    #[test]
-    fn manifests_cluster_starts_narrowed_and_broad_stays_broad() {
+    /// The registration `manifests cluster` makes for the example CA.
+    pub(super) fn example_registration() -> crate::cli::manifests::Registration {
         use crate::cli::manifests::{self, FailurePolicy, Identity, Registration};
         let ca =
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/examples/example-ca.crt");
-        let reg = Registration::new(
+        Registration::new(
             manifests::DEFAULT_URL,
             &ca,
             FailurePolicy::Fail,
             5,
             Identity::User("kol".to_owned()),
         )
-        .expect("registration");
+        .expect("registration")
+    }
+
+    #[test]
+    fn manifests_cluster_starts_narrowed_and_broad_stays_broad() {
+        use crate::cli::manifests;
+        let reg = example_registration();
         let broad = manifests::webhook_configuration(&reg, manifests::NAME);
         let broad_entries = broad.webhooks.as_deref().expect("entries");
         let names: Vec<_> = broad_entries.iter().map(|w| w.name.as_str()).collect();

@@ -21,6 +21,15 @@
 //! the watch is failing (watch forbidden, an API server restarting), so the registration follows
 //! every list the index makes.
 //!
+//! The CREATE and CONNECT entries ([`super::operations`]) are written in an apply of their own,
+//! right after the base entries' (the same write in flight), under a second field manager,
+//! [`OPERATIONS_FIELD_MANAGER`]. Server-side apply removes from a list only the entries the
+//! applying manager applied before and leaves out now: so the base entries' apply, this
+//! version's and an earlier version's alike (during a rolling upgrade, under
+//! [`FIELD_MANAGER`], listing the base entries only), never removes them, and the second
+//! manager's apply of an empty list, once no Lock asks any more, removes exactly them. While no
+//! Lock asks and none of them exist, nothing is written.
+//!
 //! Needs `get`, `list`, `watch` and `patch` on `validatingwebhookconfigurations` restricted by
 //! `resourceNames` to the one configuration (`manifests cluster` grants them).
 
@@ -29,7 +38,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
-use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingWebhook, ValidatingWebhookConfiguration,
+};
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::api::{Api, Patch, PatchParams};
@@ -38,6 +49,7 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use super::conditions::{self, Limits, Plan, Scope};
+use super::operations::{self, OperationsPlan};
 use super::{
     CONDITIONS_FORMAT, Decision, FORMAT_ANNOTATION, Format, NAMESPACES_FORMAT, NamespaceSelection,
     Registered, RegisteredScope, decide, is_current, webhooks,
@@ -47,8 +59,11 @@ use crate::locks::{LockKey, LockRef};
 use crate::metrics::{OutcomeLabels, RegistrationMetrics};
 use crate::retry::{self, Backoff, LastError};
 
-/// The field manager of the writes.
+/// The field manager of the writes of the base entries.
 pub const FIELD_MANAGER: &str = "kube-object-lock";
+/// The field manager of the writes of the CREATE and CONNECT entries: not the base entries'
+/// ([`FIELD_MANAGER`]), whose applies would then remove them.
+pub const OPERATIONS_FIELD_MANAGER: &str = "kube-object-lock-operations";
 
 /// The first wait before a failed write is tried again (then doubling, see [`retry::write`]).
 const FIRST_RETRY: Duration = Duration::from_millis(250);
@@ -98,6 +113,9 @@ impl LockView {
 /// What a reconcile did: `Ok(Some)` written and read back, `Ok(None)` already current.
 type Reconciled = Result<Option<ValidatingWebhookConfiguration>, String>;
 
+/// The base entries' reconcile, then the CREATE and CONNECT entries'.
+type Reconciles = [Reconciled; 2];
+
 /// Keeps the configuration narrowed.
 pub struct Narrower {
     client: Client,
@@ -145,20 +163,31 @@ impl Narrower {
         let mut dirty = true;
         // At most one write at a time; lock changes keep being taken in while it runs, and the
         // next write carries all of them (a burst of Locks is a few writes, not one per Lock).
-        let mut inflight: Option<futures::future::BoxFuture<'_, Reconciled>> = None;
+        let mut inflight: Option<futures::future::BoxFuture<'_, Reconciles>> = None;
         loop {
             let deadline = wake
                 .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(24 * 3600));
             tokio::select! {
-                result = async { inflight.as_mut().expect("guarded").await }, if inflight.is_some() => {
+                results = async { inflight.as_mut().expect("guarded").await }, if inflight.is_some() => {
                     inflight = None;
-                    match result {
-                        Ok(Some(written)) => {
-                            config.wrote(written);
-                            backoff.reset();
-                            last_problem.clear();
+                    let mut outcome = Ok(false);
+                    for result in results {
+                        match result {
+                            Ok(Some(written)) => {
+                                config.wrote(written);
+                                outcome = outcome.map(|_| true);
+                            }
+                            Ok(None) => {}
+                            Err(problem) => outcome = outcome.and(Err(problem)),
                         }
-                        Ok(None) => backoff.reset(),
+                    }
+                    match outcome {
+                        Ok(wrote) => {
+                            backoff.reset();
+                            if wrote {
+                                last_problem.clear();
+                            }
+                        }
                         Err(problem) => {
                             let retry = backoff.next().unwrap_or(retry::MAX_WRITE_WAIT);
                             if last_problem.is_new(&problem) {
@@ -228,9 +257,16 @@ impl Narrower {
                 .filter(|l| !l.spec.is_expired(now))
                 .map(LockRef::key)
                 .collect();
+            let operations = operations::plan(view.locks(), now, &self.config.limits);
             let current = config.current.clone();
             inflight = Some(Box::pin(async move {
-                this.reconcile(api, current.as_ref(), &plan, live).await
+                let base = this.reconcile(api, current.as_ref(), &plan, live).await;
+                // Made from the base entries as stored: the base write changes none of the
+                // fields they copy.
+                let operations = this
+                    .reconcile_operations(api, current.as_ref(), &operations)
+                    .await;
+                [base, operations]
             }));
         }
     }
@@ -244,13 +280,8 @@ impl Narrower {
         plan: &Plan,
         live: BTreeSet<LockKey>,
     ) -> Result<Option<ValidatingWebhookConfiguration>, String> {
-        let outcome = |outcome| {
-            self.metrics
-                .writes
-                .get_or_create(&OutcomeLabels { outcome })
-        };
         let Some(current) = current else {
-            outcome("missing").inc();
+            self.count("missing");
             return Err(format!(
                 "no ValidatingWebhookConfiguration {:?}; apply the output of `kube-object-lock manifests cluster`",
                 self.config.name
@@ -263,7 +294,7 @@ impl Narrower {
             Decision::FallBack => Format::Conditions,
         };
         let desired = webhooks(entries, plan, format).map_err(|e| {
-            outcome("missing").inc();
+            self.count("missing");
             e.to_string()
         })?;
         self.metrics
@@ -281,36 +312,13 @@ impl Narrower {
             );
             metadata["annotations"] = serde_json::json!({ FORMAT_ANNOTATION: CONDITIONS_FORMAT });
         }
-        let body = serde_json::json!({
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "ValidatingWebhookConfiguration",
-            "metadata": metadata,
-            "webhooks": desired,
-        });
-        let params = PatchParams::apply(FIELD_MANAGER).force();
-        let written = match api
-            .patch(&self.config.name, &params, &Patch::Apply(&body))
-            .await
-        {
-            Ok(written) => written,
-            Err(kube::Error::Api(status)) if status.code == 403 => {
-                outcome("forbidden").inc();
-                return Err(format!(
-                    "forbidden: {}; grant patch on this validatingwebhookconfiguration (manifests cluster does), or set registration.narrow = false",
-                    status.message
-                ));
-            }
-            Err(error) => {
-                outcome("error").inc();
-                return Err(error.to_string());
-            }
-        };
+        let written = self.apply(api, FIELD_MANAGER, metadata, &desired).await?;
         // The answer is the stored object: it must now say what was written.
         if !is_current(written.webhooks.as_deref().unwrap_or_default(), &desired) {
-            outcome("error").inc();
+            self.count("error");
             return Err("the configuration read back differs from what was written (another writer, or a defaulted field)".to_owned());
         }
-        outcome("written").inc();
+        self.count("written");
         let entries = desired.len();
         let was_narrow = match &self.registered.borrow().scope {
             Some(RegisteredScope::Narrow(_)) => Some(true),
@@ -338,6 +346,102 @@ impl Narrower {
         }
         self.confirm(plan, live, NamespaceSelection::of(&desired));
         Ok(Some(written))
+    }
+
+    /// Writes the CREATE and CONNECT entries if the configuration does not say them yet, under
+    /// [`OPERATIONS_FIELD_MANAGER`], listing only them. A configuration or a base entry missing
+    /// is the base reconcile's to report.
+    async fn reconcile_operations(
+        &self,
+        api: &Api<ValidatingWebhookConfiguration>,
+        current: Option<&ValidatingWebhookConfiguration>,
+        plan: &OperationsPlan,
+    ) -> Reconciled {
+        let Some(current) = current else {
+            return Ok(None);
+        };
+        let entries = current.webhooks.as_deref().unwrap_or_default();
+        let desired = operations::webhooks(entries, plan).map_err(|e| e.to_string())?;
+        if operations::is_current(entries, &desired) {
+            self.confirm_operations(plan);
+            return Ok(None);
+        }
+        let metadata = serde_json::json!({"name": self.config.name});
+        let written = (self.apply(api, OPERATIONS_FIELD_MANAGER, metadata, &desired)).await?;
+        if !operations::is_current(written.webhooks.as_deref().unwrap_or_default(), &desired) {
+            self.count("error");
+            return Err("the CREATE and CONNECT entries read back differ from what was written (entries another field manager owns, or a defaulted field)".to_owned());
+        }
+        self.count("written");
+        // Entries coming or going are logged; every other write only at debug.
+        let names = |entries: &[ValidatingWebhook]| -> Vec<String> {
+            (entries.iter())
+                .filter(|w| operations::is_operation_entry(&w.name))
+                .map(|w| w.name.clone())
+                .collect()
+        };
+        let (before, after) = (names(entries), names(&desired));
+        let (create, connect) = (plan.create.keys.len(), plan.connect.keys.len());
+        if before == after {
+            debug!(
+                create,
+                connect, "webhook entries for CREATE and CONNECT rewritten"
+            );
+        } else {
+            info!(create, connect, entries = ?after, "webhook entries for CREATE and CONNECT written");
+        }
+        self.confirm_operations(plan);
+        Ok(Some(written))
+    }
+
+    /// Applies `entries` (and `metadata`) as `manager`, forced; the answer is the stored object.
+    async fn apply(
+        &self,
+        api: &Api<ValidatingWebhookConfiguration>,
+        manager: &str,
+        metadata: serde_json::Value,
+        entries: &[ValidatingWebhook],
+    ) -> Result<ValidatingWebhookConfiguration, String> {
+        let body = serde_json::json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingWebhookConfiguration",
+            "metadata": metadata,
+            "webhooks": entries,
+        });
+        let params = PatchParams::apply(manager).force();
+        match (api.patch(&self.config.name, &params, &Patch::Apply(&body))).await {
+            Ok(written) => Ok(written),
+            Err(kube::Error::Api(status)) if status.code == 403 => {
+                self.count("forbidden");
+                Err(format!(
+                    "forbidden: {}; grant patch on this validatingwebhookconfiguration (manifests cluster does), or set registration.narrow = false",
+                    status.message
+                ))
+            }
+            Err(error) => {
+                self.count("error");
+                Err(error.to_string())
+            }
+        }
+    }
+
+    /// Counts a write of the configuration by its outcome.
+    fn count(&self, outcome: &'static str) {
+        (self.metrics.writes)
+            .get_or_create(&OutcomeLabels { outcome })
+            .inc();
+    }
+
+    /// Publishes what the CREATE and CONNECT entries now say.
+    fn confirm_operations(&self, plan: &OperationsPlan) {
+        let (create, connect) = (plan.create.registered(), plan.connect.registered());
+        self.registered.send_if_modified(|r| {
+            let changed =
+                r.create.as_ref() != Some(&create) || r.connect.as_ref() != Some(&connect);
+            r.create = Some(create);
+            r.connect = Some(connect);
+            changed
+        });
     }
 
     /// Publishes what the configuration now says.

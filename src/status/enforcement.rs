@@ -7,7 +7,7 @@ use k8s_openapi::jiff::Timestamp;
 use tokio::time::{Duration, Instant};
 
 use super::{CONDITION, KnownLock, NamespaceLabels};
-use crate::api::{self, Enforcer, LockCondition, LockKey, LockMode, LockSpec};
+use crate::api::{self, Enforcer, LockCondition, LockKey, LockMode, LockOperation, LockSpec};
 use crate::registration::{self, Registered, RegisteredScope};
 
 /// Whether the webhook configuration sends a lock's requests to the webhook.
@@ -29,26 +29,55 @@ pub enum Coverage {
         /// The requirements, as kubectl writes them.
         selector: String,
     },
+    /// UPDATE and DELETE are sent, but the entries of these operations the lock asks for
+    /// (CREATE, CONNECT) do not name it yet, or no write of them is confirmed yet.
+    OperationsNotYet(Vec<LockOperation>),
+    /// Everything else is sent, but these operations the lock asks for never are: the
+    /// configuration is one this instance keeps no copy of (`manifests cluster --broad`,
+    /// static files), which has no rules for CREATE or CONNECT; or CONNECT of a ClusterLock
+    /// (only pods are connected to, and they are namespaced).
+    NeverSent(Vec<LockOperation>),
 }
 
 impl Coverage {
     /// The coverage of `lock` by what this instance last confirmed, with the labels of the
     /// namespaces; `registered` `None`: it keeps no configuration, and so cannot know the
-    /// operator's requirements either.
+    /// operator's requirements either. A lock counts as sent once the base entries name it
+    /// and, for each of CREATE and CONNECT it asks for, the entries of that operation do.
     pub fn of(
         registered: Option<&Registered>,
         namespaces: &NamespaceLabels,
         lock: &KnownLock,
     ) -> Coverage {
+        let key = &lock.key;
+        // A spec that does not parse locks UPDATE and DELETE of its name.
+        let asked = (lock.spec.as_ref()).map_or(&[][..], |spec| spec.operations());
+        let (mut never, mut not_yet) = (Vec::new(), Vec::new());
+        for &operation in asked {
+            if matches!(operation, LockOperation::Update | LockOperation::Delete) {
+                continue;
+            }
+            match registered {
+                _ if operation == LockOperation::Connect && key.namespace.is_none() => {
+                    never.push(operation)
+                }
+                None => never.push(operation),
+                Some(registered) if !registered.sends(operation, key) => not_yet.push(operation),
+                Some(_) => {}
+            }
+        }
         let Some(registered) = registered else {
-            return Coverage::Sent;
+            return if never.is_empty() {
+                Coverage::Sent
+            } else {
+                Coverage::NeverSent(never)
+            };
         };
         let Some(scope) = &registered.scope else {
             return Coverage::NotYet;
         };
         // The namespaced entries select by the Lock's namespace; the cluster-scoped one selects
         // Namespace objects by their own labels, and no other cluster-scoped object.
-        let key = &lock.key;
         let selection = &registered.namespaces;
         let (selector, namespace) = match &key.namespace {
             Some(ns) => (&selection.locks, ns),
@@ -74,9 +103,11 @@ impl Coverage {
             }
         }
         match scope {
+            RegisteredScope::Narrow(_) if !registered.covers(key) => Coverage::NotYet,
+            _ if !not_yet.is_empty() => Coverage::OperationsNotYet(not_yet),
+            _ if !never.is_empty() => Coverage::NeverSent(never),
             RegisteredScope::Broad(reason) => Coverage::Broad(reason.clone()),
-            RegisteredScope::Narrow(_) if registered.covers(key) => Coverage::Sent,
-            RegisteredScope::Narrow(_) => Coverage::NotYet,
+            RegisteredScope::Narrow(_) => Coverage::Sent,
         }
     }
 }
@@ -85,9 +116,9 @@ impl Coverage {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Enforcement {
     /// Refuses changes to its object.
-    Enforcing,
+    Enforcing(Refused),
     /// Refuses changes to its object; the configuration is broad for this reason.
-    EnforcingBroad(String),
+    EnforcingBroad(Refused, String),
     /// The spec does not parse; the lock's name is locked for every operation (fail closed).
     EnforcingUnparsed(String),
     /// `expiresAt` has passed.
@@ -105,6 +136,51 @@ pub enum Enforcement {
     },
     /// The narrowed configuration does not name the lock yet.
     NotYetRegistered,
+    /// Every operation the lock refuses is one the configuration never sends (CREATE or
+    /// CONNECT, see [`Coverage::NeverSent`]).
+    OperationsNotSent(Vec<LockOperation>),
+}
+
+/// The operations an enforced lock refuses, and those of them the configuration never sends.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Refused {
+    /// As asked for (UPDATE and DELETE by default).
+    pub operations: Vec<LockOperation>,
+    /// Of those, the ones never sent to the webhook.
+    pub never_sent: Vec<LockOperation>,
+}
+
+impl Refused {
+    /// `UPDATE and DELETE of the locked object are refused`, and what is not.
+    fn describe(&self) -> String {
+        let sent: Vec<LockOperation> = (self.operations.iter())
+            .filter(|op| !self.never_sent.contains(op))
+            .copied()
+            .collect();
+        let verb = if sent.len() == 1 { "is" } else { "are" };
+        let mut text = format!("{} of the locked object {verb} refused", and(&sent));
+        if !self.never_sent.is_empty() {
+            text.push_str(&format!(
+                " ({} never reaches the webhook: {})",
+                and(&self.never_sent),
+                NEVER_SENT_WHY
+            ));
+        }
+        text
+    }
+}
+
+/// Why CREATE or CONNECT may never be sent.
+const NEVER_SENT_WHY: &str = "a registration the instances do not keep (`manifests cluster --broad`, static files) has no rule for CREATE or CONNECT, and CONNECT concerns pods, which no ClusterLock covers";
+
+/// `UPDATE`, `UPDATE and DELETE`, `CREATE, UPDATE and DELETE`.
+fn and(operations: &[LockOperation]) -> String {
+    let names: Vec<&str> = operations.iter().map(|op| op.as_str()).collect();
+    match names.as_slice() {
+        [] => "nothing".to_owned(),
+        [one] => (*one).to_owned(),
+        [rest @ .., last] => format!("{} and {last}", rest.join(", ")),
+    }
 }
 
 impl Enforcement {
@@ -128,7 +204,10 @@ impl Enforcement {
             Ok(spec) => match &spec.expires_at {
                 Some(at) if at.0 <= now => Enforcement::Expired(at.0),
                 _ if spec.mode == Some(LockMode::Warn) => Enforcement::WarnMode,
-                _ => Enforcement::Enforcing,
+                _ => Enforcement::Enforcing(Refused {
+                    operations: spec.operations().to_vec(),
+                    never_sent: Vec::new(),
+                }),
             },
         }
     }
@@ -152,9 +231,19 @@ impl Enforcement {
             return enforcement;
         }
         match (coverage, enforcement) {
-            (Coverage::NotYet, _) => Enforcement::NotYetRegistered,
-            (Coverage::Broad(reason), Enforcement::Enforcing) => {
-                Enforcement::EnforcingBroad(reason.clone())
+            (Coverage::NotYet | Coverage::OperationsNotYet(_), _) => Enforcement::NotYetRegistered,
+            (Coverage::Broad(reason), Enforcement::Enforcing(refused)) => {
+                Enforcement::EnforcingBroad(refused, reason.clone())
+            }
+            (Coverage::NeverSent(never), Enforcement::Enforcing(refused)) => {
+                if refused.operations.iter().all(|op| never.contains(op)) {
+                    Enforcement::OperationsNotSent(never.clone())
+                } else {
+                    Enforcement::Enforcing(Refused {
+                        never_sent: never.clone(),
+                        ..refused
+                    })
+                }
             }
             (_, enforcement) => enforcement,
         }
@@ -164,8 +253,8 @@ impl Enforcement {
     pub fn is_enforced(&self) -> bool {
         matches!(
             self,
-            Enforcement::Enforcing
-                | Enforcement::EnforcingBroad(_)
+            Enforcement::Enforcing(_)
+                | Enforcement::EnforcingBroad(..)
                 | Enforcement::EnforcingUnparsed(_)
         )
     }
@@ -173,15 +262,15 @@ impl Enforcement {
     /// The `Enforced` condition saying so.
     pub fn condition(&self, generation: i64) -> LockCondition {
         let (status, reason, message) = match self {
-            Enforcement::Enforcing => (
+            Enforcement::Enforcing(refused) => (
                 "True",
                 "Enforcing",
-                "UPDATE and DELETE of the locked object are refused; status.enforcedBy lists the instances".to_owned(),
+                format!("{}; status.enforcedBy lists the instances", refused.describe()),
             ),
-            Enforcement::EnforcingBroad(reason) => (
+            Enforcement::EnforcingBroad(refused, reason) => (
                 "True",
                 "Enforcing",
-                format!("UPDATE and DELETE of the locked object are refused; status.enforcedBy lists the instances. The webhook configuration is broad ({reason})"),
+                format!("{}; status.enforcedBy lists the instances. The webhook configuration is broad ({reason})", refused.describe()),
             ),
             Enforcement::EnforcingUnparsed(why) => (
                 "True",
@@ -207,6 +296,11 @@ impl Enforcement {
                 "False",
                 "NamespaceNotSelected",
                 format!("namespace {namespace} is not selected by the webhook registration's namespaceSelector ({selector}): its objects never reach the webhook (label the namespace to match, or lock elsewhere)"),
+            ),
+            Enforcement::OperationsNotSent(never) => (
+                "False",
+                "NotSentToWebhook",
+                format!("{} never reaches the webhook: {NEVER_SENT_WHY}", and(never)),
             ),
             Enforcement::NotYetRegistered => (
                 "False",

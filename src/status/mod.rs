@@ -15,10 +15,11 @@
 //!   same condition, so it carries no time.
 //!
 //! With a self-narrowing registration ([`crate::registration::writer`]), a lock counts as
-//! enforced only once the configuration that names it has been written and read back: before
-//! that, the API server does not send its object's writes to the webhook at all. When the
-//! operator limits that configuration to some namespaces, a lock elsewhere is never sent
-//! either: the namespaces' labels ([`namespaces`]) say which.
+//! enforced only once the configuration that names it has been written and read back (for a
+//! lock asking for CREATE or CONNECT, the entries of those operations too): before that, the
+//! API server does not send its object's writes to the webhook at all. When the operator
+//! limits that configuration to some namespaces, a lock elsewhere is never sent either: the
+//! namespaces' labels ([`namespaces`]) say which.
 //!
 //! Writes happen only when the result changes (a lock appears, changes generation, expires,
 //! the source turns unhealthy...), never per admission. While the lock source is unhealthy the

@@ -54,6 +54,8 @@ mod admission;
 mod ext;
 #[path = "fake_apiserver/ssa.rs"]
 mod ssa;
+#[path = "fake_apiserver/webhooks.rs"]
+mod webhooks;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::convert::Infallible;
@@ -108,14 +110,28 @@ pub enum WatchFault {
 enum Res {
     Lock,
     ClusterLock,
+    /// `admissionregistration.k8s.io/v1` (module `webhooks`).
+    WebhookConfiguration,
 }
 
 impl Res {
     fn plural(self) -> &'static str {
-        ["locks", "clusterlocks"][self as usize]
+        ["locks", "clusterlocks", "validatingwebhookconfigurations"][self as usize]
     }
     fn kind(self) -> &'static str {
-        ["Lock", "ClusterLock"][self as usize]
+        ["Lock", "ClusterLock", "ValidatingWebhookConfiguration"][self as usize]
+    }
+    fn group(self) -> &'static str {
+        match self {
+            Res::WebhookConfiguration => webhooks::GROUP,
+            Res::Lock | Res::ClusterLock => GROUP,
+        }
+    }
+    fn api_version(self) -> &'static str {
+        match self {
+            Res::WebhookConfiguration => webhooks::API_VERSION,
+            Res::Lock | Res::ClusterLock => API_VERSION,
+        }
     }
 }
 
@@ -480,7 +496,7 @@ impl FakeApiServer {
         let mut st = self.state();
         let old = st.objects.get(&key).cloned();
         if old.is_some() && create_only {
-            let msg = format!("{}.{GROUP} \"{name}\" already exists", res.plural());
+            let msg = format!("{}.{} \"{name}\" already exists", res.plural(), res.group());
             return Err(status(409, &msg, details(res, &name)));
         }
         let spec_changed = old.as_ref().is_some_and(|old| old["spec"] != body["spec"]);
@@ -509,7 +525,7 @@ impl FakeApiServer {
             meta["creationTimestamp"] = serde_json::to_value(now).expect("timestamp serializes");
             meta["generation"] = json!(1);
         }
-        body["apiVersion"] = json!(API_VERSION);
+        body["apiVersion"] = json!(res.api_version());
         body["kind"] = json!(res.kind());
         let object = st.emit(if old.is_some() { "MODIFIED" } else { "ADDED" }, key, body);
         drop(st);
@@ -616,7 +632,10 @@ impl FakeApiServer {
                     _ => self.read(&route, &query).map(|obj| (200, obj)),
                 }
             }
-            (&Method::POST, None) if route.ns.is_some() == (route.res == Res::Lock) => {
+            (&Method::POST, None)
+                if route.res != Res::WebhookConfiguration
+                    && route.ns.is_some() == (route.res == Res::Lock) =>
+            {
                 let body = req.into_body().collect().await.map(|b| b.to_bytes());
                 let parsed = serde_json::from_slice::<Value>(&body.unwrap_or_default());
                 match parsed {
@@ -624,6 +643,10 @@ impl FakeApiServer {
                     Err(e) => Err(bad_request(&format!("error decoding request body: {e}"))),
                     Ok(obj) => self.create(&route, obj).map(|obj| (201, obj)),
                 }
+            }
+            (&Method::PATCH, Some(name)) if route.res == Res::WebhookConfiguration => {
+                let name = name.clone();
+                return Ok(self.apply_webhooks(req, &name, &query).await);
             }
             (&Method::PATCH, Some(name)) => {
                 let merge = req
@@ -764,7 +787,8 @@ impl FakeApiServer {
             metadata["remainingItemCount"] = json!(remaining);
         }
         let kind = format!("{}List", route.res.kind());
-        Ok(json!({ "apiVersion": API_VERSION, "kind": kind, "metadata": metadata, "items": items }))
+        let api_version = route.res.api_version();
+        Ok(json!({ "apiVersion": api_version, "kind": kind, "metadata": metadata, "items": items }))
     }
 
     /// Starts a watch: HTTP 200, chunked, one JSON event per line.
@@ -794,7 +818,7 @@ impl FakeApiServer {
                 let kind = route.res.kind();
                 queue.push_back((
                     "BOOKMARK",
-                    json!({ "apiVersion": API_VERSION, "kind": kind, "metadata": meta }),
+                    json!({ "apiVersion": route.res.api_version(), "kind": kind, "metadata": meta }),
                 ));
             }
             st.rv
@@ -1124,6 +1148,9 @@ async fn next_event(mut c: Cursor) -> Option<(Result<Frame<Bytes>, Infallible>, 
 }
 
 fn parse_route(path: &str) -> Option<Route> {
+    if let Some(route) = webhooks::route(path) {
+        return Some(route);
+    }
     let segments: Vec<String> = path.strip_prefix(PREFIX)?.split('/').map(decode).collect();
     let segments: Vec<&str> = segments.iter().map(String::as_str).collect();
     let (res, ns, name) = match segments[..] {
@@ -1257,7 +1284,7 @@ fn bad_request(message: &str) -> Value {
 }
 
 fn details(res: Res, name: &str) -> Value {
-    let mut details = json!({ "group": GROUP, "kind": res.plural() });
+    let mut details = json!({ "group": res.group(), "kind": res.plural() });
     if !name.is_empty() {
         details["name"] = json!(name);
     }
@@ -1265,7 +1292,7 @@ fn details(res: Res, name: &str) -> Value {
 }
 
 fn not_found(res: Res, name: &str) -> Value {
-    let msg = format!("{}.{GROUP} \"{name}\" not found", res.plural());
+    let msg = format!("{}.{} \"{name}\" not found", res.plural(), res.group());
     status(404, &msg, details(res, name))
 }
 
@@ -1277,7 +1304,7 @@ fn partial_metadata(object: Value) -> Value {
 
 /// The Status a real server sends for `code` on this LIST or GET.
 fn fault_status(code: u16, route: &Route) -> Value {
-    let plural = route.res.plural();
+    let (plural, group) = (route.res.plural(), route.res.group());
     let (verb, name) = match &route.name {
         Some(name) => ("get", format!(" \"{name}\"")),
         None => ("list", String::new()),
@@ -1289,8 +1316,8 @@ fn fault_status(code: u16, route: &Route) -> Value {
     match code {
         403 => {
             let msg = format!(
-                "{plural}.{GROUP}{name} is forbidden: User \"{FAKE_USER}\" cannot {verb} resource \
-                 \"{plural}\" in API group \"{GROUP}\" {scope}"
+                "{plural}.{group}{name} is forbidden: User \"{FAKE_USER}\" cannot {verb} resource \
+                 \"{plural}\" in API group \"{group}\" {scope}"
             );
             status(
                 403,
@@ -1312,14 +1339,14 @@ fn watch_fault_status(code: u16, route: &Route) -> Value {
     if code != 403 {
         return fault_status(code, route);
     }
-    let plural = route.res.plural();
+    let (plural, group) = (route.res.plural(), route.res.group());
     let scope = match &route.ns {
         Some(ns) => format!("in the namespace \"{ns}\""),
         None => "at the cluster scope".to_string(),
     };
     let msg = format!(
-        "{plural}.{GROUP} is forbidden: User \"{FAKE_USER}\" cannot watch resource \"{plural}\" \
-         in API group \"{GROUP}\" {scope}"
+        "{plural}.{group} is forbidden: User \"{FAKE_USER}\" cannot watch resource \"{plural}\" \
+         in API group \"{group}\" {scope}"
     );
     status(403, &msg, details(route.res, ""))
 }

@@ -1,4 +1,5 @@
 use super::*;
+use crate::registration::{conditions, operations};
 
 fn example_ca() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/examples/example-ca.crt")
@@ -447,7 +448,21 @@ fn the_registration_sends_every_subresource_the_decision_locks() {
     use crate::admission::AdmissionRequest;
     use crate::admission::decide::{Plan, plan};
     let vwc = webhook_configuration(&registration(), NAME);
-    let hooks = vwc.webhooks.expect("webhooks");
+    let mut hooks = vwc.webhooks.expect("webhooks");
+    // CREATE and CONNECT are sent by the entries the instances add while Locks ask for them.
+    let asking = |namespace: Option<&str>| {
+        let spec: crate::api::LockSpec =
+            serde_json::from_value(serde_json::json!({"operations": ["CREATE", "CONNECT"]}))
+                .expect("spec");
+        match namespace {
+            Some(ns) => crate::locks::LockRef::lock(ns, "x", spec),
+            None => crate::locks::LockRef::cluster_lock("x", spec),
+        }
+    };
+    let locks = [asking(Some("ns")), asking(None)];
+    let now = k8s_openapi::jiff::Timestamp::UNIX_EPOCH;
+    let asked = operations::plan(&locks, now, &conditions::Limits::default());
+    hooks.extend(operations::webhooks(&hooks, &asked).expect("entries"));
     let mut drift = Vec::new();
     for &(group, resource, subresource, namespaced, operations) in API_SERVER_SUBRESOURCES {
         for &operation in operations {
@@ -464,15 +479,11 @@ fn the_registration_sends_every_subresource_the_decision_locks() {
             }))
             .expect("request");
             let locked = matches!(plan(&request), Plan::Lookup(_));
-            // CREATE and CONNECT are sent by entries the instances add while a Lock asks.
-            let by_lock_entries = (operation == "CREATE" && subresource.is_empty())
-                || (operation == "CONNECT" && group.is_empty() && resource == "pods");
-            let registered = by_lock_entries
-                || hooks.iter().any(|hook| {
-                    hook.rules.iter().flatten().any(|rule| {
-                        rule_matches(rule, operation, group, resource, subresource, namespaced)
-                    })
-                });
+            let registered = hooks.iter().any(|hook| {
+                hook.rules.iter().flatten().any(|rule| {
+                    rule_matches(rule, operation, group, resource, subresource, namespaced)
+                })
+            });
             if locked != registered {
                 drift.push(format!(
                     "{operation} {group}/{resource}/{subresource}: locked {locked}, registered {registered}"

@@ -1,15 +1,15 @@
 use super::*;
 use crate::api::LockSpec;
 
-fn now() -> Timestamp {
+pub(in crate::registration) fn now() -> Timestamp {
     "2026-11-22T12:00:00Z".parse().expect("time")
 }
 
-fn spec(json: serde_json::Value) -> LockSpec {
+pub(in crate::registration) fn spec(json: serde_json::Value) -> LockSpec {
     serde_json::from_value(json).expect("spec")
 }
 
-fn fixture(name: &str) -> serde_json::Value {
+pub(in crate::registration) fn fixture(name: &str) -> serde_json::Value {
     let path = format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
     let text = std::fs::read_to_string(&path).expect("fixture");
     serde_json::from_str(&text).expect("json")
@@ -17,7 +17,7 @@ fn fixture(name: &str) -> serde_json::Value {
 
 /// Evaluates `expression` as the API server does for a matchCondition: `request` without the
 /// objects, `object` and `oldObject` (null when absent).
-fn eval(expression: &str, review: &serde_json::Value) -> bool {
+pub(in crate::registration) fn eval(expression: &str, review: &serde_json::Value) -> bool {
     let mut request = review["request"].clone();
     let map = request.as_object_mut().expect("request object");
     let object = map.remove("object").unwrap_or(serde_json::Value::Null);
@@ -59,7 +59,10 @@ fn sends(plan: &Plan, review: &serde_json::Value) -> usize {
     entries.iter().filter(|e| eval(e, review)).count()
 }
 
-fn with(review: &str, edits: &[(&str, serde_json::Value)]) -> serde_json::Value {
+pub(in crate::registration) fn with(
+    review: &str,
+    edits: &[(&str, serde_json::Value)],
+) -> serde_json::Value {
     let mut value = fixture(review);
     for (pointer, new) in edits {
         *value.pointer_mut(pointer).expect("pointer") = new.clone();
@@ -402,13 +405,19 @@ fn each_namespaced_chunk_knows_its_namespaces() {
     );
 }
 
-#[test]
-fn a_cluster_lock_with_a_selector_sends_everything() {
+/// The sample locks and, last, a ClusterLock with a selector.
+fn with_a_cluster_selector() -> Vec<LockRef> {
     let mut locks = sample_locks();
     locks.push(LockRef::cluster_lock(
         "tiers",
         spec(serde_json::json!({"selector": {"matchLabels": {"tier": "prod"}}})),
     ));
+    locks
+}
+
+#[test]
+fn a_cluster_lock_with_a_selector_sends_everything() {
+    let locks = with_a_cluster_selector();
     let plan = plan(&locks, now(), &Limits::default());
     assert_eq!(
         plan.scope,
@@ -427,4 +436,39 @@ fn a_cluster_lock_with_a_selector_sends_everything() {
         "{:?}",
         plan.scope
     );
+}
+
+#[test]
+fn names_only_for_create_and_connect() {
+    let locks = with_a_cluster_selector();
+    let names = plan_with(Clauses::Names, &locks, now(), &Limits::default());
+    let Scope::Narrow {
+        namespaced,
+        cluster,
+    } = &names.scope
+    else {
+        panic!("a ClusterLock's selector leaves the namespaced keys narrowed: {names:?}");
+    };
+    // The cluster-scoped part: every object (a selector ClusterLock may select any).
+    assert_eq!(cluster, &["true"]);
+    // The namespaced keys are those of the base plan without the ClusterLock.
+    let base = plan(&locks[..locks.len() - 1], now(), &Limits::default());
+    let Scope::Narrow {
+        namespaced: base_namespaced,
+        ..
+    } = &base.scope
+    else {
+        panic!("narrow")
+    };
+    assert_eq!(namespaced, base_namespaced);
+    assert_eq!(names.namespaces, base.namespaces);
+    // No clause for the deletion of a Namespace holding Locks.
+    let names = plan_with(Clauses::Names, &sample_locks(), now(), &Limits::default());
+    assert_eq!(sends(&names, &fixture("namespace-delete.json")), 0);
+    assert_eq!(
+        sends(&names, &fixture("clusterrole-update.json")),
+        1,
+        "the ClusterLock's name"
+    );
+    assert_eq!(sends(&base, &fixture("namespace-delete.json")), 1);
 }

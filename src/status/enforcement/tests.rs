@@ -239,43 +239,182 @@ fn writes_happen_only_when_the_status_differs() {
 
 #[test]
 fn coverage_follows_what_the_registration_names() {
+    use LockOperation::{Connect, Create};
     let l = lock(Some("prod"), serde_json::json!({}));
-    let named = |keys: &[(Option<&str>, &str)]| Registered {
-        scope: Some(RegisteredScope::Narrow(
+    let scope = |keys: &[(Option<&str>, &str)]| {
+        Some(RegisteredScope::Narrow(
             keys.iter()
                 .map(|(ns, name)| LockKey {
                     namespace: ns.map(str::to_owned),
                     name: (*name).to_owned(),
                 })
                 .collect(),
-        )),
+        ))
+    };
+    let broad = || Some(RegisteredScope::Broad("too many".to_owned()));
+    let named = |keys: &[(Option<&str>, &str)]| Registered {
+        scope: scope(keys),
         ..Registered::default()
     };
-    let labels = NamespaceLabels::default();
-    assert_eq!(
-        Coverage::of(None, &labels, &l),
-        Coverage::Sent,
-        "not kept here"
+    let (web, cluster_web) = ((Some("prod"), "web"), (None, "web"));
+    let create = lock(
+        Some("prod"),
+        serde_json::json!({"operations": ["CREATE", "UPDATE"]}),
     );
-    assert_eq!(
-        Coverage::of(Some(&Registered::default()), &labels, &l),
-        Coverage::NotYet,
-        "no write confirmed"
+    let connect = lock(Some("prod"), serde_json::json!({"operations": ["CONNECT"]}));
+    let both = lock(
+        Some("prod"),
+        serde_json::json!({"operations": ["CREATE", "CONNECT"]}),
     );
-    assert_eq!(
-        Coverage::of(
-            Some(&named(&[(None, "web"), (Some("dev"), "web")])),
-            &labels,
-            &l
+    let cluster_both = lock(
+        None,
+        serde_json::json!({"operations": ["CREATE", "CONNECT"]}),
+    );
+    let unparsed = lock(
+        Some("prod"),
+        serde_json::json!({"operations": ["SHUTDOWN"]}),
+    );
+    assert!(unparsed.spec.is_err());
+    let rows: Vec<(&str, Option<Registered>, &KnownLock, Coverage)> = vec![
+        ("not kept here", None, &l, Coverage::Sent),
+        (
+            "no write confirmed",
+            Some(Registered::default()),
+            &l,
+            Coverage::NotYet,
         ),
-        Coverage::NotYet,
-        "same name, other scope"
-    );
-    assert_eq!(
-        Coverage::of(Some(&named(&[(Some("prod"), "web")])), &labels, &l),
-        Coverage::Sent,
-        "no requirement of the operator's: the namespaces' labels do not matter"
-    );
+        (
+            "same name, other scope",
+            Some(named(&[cluster_web, (Some("dev"), "web")])),
+            &l,
+            Coverage::NotYet,
+        ),
+        ("named", Some(named(&[web])), &l, Coverage::Sent),
+        (
+            "broad",
+            Some(Registered {
+                scope: broad(),
+                ..Registered::default()
+            }),
+            &l,
+            Coverage::Broad("too many".into()),
+        ),
+        // CREATE and CONNECT: their own entries must name the lock too.
+        (
+            "CREATE, its entries not written yet",
+            Some(named(&[web])),
+            &create,
+            Coverage::OperationsNotYet(vec![Create]),
+        ),
+        (
+            "CREATE, its entries name another",
+            Some(Registered {
+                create: scope(&[(Some("dev"), "web")]),
+                ..named(&[web])
+            }),
+            &create,
+            Coverage::OperationsNotYet(vec![Create]),
+        ),
+        (
+            "CREATE named",
+            Some(Registered {
+                create: scope(&[web]),
+                ..named(&[web])
+            }),
+            &create,
+            Coverage::Sent,
+        ),
+        (
+            "CREATE named, the base entries not yet",
+            Some(Registered {
+                create: scope(&[web]),
+                ..named(&[])
+            }),
+            &create,
+            Coverage::NotYet,
+        ),
+        (
+            "CREATE named, the base entries broad",
+            Some(Registered {
+                scope: broad(),
+                create: scope(&[web]),
+                ..Registered::default()
+            }),
+            &create,
+            Coverage::Broad("too many".into()),
+        ),
+        (
+            "CREATE broad",
+            Some(Registered {
+                create: broad(),
+                ..named(&[web])
+            }),
+            &create,
+            Coverage::Sent,
+        ),
+        (
+            "CONNECT not named, CREATE is",
+            Some(Registered {
+                create: scope(&[web]),
+                connect: scope(&[]),
+                ..named(&[web])
+            }),
+            &both,
+            Coverage::OperationsNotYet(vec![Connect]),
+        ),
+        (
+            "neither named",
+            Some(named(&[web])),
+            &both,
+            Coverage::OperationsNotYet(vec![Create, Connect]),
+        ),
+        (
+            "CONNECT named",
+            Some(Registered {
+                connect: scope(&[web]),
+                ..named(&[web])
+            }),
+            &connect,
+            Coverage::Sent,
+        ),
+        (
+            "a ClusterLock's CONNECT is never sent",
+            Some(Registered {
+                create: scope(&[cluster_web]),
+                connect: scope(&[]),
+                ..named(&[cluster_web])
+            }),
+            &cluster_both,
+            Coverage::NeverSent(vec![Connect]),
+        ),
+        // A configuration this instance keeps no copy of has no CREATE or CONNECT rules.
+        (
+            "--broad or static: CREATE",
+            None,
+            &create,
+            Coverage::NeverSent(vec![Create]),
+        ),
+        (
+            "--broad or static: both",
+            None,
+            &both,
+            Coverage::NeverSent(vec![Create, Connect]),
+        ),
+        // A spec that does not parse locks UPDATE and DELETE of its name only.
+        ("unparsed", Some(named(&[web])), &unparsed, Coverage::Sent),
+    ];
+    for (what, registered, lock, expected) in rows {
+        assert_eq!(
+            Coverage::of(registered.as_ref(), &NamespaceLabels::default(), lock),
+            expected,
+            "{what}"
+        );
+    }
+    // A lock whose CREATE is not sent yet is not enforced yet, as for UPDATE and DELETE.
+    let operations_not_yet = Coverage::OperationsNotYet(vec![Create]);
+    let pending = desired(&create, true, &operations_not_yet, "cp-1", now());
+    assert_eq!(pending.entry, None);
+    assert_eq!(pending.conditions[0].reason, "NotYetRegistered");
 
     let not_yet = desired(&l, true, &Coverage::NotYet, "cp-1", now());
     assert_eq!(not_yet.entry, None);
@@ -331,6 +470,7 @@ fn opted_in(keys: &[LockKey]) -> Registered {
             locks: lockable.clone(),
             namespaces: lockable,
         },
+        ..Registered::default()
     }
 }
 
@@ -480,5 +620,49 @@ fn a_cluster_lock_on_an_unselected_namespace_is_not_enforced_and_others_are() {
             &missing
         ),
         Coverage::Sent
+    );
+}
+
+#[test]
+fn the_condition_names_the_operations_refused_and_those_never_sent() {
+    use LockOperation::Create;
+    let message = |spec: serde_json::Value, coverage: &Coverage| {
+        let want = desired(&lock(Some("prod"), spec), true, coverage, "cp-1", now());
+        let condition = want.conditions[0].clone();
+        (condition.status, condition.reason, condition.message)
+    };
+    let (status, reason, text) = message(serde_json::json!({}), &Coverage::Sent);
+    assert_eq!((status.as_str(), reason.as_str()), ("True", "Enforcing"));
+    assert!(
+        text.starts_with("UPDATE and DELETE of the locked object are refused;"),
+        "{text}"
+    );
+    let connect = serde_json::json!({"operations": ["CONNECT"]});
+    let (_, _, text) = message(connect, &Coverage::Sent);
+    assert!(
+        text.starts_with("CONNECT of the locked object is refused;"),
+        "{text}"
+    );
+
+    // A registration the instances do not keep sends no CREATE: the rest is still refused...
+    let never = Coverage::NeverSent(vec![Create]);
+    let both = serde_json::json!({"operations": ["CREATE", "UPDATE"]});
+    let (status, reason, text) = message(both, &never);
+    assert_eq!((status.as_str(), reason.as_str()), ("True", "Enforcing"));
+    assert!(
+        text.starts_with(
+            "UPDATE of the locked object is refused (CREATE never reaches the webhook:"
+        ),
+        "{text}"
+    );
+    // ...and a lock of CREATE alone refuses nothing, which the plugin stops waiting on.
+    let (status, reason, text) = message(serde_json::json!({"operations": ["CREATE"]}), &never);
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "NotSentToWebhook")
+    );
+    assert!(
+        text.starts_with("CREATE never reaches the webhook"),
+        "{text}"
     );
 }

@@ -30,6 +30,14 @@ impl Samples {
     pub fn get(&self, series: &str) -> f64 {
         self.0.get(series).copied().unwrap_or(0.0)
     }
+
+    /// The sum of every series starting with `prefix` (e.g. a metric and its first labels).
+    pub fn total(&self, prefix: &str) -> f64 {
+        (self.0.iter())
+            .filter(|(series, _)| series.starts_with(prefix))
+            .map(|(_, value)| value)
+            .sum()
+    }
 }
 
 /// `GET /metrics` on `127.0.0.1:port`.

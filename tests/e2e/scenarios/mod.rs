@@ -16,6 +16,7 @@ mod metrics;
 mod mtls;
 mod namespaces;
 mod narrowing;
+mod operations;
 mod opt_in;
 mod owned;
 mod plugin;
@@ -84,6 +85,8 @@ pub fn all() -> Vec<Scenario> {
         alone("latency", latency::run),
         alone("narrowing", narrowing::run),
         alone("narrowing-upgrade", narrowing::upgrade),
+        // Alone: it counts every CREATE sent to the webhook.
+        alone("narrowing-operations", operations::run),
         alone("registration-cost", registration_cost::run),
         alone("apiserver-restart", restart::run),
         // Alone: it stops the API server for a few seconds.

@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 use crate::env::WebhookMode;
 use crate::scenarios::latency::percentiles;
 use crate::scenarios::metrics::scrape;
+use crate::scenarios::operations;
 use crate::suite::{Ctx, ENFORCE_WITHIN, RUN_LABEL, skip, skip_unless_required};
 use crate::webhook::{METRICS_PORT, REGISTRATION, SPARE_PORTS, Serve, Spare};
 
@@ -356,12 +357,18 @@ pub(super) fn registered(ctx: &Ctx, key: &str) -> Result<bool> {
 
 /// Calls the API server made to the namespaced webhook so far (its own metric).
 fn webhook_calls(ctx: &Ctx) -> Result<u64> {
+    webhook_calls_to(ctx, NAMESPACED)
+}
+
+/// Calls the API server made to the webhook entry `entry` so far (its own metric).
+pub fn webhook_calls_to(ctx: &Ctx, entry: &str) -> Result<u64> {
     let text = apiserver_metrics(ctx)?;
-    sum(&text, "apiserver_admission_webhook_request_total")
+    sum(&text, "apiserver_admission_webhook_request_total", entry)
         .or_else(|| {
             sum(
                 &text,
                 "apiserver_admission_webhook_admission_duration_seconds_count",
+                entry,
             )
         })
         .or(Some(0))
@@ -374,6 +381,7 @@ fn condition_evaluations(ctx: &Ctx) -> Result<u64> {
     Ok(sum(
         &text,
         "apiserver_admission_match_condition_evaluation_seconds_count",
+        NAMESPACED,
     )
     .unwrap_or(0))
 }
@@ -386,9 +394,9 @@ fn apiserver_metrics(ctx: &Ctx) -> Result<String> {
     Ok(text)
 }
 
-/// The sum of `metric`'s series for the namespaced entry; `None` when it has none.
-fn sum(text: &str, metric: &str) -> Option<u64> {
-    let label = format!("name=\"{NAMESPACED}\"");
+/// The sum of `metric`'s series for the webhook entry `entry`; `None` when it has none.
+fn sum(text: &str, metric: &str, entry: &str) -> Option<u64> {
+    let label = format!("name=\"{entry}\"");
     let lines: Vec<_> = text
         .lines()
         .filter(|l| l.starts_with(&format!("{metric}{{")) && l.contains(&label))
@@ -753,7 +761,8 @@ fn registration_writes(metrics_port: u16) -> Result<f64> {
 /// `.ci/previous-release`) and this one keep the same registration. Three phases:
 /// 1. the registration as the previous release installed it (no format annotation): both write
 ///    the conditions only, the same text; a minute of Lock churn (new namespaces among them),
-///    every Lock refusing writes once enforced, and few registration writes;
+///    every Lock refusing writes once enforced, and few registration writes; the entry of a
+///    Lock asking CREATE, this version's alone, kept throughout;
 /// 2. format 2 asked for while the previous one still runs: it rewrites the conditions, and this
 ///    version falls back to the broad selector and format 1 (enforcement kept throughout);
 /// 3. the previous one replaced by this version, format 2 asked for again: the selector is
@@ -808,12 +817,25 @@ fn upgrade_phases(ctx: &Ctx, previous: &std::path::Path, ports: (u16, u16)) -> R
             generation(ctx)?,
         ))
     };
+    // A Lock asking CREATE throughout: the previous release's applies (the base entries only,
+    // under the field manager of this version's) leave its entry alone.
+    let held = ctx.namespace("create")?;
+    ctx.lock(&held, "web", json!({"operations": ["CREATE"]}))?;
+    let held_entry = |names: &[String]| names.iter().any(|n| n == operations::CREATE);
+    operations::wait_for_entries(ctx, "the CREATE entry", held_entry)?;
     let before = writes()?;
     let (changes, counted) = churn(ctx, "a", Duration::from_secs(60), 2)?;
     let after = writes()?;
+    let config = operations::wait_for_entries(ctx, "the CREATE entry kept", held_entry)?;
+    let owners = operations::owners(&config, operations::CREATE);
+    ensure!(
+        owners == [operations::OPERATIONS_MANAGER],
+        "after the churn beside the previous release, the CREATE entry is managed by {owners:?}"
+    );
+    ctx.unlock(&held, "web")?;
     let changed = after.2 - before.2;
     ctx.figure(format!(
-        "previous release and this one side by side, conditions only: {changes} Lock changes in 60 s ({counted}) -> registration writes: {:.0} by the previous, {:.0} by this one, {changed} of them changed it; every Lock refused writes once created, and once enforced by both",
+        "previous release and this one side by side, conditions only: {changes} Lock changes in 60 s ({counted}) -> registration writes: {:.0} by the previous, {:.0} by this one, {changed} of them changed it; every Lock refused writes once created, and once enforced by both; the entry of a Lock asking CREATE kept throughout",
         after.0 - before.0,
         after.1 - before.1
     ));

@@ -137,6 +137,7 @@ impl FakeApiServer {
         let mut st = self.state();
         let mut managed = st.ext.managed.get(&key).cloned().unwrap_or_default();
         let changed = ssa::apply(
+            &ssa::STATUS,
             &mut object,
             &mut managed,
             &config,
@@ -161,7 +162,8 @@ impl FakeApiServer {
             return Ok((200, st.objects.get(&key).cloned().unwrap_or(object)));
         }
         let now = k8s_openapi::jiff::Timestamp::now().to_string();
-        object["metadata"]["managedFields"] = ssa::managed_fields(&managed, API_VERSION, &now);
+        object["metadata"]["managedFields"] =
+            ssa::managed_fields(&ssa::STATUS, &managed, API_VERSION, &now);
         st.ext.managed.insert(key.clone(), managed);
         let written = st.emit("MODIFIED", key, object);
         drop(st);
@@ -191,7 +193,8 @@ impl FakeApiServer {
         let mut managed = st.ext.managed.get(&key).cloned().unwrap_or_default();
         ssa::forget_missing(&object, &mut managed);
         let now = k8s_openapi::jiff::Timestamp::now().to_string();
-        object["metadata"]["managedFields"] = ssa::managed_fields(&managed, API_VERSION, &now);
+        object["metadata"]["managedFields"] =
+            ssa::managed_fields(&ssa::STATUS, &managed, API_VERSION, &now);
         st.ext.managed.insert(key.clone(), managed);
         let written = st.emit("MODIFIED", key, object);
         drop(st);

@@ -1,29 +1,62 @@
-//! Server-side apply of a lock's `status` subresource, as kube-apiserver does it for a CRD
-//! whose schema marks `status.enforcedBy` (key `instance`) and `status.conditions` (key `type`)
-//! as list-maps.
+//! Server-side apply as kube-apiserver does it, for the fields a [`Schema`] names: a lock's
+//! `status` subresource ([`STATUS`]: a CRD whose schema marks `status.enforcedBy` (key
+//! `instance`) and `status.conditions` (key `type`) as list-maps), and a
+//! ValidatingWebhookConfiguration ([`WEBHOOK_CONFIGURATION`]: `webhooks` keyed by `name`, their
+//! `matchConditions` keyed by `name`, every other list atomic).
 //!
-//! - Only `status` of the applied configuration counts (the status strategy resets the rest);
-//!   `apiVersion`, `kind` and `metadata.name` must be given and match the URL.
+//! - Only the schema's fields of the applied configuration count (for the status, the status
+//!   strategy resets the rest); `apiVersion`, `kind` and `metadata.name` must be given and
+//!   match the URL.
 //! - Each field manager owns the leaf fields it applied; list-map items are merged by key, so
 //!   managers applying different items never touch each other.
 //! - Applying a value that differs from the current one of a field another manager owns is a
 //!   409 conflict naming the field and the manager, unless `force=true`, which takes the field
 //!   over. Applying the same value shares ownership.
 //! - Fields a manager applied before and leaves out now are removed, unless another manager
-//!   still owns them; items and objects left empty go with them.
+//!   still owns them; items and objects left empty go with them. (Every manager here applies:
+//!   kube-apiserver also removes an item whose other fields only an `Update` manager holds,
+//!   such as a `kubectl patch` of one field; this fake has no such managers.)
 //! - Nothing changed (values and ownership): no write, no new resourceVersion, no event.
-//! - `metadata.managedFields` carries one `Apply` entry per manager, `subresource: status`, in
-//!   the FieldsV1 format (`f:status`, `k:{"instance":"cp-1"}`, `.`).
+//! - `metadata.managedFields` carries one `Apply` entry per manager (`subresource: status` for
+//!   the status), in the FieldsV1 format (`f:status`, `k:{"instance":"cp-1"}`, `.`).
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
-/// The list-maps of the status schema: path of field names, key field.
-const LIST_MAPS: [(&[&str], &str); 2] = [
-    (&["status", "enforcedBy"], "instance"),
-    (&["status", "conditions"], "type"),
-];
+/// What an apply of one kind of object writes.
+pub struct Schema {
+    /// The fields of the applied configuration that count, by path of field names.
+    pub roots: &'static [&'static [&'static str]],
+    /// The list-maps: path of field names, key field. Every other list is atomic.
+    pub list_maps: &'static [(&'static [&'static str], &'static str)],
+    /// The subresource the apply is made to, if any.
+    pub subresource: Option<&'static str>,
+}
+
+/// A lock's `status`.
+pub const STATUS: Schema = Schema {
+    roots: &[&["status"]],
+    list_maps: &[
+        (&["status", "enforcedBy"], "instance"),
+        (&["status", "conditions"], "type"),
+    ],
+    subresource: Some("status"),
+};
+
+/// A ValidatingWebhookConfiguration: its entries, labels and annotations.
+pub const WEBHOOK_CONFIGURATION: Schema = Schema {
+    roots: &[
+        &["metadata", "labels"],
+        &["metadata", "annotations"],
+        &["webhooks"],
+    ],
+    list_maps: &[
+        (&["webhooks"], "name"),
+        (&["webhooks", "matchConditions"], "name"),
+    ],
+    subresource: None,
+};
 
 /// One step into an object.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -46,7 +79,7 @@ pub struct Refused {
     pub causes: Vec<Value>,
 }
 
-fn list_map_key(path: &[Step]) -> Option<&'static str> {
+fn list_map_key(schema: &Schema, path: &[Step]) -> Option<&'static str> {
     let names: Vec<&str> = path
         .iter()
         .filter_map(|s| match s {
@@ -54,34 +87,32 @@ fn list_map_key(path: &[Step]) -> Option<&'static str> {
             Step::Item(..) => None,
         })
         .collect();
-    LIST_MAPS
-        .iter()
+    (schema.list_maps.iter())
         .find(|(p, _)| *p == names.as_slice())
         .map(|(_, key)| *key)
 }
 
-/// The leaf fields of `value` under `path`, with their values.
-fn leaves(value: &Value, path: &mut Path, out: &mut BTreeMap<Path, Value>) {
+/// The leaf fields of `value` under `path`, with their values, in the order given (new list-map
+/// items are stored in that order, as kube-apiserver does).
+fn leaves(schema: &Schema, value: &Value, path: &mut Path, out: &mut Vec<(Path, Value)>) {
     match value {
         // An empty object owns nothing (and must not replace what is there).
         Value::Object(map) => {
             for (k, v) in map {
                 path.push(Step::Field(k.clone()));
-                leaves(v, path, out);
+                leaves(schema, v, path, out);
                 path.pop();
             }
         }
-        Value::Array(items) if list_map_key(path).is_some() => {
-            let key = list_map_key(path).unwrap_or_default();
+        Value::Array(items) if list_map_key(schema, path).is_some() => {
+            let key = list_map_key(schema, path).unwrap_or_default();
             for item in items {
                 path.push(Step::Item(key.to_owned(), item[key].to_string()));
-                leaves(item, path, out);
+                leaves(schema, item, path, out);
                 path.pop();
             }
         }
-        other => {
-            out.insert(path.clone(), other.clone());
-        }
+        other => out.push((path.clone(), other.clone())),
     }
 }
 
@@ -218,6 +249,7 @@ fn describe(path: &[Step]) -> String {
 /// Applies `config` (an applied configuration) to `object` as `manager`. Returns whether the
 /// object or the ownership changed.
 pub fn apply(
+    schema: &Schema,
     object: &mut Value,
     managed: &mut Managed,
     config: &Value,
@@ -250,14 +282,14 @@ pub fn apply(
             url.as_str().unwrap_or_default()
         )));
     }
-    let mut applied = BTreeMap::new();
-    if let Some(status) = config.get("status").filter(|s| !s.is_null()) {
-        leaves(
-            status,
-            &mut vec![Step::Field("status".into())],
-            &mut applied,
-        );
+    let mut ordered = Vec::new();
+    for root in schema.roots {
+        let path: Path = root.iter().map(|f| Step::Field((*f).to_owned())).collect();
+        if let Some(value) = get(config, &path).filter(|v| !v.is_null()) {
+            leaves(schema, value, &mut path.clone(), &mut ordered);
+        }
     }
+    let applied: BTreeMap<Path, Value> = ordered.iter().cloned().collect();
     // Conflicts: another manager owns a field this apply sets to a different value.
     let mut conflicts = vec![];
     for (path, value) in &applied {
@@ -303,7 +335,7 @@ pub fn apply(
         }
     }
     let previous = managed.remove(manager).unwrap_or_default();
-    for (path, value) in &applied {
+    for (path, value) in &ordered {
         set(object, path, value.clone());
     }
     // Key fields go last: an item is found by its key.
@@ -315,12 +347,19 @@ pub fn apply(
     for path in others.into_iter().chain(keys) {
         remove(object, path);
     }
-    if let Some(status) = object.get_mut("status")
-        && prune(status)
-    {
-        object
-            .as_object_mut()
-            .map(|o: &mut Map<String, Value>| o.remove("status"));
+    for root in schema.roots {
+        let Some((last, parents)) = root.split_last() else {
+            continue;
+        };
+        let mut at = Some(&mut *object);
+        for field in parents {
+            at = at.and_then(|v| v.get_mut(*field));
+        }
+        if let Some(parent) = at.and_then(Value::as_object_mut)
+            && parent.get_mut(*last).is_some_and(prune)
+        {
+            parent.remove(*last);
+        }
     }
     if !applied.is_empty() {
         managed.insert(manager.to_owned(), applied.into_keys().collect());
@@ -339,7 +378,7 @@ pub fn forget_missing(object: &Value, managed: &mut Managed) {
     managed.retain(|_, fields| !fields.is_empty());
 }
 
-pub fn managed_fields(managed: &Managed, api_version: &str, time: &str) -> Value {
+pub fn managed_fields(schema: &Schema, managed: &Managed, api_version: &str, time: &str) -> Value {
     let entries: Vec<Value> = managed
         .iter()
         .map(|(manager, fields)| {
@@ -364,9 +403,13 @@ pub fn managed_fields(managed: &Managed, api_version: &str, time: &str) -> Value
                     }
                 }
             }
-            json!({ "manager": manager, "operation": "Apply", "apiVersion": api_version,
-                "time": time, "fieldsType": "FieldsV1", "fieldsV1": root,
-                "subresource": "status" })
+            let mut entry = json!({ "manager": manager, "operation": "Apply",
+                "apiVersion": api_version, "time": time, "fieldsType": "FieldsV1",
+                "fieldsV1": root });
+            if let Some(subresource) = schema.subresource {
+                entry["subresource"] = json!(subresource);
+            }
+            entry
         })
         .collect();
     Value::Array(entries)

@@ -1,0 +1,199 @@
+//! CREATE and CONNECT reach the webhook only for the Locks that ask for them.
+//!
+//! The base entries send UPDATE and DELETE of the locked names. CREATE is the busiest write of a
+//! cluster (every pod a controller starts) and CONNECT is every `kubectl exec`: sent always,
+//! with `failurePolicy: Fail`, a webhook that is down would fail them all, for the few Locks
+//! that ask. So each has entries of its own, present only while a live Lock asks for the
+//! operation, whose `may-be-locked` condition names only the keys of those Locks and whose
+//! `namespaceSelector` names only their namespaces (whatever the format: earlier versions never
+//! write these entries, so there is nothing to agree with):
+//! - [`CREATE_ENTRY`] (chunks `create-2.objectlock.dev`, ...): CREATE of any namespaced resource;
+//! - [`CLUSTER_CREATE_ENTRY`] (chunks `cluster-create-2...`): CREATE of any cluster-scoped one;
+//! - [`CONNECT_ENTRY`] (chunks `connect-2...`): CONNECT of [`CONNECT_SUBRESOURCES`].
+//!
+//! Every other field is copied from the base entry of the same scope, as for the chunk entries,
+//! so a caBundle patched into the base entries reaches them at the next write. None of these
+//! names is a chunk of a base entry ([`super::is_extra_entry`], the same in earlier versions),
+//! so no version takes them for its own. They are written in an apply of their own, under a
+//! field manager of their own ([`super::writer`]).
+
+use std::collections::BTreeSet;
+
+use k8s_openapi::api::admissionregistration::v1::{RuleWithOperations, ValidatingWebhook};
+use k8s_openapi::jiff::Timestamp;
+
+use super::conditions::{self, Clauses, Limits, Plan, Scope};
+use super::{
+    CLUSTER_ENTRY, MissingEntry, NAMESPACED_ENTRY, RegisteredScope, entry_name, is_extra_entry,
+    namespaced_selector, selected, set_condition, template,
+};
+use crate::api::{LockKey, LockOperation};
+use crate::locks::{LockKind, LockRef};
+
+/// The entry sending CREATE of namespaced objects (and the first chunk of its keys).
+pub const CREATE_ENTRY: &str = "create.objectlock.dev";
+/// The entry sending CREATE of cluster-scoped objects.
+pub const CLUSTER_CREATE_ENTRY: &str = "cluster-create.objectlock.dev";
+/// The entry sending CONNECT into pods.
+pub const CONNECT_ENTRY: &str = "connect.objectlock.dev";
+/// What CONNECT is sent for: every way into a pod through the API server.
+pub const CONNECT_SUBRESOURCES: [&str; 4] =
+    ["pods/exec", "pods/attach", "pods/portforward", "pods/proxy"];
+
+/// True for every entry this module writes, chunks included.
+pub fn is_operation_entry(name: &str) -> bool {
+    [CREATE_ENTRY, CLUSTER_CREATE_ENTRY, CONNECT_ENTRY]
+        .iter()
+        .any(|base| name == *base || is_extra_entry(name, base))
+}
+
+/// One operation: the live locks asking for it, and their conditions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OperationPlan {
+    /// The live locks asking for it whose requests an entry can send.
+    pub keys: BTreeSet<LockKey>,
+    /// Their conditions ([`Clauses::Names`]).
+    pub plan: Plan,
+}
+
+impl OperationPlan {
+    fn new<'a>(
+        locks: impl IntoIterator<Item = &'a LockRef>,
+        now: Timestamp,
+        limits: &Limits,
+    ) -> Self {
+        let locks: Vec<&LockRef> = locks.into_iter().collect();
+        OperationPlan {
+            keys: locks.iter().map(|l| l.key()).collect(),
+            plan: conditions::plan_with(Clauses::Names, locks, now, limits),
+        }
+    }
+
+    /// What the entries say once written.
+    pub fn registered(&self) -> RegisteredScope {
+        match &self.plan.scope {
+            Scope::Narrow { .. } => RegisteredScope::Narrow(self.keys.clone()),
+            Scope::Broad(reason) => RegisteredScope::Broad(reason.to_string()),
+        }
+    }
+
+    fn namespaced(&self) -> bool {
+        self.keys.iter().any(|k| k.namespace.is_some())
+    }
+
+    fn cluster(&self) -> bool {
+        self.keys.iter().any(|k| k.namespace.is_none())
+    }
+}
+
+/// What the CREATE and CONNECT entries should say.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OperationsPlan {
+    /// CREATE, namespaced and cluster-scoped.
+    pub create: OperationPlan,
+    /// CONNECT, namespaced Locks only: pods are namespaced.
+    pub connect: OperationPlan,
+}
+
+/// The plans of the live locks at `now` asking for CREATE or CONNECT.
+pub fn plan<'a>(
+    locks: impl IntoIterator<Item = &'a LockRef>,
+    now: Timestamp,
+    limits: &Limits,
+) -> OperationsPlan {
+    let live: Vec<&LockRef> = (locks.into_iter())
+        .filter(|l| !l.spec.is_expired(now))
+        .collect();
+    let asking = |operation| {
+        live.iter()
+            .copied()
+            .filter(move |l| l.spec.operations().contains(&operation))
+    };
+    let in_a_namespace = |l: &&LockRef| l.kind == LockKind::Lock && l.namespace.is_some();
+    OperationsPlan {
+        create: OperationPlan::new(asking(LockOperation::Create), now, limits),
+        connect: OperationPlan::new(
+            asking(LockOperation::Connect).filter(in_a_namespace),
+            now,
+            limits,
+        ),
+    }
+}
+
+/// The entries `plan` asks for, made from the configuration's base entries (whose URL,
+/// caBundle, failure policy, timeouts and exclusion conditions they copy). Empty while no
+/// lock asks; a base entry is needed only for the entries made from it.
+pub fn webhooks(
+    current: &[ValidatingWebhook],
+    plan: &OperationsPlan,
+) -> Result<Vec<ValidatingWebhook>, MissingEntry> {
+    let rule = |operation: &str, groups: &str, versions: &str, resources: &[&str], scope: &str| {
+        vec![RuleWithOperations {
+            operations: Some(vec![operation.to_owned()]),
+            api_groups: Some(vec![groups.to_owned()]),
+            api_versions: Some(vec![versions.to_owned()]),
+            resources: Some(resources.iter().map(|r| (*r).to_owned()).collect()),
+            scope: Some(scope.to_owned()),
+        }]
+    };
+    let mut out = Vec::new();
+    let mut namespaced = |base: &str, part: &OperationPlan, rules: Vec<RuleWithOperations>| {
+        let template = template(current, NAMESPACED_ENTRY)?;
+        for (index, expr) in expressions(&part.plan, true).into_iter().enumerate() {
+            let mut entry = template.clone();
+            entry.name = entry_name(base, index);
+            entry.rules = Some(rules.clone());
+            // The base entry's selector carries the operator's requirements.
+            let base = template.namespace_selector.as_ref();
+            entry.namespace_selector = Some(namespaced_selector(base, selected(&part.plan, index)));
+            set_condition(&mut entry, expr);
+            out.push(entry);
+        }
+        Ok::<_, MissingEntry>(())
+    };
+    if plan.create.namespaced() {
+        let rules = rule("CREATE", "*", "*", &["*"], "Namespaced");
+        namespaced(CREATE_ENTRY, &plan.create, rules)?;
+    }
+    if plan.connect.namespaced() {
+        let rules = rule("CONNECT", "", "v1", &CONNECT_SUBRESOURCES, "Namespaced");
+        namespaced(CONNECT_ENTRY, &plan.connect, rules)?;
+    }
+    if plan.create.cluster() {
+        // The cluster-scoped entry's selector filters Namespace objects by their own labels: it
+        // stays as the base entry has it.
+        let template = template(current, CLUSTER_ENTRY)?;
+        for (index, expr) in expressions(&plan.create.plan, false)
+            .into_iter()
+            .enumerate()
+        {
+            let mut entry = template.clone();
+            entry.name = entry_name(CLUSTER_CREATE_ENTRY, index);
+            entry.rules = Some(rule("CREATE", "*", "*", &["*"], "Cluster"));
+            set_condition(&mut entry, expr);
+            out.push(entry);
+        }
+    }
+    Ok(out)
+}
+
+/// The `may-be-locked` expressions of the namespaced or the cluster-scoped entries.
+fn expressions(plan: &Plan, namespaced: bool) -> Vec<String> {
+    match (&plan.scope, namespaced) {
+        (Scope::Narrow { namespaced, .. }, true) => namespaced.clone(),
+        (Scope::Narrow { cluster, .. }, false) => cluster.clone(),
+        (Scope::Broad(_), _) => vec!["true".to_owned()],
+    }
+}
+
+/// Whether the configuration's entries already say what `desired` says: every desired entry
+/// present and equal, and no other entry of this module's left.
+pub fn is_current(current: &[ValidatingWebhook], desired: &[ValidatingWebhook]) -> bool {
+    let stale = current
+        .iter()
+        .any(|w| is_operation_entry(&w.name) && !desired.iter().any(|d| d.name == w.name));
+    !stale && desired.iter().all(|d| current.contains(d))
+}
+
+#[cfg(test)]
+mod tests;
