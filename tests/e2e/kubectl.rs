@@ -127,10 +127,12 @@ impl Kubectl {
 
     /// `kubectl --kubeconfig F ARGS...` with `stdin`.
     pub fn run_stdin(&self, args: &[&str], stdin: Option<&str>) -> Out {
-        // Global flags work after the command, and a plugin takes them only after its name.
+        // Global flags work after the command, and a plugin takes them only after its name;
+        // before `--`, after which everything is the command's (`kubectl exec POD -- CMD`).
         let kubeconfig = self.kubeconfig.to_string_lossy().into_owned();
         let mut full: Vec<&str> = args.to_vec();
-        full.extend(["--kubeconfig", kubeconfig.as_str()]);
+        let at = args.iter().position(|a| *a == "--").unwrap_or(args.len());
+        full.splice(at..at, ["--kubeconfig", kubeconfig.as_str()]);
         run(&self.bin, &full, stdin, self.path_env())
     }
 

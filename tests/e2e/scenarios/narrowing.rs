@@ -177,12 +177,17 @@ pub fn run(ctx: &Ctx) -> Result<()> {
         &[("KUBE_OBJECT_LOCK__REGISTRATION__MAX_NAMES", "2")],
         |ctx| {
             let start = Instant::now();
-            while conditions(ctx)?.lines().any(|l| {
-                !l.split(" //")
-                    .next()
-                    .unwrap_or(l)
-                    .ends_with("may-be-locked: true")
-            }) {
+            // The base entries; those of CREATE and CONNECT have bounds of their own.
+            while conditions(ctx)?
+                .lines()
+                .filter(|l| is_base_entry(l))
+                .any(|l| {
+                    !l.split(" //")
+                        .next()
+                        .unwrap_or(l)
+                        .ends_with("may-be-locked: true")
+                })
+            {
                 ensure!(
                     start.elapsed() < Duration::from_secs(30),
                     "the registration did not go broad"
@@ -348,6 +353,15 @@ fn conditions(ctx: &Ctx) -> Result<String> {
         }
     }
     Ok(out)
+}
+
+/// Whether an entry (or a line of [`conditions`]) is one of the base entries, which every
+/// version writes, not one of those sending CREATE or CONNECT (`create.objectlock.dev`,
+/// `cluster-create.objectlock.dev`, `connect.objectlock.dev`), which only this one does.
+fn is_base_entry(name: &str) -> bool {
+    !["create", "cluster-create", "connect"]
+        .iter()
+        .any(|op| name.starts_with(&format!("{op}.")) || name.starts_with(&format!("{op}-")))
 }
 
 /// Whether a `may-be-locked` condition of the registration names `key` (`|ns/name|`).
@@ -701,6 +715,9 @@ fn selection(ctx: &Ctx) -> Result<(Vec<String>, bool)> {
     let mut marked = true;
     for webhook in reply.body["webhooks"].as_array().into_iter().flatten() {
         let name = webhook["name"].as_str().unwrap_or_default();
+        if !is_base_entry(name) {
+            continue;
+        }
         for c in webhook["matchConditions"].as_array().into_iter().flatten() {
             if c["name"] == "may-be-locked" {
                 marked &= c["expression"]
