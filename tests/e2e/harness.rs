@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
@@ -24,6 +25,28 @@ fn alive(dir: &Path, name: &str) -> bool {
     };
     let exe = std::fs::read_link(format!("/proc/{}/exe", pid.trim()));
     exe.is_ok_and(|exe| exe == dir.join("bin").join(name))
+}
+
+/// utime + stime of a `/proc/PID/stat` line, in clock ticks.
+fn cpu_ticks(stat: &str) -> Option<u64> {
+    // After the command, which may hold spaces and parentheses: state is field 3, utime and
+    // stime are fields 14 and 15.
+    let (_, fields) = stat.rsplit_once(')')?;
+    let mut fields = fields.split_whitespace().skip(11);
+    let user: u64 = fields.next()?.parse().ok()?;
+    let system: u64 = fields.next()?.parse().ok()?;
+    Some(user + system)
+}
+
+/// The kernel's clock ticks per second (`getconf CLK_TCK`), asked once.
+fn ticks_per_second() -> Result<f64> {
+    static TICKS: OnceLock<Option<f64>> = OnceLock::new();
+    let ticks = TICKS.get_or_init(|| {
+        let out = Command::new("getconf").arg("CLK_TCK").output().ok()?;
+        let ticks: f64 = String::from_utf8(out.stdout).ok()?.trim().parse().ok()?;
+        (ticks > 0.0).then_some(ticks)
+    });
+    ticks.context("`getconf CLK_TCK` gave no number of clock ticks per second")
 }
 
 impl Harness {
@@ -56,6 +79,17 @@ impl Harness {
             ours.display()
         );
         Ok(pid)
+    }
+
+    /// The CPU time (user and system, every thread) this control plane's API server has used
+    /// since it started, from `/proc/PID/stat`: what requests cost it, a figure that a busy
+    /// machine delays but does not move the way it moves throughput.
+    pub fn apiserver_cpu(&self) -> Result<Duration> {
+        let pid = self.apiserver_pid()?;
+        let file = format!("/proc/{pid}/stat");
+        let stat = std::fs::read_to_string(&file).with_context(|| format!("cannot read {file}"))?;
+        let ticks = cpu_ticks(&stat).with_context(|| format!("{file}: no utime, stime: {stat}"))?;
+        Ok(Duration::from_secs_f64(ticks as f64 / ticks_per_second()?))
     }
 
     /// Stops the control plane (etcd's data is kept) and starts it again, the API server with

@@ -2,14 +2,22 @@
 //! updates of unlocked ConfigMaps by 16 clients at once, with no registration (deleted), the
 //! registration narrowed by its conditions only (format 1, what earlier versions write) and
 //! narrowed by its namespaceSelector too (format 2), alternated A B C C B A so that the drift of
-//! a shared machine falls on every variant alike; the median of the rounds, and each round's
-//! ratio to the no-registration rounds of the same cycle.
+//! a shared machine falls on every variant alike: the median of each variant's rounds, and the
+//! median of its ratios to no registration cycle by cycle (a variant's two rounds of a cycle
+//! pooled, against those of no registration).
+//!
+//! Two figures per round: writes per second, and the API server's CPU time per write (utime and
+//! stime of its process, read before and after the round; local control plane only). The first
+//! moves by 2x from one round to the next when anything else runs on the machine; the second is
+//! what a write costs the API server, which other work delays but hardly changes. Each comparison
+//! starts once the API server is back at rest, and with a round that is not counted.
 //!
 //! Two sets of Locks: 20 (in 20 of 200 namespaces), then 2,000 spread over 200 other namespaces;
-//! writes in namespaces holding no Lock, and in one holding Locks; then cluster-scoped writes
-//! (the cluster-scoped entry keeps its conditions), and lock-to-enforcement of a Lock in a
-//! namespace that held none, in each format. A benchmark (about eight minutes): it runs when
-//! `KOL_E2E_COST=1`, and prints figures only.
+//! writes in namespaces holding no Lock (with 20 Locks in longer and more rounds: the variants
+//! are closest there), and in one holding Locks; then cluster-scoped writes (the cluster-scoped
+//! entry keeps its conditions), and lock-to-enforcement of a Lock in a namespace that held none,
+//! in each format. A benchmark (about ten minutes): it runs when `KOL_E2E_COST=1`, and prints
+//! figures only.
 
 use std::time::{Duration, Instant};
 
@@ -17,6 +25,7 @@ use anyhow::{Context, Result, ensure};
 use serde_json::{Value, json};
 
 use crate::env::WebhookMode;
+use crate::harness::Harness;
 use crate::scenarios::latency::percentiles;
 use crate::scenarios::narrowing::create_locks;
 use crate::suite::{Ctx, skip};
@@ -25,8 +34,6 @@ use crate::webhook::REGISTRATION;
 const VWC: &str = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations";
 const FORMAT: &str = "objectlock.dev/registration-format";
 const CLIENTS: usize = 16;
-const ROUND: Duration = Duration::from_secs(3);
-const CYCLES: usize = 3;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Variant {
@@ -50,7 +57,7 @@ pub fn run(ctx: &Ctx) -> Result<()> {
         return skip("KOL_E2E_WEBHOOK=external: the registration is not the suite's to delete");
     }
     if std::env::var_os("KOL_E2E_COST").is_none() {
-        return skip("a benchmark of about eight minutes: set KOL_E2E_COST=1 to run it");
+        return skip("a benchmark of about ten minutes: set KOL_E2E_COST=1 to run it");
     }
     let saved = stored(ctx)?;
     let result = measure(ctx, &saved);
@@ -80,16 +87,20 @@ fn measure(ctx: &Ctx, saved: &Value) -> Result<()> {
         "/api/v1/namespaces/{}/configmaps/free",
         namespaces[0]
     )];
-    let figure = |what: &str, results: &[(Variant, Vec<f64>)]| {
-        ctx.figure(format!("registration cost, {what}: {}", summary(results)));
+    let figure = |what: &str, comparison: &Comparison| {
+        let (rates, cpu) = summary(comparison);
+        ctx.figure(format!("registration cost, {what}: {rates}"));
+        if let Some(cpu) = cpu {
+            ctx.figure(format!("registration cost, {what}: {cpu}"));
+        }
     };
     figure(
         "20 Locks, namespaces without a Lock",
-        &abba(ctx, saved, &variants, &unlocked)?,
+        &abba(ctx, saved, LONG, &variants, &unlocked)?,
     );
     figure(
         "20 Locks, a namespace holding one",
-        &abba(ctx, saved, &variants, &holding)?,
+        &abba(ctx, saved, SHORT, &variants, &holding)?,
     );
 
     // 2,000 Locks over 200 other namespaces (their objects need not exist), the 20 deleted:
@@ -127,13 +138,14 @@ fn measure(ctx: &Ctx, saved: &Value) -> Result<()> {
         }
         figure(
             &format!("{placed} Locks over 200 namespaces, namespaces without a Lock"),
-            &abba(ctx, saved, &variants, &unlocked)?,
+            &abba(ctx, saved, SHORT, &variants, &unlocked)?,
         );
         figure(
             &format!("{placed} Locks over 200 namespaces, a namespace holding 10"),
             &abba(
                 ctx,
                 saved,
+                SHORT,
                 &variants,
                 &[format!("/api/v1/namespaces/{}/configmaps/free", bulk[0])],
             )?,
@@ -160,6 +172,7 @@ fn measure(ctx: &Ctx, saved: &Value) -> Result<()> {
     let measured = abba(
         ctx,
         saved,
+        SHORT,
         &[Variant::None, Variant::Namespaces],
         std::slice::from_ref(&path),
     );
@@ -300,36 +313,134 @@ fn switch(ctx: &Ctx, saved: &Value, variant: Variant) -> Result<()> {
     Ok(())
 }
 
+/// How a comparison runs: rounds of `length`, in the order A B C C B A, `cycles` times.
+#[derive(Clone, Copy)]
+struct Plan {
+    length: Duration,
+    cycles: usize,
+}
+
+/// Writes in the 180 namespaces without a Lock, 20 Locks: the variants are within a few percent
+/// of each other, less than a short round moves on a shared machine.
+const LONG: Plan = Plan {
+    length: Duration::from_secs(5),
+    cycles: 5,
+};
+const SHORT: Plan = Plan {
+    length: Duration::from_secs(3),
+    cycles: 3,
+};
+
+/// What one round did (or several, pooled): writes, in how long, and the API server's CPU time
+/// meanwhile (when the cluster is the local control plane, whose process is readable).
+#[derive(Clone, Copy)]
+struct Round {
+    writes: usize,
+    elapsed: Duration,
+    cpu: Option<Duration>,
+}
+
+impl Round {
+    fn rate(&self) -> f64 {
+        self.writes as f64 / self.elapsed.as_secs_f64()
+    }
+
+    /// The API server's CPU microseconds per write.
+    fn cpu_per_write(&self) -> Option<f64> {
+        (self.writes > 0).then_some(self.cpu?.as_secs_f64() * 1e6 / self.writes as f64)
+    }
+
+    fn pooled(self, other: Round) -> Round {
+        Round {
+            writes: self.writes + other.writes,
+            elapsed: self.elapsed + other.elapsed,
+            cpu: self.cpu.zip(other.cpu).map(|(a, b)| a + b),
+        }
+    }
+}
+
+/// The API server's CPU time so far, if the cluster is the local control plane.
+fn apiserver_cpu(ctx: &Ctx) -> Result<Option<Duration>> {
+    (ctx.env.cfg.harness.as_ref())
+        .map(Harness::apiserver_cpu)
+        .transpose()
+}
+
+/// The API server's CPU use with nothing written, in milliseconds per second, and how long it
+/// took to fall below 5% of a core.
+struct AtRest {
+    rate: f64,
+    waited: Duration,
+}
+
+/// Waits (at most a minute) for the API server to finish what the last steps left it (a burst of
+/// namespaces or Locks keeps the controller manager and the watches busy for a while), so that
+/// the first rounds do not pay for it; what it uses at rest is in every round's CPU time.
+fn settle(ctx: &Ctx) -> Result<Option<AtRest>> {
+    let window = Duration::from_secs(2);
+    let start = Instant::now();
+    loop {
+        let Some(before) = apiserver_cpu(ctx)? else {
+            return Ok(None);
+        };
+        std::thread::sleep(window);
+        let Some(after) = apiserver_cpu(ctx)? else {
+            return Ok(None);
+        };
+        let rate = after.saturating_sub(before).as_secs_f64() * 1e3 / window.as_secs_f64();
+        if rate < 50.0 || start.elapsed() > Duration::from_secs(60) {
+            return Ok(Some(AtRest {
+                rate,
+                waited: start.elapsed(),
+            }));
+        }
+    }
+}
+
+/// The rounds of a comparison, each variant's in the order they ran.
+struct Comparison {
+    at_rest: Option<AtRest>,
+    results: Vec<(Variant, Vec<Round>)>,
+}
+
 /// Rounds of [`CLIENTS`] clients doing dry-run updates of `paths` (each client its own, in
-/// turn) for [`ROUND`], in the order A B C C B A, [`CYCLES`] times: writes/s per round.
+/// turn) as `plan` says, after the API server has settled and one round to warm it and the
+/// clients' connections up.
 fn abba(
     ctx: &Ctx,
     saved: &Value,
+    plan: Plan,
     variants: &[Variant],
     paths: &[String],
-) -> Result<Vec<(Variant, Vec<f64>)>> {
-    let mut results: Vec<(Variant, Vec<f64>)> = variants.iter().map(|v| (*v, Vec::new())).collect();
-    for _ in 0..CYCLES {
+) -> Result<Comparison> {
+    let first = *variants.first().context("no variant to compare")?;
+    switch(ctx, saved, first)?;
+    let at_rest = settle(ctx)?;
+    write(ctx, plan.length, paths)?;
+    let mut results: Vec<(Variant, Vec<Round>)> =
+        variants.iter().map(|v| (*v, Vec::new())).collect();
+    for _ in 0..plan.cycles {
         for variant in variants.iter().chain(variants.iter().rev()) {
             switch(ctx, saved, *variant)?;
-            let rate = writes_per_second(ctx, paths)?;
-            if let Some((_, rates)) = results.iter_mut().find(|(v, _)| v == variant) {
-                rates.push(rate);
+            let round = write(ctx, plan.length, paths)?;
+            if let Some((_, rounds)) = results.iter_mut().find(|(v, _)| v == variant) {
+                rounds.push(round);
             }
         }
     }
-    Ok(results)
+    Ok(Comparison { at_rest, results })
 }
 
-fn writes_per_second(ctx: &Ctx, paths: &[String]) -> Result<f64> {
+fn write(ctx: &Ctx, length: Duration, paths: &[String]) -> Result<Round> {
     let rest = ctx.rest();
+    let cpu = apiserver_cpu(ctx)?;
     let start = Instant::now();
-    let total = std::thread::scope(|scope| {
+    let writes = std::thread::scope(|scope| {
         let clients: Vec<_> = (0..CLIENTS)
             .map(|c| {
                 scope.spawn(move || -> Result<usize> {
                     let mut n = 0usize;
-                    while start.elapsed() < ROUND {
+                    while start.elapsed() < length {
                         let path = &paths[(c + n * CLIENTS) % paths.len()];
                         rest.probe_update(path)?
                             .allowed("an unlocked dry-run update")?;
@@ -347,46 +458,103 @@ fn writes_per_second(ctx: &Ctx, paths: &[String]) -> Result<f64> {
             )
         })
     })?;
-    Ok(total as f64 / start.elapsed().as_secs_f64())
+    let elapsed = start.elapsed();
+    let cpu = match (cpu, apiserver_cpu(ctx)?) {
+        (Some(before), Some(after)) => Some(after.saturating_sub(before)),
+        _ => None,
+    };
+    Ok(Round {
+        writes,
+        elapsed,
+        cpu,
+    })
 }
 
-/// Per variant: median writes/s, and its ratio to no registration with the range of the
-/// rounds' ratios (round i of a variant against round i of no registration).
-fn summary(results: &[(Variant, Vec<f64>)]) -> String {
-    let median = |rates: &[f64]| {
-        let mut sorted = rates.to_vec();
-        sorted.sort_by(f64::total_cmp);
-        let n = sorted.len();
-        if n == 0 {
-            0.0
-        } else if n % 2 == 1 {
-            sorted[n / 2]
-        } else {
-            (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0
-        }
-    };
-    let none = results
-        .iter()
-        .find(|(v, _)| *v == Variant::None)
-        .map(|(_, r)| r.clone())
+fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let n = sorted.len();
+    if n == 0 {
+        f64::NAN
+    } else if n % 2 == 1 {
+        sorted[n / 2]
+    } else {
+        (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0
+    }
+}
+
+/// One figure of a variant: per round, and per cycle (its two rounds of each A B C C B A
+/// pooled, whose mean time is the same for every variant: a steady drift of the machine cancels
+/// out).
+struct Series {
+    variant: Variant,
+    rounds: Vec<f64>,
+    cycles: Vec<f64>,
+}
+
+/// Per variant: the median of its rounds in `unit`; beside every variant but no registration,
+/// the median of its cycles' ratios to no registration's same cycle (`ratio(variant, none)`,
+/// more than 1 is better) and their range; then each round's figure.
+fn compare(series: &[Series], (unit, per): (&str, &str), ratio: fn(f64, f64) -> f64) -> String {
+    let none = (series.iter())
+        .find(|s| s.variant == Variant::None)
+        .map(|s| s.cycles.clone())
         .unwrap_or_default();
-    let base = median(&none);
-    results
-        .iter()
-        .map(|(variant, rates)| {
-            let ratios: Vec<f64> = rates.iter().zip(&none).map(|(r, n)| r / n).collect();
-            let (lo, hi) = ratios
-                .iter()
-                .fold((f64::MAX, f64::MIN), |(lo, hi), r| (lo.min(*r), hi.max(*r)));
-            let each: Vec<String> = rates.iter().map(|r| format!("{r:.0}")).collect();
+    (series.iter())
+        .map(|s| {
+            let each: Vec<String> = s.rounds.iter().map(|r| format!("{r:.0}")).collect();
+            let each = each.join(" ");
+            let head = format!("{} {:.0} {unit}", s.variant.label(), median(&s.rounds));
+            if s.variant == Variant::None {
+                return format!("{head} ({each})");
+            }
+            let ratios: Vec<f64> = (s.cycles.iter().zip(&none))
+                .map(|(v, n)| ratio(*v, *n))
+                .collect();
+            let (lo, hi) =
+                (ratios.iter()).fold((f64::MAX, f64::MIN), |(lo, hi), r| (lo.min(*r), hi.max(*r)));
             format!(
-                "{} {:.0} writes/s ({:.2}x, rounds {lo:.2}-{hi:.2}; {})",
-                variant.label(),
-                median(rates),
-                median(rates) / base,
-                each.join(" ")
+                "{head} ({:.2}x{per}, cycles {lo:.2}-{hi:.2}; {each})",
+                median(&ratios)
             )
         })
         .collect::<Vec<_>>()
         .join("; ")
+}
+
+/// The rounds' throughput, and the API server's CPU per write as writes per CPU-second against
+/// no registration with what it used at rest (none when its process is not readable).
+fn summary(comparison: &Comparison) -> (String, Option<String>) {
+    let series = |f: fn(&Round) -> Option<f64>| -> Option<Vec<Series>> {
+        (comparison.results.iter())
+            .map(|(variant, rounds)| {
+                let pooled: Vec<Round> = (rounds.chunks_exact(2))
+                    .map(|pair| pair[0].pooled(pair[1]))
+                    .collect();
+                Some(Series {
+                    variant: *variant,
+                    rounds: rounds.iter().map(f).collect::<Option<_>>()?,
+                    cycles: pooled.iter().map(f).collect::<Option<_>>()?,
+                })
+            })
+            .collect()
+    };
+    let rates = series(|r| Some(r.rate())).unwrap_or_default();
+    let rates = compare(&rates, ("writes/s", ""), |v, none| v / none);
+    let cpu = series(Round::cpu_per_write).map(|cpu| {
+        let at_rest = (comparison.at_rest.as_ref()).map_or(String::new(), |r| {
+            format!(
+                "; at rest before: {:.0} ms CPU per second (after {:.0} s)",
+                r.rate,
+                r.waited.as_secs_f64()
+            )
+        });
+        let cpu = compare(
+            &cpu,
+            ("us API server CPU per write", " writes per CPU-second"),
+            |v, none| none / v,
+        );
+        format!("{cpu}{at_rest}")
+    });
+    (rates, cpu)
 }
