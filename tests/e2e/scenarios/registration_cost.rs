@@ -16,8 +16,9 @@
 //! writes in namespaces holding no Lock (with 20 Locks in longer and more rounds: the variants
 //! are closest there), and in one holding Locks; then cluster-scoped writes (the cluster-scoped
 //! entry keeps its conditions), and lock-to-enforcement of a Lock in a namespace that held none,
-//! in each format. A benchmark (about ten minutes): it runs when `KOL_E2E_COST=1`, and prints
-//! figures only.
+//! in each format; last, what a Lock asking for CREATE costs the creations of other names (in its
+//! namespace and elsewhere). A benchmark (about ten minutes): it runs when `KOL_E2E_COST=1`
+//! (`KOL_E2E_COST=create`: the CREATE comparison alone, about a minute), and prints figures only.
 
 use std::time::{Duration, Instant};
 
@@ -40,6 +41,13 @@ enum Variant {
     None,
     Conditions,
     Namespaces,
+    /// Format 2, and no Lock asks for CREATE: no entry sends CREATE.
+    NoCreateLock,
+    /// A Lock asking for CREATE in the namespace written to: its entry's condition is evaluated
+    /// for every CREATE there.
+    CreateLockHere,
+    /// A Lock asking for CREATE in another namespace: its entry's selector matches the writes out.
+    CreateLockElsewhere,
 }
 
 impl Variant {
@@ -48,6 +56,9 @@ impl Variant {
             Variant::None => "no registration",
             Variant::Conditions => "conditions only (format 1)",
             Variant::Namespaces => "conditions and namespaceSelector (format 2)",
+            Variant::NoCreateLock => "no Lock asks CREATE",
+            Variant::CreateLockHere => "a Lock asking CREATE in the namespace",
+            Variant::CreateLockElsewhere => "a Lock asking CREATE in another namespace",
         }
     }
 }
@@ -60,7 +71,11 @@ pub fn run(ctx: &Ctx) -> Result<()> {
         return skip("a benchmark of about ten minutes: set KOL_E2E_COST=1 to run it");
     }
     let saved = stored(ctx)?;
-    let result = measure(ctx, &saved);
+    let result = match std::env::var("KOL_E2E_COST").as_deref() {
+        // The CREATE comparison alone (about a minute).
+        Ok("create") => measure_creates(ctx, &saved),
+        _ => measure(ctx, &saved).and_then(|()| measure_creates(ctx, &saved)),
+    };
     // Whatever happened: the registration back, in format 2, and no bulk Locks left.
     let restored = switch(ctx, &saved, Variant::Namespaces);
     result.and(restored)
@@ -202,11 +217,96 @@ fn measure(ctx: &Ctx, saved: &Value) -> Result<()> {
     Ok(())
 }
 
+/// What a Lock asking for CREATE costs the creations it does not concern: dry-run creates of new
+/// names, format 2, with no such Lock (no entry sends CREATE: its rules match nothing), with one
+/// in the namespace written to (its entry's condition is evaluated for each), and with one in
+/// another namespace (its entry's selector matches the writes out).
+fn measure_creates(ctx: &Ctx, saved: &Value) -> Result<()> {
+    switch(ctx, saved, Variant::Namespaces)?;
+    let here = ctx.namespace("create-here")?;
+    let elsewhere = ctx.namespace("create-elsewhere")?;
+    let set = |variant| set_create_lock(ctx, &here, &elsewhere, variant);
+    let measured = alternate(
+        ctx,
+        SHORT,
+        &[
+            Variant::NoCreateLock,
+            Variant::CreateLockHere,
+            Variant::CreateLockElsewhere,
+        ],
+        &set,
+        &Requests::Creates(&here),
+    );
+    let cleared = set(Variant::NoCreateLock);
+    let (rates, cpu) = summary(&measured?);
+    ctx.figure(format!(
+        "registration cost, CREATE of unlocked names: {rates}"
+    ));
+    if let Some(cpu) = cpu {
+        ctx.figure(format!(
+            "registration cost, CREATE of unlocked names: {cpu}"
+        ));
+    }
+    cleared
+}
+
+/// Puts the Lock `reserved` asking for CREATE where `variant` says (in `here`, in `elsewhere`,
+/// or nowhere), and waits until the registration's CREATE entry says the same.
+fn set_create_lock(ctx: &Ctx, here: &str, elsewhere: &str, variant: Variant) -> Result<()> {
+    let rest = ctx.rest();
+    let (wanted, other) = match variant {
+        Variant::CreateLockHere => (Some(here), elsewhere),
+        Variant::CreateLockElsewhere => (Some(elsewhere), here),
+        _ => (None, here),
+    };
+    for ns in std::iter::once(other).chain(wanted.is_none().then_some(elsewhere)) {
+        let reply = rest.delete(&format!(
+            "/apis/objectlock.dev/v1alpha1/namespaces/{ns}/locks/reserved"
+        ))?;
+        ensure!(
+            reply.ok() || reply.code == 404,
+            "delete Lock {ns}/reserved: {} {}",
+            reply.code,
+            reply.message()
+        );
+    }
+    if let Some(ns) = wanted {
+        let path = format!("/apis/objectlock.dev/v1alpha1/namespaces/{ns}/locks/reserved");
+        if !rest.get(&path)?.ok() {
+            ctx.lock(ns, "reserved", json!({"operations": ["CREATE"]}))?;
+        }
+    }
+    let start = Instant::now();
+    loop {
+        let config = stored(ctx)?;
+        let create = (config["webhooks"].as_array().into_iter().flatten())
+            .find(|w| w["name"] == "create.objectlock.dev");
+        let names =
+            |ns: &str| create.is_some_and(|w| w.to_string().contains(&format!("|{ns}/reserved|")));
+        let done = match wanted {
+            None => create.is_none(),
+            Some(ns) => names(ns) && !names(other),
+        };
+        if done {
+            break;
+        }
+        ensure!(
+            start.elapsed() < Duration::from_secs(30),
+            "the registration's CREATE entry never reached {variant:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The API server's view of webhook configurations follows its own watch.
+    std::thread::sleep(Duration::from_millis(1500));
+    Ok(())
+}
+
 fn tag(variant: Variant) -> &'static str {
     match variant {
         Variant::None => "none",
         Variant::Conditions => "f1-",
         Variant::Namespaces => "f2-",
+        _ => "create-",
     }
 }
 
@@ -413,16 +513,35 @@ fn abba(
     variants: &[Variant],
     paths: &[String],
 ) -> Result<Comparison> {
+    let requests = Requests::Updates(paths);
+    alternate(ctx, plan, variants, &|v| switch(ctx, saved, v), &requests)
+}
+
+/// What the clients send: dry-run updates of existing objects, or dry-run creates of new
+/// ConfigMaps (names no Lock holds) in a namespace.
+enum Requests<'a> {
+    Updates(&'a [String]),
+    Creates(&'a str),
+}
+
+/// [`abba`] with the variants set by `set`, the first one the baseline.
+fn alternate(
+    ctx: &Ctx,
+    plan: Plan,
+    variants: &[Variant],
+    set: &dyn Fn(Variant) -> Result<()>,
+    requests: &Requests,
+) -> Result<Comparison> {
     let first = *variants.first().context("no variant to compare")?;
-    switch(ctx, saved, first)?;
+    set(first)?;
     let at_rest = settle(ctx)?;
-    write(ctx, plan.length, paths)?;
+    write(ctx, plan.length, requests)?;
     let mut results: Vec<(Variant, Vec<Round>)> =
         variants.iter().map(|v| (*v, Vec::new())).collect();
     for _ in 0..plan.cycles {
         for variant in variants.iter().chain(variants.iter().rev()) {
-            switch(ctx, saved, *variant)?;
-            let round = write(ctx, plan.length, paths)?;
+            set(*variant)?;
+            let round = write(ctx, plan.length, requests)?;
             if let Some((_, rounds)) = results.iter_mut().find(|(v, _)| v == variant) {
                 rounds.push(round);
             }
@@ -431,7 +550,7 @@ fn abba(
     Ok(Comparison { at_rest, results })
 }
 
-fn write(ctx: &Ctx, length: Duration, paths: &[String]) -> Result<Round> {
+fn write(ctx: &Ctx, length: Duration, requests: &Requests) -> Result<Round> {
     let rest = ctx.rest();
     let cpu = apiserver_cpu(ctx)?;
     let start = Instant::now();
@@ -441,9 +560,22 @@ fn write(ctx: &Ctx, length: Duration, paths: &[String]) -> Result<Round> {
                 scope.spawn(move || -> Result<usize> {
                     let mut n = 0usize;
                     while start.elapsed() < length {
-                        let path = &paths[(c + n * CLIENTS) % paths.len()];
-                        rest.probe_update(path)?
-                            .allowed("an unlocked dry-run update")?;
+                        match requests {
+                            Requests::Updates(paths) => {
+                                let path = &paths[(c + n * CLIENTS) % paths.len()];
+                                rest.probe_update(path)?
+                                    .allowed("an unlocked dry-run update")?;
+                            }
+                            Requests::Creates(ns) => {
+                                let body = json!({"apiVersion": "v1", "kind": "ConfigMap",
+                                                  "metadata": {"name": format!("c-{c}-{n}")}});
+                                rest.post(
+                                    &format!("/api/v1/namespaces/{ns}/configmaps?dryRun=All"),
+                                    &body,
+                                )?
+                                .allowed("a dry-run create of an unlocked name")?;
+                            }
+                        }
                         n += 1;
                     }
                     Ok(n)
@@ -496,16 +628,14 @@ struct Series {
 /// the median of its cycles' ratios to no registration's same cycle (`ratio(variant, none)`,
 /// more than 1 is better) and their range; then each round's figure.
 fn compare(series: &[Series], (unit, per): (&str, &str), ratio: fn(f64, f64) -> f64) -> String {
-    let none = (series.iter())
-        .find(|s| s.variant == Variant::None)
-        .map(|s| s.cycles.clone())
-        .unwrap_or_default();
+    let baseline = series.first().map(|s| s.variant);
+    let none = series.first().map(|s| s.cycles.clone()).unwrap_or_default();
     (series.iter())
         .map(|s| {
             let each: Vec<String> = s.rounds.iter().map(|r| format!("{r:.0}")).collect();
             let each = each.join(" ");
             let head = format!("{} {:.0} {unit}", s.variant.label(), median(&s.rounds));
-            if s.variant == Variant::None {
+            if Some(s.variant) == baseline {
                 return format!("{head} ({each})");
             }
             let ratios: Vec<f64> = (s.cycles.iter().zip(&none))
