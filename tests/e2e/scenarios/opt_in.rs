@@ -4,7 +4,8 @@
 //! scale of its Deployment in a namespace labelled `lockable=true`; in one labelled
 //! `lockable=false` a Lock changes nothing, its status says `NamespaceNotSelected` and `kubectl
 //! lock` refuses to wait for one, until the namespace is relabelled: then the same Lock is
-//! enforced.
+//! enforced. A Lock asking CREATE refuses the creation of a Deployment of its name in the first,
+//! not in the second.
 
 use std::time::Instant;
 
@@ -138,6 +139,47 @@ fn check(ctx: &Ctx) -> Result<()> {
         .refused(&refusal(&yes))?;
     ctx.k(&["scale", "deployment", "web", "-n", &yes, "--replicas=2"])
         .refused(&refusal(&yes))?;
+
+    // A Lock asking CREATE reserves its name where it applies; without a Lock, creating and
+    // scaling work.
+    let reserving = json!({"operations": ["CREATE", "UPDATE", "DELETE"],
+        "resources": [{"apiGroups": ["apps"], "resources": ["deployments"]}]});
+    let dry_create = |ns: &str, name: &str| {
+        ctx.rest().post(
+            &format!("/apis/apps/v1/namespaces/{ns}/deployments?dryRun=All"),
+            &deployment(name, json!({})),
+        )
+    };
+    for ns in [&yes, &no] {
+        ctx.lock(ns, "web-v2", reserving.clone())?;
+    }
+    ctx.enforced("dry-run create of a reserved name", || {
+        dry_create(&yes, "web-v2")
+    })?;
+    let reserved = locked("deployments.apps", &yes, "web-v2", None);
+    let image = "--image=registry.invalid/web:2";
+    ctx.k(&["create", "deployment", "web-v2", "-n", &yes, image])
+        .refused(&format!("cannot create: {reserved}"))?;
+    ctx.k(&["create", "deployment", "free", "-n", &yes, image])
+        .allowed()?;
+    ctx.k(&["scale", "deployment", "free", "-n", &yes, "--replicas=2"])
+        .allowed()?;
+    // Its twin in the unselected namespace is named by the CREATE entry's condition, and left
+    // out by its selector.
+    let key = format!("|{no}/web-v2|");
+    wait_for(|| {
+        let stored = ctx.rest().get(&format!("{VWC}/{REGISTRATION}"))?.body;
+        let create = (stored["webhooks"].as_array().into_iter().flatten())
+            .find(|w| w["name"] == "create.objectlock.dev");
+        Ok(create
+            .is_some_and(|w| w.to_string().contains(&key))
+            .then_some(()))
+    })
+    .context("the CREATE entry's condition never named the Lock")?;
+    // The API server's view of webhook configurations follows its own watch.
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    dry_create(&no, "web-v2")?
+        .allowed("dry-run create of a name reserved in an unselected namespace")?;
 
     // Not selected: the conditions name the Lock, the selector leaves its namespace out.
     let lock_path = format!("/apis/objectlock.dev/v1alpha1/namespaces/{no}/locks/web");
