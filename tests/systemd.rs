@@ -89,12 +89,8 @@ fn a_failed_certificate_reload_shows_in_the_status_line_until_a_good_reload() {
     let certs = Certs::new();
     let locks = tempfile::tempdir().expect("tempdir");
     let port = free_port();
-    let notify_dir = tempfile::tempdir().expect("tempdir");
+    let (notify_dir, notify) = notify_socket();
     let notify_path = notify_dir.path().join("notify");
-    let notify = UnixDatagram::bind(&notify_path).expect("notify socket");
-    notify
-        .set_read_timeout(Some(Duration::from_secs(30)))
-        .expect("timeout");
     let mut cmd = serve(Command::new(BIN), &certs, locks.path(), port);
     cmd.env("NOTIFY_SOCKET", &notify_path).stderr(Stdio::null());
     let child = cmd.spawn().expect("spawn");
@@ -348,12 +344,8 @@ fn a_start_error_on_the_journal_stream_carries_the_err_priority() {
 fn a_reload_and_a_stop_right_after_ready_are_handled_not_fatal() {
     let certs = Certs::new();
     let locks = tempfile::tempdir().expect("tempdir");
-    let notify_dir = tempfile::tempdir().expect("tempdir");
+    let (notify_dir, notify) = notify_socket();
     let notify_path = notify_dir.path().join("notify");
-    let notify = UnixDatagram::bind(&notify_path).expect("notify socket");
-    notify
-        .set_read_timeout(Some(Duration::from_secs(30)))
-        .expect("timeout");
     // The window is short: a few starts make a default-action SIGTERM all but certain to show.
     for _ in 0..10 {
         let mut cmd = serve(Command::new(BIN), &certs, locks.path(), free_port());
@@ -402,12 +394,8 @@ fn the_socket_systemd_passes_is_served_and_must_be_the_configured_address() {
     let port = listener.local_addr().expect("addr").port();
     // Held here too: the server could not bind the port itself, only serve the socket passed.
     let _held = listener.try_clone().expect("clone");
-    let notify_dir = tempfile::tempdir().expect("tempdir");
+    let (notify_dir, notify) = notify_socket();
     let notify_path = notify_dir.path().join("notify");
-    let notify = UnixDatagram::bind(&notify_path).expect("notify socket");
-    notify
-        .set_read_timeout(Some(Duration::from_secs(30)))
-        .expect("timeout");
     let mut cmd = serve_passed(&certs, locks.path(), port, listener);
     let child = cmd
         .env("NOTIFY_SOCKET", &notify_path)
@@ -439,4 +427,15 @@ fn the_socket_systemd_passes_is_served_and_must_be_the_configured_address() {
             && text.contains("ListenStream="),
         "{text}"
     );
+}
+
+/// A `NOTIFY_SOCKET` to pass to `serve`: its directory (the socket is `notify` in it) and the
+/// receiving end, which waits at most 30 s for a message.
+fn notify_socket() -> (tempfile::TempDir, UnixDatagram) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let notify = UnixDatagram::bind(dir.path().join("notify")).expect("notify socket");
+    notify
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    (dir, notify)
 }

@@ -4,7 +4,7 @@
 //! Parsing each object on its own, instead of a whole typed LIST, is what keeps one bad Lock from
 //! breaking its namespace: a Lock whose spec this version cannot read (an enum value from a newer
 //! version during an upgrade, a hand-edited object, a field that fails the CRD's own checks)
-//! still locks the object of its name, for every operation, in Enforce mode: it fails closed for
+//! still locks the object of its name, UPDATE and DELETE, in Enforce mode: it fails closed for
 //! that one name, and every other Lock of the namespace works as usual. The problem travels with
 //! the lock ([`LockRef::problem`]) so that the refusal, the log and a metric can name it.
 

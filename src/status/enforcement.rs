@@ -119,7 +119,7 @@ pub enum Enforcement {
     Enforcing(Refused),
     /// Refuses changes to its object; the configuration is broad for this reason.
     EnforcingBroad(Refused, String),
-    /// The spec does not parse; the lock's name is locked for every operation (fail closed).
+    /// The spec does not parse; UPDATE and DELETE of the lock's name are refused (fail closed).
     EnforcingUnparsed(String),
     /// `expiresAt` has passed.
     Expired(Timestamp),
@@ -275,7 +275,7 @@ impl Enforcement {
             Enforcement::EnforcingUnparsed(why) => (
                 "True",
                 "Unparseable",
-                format!("the spec does not parse ({why}): every operation on objects of the lock's name is refused"),
+                format!("the spec does not parse ({why}): UPDATE and DELETE of objects of the lock's name are refused"),
             ),
             Enforcement::Expired(at) => (
                 "False",

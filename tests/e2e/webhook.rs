@@ -133,26 +133,14 @@ impl Serve {
                 "127.0.0.1:{METRICS_PORT} (the webhook's metrics) is in use by another process"
             );
         }
-        let log = File::options().create(true).append(true).open(&place.log)?;
         let mut cmd = place.command(bin);
-        cmd.arg("serve")
-            .arg("--listen")
-            .arg(format!("127.0.0.1:{PORT}"))
-            .arg("--tls-cert")
-            .arg(files.pki("tls.crt"))
-            .arg("--tls-key")
-            .arg(files.pki("tls.key"))
-            .arg("--kubeconfig")
-            .arg(&place.kubeconfig)
-            .env("KUBE_OBJECT_LOCK__WEBHOOK__URL", URL)
-            .env(
-                "KUBE_OBJECT_LOCK__METRICS__LISTEN",
-                format!("127.0.0.1:{METRICS_PORT}"),
-            )
-            .env_remove("RUST_LOG")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log);
+        serve(
+            &mut cmd,
+            files,
+            &place.kubeconfig,
+            (PORT, METRICS_PORT),
+            &place.log,
+        )?;
         cmd.envs(env.iter().copied());
         if client_ca {
             cmd.env(
@@ -251,6 +239,40 @@ pub struct Spare {
     log: PathBuf,
 }
 
+/// `serve` on 127.0.0.1:`port` (its registered URL there too) with the suite's certificate and
+/// `kubeconfig`, metrics on `metrics_port`, appending its output to `log`.
+fn serve(
+    cmd: &mut Command,
+    files: &Files,
+    kubeconfig: &Path,
+    (port, metrics_port): (u16, u16),
+    log: &Path,
+) -> Result<()> {
+    let out = File::options().create(true).append(true).open(log)?;
+    cmd.arg("serve")
+        .arg("--listen")
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--tls-cert")
+        .arg(files.pki("tls.crt"))
+        .arg("--tls-key")
+        .arg(files.pki("tls.key"))
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .env(
+            "KUBE_OBJECT_LOCK__WEBHOOK__URL",
+            format!("https://127.0.0.1:{port}/validate"),
+        )
+        .env(
+            "KUBE_OBJECT_LOCK__METRICS__LISTEN",
+            format!("127.0.0.1:{metrics_port}"),
+        )
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(out.try_clone()?)
+        .stderr(out);
+    Ok(())
+}
+
 impl Spare {
     /// `bin serve` with `kubeconfig` on `ports` (webhook, metrics), logging to `log`, with extra
     /// environment (settings).
@@ -262,30 +284,10 @@ impl Spare {
         (port, metrics_port): (u16, u16),
         env: &[(&str, String)],
     ) -> Result<Spare> {
-        let out = File::options().create(true).append(true).open(log)?;
-        let child = Command::new(bin)
-            .arg("serve")
-            .arg("--listen")
-            .arg(format!("127.0.0.1:{port}"))
-            .arg("--tls-cert")
-            .arg(files.pki("tls.crt"))
-            .arg("--tls-key")
-            .arg(files.pki("tls.key"))
-            .arg("--kubeconfig")
-            .arg(kubeconfig)
-            .env(
-                "KUBE_OBJECT_LOCK__WEBHOOK__URL",
-                format!("https://127.0.0.1:{port}/validate"),
-            )
-            .env(
-                "KUBE_OBJECT_LOCK__METRICS__LISTEN",
-                format!("127.0.0.1:{metrics_port}"),
-            )
+        let mut cmd = Command::new(bin);
+        serve(&mut cmd, files, kubeconfig, (port, metrics_port), log)?;
+        let child = cmd
             .envs(env.iter().map(|(k, v)| (*k, v)))
-            .env_remove("RUST_LOG")
-            .stdin(Stdio::null())
-            .stdout(out.try_clone()?)
-            .stderr(out)
             .spawn()
             .with_context(|| format!("cannot start a second serve ({})", bin.display()))?;
         let mut spare = Spare {

@@ -1,4 +1,4 @@
-//! A Lock this version cannot read still locks its own name, for every operation, through the
+//! A Lock this version cannot read still locks its own name, UPDATE and DELETE, through the
 //! real API server and the narrowed registration; the other Locks of its namespace work as
 //! usual, and its unlocked objects stay writable (no namespace-wide refusal).
 //!
@@ -41,7 +41,7 @@ pub fn run(ctx: &Ctx) -> Result<()> {
 
 fn check(ctx: &Ctx, ns: &str) -> Result<()> {
     let path = |name: &str| format!("/api/v1/namespaces/{ns}/configmaps/{name}");
-    // Meant as "DELETE only, audited": unreadable here, so every operation is refused. The API
+    // Meant as "DELETE only, audited": unreadable here, so UPDATE and DELETE are refused. The API
     // server serves the widened CRD moments after the patch: until then the create is refused.
     let odd = json!({"apiVersion": "objectlock.dev/v1alpha1", "kind": "Lock",
         "metadata": {"name": "odd"},
