@@ -6,11 +6,14 @@
 //! median of its ratios to no registration cycle by cycle (a variant's two rounds of a cycle
 //! pooled, against those of no registration).
 //!
-//! Two figures per round: writes per second, and the API server's CPU time per write (utime and
-//! stime of its process, read before and after the round; local control plane only). The first
+//! Three figures per round: writes per second; the API server's CPU time per write (utime and
+//! stime of its process, read before and after the round; local control plane only); and the
+//! time its `ValidatingAdmissionWebhook` plugin took per write (its own histogram). The first
 //! moves by 2x from one round to the next when anything else runs on the machine; the second is
-//! what a write costs the API server, which other work delays but hardly changes. Each comparison
-//! starts once the API server is back at rest, and with a round that is not counted.
+//! what a write costs the API server, which other work delays but hardly changes; the third is
+//! where all the registration adds to a write it does not send is spent, so it bounds that cost
+//! far more tightly than the difference of two noisy totals. Each comparison starts once the API
+//! server is back at rest, and with a round that is not counted.
 //!
 //! Two sets of Locks: 20 (in 20 of 200 namespaces), then 2,000 spread over 200 other namespaces;
 //! writes in namespaces holding no Lock (with 20 Locks in longer and more rounds: the variants
@@ -18,7 +21,9 @@
 //! entry keeps its conditions), and lock-to-enforcement of a Lock in a namespace that held none,
 //! in each format; last, what a Lock asking for CREATE costs the creations of other names (in its
 //! namespace and elsewhere). A benchmark (about ten minutes): it runs when `KOL_E2E_COST=1`
-//! (`KOL_E2E_COST=create`: the CREATE comparison alone, about a minute), and prints figures only.
+//! (`KOL_E2E_COST=create`: the CREATE comparison alone, about a minute; `KOL_E2E_COST=goal`:
+//! namespaces without a Lock alone, no registration against format 2, with 20 and 2,000 Locks;
+//! `KOL_E2E_COST_CYCLES=N`: N cycles per comparison), and prints figures only.
 
 use std::time::{Duration, Instant};
 
@@ -74,16 +79,29 @@ pub fn run(ctx: &Ctx) -> Result<()> {
     let result = match std::env::var("KOL_E2E_COST").as_deref() {
         // The CREATE comparison alone (about a minute).
         Ok("create") => measure_creates(ctx, &saved),
-        _ => measure(ctx, &saved).and_then(|()| measure_creates(ctx, &saved)),
+        // The goals alone: namespaces without a Lock, no registration against format 2.
+        Ok("goal") => measure(ctx, &saved, Scope::Goal),
+        _ => measure(ctx, &saved, Scope::All).and_then(|()| measure_creates(ctx, &saved)),
     };
     // Whatever happened: the registration back, in format 2, and no bulk Locks left.
     let restored = switch(ctx, &saved, Variant::Namespaces);
     result.and(restored)
 }
 
-fn measure(ctx: &Ctx, saved: &Value) -> Result<()> {
+/// What [`measure`] compares: everything, or only what the goals are about (writes in
+/// namespaces without a Lock, no registration against format 2).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Scope {
+    All,
+    Goal,
+}
+
+fn measure(ctx: &Ctx, saved: &Value, scope: Scope) -> Result<()> {
     let rest = ctx.rest();
-    let variants = [Variant::None, Variant::Conditions, Variant::Namespaces];
+    let variants: &[Variant] = match scope {
+        Scope::All => &[Variant::None, Variant::Conditions, Variant::Namespaces],
+        Scope::Goal => &[Variant::None, Variant::Namespaces],
+    };
     // 200 namespaces with a ConfigMap each; the first 20 hold a Lock (on another ConfigMap).
     let namespaces: Vec<String> = (0..200)
         .map(|i| ctx.namespace(&format!("n{i:03}")))
@@ -103,20 +121,20 @@ fn measure(ctx: &Ctx, saved: &Value) -> Result<()> {
         namespaces[0]
     )];
     let figure = |what: &str, comparison: &Comparison| {
-        let (rates, cpu) = summary(comparison);
-        ctx.figure(format!("registration cost, {what}: {rates}"));
-        if let Some(cpu) = cpu {
-            ctx.figure(format!("registration cost, {what}: {cpu}"));
+        for line in summary(comparison) {
+            ctx.figure(format!("registration cost, {what}: {line}"));
         }
     };
     figure(
         "20 Locks, namespaces without a Lock",
-        &abba(ctx, saved, LONG, &variants, &unlocked)?,
+        &abba(ctx, saved, LONG, variants, &unlocked)?,
     );
-    figure(
-        "20 Locks, a namespace holding one",
-        &abba(ctx, saved, SHORT, &variants, &holding)?,
-    );
+    if scope == Scope::All {
+        figure(
+            "20 Locks, a namespace holding one",
+            &abba(ctx, saved, SHORT, variants, &holding)?,
+        );
+    }
 
     // 2,000 Locks over 200 other namespaces (their objects need not exist), the 20 deleted:
     // more than registration.max_names (2,000) would make the registration broad.
@@ -151,17 +169,21 @@ fn measure(ctx: &Ctx, saved: &Value) -> Result<()> {
             );
             std::thread::sleep(Duration::from_millis(100));
         }
+        let plan = if scope == Scope::Goal { LONG } else { SHORT };
         figure(
             &format!("{placed} Locks over 200 namespaces, namespaces without a Lock"),
-            &abba(ctx, saved, SHORT, &variants, &unlocked)?,
+            &abba(ctx, saved, plan, variants, &unlocked)?,
         );
+        if scope == Scope::Goal {
+            return Ok(());
+        }
         figure(
             &format!("{placed} Locks over 200 namespaces, a namespace holding 10"),
             &abba(
                 ctx,
                 saved,
                 SHORT,
-                &variants,
+                variants,
                 &[format!("/api/v1/namespaces/{}/configmaps/free", bulk[0])],
             )?,
         );
@@ -175,6 +197,9 @@ fn measure(ctx: &Ctx, saved: &Value) -> Result<()> {
     });
     result?;
     deleted?;
+    if scope == Scope::Goal {
+        return Ok(());
+    }
 
     // Cluster-scoped writes: the cluster-scoped entry's conditions, whatever the format.
     let role = ctx.cluster_name("cost");
@@ -238,13 +263,9 @@ fn measure_creates(ctx: &Ctx, saved: &Value) -> Result<()> {
         &Requests::Creates(&here),
     );
     let cleared = set(Variant::NoCreateLock);
-    let (rates, cpu) = summary(&measured?);
-    ctx.figure(format!(
-        "registration cost, CREATE of unlocked names: {rates}"
-    ));
-    if let Some(cpu) = cpu {
+    for line in summary(&measured?) {
         ctx.figure(format!(
-            "registration cost, CREATE of unlocked names: {cpu}"
+            "registration cost, CREATE of unlocked names: {line}"
         ));
     }
     cleared
@@ -431,13 +452,32 @@ const SHORT: Plan = Plan {
     cycles: 3,
 };
 
-/// What one round did (or several, pooled): writes, in how long, and the API server's CPU time
-/// meanwhile (when the cluster is the local control plane, whose process is readable).
+/// What one round did (or several, pooled): writes, in how long, the API server's CPU time
+/// meanwhile (when the cluster is the local control plane, whose process is readable), and the
+/// time its webhook admission plugin took.
 #[derive(Clone, Copy)]
 struct Round {
     writes: usize,
     elapsed: Duration,
     cpu: Option<Duration>,
+    plugin: Option<Plugin>,
+}
+
+/// The API server's `ValidatingAdmissionWebhook` plugin over a round, from its own histogram
+/// (`apiserver_admission_controller_admission_duration_seconds`, the round's operation): all the
+/// registration can add to a write it does not send is in there (the entries' rules, namespace
+/// lookups, selectors and conditions), measured in wall time, which is at least its CPU time.
+#[derive(Clone, Copy, Default)]
+struct Plugin {
+    seconds: f64,
+    calls: f64,
+}
+
+impl Plugin {
+    /// The plugin's microseconds per call.
+    fn per_call(&self) -> Option<f64> {
+        (self.calls > 0.0).then_some(self.seconds * 1e6 / self.calls)
+    }
 }
 
 impl Round {
@@ -455,7 +495,48 @@ impl Round {
             writes: self.writes + other.writes,
             elapsed: self.elapsed + other.elapsed,
             cpu: self.cpu.zip(other.cpu).map(|(a, b)| a + b),
+            plugin: (self.plugin.zip(other.plugin)).map(|(a, b)| Plugin {
+                seconds: a.seconds + b.seconds,
+                calls: a.calls + b.calls,
+            }),
         }
+    }
+}
+
+/// The `ValidatingAdmissionWebhook` plugin's histogram for `operation` so far, summed over its
+/// series (`None` when `/metrics` is not readable).
+fn plugin_so_far(ctx: &Ctx, operation: &str) -> Result<Option<Plugin>> {
+    let reply = ctx.rest().get("/metrics")?;
+    let Value::String(text) = reply.body else {
+        return Ok(None);
+    };
+    let metric = "apiserver_admission_controller_admission_duration_seconds";
+    let series = |suffix: &str| -> f64 {
+        (text.lines())
+            .filter(|l| {
+                l.starts_with(&format!("{metric}_{suffix}{{"))
+                    && l.contains("name=\"ValidatingAdmissionWebhook\"")
+                    && l.contains(&format!("operation=\"{operation}\""))
+                    && l.contains("type=\"validate\"")
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    Ok(Some(Plugin {
+        seconds: series("sum"),
+        calls: series("count"),
+    }))
+}
+
+/// Cycles per comparison: `KOL_E2E_COST_CYCLES` when set (more cycles, a narrower interval),
+/// else `plan`'s.
+fn cycles(plan: Plan) -> Result<usize> {
+    match std::env::var("KOL_E2E_COST_CYCLES") {
+        Err(_) => Ok(plan.cycles),
+        Ok(n) => match n.parse::<usize>() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => anyhow::bail!("KOL_E2E_COST_CYCLES={n:?}: expected a number of cycles, 1 or more"),
+        },
     }
 }
 
@@ -538,7 +619,7 @@ fn alternate(
     write(ctx, plan.length, requests)?;
     let mut results: Vec<(Variant, Vec<Round>)> =
         variants.iter().map(|v| (*v, Vec::new())).collect();
-    for _ in 0..plan.cycles {
+    for _ in 0..cycles(plan)? {
         for variant in variants.iter().chain(variants.iter().rev()) {
             set(*variant)?;
             let round = write(ctx, plan.length, requests)?;
@@ -552,6 +633,11 @@ fn alternate(
 
 fn write(ctx: &Ctx, length: Duration, requests: &Requests) -> Result<Round> {
     let rest = ctx.rest();
+    let operation = match requests {
+        Requests::Updates(_) => "UPDATE",
+        Requests::Creates(_) => "CREATE",
+    };
+    let plugin = plugin_so_far(ctx, operation)?;
     let cpu = apiserver_cpu(ctx)?;
     let start = Instant::now();
     let writes = std::thread::scope(|scope| {
@@ -595,10 +681,18 @@ fn write(ctx: &Ctx, length: Duration, requests: &Requests) -> Result<Round> {
         (Some(before), Some(after)) => Some(after.saturating_sub(before)),
         _ => None,
     };
+    let plugin = match (plugin, plugin_so_far(ctx, operation)?) {
+        (Some(before), Some(after)) => Some(Plugin {
+            seconds: after.seconds - before.seconds,
+            calls: after.calls - before.calls,
+        }),
+        _ => None,
+    };
     Ok(Round {
         writes,
         elapsed,
         cpu,
+        plugin,
     })
 }
 
@@ -626,7 +720,8 @@ struct Series {
 
 /// Per variant: the median of its rounds in `unit`; beside every variant but no registration,
 /// the median of its cycles' ratios to no registration's same cycle (`ratio(variant, none)`,
-/// more than 1 is better) and their range; then each round's figure.
+/// more than 1 is better), their mean with its standard error, and their range; then each
+/// round's figure.
 fn compare(series: &[Series], (unit, per): (&str, &str), ratio: fn(f64, f64) -> f64) -> String {
     let baseline = series.first().map(|s| s.variant);
     let none = series.first().map(|s| s.cycles.clone()).unwrap_or_default();
@@ -641,20 +736,68 @@ fn compare(series: &[Series], (unit, per): (&str, &str), ratio: fn(f64, f64) -> 
             let ratios: Vec<f64> = (s.cycles.iter().zip(&none))
                 .map(|(v, n)| ratio(*v, *n))
                 .collect();
-            let (lo, hi) =
-                (ratios.iter()).fold((f64::MAX, f64::MIN), |(lo, hi), r| (lo.min(*r), hi.max(*r)));
-            format!(
-                "{head} ({:.2}x{per}, cycles {lo:.2}-{hi:.2}; {each})",
-                median(&ratios)
-            )
+            format!("{head} ({}{per}; {each})", spread(&ratios))
         })
         .collect::<Vec<_>>()
         .join("; ")
 }
 
-/// The rounds' throughput, and the API server's CPU per write as writes per CPU-second against
-/// no registration with what it used at rest (none when its process is not readable).
-fn summary(comparison: &Comparison) -> (String, Option<String>) {
+/// Ratios of cycles: their median, mean with its standard error, and range.
+fn spread(ratios: &[f64]) -> String {
+    let n = ratios.len() as f64;
+    let mean = ratios.iter().sum::<f64>() / n;
+    let variance = ratios.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / (n - 1.0).max(1.0);
+    let (lo, hi) =
+        (ratios.iter()).fold((f64::MAX, f64::MIN), |(lo, hi), r| (lo.min(*r), hi.max(*r)));
+    format!(
+        "{:.3}x median, mean {mean:.3} +- {:.3}, cycles {lo:.2}-{hi:.2}",
+        median(ratios),
+        (variance / n).sqrt()
+    )
+}
+
+/// The webhook plugin's time per write, and what it bounds: cycle by cycle, no registration's
+/// CPU per write against the same plus what the plugin took more than without a registration,
+/// as writes per CPU-second (none when the API server's CPU or metrics are not readable).
+fn plugin_summary(comparison: &Comparison) -> Option<String> {
+    let mut results = comparison.results.iter();
+    let (_, none) = results.next()?;
+    let pooled = |rounds: &[Round]| -> Vec<Round> {
+        (rounds.chunks_exact(2))
+            .map(|pair| pair[0].pooled(pair[1]))
+            .collect()
+    };
+    let per_call = |rounds: &[Round]| -> Option<Vec<f64>> {
+        rounds.iter().map(|r| r.plugin?.per_call()).collect()
+    };
+    let base_cpu: Vec<f64> = (pooled(none).iter())
+        .map(Round::cpu_per_write)
+        .collect::<Option<_>>()?;
+    let base_plugin = per_call(&pooled(none))?;
+    let mut lines = vec![format!(
+        "webhook plugin: {} {:.1} us per write",
+        Variant::None.label(),
+        median(&per_call(none)?)
+    )];
+    for (variant, rounds) in results {
+        let plugin = per_call(&pooled(rounds))?;
+        let bound: Vec<f64> = (base_cpu.iter().zip(&base_plugin).zip(&plugin))
+            .map(|((cpu, base), plugin)| cpu / (cpu + (plugin - base).max(0.0)))
+            .collect();
+        lines.push(format!(
+            "{} {:.1} us per write (at least {} writes per CPU-second)",
+            variant.label(),
+            median(&per_call(rounds)?),
+            spread(&bound)
+        ));
+    }
+    Some(lines.join("; "))
+}
+
+/// The rounds' throughput; the API server's CPU per write as writes per CPU-second against no
+/// registration with what it used at rest (none when its process is not readable); its webhook
+/// plugin's time per write.
+fn summary(comparison: &Comparison) -> Vec<String> {
     let series = |f: fn(&Round) -> Option<f64>| -> Option<Vec<Series>> {
         (comparison.results.iter())
             .map(|(variant, rounds)| {
@@ -686,5 +829,8 @@ fn summary(comparison: &Comparison) -> (String, Option<String>) {
         );
         format!("{cpu}{at_rest}")
     });
-    (rates, cpu)
+    std::iter::once(rates)
+        .chain(cpu)
+        .chain(plugin_summary(comparison))
+        .collect()
 }
