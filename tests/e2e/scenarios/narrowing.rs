@@ -400,7 +400,8 @@ fn condition_evaluations(ctx: &Ctx) -> Result<u64> {
     .unwrap_or(0))
 }
 
-fn apiserver_metrics(ctx: &Ctx) -> Result<String> {
+/// The API server's `/metrics`, as text.
+pub fn apiserver_metrics(ctx: &Ctx) -> Result<String> {
     let reply = ctx.rest().get("/metrics")?;
     let Value::String(text) = reply.body else {
         anyhow::bail!("/metrics: {} {}", reply.code, reply.body);

@@ -33,7 +33,7 @@ use serde_json::{Value, json};
 use crate::env::WebhookMode;
 use crate::harness::Harness;
 use crate::scenarios::latency::percentiles;
-use crate::scenarios::narrowing::create_locks;
+use crate::scenarios::narrowing::{apiserver_metrics, create_locks};
 use crate::suite::{Ctx, skip};
 use crate::webhook::REGISTRATION;
 
@@ -460,14 +460,14 @@ struct Round {
     writes: usize,
     elapsed: Duration,
     cpu: Option<Duration>,
-    plugin: Option<Plugin>,
+    plugin: Plugin,
 }
 
 /// The API server's `ValidatingAdmissionWebhook` plugin over a round, from its own histogram
 /// (`apiserver_admission_controller_admission_duration_seconds`, the round's operation): all the
 /// registration can add to a write it does not send is in there (the entries' rules, namespace
 /// lookups, selectors and conditions), measured in wall time, which is at least its CPU time.
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Copy)]
 struct Plugin {
     seconds: f64,
     calls: f64,
@@ -495,21 +495,18 @@ impl Round {
             writes: self.writes + other.writes,
             elapsed: self.elapsed + other.elapsed,
             cpu: self.cpu.zip(other.cpu).map(|(a, b)| a + b),
-            plugin: (self.plugin.zip(other.plugin)).map(|(a, b)| Plugin {
-                seconds: a.seconds + b.seconds,
-                calls: a.calls + b.calls,
-            }),
+            plugin: Plugin {
+                seconds: self.plugin.seconds + other.plugin.seconds,
+                calls: self.plugin.calls + other.plugin.calls,
+            },
         }
     }
 }
 
 /// The `ValidatingAdmissionWebhook` plugin's histogram for `operation` so far, summed over its
-/// series (`None` when `/metrics` is not readable).
-fn plugin_so_far(ctx: &Ctx, operation: &str) -> Result<Option<Plugin>> {
-    let reply = ctx.rest().get("/metrics")?;
-    let Value::String(text) = reply.body else {
-        return Ok(None);
-    };
+/// series.
+fn plugin_so_far(ctx: &Ctx, operation: &str) -> Result<Plugin> {
+    let text = apiserver_metrics(ctx)?;
     let metric = "apiserver_admission_controller_admission_duration_seconds";
     let series = |suffix: &str| -> f64 {
         (text.lines())
@@ -522,10 +519,10 @@ fn plugin_so_far(ctx: &Ctx, operation: &str) -> Result<Option<Plugin>> {
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .sum()
     };
-    Ok(Some(Plugin {
+    Ok(Plugin {
         seconds: series("sum"),
         calls: series("count"),
-    }))
+    })
 }
 
 /// Cycles per comparison: `KOL_E2E_COST_CYCLES` when set (more cycles, a narrower interval),
@@ -681,12 +678,10 @@ fn write(ctx: &Ctx, length: Duration, requests: &Requests) -> Result<Round> {
         (Some(before), Some(after)) => Some(after.saturating_sub(before)),
         _ => None,
     };
-    let plugin = match (plugin, plugin_so_far(ctx, operation)?) {
-        (Some(before), Some(after)) => Some(Plugin {
-            seconds: after.seconds - before.seconds,
-            calls: after.calls - before.calls,
-        }),
-        _ => None,
+    let after = plugin_so_far(ctx, operation)?;
+    let plugin = Plugin {
+        seconds: after.seconds - plugin.seconds,
+        calls: after.calls - plugin.calls,
     };
     Ok(Round {
         writes,
@@ -758,17 +753,17 @@ fn spread(ratios: &[f64]) -> String {
 
 /// The webhook plugin's time per write, and what it bounds: cycle by cycle, no registration's
 /// CPU per write against the same plus what the plugin took more than without a registration,
-/// as writes per CPU-second (none when the API server's CPU or metrics are not readable).
+/// as writes per CPU-second (none when the API server's CPU is not readable).
 fn plugin_summary(comparison: &Comparison) -> Option<String> {
     let mut results = comparison.results.iter();
-    let (_, none) = results.next()?;
+    let (baseline, none) = results.next()?;
     let pooled = |rounds: &[Round]| -> Vec<Round> {
         (rounds.chunks_exact(2))
             .map(|pair| pair[0].pooled(pair[1]))
             .collect()
     };
     let per_call = |rounds: &[Round]| -> Option<Vec<f64>> {
-        rounds.iter().map(|r| r.plugin?.per_call()).collect()
+        rounds.iter().map(|r| r.plugin.per_call()).collect()
     };
     let base_cpu: Vec<f64> = (pooled(none).iter())
         .map(Round::cpu_per_write)
@@ -776,7 +771,7 @@ fn plugin_summary(comparison: &Comparison) -> Option<String> {
     let base_plugin = per_call(&pooled(none))?;
     let mut lines = vec![format!(
         "webhook plugin: {} {:.1} us per write",
-        Variant::None.label(),
+        baseline.label(),
         median(&per_call(none)?)
     )];
     for (variant, rounds) in results {
