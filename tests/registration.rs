@@ -9,7 +9,7 @@ use kube::api::{Api, Patch, PatchParams};
 use kube_object_lock::api::LockKey;
 use kube_object_lock::cli::manifests;
 use kube_object_lock::locks::kube::KubeSource;
-use kube_object_lock::metrics::RegistrationMetrics;
+use kube_object_lock::metrics::{OutcomeLabels, RegistrationMetrics};
 use kube_object_lock::registration::operations::{CLUSTER_CREATE_ENTRY, CREATE_ENTRY};
 use kube_object_lock::registration::writer::{
     FIELD_MANAGER, Narrower, NarrowerConfig, OPERATIONS_FIELD_MANAGER,
@@ -45,6 +45,7 @@ async fn installed_api() -> FakeApiServer {
 /// One instance's registration writer, fed by its own lock index.
 struct Instance {
     registered: watch::Receiver<Registered>,
+    metrics: RegistrationMetrics,
     tasks: [JoinHandle<()>; 2],
 }
 
@@ -55,11 +56,13 @@ impl Instance {
             name: manifests::NAME.to_owned(),
             limits: Default::default(),
         };
-        let narrower = Narrower::new(api.client(), config, RegistrationMetrics::default());
+        let metrics = RegistrationMetrics::default();
+        let narrower = Narrower::new(api.client(), config, metrics.clone());
         let registered = narrower.registered();
         let index = source.index().clone();
         Instance {
             registered,
+            metrics,
             tasks: [
                 tokio::spawn(source.watch()),
                 tokio::spawn(narrower.run(index)),
@@ -310,5 +313,64 @@ async fn the_fake_applies_webhook_entries_like_a_real_api_server() {
     assert_eq!(
         same["metadata"]["resourceVersion"],
         emptied["metadata"]["resourceVersion"]
+    );
+    // A resourceVersion given is a precondition: another one is a conflict, even forced.
+    let at = |version: &Value, ca: &str| {
+        let mut c = config(vec![entry("base.x.dev", ca)]);
+        c["metadata"]["resourceVersion"] = version.clone();
+        c
+    };
+    let stale = api
+        .apply_webhook_configuration("a", &at(&both["metadata"]["resourceVersion"], "QQ=="), true)
+        .expect_err("stale");
+    assert_eq!(
+        (&stale["code"], &stale["reason"]),
+        (&json!(409), &json!("Conflict"))
+    );
+    let current = api
+        .apply_webhook_configuration("a", &at(&same["metadata"]["resourceVersion"], "QQ=="), true)
+        .expect("current");
+    assert_ne!(
+        current["metadata"]["resourceVersion"],
+        same["metadata"]["resourceVersion"]
+    );
+}
+
+#[tokio::test]
+async fn an_edit_landing_before_a_write_planned_without_it_is_kept() {
+    let api = installed_api().await;
+    api.create_lock("prod", "web", json!({}));
+    let instance = Instance::start(&api);
+    instance.named(LockKey::lock("prod", "web")).await;
+    // The operator limits locking to lockable namespaces, in both base entries, and the edit
+    // lands just before the instance's next write, which was planned without it.
+    let stored = api.webhook_configuration(manifests::NAME).expect("stored");
+    let lockable = json!({"key": "lockable", "operator": "In", "values": ["true"]});
+    let mut base = stored["webhooks"].as_array().expect("entries").clone();
+    for entry in &mut base {
+        (entry["namespaceSelector"]["matchExpressions"].as_array_mut())
+            .expect("requirements")
+            .push(lockable.clone());
+    }
+    let edit = json!({"apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": manifests::NAME}, "webhooks": base});
+    api.edit_before_next_patch("kubectl-edit", edit);
+    api.create_lock("staging", "db", json!({}));
+    instance.named(LockKey::lock("staging", "db")).await;
+    let stored = api.webhook_configuration(manifests::NAME).expect("stored");
+    for entry in stored["webhooks"].as_array().expect("entries") {
+        let requirements = &entry["namespaceSelector"]["matchExpressions"];
+        let kept = (requirements.as_array().into_iter().flatten()).any(|r| r == &lockable);
+        assert!(kept, "{} lost the edit: {requirements}", entry["name"]);
+    }
+    let conflicts = (instance.metrics.writes)
+        .get_or_create(&OutcomeLabels {
+            outcome: "conflict",
+        })
+        .get();
+    assert_eq!(
+        conflicts, 1,
+        "the write planned without the edit was refused"
     );
 }

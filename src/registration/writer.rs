@@ -6,7 +6,10 @@
 //! server-side apply (field manager `kube-object-lock`, forced) and checks the answer, which is
 //! the stored object: the write is read back before it counts. The content is deterministic, so
 //! several instances converge on the same configuration and an instance that finds it already
-//! current writes nothing. Expired locks leave the registration at their `expiresAt` (the task
+//! current writes nothing. Each write carries the resourceVersion it was planned from: the
+//! entries copy fields others edit (an operator's `namespaceSelector`), and a write planned
+//! before such an edit would otherwise put the old value back. The API server refuses it (409)
+//! and the next plan starts from the edit. Expired locks leave the registration at their `expiresAt` (the task
 //! sleeps until the next one).
 //!
 //! Nothing is written before both lock kinds have been listed once: a partial view would drop
@@ -33,7 +36,7 @@
 //! Needs `get`, `list`, `watch` and `patch` on `validatingwebhookconfigurations` restricted by
 //! `resourceNames` to the one configuration (`manifests cluster` grants them).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -111,7 +114,23 @@ impl LockView {
 }
 
 /// What a reconcile did: `Ok(Some)` written and read back, `Ok(None)` already current.
-type Reconciled = Result<Option<ValidatingWebhookConfiguration>, String>;
+type Reconciled = Result<Option<ValidatingWebhookConfiguration>, Problem>;
+
+/// Why a reconcile left the configuration as it was.
+#[derive(Debug, PartialEq)]
+enum Problem {
+    /// The configuration changed after it was read (409): the watch brings the change, and the
+    /// next plan starts from it.
+    Stale,
+    /// Anything else, as logged.
+    Failed(String),
+}
+
+impl From<String> for Problem {
+    fn from(problem: String) -> Self {
+        Problem::Failed(problem)
+    }
+}
 
 /// The base entries' reconcile, then the CREATE and CONNECT entries'.
 type Reconciles = [Reconciled; 2];
@@ -190,8 +209,11 @@ impl Narrower {
                         }
                         Err(problem) => {
                             let retry = backoff.next().unwrap_or(retry::MAX_WRITE_WAIT);
-                            if last_problem.is_new(&problem) {
-                                warn!(%problem, name = %self.config.name, retry_in = ?retry, "cannot narrow the webhook configuration");
+                            match problem {
+                                Problem::Stale => debug!(name = %self.config.name, "the webhook configuration changed since it was read; planning again from the change"),
+                                Problem::Failed(problem) => if last_problem.is_new(&problem) {
+                                    warn!(%problem, name = %self.config.name, retry_in = ?retry, "cannot narrow the webhook configuration");
+                                },
                             }
                             let again = tokio::time::Instant::now() + retry;
                             wake = Some(wake.map_or(again, |w| w.min(again)));
@@ -258,14 +280,16 @@ impl Narrower {
                 .map(LockRef::key)
                 .collect();
             let operations = operations::plan(view.locks(), now, &self.config.limits);
-            let current = config.current.clone();
+            let current = config.current().cloned();
             inflight = Some(Box::pin(async move {
                 let base = this.reconcile(api, current.as_ref(), &plan, live).await;
-                // Made from the base entries as stored: the base write changes none of the
-                // fields they copy.
-                let operations = this
-                    .reconcile_operations(api, current.as_ref(), &operations)
-                    .await;
+                // Made from the base entries as stored (the base write changes none of the
+                // fields they copy), under the resourceVersion the base write left.
+                let stored = match &base {
+                    Ok(Some(written)) => Some(written),
+                    _ => current.as_ref(),
+                };
+                let operations = this.reconcile_operations(api, stored, &operations).await;
                 [base, operations]
             }));
         }
@@ -279,13 +303,13 @@ impl Narrower {
         current: Option<&ValidatingWebhookConfiguration>,
         plan: &Plan,
         live: BTreeSet<LockKey>,
-    ) -> Result<Option<ValidatingWebhookConfiguration>, String> {
+    ) -> Reconciled {
         let Some(current) = current else {
             self.count("missing");
-            return Err(format!(
+            return Err(Problem::Failed(format!(
                 "no ValidatingWebhookConfiguration {:?}; apply the output of `kube-object-lock manifests cluster`",
                 self.config.name
-            ));
+            )));
         };
         let entries = current.webhooks.as_deref().unwrap_or_default();
         let decision = decide(current);
@@ -295,7 +319,7 @@ impl Narrower {
         };
         let desired = webhooks(entries, plan, format).map_err(|e| {
             self.count("missing");
-            e.to_string()
+            Problem::Failed(e.to_string())
         })?;
         self.metrics
             .locked_names
@@ -304,7 +328,7 @@ impl Narrower {
             self.confirm(plan, live, NamespaceSelection::of(entries));
             return Ok(None);
         }
-        let mut metadata = serde_json::json!({"name": self.config.name});
+        let mut metadata = self.metadata(current);
         if decision == Decision::FallBack {
             warn!(
                 name = %self.config.name,
@@ -316,7 +340,7 @@ impl Narrower {
         // The answer is the stored object: it must now say what was written.
         if !is_current(written.webhooks.as_deref().unwrap_or_default(), &desired) {
             self.count("error");
-            return Err("the configuration read back differs from what was written (another writer, or a defaulted field)".to_owned());
+            return Err(Problem::Failed("the configuration read back differs from what was written (another writer, or a defaulted field)".to_owned()));
         }
         self.count("written");
         let entries = desired.len();
@@ -366,11 +390,11 @@ impl Narrower {
             self.confirm_operations(plan);
             return Ok(None);
         }
-        let metadata = serde_json::json!({"name": self.config.name});
+        let metadata = self.metadata(current);
         let written = (self.apply(api, OPERATIONS_FIELD_MANAGER, metadata, &desired)).await?;
         if !operations::is_current(written.webhooks.as_deref().unwrap_or_default(), &desired) {
             self.count("error");
-            return Err("the CREATE and CONNECT entries read back differ from what was written (entries another field manager owns, or a defaulted field)".to_owned());
+            return Err(Problem::Failed("the CREATE and CONNECT entries read back differ from what was written (entries another field manager owns, or a defaulted field)".to_owned()));
         }
         self.count("written");
         // Entries coming or going are logged; every other write only at debug.
@@ -394,6 +418,16 @@ impl Narrower {
         Ok(Some(written))
     }
 
+    /// The metadata of a write planned from `read`: its name, and its resourceVersion as the
+    /// write's precondition.
+    fn metadata(&self, read: &ValidatingWebhookConfiguration) -> serde_json::Value {
+        let mut metadata = serde_json::json!({"name": self.config.name});
+        if let Some(version) = &read.metadata.resource_version {
+            metadata["resourceVersion"] = version.as_str().into();
+        }
+        metadata
+    }
+
     /// Applies `entries` (and `metadata`) as `manager`, forced; the answer is the stored object.
     async fn apply(
         &self,
@@ -401,7 +435,7 @@ impl Narrower {
         manager: &str,
         metadata: serde_json::Value,
         entries: &[ValidatingWebhook],
-    ) -> Result<ValidatingWebhookConfiguration, String> {
+    ) -> Result<ValidatingWebhookConfiguration, Problem> {
         let body = serde_json::json!({
             "apiVersion": "admissionregistration.k8s.io/v1",
             "kind": "ValidatingWebhookConfiguration",
@@ -413,14 +447,18 @@ impl Narrower {
             Ok(written) => Ok(written),
             Err(kube::Error::Api(status)) if status.code == 403 => {
                 self.count("forbidden");
-                Err(format!(
+                Err(Problem::Failed(format!(
                     "forbidden: {}; grant patch on this validatingwebhookconfiguration (manifests cluster does), or set registration.narrow = false",
                     status.message
-                ))
+                )))
+            }
+            Err(kube::Error::Api(status)) if status.code == 409 => {
+                self.count("conflict");
+                Err(Problem::Stale)
             }
             Err(error) => {
                 self.count("error");
-                Err(error.to_string())
+                Err(Problem::Failed(error.to_string()))
             }
         }
     }
@@ -472,57 +510,69 @@ impl Narrower {
     }
 }
 
-/// How many of its own writes an instance remembers, to tell their late echoes apart.
-const REMEMBERED_WRITES: usize = 64;
+/// How many resourceVersions the watch delivered are remembered, to tell whether a write's
+/// echo has come already.
+const REMEMBERED_VERSIONS: usize = 64;
 
 /// The configuration as this instance last knows it.
+///
+/// The watch runs behind the writes: during a burst of lock changes it still delivers the
+/// object as this instance wrote it two or three writes ago, and whatever others wrote before.
+/// A watch delivers in the order of the writes, so until it delivers this instance's last
+/// write, that write's answer is the newest version known, and every event is older: taken as
+/// current, each would cause one more write, refused as planned from an old version. Another
+/// writer's change (or `manifests cluster` applied again) after it counts.
 #[derive(Default)]
 struct ConfigView {
-    current: Option<ValidatingWebhookConfiguration>,
+    /// What the watch delivered last.
+    watched: Option<ValidatingWebhookConfiguration>,
+    /// This instance's last write, until the watch delivers it.
+    unseen: Option<ValidatingWebhookConfiguration>,
+    /// resourceVersions the watch delivered, oldest first.
+    delivered: VecDeque<String>,
     /// Listed once, and not re-listing now.
     listed: bool,
-    /// resourceVersions of this instance's own recent writes, oldest first.
-    written: std::collections::VecDeque<String>,
 }
 
 impl ConfigView {
+    /// The newest version known.
+    fn current(&self) -> Option<&ValidatingWebhookConfiguration> {
+        self.unseen.as_ref().or(self.watched.as_ref())
+    }
+
+    fn version(&self) -> Option<&str> {
+        self.current()?.metadata.resource_version.as_deref()
+    }
+
     /// Applies a watch event; true when the configuration may now differ from the plan.
-    ///
-    /// The watch runs behind the writes: during a burst of lock changes it still delivers the
-    /// object as this instance wrote it two or three writes ago. Taken as current, each such echo
-    /// would cause one more (useless) write of the same content; so an event carrying the
-    /// resourceVersion of one of its own earlier writes is ignored. Another writer's change (or
-    /// `manifests cluster` applied again) carries a version never written here, and counts.
     fn apply(&mut self, event: watcher::Event<ValidatingWebhookConfiguration>) -> bool {
         match event {
-            // A list says what is stored now, whoever wrote it.
+            // A list says what is stored now, whoever wrote it, and skips the history between.
             watcher::Event::InitApply(c) => {
-                self.current = Some(c);
+                self.unseen = None;
+                self.deliver(c);
                 true
             }
             watcher::Event::Apply(c) => {
-                let version = c.metadata.resource_version.as_deref();
-                let latest = self
-                    .current
-                    .as_ref()
-                    .and_then(|c| c.metadata.resource_version.as_deref());
-                if version.is_some() && version == latest {
-                    return false;
+                let before = self.version().map(str::to_owned);
+                if self.unseen.as_ref().map(|u| &u.metadata.resource_version)
+                    == Some(&c.metadata.resource_version)
+                {
+                    self.unseen = None;
                 }
-                if version.is_some_and(|v| self.written.iter().any(|w| w == v)) {
-                    return false;
-                }
-                self.current = Some(c);
-                true
+                self.deliver(c);
+                self.version() != before.as_deref()
             }
             watcher::Event::Delete(_) => {
-                self.current = None;
+                self.unseen = None;
+                self.watched = None;
                 true
             }
             // A re-list (after an API server restart, a 410): what it held is unknown until the
             // list completes, and "missing" meanwhile would be a false alarm and a backoff.
             watcher::Event::Init => {
-                self.current = None;
+                self.unseen = None;
+                self.watched = None;
                 self.listed = false;
                 false
             }
@@ -533,15 +583,23 @@ impl ConfigView {
         }
     }
 
-    /// Records this instance's own write, as the API server answered it.
-    fn wrote(&mut self, written: ValidatingWebhookConfiguration) {
-        if let Some(version) = written.metadata.resource_version.clone() {
-            if self.written.len() == REMEMBERED_WRITES {
-                self.written.pop_front();
+    fn deliver(&mut self, config: ValidatingWebhookConfiguration) {
+        if let Some(version) = &config.metadata.resource_version {
+            if self.delivered.len() == REMEMBERED_VERSIONS {
+                self.delivered.pop_front();
             }
-            self.written.push_back(version);
+            self.delivered.push_back(version.clone());
         }
-        self.current = Some(written);
+        self.watched = Some(config);
+    }
+
+    /// Records this instance's own write, as the API server answered it: the newest version
+    /// known, unless the watch delivered it already (with whatever came after it).
+    fn wrote(&mut self, written: ValidatingWebhookConfiguration) {
+        let version = written.metadata.resource_version.as_ref();
+        if !version.is_some_and(|v| self.delivered.contains(v)) {
+            self.unseen = Some(written);
+        }
     }
 }
 
@@ -591,22 +649,22 @@ mod tests {
         assert!(!view.apply(watcher::Event::Init));
         assert!(view.apply(watcher::Event::InitApply(config("1"))));
         assert!(view.apply(watcher::Event::InitDone));
-        assert!(view.listed && view.current.is_some());
+        assert!(view.listed && view.current().is_some());
         assert!(!view.apply(watcher::Event::Init));
         assert!(!view.listed, "not known again until the re-list completes");
         view.wrote(config("2"));
         view.apply(watcher::Event::Init);
-        assert!(view.current.is_none());
+        assert!(view.current().is_none());
         view.apply(watcher::Event::InitApply(config("2")));
         assert!(
-            view.current.is_some(),
+            view.current().is_some(),
             "a listed write of its own is still what is stored"
         );
         view.apply(watcher::Event::InitDone);
-        assert!(view.listed && view.current.is_some());
+        assert!(view.listed && view.current().is_some());
         assert!(view.apply(watcher::Event::Delete(config("1"))));
         assert!(
-            view.listed && view.current.is_none(),
+            view.listed && view.current().is_none(),
             "deleted: known missing"
         );
     }
@@ -619,6 +677,7 @@ mod tests {
             c.metadata.resource_version = Some(version.to_owned());
             c
         };
+        let version = |view: &ConfigView| view.version().map(str::to_owned);
         view.apply(watcher::Event::InitApply(config("1")));
         view.apply(watcher::Event::InitDone);
         view.wrote(config("2"));
@@ -626,20 +685,28 @@ mod tests {
         // The watch catches up: neither echo changes anything.
         assert!(!view.apply(watcher::Event::Apply(config("2"))));
         assert!(!view.apply(watcher::Event::Apply(config("3"))));
-        assert_eq!(
-            view.current
-                .as_ref()
-                .and_then(|c| c.metadata.resource_version.as_deref()),
-            Some("3")
-        );
+        assert_eq!(version(&view).as_deref(), Some("3"));
         // Someone else's write counts.
         assert!(view.apply(watcher::Event::Apply(config("4"))));
-        assert_eq!(
-            view.current
-                .as_ref()
-                .and_then(|c| c.metadata.resource_version.as_deref()),
-            Some("4")
-        );
+        assert_eq!(version(&view).as_deref(), Some("4"));
+        // Whatever comes before the echo of its last write is older than that write's answer.
+        view.wrote(config("6"));
+        assert!(!view.apply(watcher::Event::Apply(config("5"))));
+        assert!(!view.apply(watcher::Event::Apply(config("6"))));
+        assert_eq!(version(&view).as_deref(), Some("6"));
+        assert!(view.apply(watcher::Event::Apply(config("7"))));
+        assert_eq!(version(&view).as_deref(), Some("7"));
+        // An echo delivered before the write's answer, and another writer's change after it:
+        // the answer is not newer than what the watch brought.
+        assert!(view.apply(watcher::Event::Apply(config("8"))));
+        assert!(view.apply(watcher::Event::Apply(config("9"))));
+        view.wrote(config("8"));
+        assert_eq!(version(&view).as_deref(), Some("9"));
+        assert!(view.apply(watcher::Event::Apply(config("10"))));
+        // A write that changed nothing answers with the version the watch already delivered.
+        view.wrote(config("10"));
+        assert!(view.apply(watcher::Event::Apply(config("11"))));
+        assert_eq!(version(&view).as_deref(), Some("11"));
     }
 
     #[test]

@@ -191,6 +191,30 @@ pub fn run(ctx: &Ctx) -> Result<()> {
     let (r, f) = pair.both("DELETE", &format!("{locks}/one"), None)?;
     pair.same_at("DELETE Lock", &["/kind", "/metadata/name"], &r, &f);
 
+    // A webhook configuration applied at a resourceVersion it is no longer at (the
+    // registration writer's precondition).
+    let config = format!(
+        "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/kol-parity-{ns}"
+    );
+    let apply = format!("{config}?fieldManager=parity&force=true");
+    let mut body = json!({"apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration", "metadata": {"name": format!("kol-parity-{ns}")},
+        "webhooks": []});
+    let patch = "application/apply-patch+yaml";
+    let created = (
+        real.call("PATCH", &apply, patch, Some(&body)),
+        fake.call("PATCH", &apply, patch, Some(&body)),
+    );
+    body["metadata"]["resourceVersion"] = json!("1");
+    let (r, f) = (
+        real.call("PATCH", &apply, patch, Some(&body)),
+        fake.call("PATCH", &apply, patch, Some(&body)),
+    );
+    real.call("DELETE", &config, "application/json", None)?;
+    let ((rc, fc), (r, f)) = ((created.0?, created.1?), (r?, f?));
+    pair.same_at("apply a webhook configuration", &["/kind"], &rc, &fc);
+    pair.same_at("apply at an old resourceVersion", STATUS, &r, &f);
+
     // Discovery, as the plugin reads it.
     let (r, f) = pair.both("GET", "/apis/objectlock.dev/v1alpha1", None)?;
     pair.same_at("discovery", &["/kind", "/groupVersion"], &r, &f);

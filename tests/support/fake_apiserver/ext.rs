@@ -38,6 +38,9 @@ pub struct ExtState {
     pub events: BTreeMap<(String, String), Value>,
     /// Event writes received: `create` or `patch`, with the namespace/name.
     pub event_writes: Vec<String>,
+    /// An apply (manager, configuration) that lands just before the next PATCH of a webhook
+    /// configuration: another writer's edit racing it.
+    pub webhooks_edit: Option<(String, Value)>,
 }
 
 /// The status subresource path of a lock: `(res, namespace, name)`.

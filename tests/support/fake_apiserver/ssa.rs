@@ -16,6 +16,8 @@
 //!   still owns them; items and objects left empty go with them. (Every manager here applies:
 //!   kube-apiserver also removes an item whose other fields only an `Update` manager holds,
 //!   such as a `kubectl patch` of one field; this fake has no such managers.)
+//! - A `metadata.resourceVersion` in the applied configuration is a precondition: 409 when the
+//!   object is at another (or does not exist).
 //! - Nothing changed (values and ownership): no write, no new resourceVersion, no event.
 //! - `metadata.managedFields` carries one `Apply` entry per manager (`subresource: status` for
 //!   the status), in the FieldsV1 format (`f:status`, `k:{"instance":"cp-1"}`, `.`).
@@ -281,6 +283,19 @@ pub fn apply(
             given.as_str().unwrap_or_default(),
             url.as_str().unwrap_or_default()
         )));
+    }
+    // A resourceVersion given is a precondition, as in an update (checked on a real API server).
+    let given = config["metadata"]["resourceVersion"].as_str();
+    if given.is_some_and(|v| object["metadata"]["resourceVersion"].as_str() != Some(v)) {
+        let kind = object["kind"].as_str().unwrap_or_default().to_lowercase();
+        let group = api_version.split('/').next().unwrap_or_default();
+        return Err(Refused {
+            code: 409,
+            message: format!(
+                "Operation cannot be fulfilled on {kind}s.{group} {url}: the object has been modified; please apply your changes to the latest version and try again"
+            ),
+            causes: vec![],
+        });
     }
     let mut ordered = Vec::new();
     for root in schema.roots {

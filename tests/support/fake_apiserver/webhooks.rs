@@ -90,6 +90,12 @@ impl FakeApiServer {
         self.apply_configuration(name, config, manager, force)
     }
 
+    /// Makes `config`, applied as `manager` (forced), land just before the next PATCH of a
+    /// configuration is carried out: an edit made after the patch's writer last read it.
+    pub fn edit_before_next_patch(&self, manager: &str, config: Value) {
+        self.state().ext.webhooks_edit = Some((manager.to_owned(), config));
+    }
+
     /// The configuration `name` as stored.
     pub fn webhook_configuration(&self, name: &str) -> Option<Value> {
         let key = (Res::WebhookConfiguration, String::new(), name.to_owned());
@@ -108,6 +114,13 @@ impl FakeApiServer {
             .unwrap_or_default()
             .to_owned();
         let body = req.into_body().collect().await.map(|b| b.to_bytes());
+        let edit = self.state().ext.webhooks_edit.take();
+        if let Some((manager, config)) = edit {
+            let name = config["metadata"]["name"].as_str().unwrap_or_default();
+            (self.apply_configuration(name, &config, &manager, true)).expect("the racing edit");
+        }
+        // Created by an apply: 201, as kube-apiserver answers.
+        let created = self.webhook_configuration(name).is_none();
         let answer = if !content_type.starts_with(APPLY) {
             let msg = format!("this fake accepts only {APPLY} on {PREFIX}, got {content_type:?}");
             Err(status(415, &msg, Value::Null))
@@ -120,7 +133,9 @@ impl FakeApiServer {
                 .map_err(|e| bad_request(&format!("error decoding YAML: {e}")))
                 .and_then(|config| self.apply_configuration(name, &config, &manager, force))
         };
-        answer.map_or_else(reply_status, |object| reply(200, object))
+        answer.map_or_else(reply_status, |object| {
+            reply(if created { 201 } else { 200 }, object)
+        })
     }
 
     fn apply_configuration(
@@ -155,9 +170,10 @@ impl FakeApiServer {
             let mut s = status(refused.code, &refused.message, Value::Null);
             if refused.code == 409 {
                 s["reason"] = json!("Conflict");
+                s["details"] = super::details(Res::WebhookConfiguration, name);
             }
             if !refused.causes.is_empty() {
-                s["details"] = json!({ "causes": refused.causes });
+                s["details"]["causes"] = json!(refused.causes);
             }
             s
         })?;
