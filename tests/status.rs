@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use kube_object_lock::api::LockKey;
 use kube_object_lock::locks::{LockKind, parse};
-use kube_object_lock::metrics::EnforcementMetrics;
+use kube_object_lock::metrics::{EnforcementMetrics, OutcomeLabels};
 use kube_object_lock::registration::{Registered, RegisteredScope};
 use kube_object_lock::status::writer::{self, DecisionInputs};
 use kube_object_lock::status::{KnownLock, LockSnapshot};
@@ -290,6 +290,80 @@ async fn an_unhealthy_source_withdraws_the_instance_and_a_healthy_one_returns_it
         |s| instances(s) == ["cp-1"] && s["enforcedCount"] == 1,
     )
     .await;
+    writer.abort();
+}
+
+/// A future counting how often it is polled: a task at rest is not polled at all.
+struct Polls<F> {
+    inner: std::pin::Pin<Box<F>>,
+    count: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl<F: Future> Future for Polls<F> {
+    type Output = F::Output;
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<F::Output> {
+        self.count
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.inner.as_mut().poll(cx)
+    }
+}
+
+#[tokio::test]
+async fn a_retry_no_longer_needed_is_dropped_not_spun_on() {
+    support::init();
+    let api = FakeApiServer::start().await;
+    api.create_lock("prod", "web", json!({}));
+    let lock = |status: Value| {
+        let mut object = api.lock("prod", "web").expect("lock");
+        object["status"] = status;
+        let object: kube::api::DynamicObject = serde_json::from_value(object).expect("object");
+        KnownLock::from(&parse::lock_ref(LockKind::Lock, &object).expect("a lock"))
+    };
+    let snapshot = |healthy: bool, status: Value| LockSnapshot {
+        healthy,
+        locks: imbl::OrdMap::unit(LockKey::lock("prod", "web"), Arc::new(lock(status))),
+    };
+    let (tx, rx) = watch::channel(snapshot(true, Value::Null));
+    let metrics = EnforcementMetrics::default();
+    let polls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let writer = tokio::spawn(Polls {
+        inner: Box::pin(writer::run(
+            api.client(),
+            "cp-1".into(),
+            rx,
+            DecisionInputs::default(),
+            metrics.clone(),
+            std::future::pending(),
+        )),
+        count: polls.clone(),
+    });
+    let status = support::until(
+        "enforced",
+        || status_of(&api, Some("prod"), "web"),
+        |s| instances(s) == ["cp-1"],
+    )
+    .await;
+    // The source turns unhealthy and the withdrawal fails: a retry is set for a second later.
+    api.fail_status_patches(1, 500);
+    tx.send_replace(snapshot(false, status.clone()));
+    let failed = || {
+        (metrics.status_writes)
+            .get_or_create(&OutcomeLabels { outcome: "error" })
+            .get()
+    };
+    support::until("the withdrawal failed", failed, |n| *n == 1).await;
+    // Healthy again before the retry: the status already says what it should.
+    tx.send_replace(snapshot(true, status));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // The retry has come and gone: the writer is at rest.
+    let before = polls.load(std::sync::atomic::Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let during = polls.load(std::sync::atomic::Ordering::Relaxed) - before;
+    assert!(during <= 2, "the writer was polled {during} times at rest");
+    assert_eq!(instances(&status_of(&api, Some("prod"), "web")), ["cp-1"]);
     writer.abort();
 }
 

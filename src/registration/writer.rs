@@ -183,6 +183,8 @@ impl Narrower {
         // At most one write at a time; lock changes keep being taken in while it runs, and the
         // next write carries all of them (a burst of Locks is a few writes, not one per Lock).
         let mut inflight: Option<futures::future::BoxFuture<'_, Reconciles>> = None;
+        // The list of the configuration the write in flight was planned under.
+        let mut planned_under = 0;
         loop {
             let deadline = wake
                 .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(24 * 3600));
@@ -193,10 +195,18 @@ impl Narrower {
                     for result in results {
                         match result {
                             Ok(Some(written)) => {
-                                config.wrote(written);
+                                // A re-list since may have skipped its echo: what it listed
+                                // is newer.
+                                if planned_under == config.lists {
+                                    config.wrote(written);
+                                }
                                 outcome = outcome.map(|_| true);
                             }
                             Ok(None) => {}
+                            Err(Problem::Stale) => {
+                                config.stale();
+                                outcome = outcome.and(Err(Problem::Stale));
+                            }
                             Err(problem) => outcome = outcome.and(Err(problem)),
                         }
                     }
@@ -281,6 +291,7 @@ impl Narrower {
                 .collect();
             let operations = operations::plan(view.locks(), now, &self.config.limits);
             let current = config.current().cloned();
+            planned_under = config.lists;
             inflight = Some(Box::pin(async move {
                 let base = this.reconcile(api, current.as_ref(), &plan, live).await;
                 // Made from the base entries as stored (the base write changes none of the
@@ -532,6 +543,8 @@ struct ConfigView {
     delivered: VecDeque<String>,
     /// Listed once, and not re-listing now.
     listed: bool,
+    /// How many times the watch started a list.
+    lists: u64,
 }
 
 impl ConfigView {
@@ -574,6 +587,7 @@ impl ConfigView {
                 self.unseen = None;
                 self.watched = None;
                 self.listed = false;
+                self.lists += 1;
                 false
             }
             watcher::Event::InitDone => {
@@ -591,6 +605,12 @@ impl ConfigView {
             self.delivered.push_back(version.clone());
         }
         self.watched = Some(config);
+    }
+
+    /// A write was refused as planned from an old version: whatever this instance wrote
+    /// last, what the watch delivers is not older.
+    fn stale(&mut self) {
+        self.unseen = None;
     }
 
     /// Records this instance's own write, as the API server answered it: the newest version
@@ -707,6 +727,32 @@ mod tests {
         view.wrote(config("10"));
         assert!(view.apply(watcher::Event::Apply(config("11"))));
         assert_eq!(version(&view).as_deref(), Some("11"));
+    }
+
+    #[test]
+    fn a_refused_write_leaves_the_configuration_to_the_watch() {
+        let mut view = ConfigView::default();
+        let config = |version: &str| {
+            let mut c = ValidatingWebhookConfiguration::default();
+            c.metadata.resource_version = Some(version.to_owned());
+            c
+        };
+        view.apply(watcher::Event::Init);
+        view.apply(watcher::Event::InitApply(config("1")));
+        view.apply(watcher::Event::InitDone);
+        // A write whose echo a re-list skipped is waited for in vain...
+        view.wrote(config("2"));
+        view.apply(watcher::Event::Init);
+        assert_eq!(view.lists, 2, "the run loop drops answers planned before");
+        view.apply(watcher::Event::InitApply(config("3")));
+        view.apply(watcher::Event::InitDone);
+        assert_eq!(view.version(), Some("3"));
+        // ... and when a write planned from its own last write is refused, the watch has the say.
+        view.wrote(config("4"));
+        assert!(!view.apply(watcher::Event::Apply(config("5"))));
+        view.stale();
+        assert_eq!(view.version(), Some("5"));
+        assert!(view.apply(watcher::Event::Apply(config("6"))));
     }
 
     #[test]

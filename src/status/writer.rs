@@ -222,6 +222,10 @@ pub async fn run(
             let want = desired(lock, snapshot.healthy, &coverage, &instance, now);
             if needs_write(lock, &want, &instance, books.applied.get(&key)) {
                 picked.push((lock.clone(), want));
+            } else {
+                // What failed is no longer wanted (a withdrawal, healthy again): a retry left
+                // due would wake every pass at once.
+                books.retries.remove(&key);
             }
         }
         let writes: Vec<_> = picked

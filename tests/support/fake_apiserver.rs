@@ -384,6 +384,11 @@ impl FakeApiServer {
             .extend(std::iter::repeat_n(code, count));
     }
 
+    /// Answers the next `count` PATCHes of a lock's status with a `Status` of HTTP `code`.
+    pub fn fail_status_patches(&self, count: usize, code: u16) {
+        (self.state().ext.status_faults).extend(std::iter::repeat_n(code, count));
+    }
+
     /// Injects `fault` into every later GET of an object other than a lock (a pod, a
     /// Deployment) until [`FakeApiServer::clear_object_fault`].
     pub fn set_object_fault(&self, fault: Fault) {

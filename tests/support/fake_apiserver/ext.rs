@@ -12,7 +12,7 @@
 //! `reportingController`, `type`, `metadata.{name,namespace}`. Events are not watched, not in
 //! discovery, and never expire (a real server keeps them for `--event-ttl`, 1 h).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use bytes::Bytes;
 use http::{Method, Request, Response};
@@ -41,6 +41,8 @@ pub struct ExtState {
     /// An apply (manager, configuration) that lands just before the next PATCH of a webhook
     /// configuration: another writer's edit racing it.
     pub webhooks_edit: Option<(String, Value)>,
+    /// HTTP codes to answer the next status PATCHes with.
+    pub status_faults: VecDeque<u16>,
 }
 
 /// The status subresource path of a lock: `(res, namespace, name)`.
@@ -117,7 +119,11 @@ impl FakeApiServer {
         };
         match *method {
             Method::GET => return Ok((200, object)),
-            Method::PATCH => {}
+            Method::PATCH => {
+                if let Some(code) = self.state().ext.status_faults.pop_front() {
+                    return Err(status(code, "injected status write failure", Value::Null));
+                }
+            }
             _ => return Err(status(405, super::NOT_ALLOWED, json!({}))),
         }
         if content_type == MERGE {
