@@ -239,27 +239,24 @@ async fn locks_that_are_not_enforced_say_why() {
     assert!(instances(&status).is_empty(), "{status}");
 }
 
+/// A snapshot holding Lock prod/web as stored, with `status` for its status.
+fn web_snapshot(api: &FakeApiServer, healthy: bool, status: Value) -> LockSnapshot {
+    let mut object = api.lock("prod", "web").expect("lock");
+    object["status"] = status;
+    let object: kube::api::DynamicObject = serde_json::from_value(object).expect("object");
+    let lock = KnownLock::from(&parse::lock_ref(LockKind::Lock, &object).expect("a lock"));
+    LockSnapshot {
+        healthy,
+        locks: imbl::OrdMap::unit(LockKey::lock("prod", "web"), Arc::new(lock)),
+    }
+}
+
 #[tokio::test]
 async fn an_unhealthy_source_withdraws_the_instance_and_a_healthy_one_returns_it() {
     support::init();
     let api = FakeApiServer::start().await;
     api.create_lock("prod", "web", json!({}));
-    let lock = |status: Value| {
-        let mut object = api.lock("prod", "web").expect("lock");
-        object["status"] = status;
-        let object: kube::api::DynamicObject = serde_json::from_value(object).expect("object");
-        KnownLock::from(&parse::lock_ref(LockKind::Lock, &object).expect("a lock"))
-    };
-    let snapshot = |healthy: bool, status: Value| LockSnapshot {
-        healthy,
-        locks: imbl::OrdMap::unit(
-            LockKey {
-                namespace: Some("prod".into()),
-                name: "web".into(),
-            },
-            Arc::new(lock(status)),
-        ),
-    };
+    let snapshot = |healthy: bool, status: Value| web_snapshot(&api, healthy, status);
     let (tx, rx) = watch::channel(snapshot(true, Value::Null));
     let writer = tokio::spawn(writer::run(
         api.client(),
@@ -316,16 +313,7 @@ async fn a_retry_no_longer_needed_is_dropped_not_spun_on() {
     support::init();
     let api = FakeApiServer::start().await;
     api.create_lock("prod", "web", json!({}));
-    let lock = |status: Value| {
-        let mut object = api.lock("prod", "web").expect("lock");
-        object["status"] = status;
-        let object: kube::api::DynamicObject = serde_json::from_value(object).expect("object");
-        KnownLock::from(&parse::lock_ref(LockKind::Lock, &object).expect("a lock"))
-    };
-    let snapshot = |healthy: bool, status: Value| LockSnapshot {
-        healthy,
-        locks: imbl::OrdMap::unit(LockKey::lock("prod", "web"), Arc::new(lock(status))),
-    };
+    let snapshot = |healthy: bool, status: Value| web_snapshot(&api, healthy, status);
     let (tx, rx) = watch::channel(snapshot(true, Value::Null));
     let metrics = EnforcementMetrics::default();
     let polls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
