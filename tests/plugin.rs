@@ -988,30 +988,38 @@ fn signal(child: &std::process::Child, signal: rustix::process::Signal) {
     rustix::process::kill_process(pid, signal).expect("signal sent");
 }
 
+/// `kubectl lock cm/app-config` on a 3 s lease, running `script` with sh.
+fn leased(script: &str) -> [&str; 8] {
+    [
+        "cm/app-config",
+        "--wait=false",
+        "--lease",
+        "3s",
+        "--",
+        "sh",
+        "-c",
+        script,
+    ]
+}
+
+/// A script that creates the file `started`, waits for the file `go`, then runs `then`.
+fn gated(c: &Cluster, then: &str) -> (std::path::PathBuf, std::path::PathBuf, String) {
+    let (started, go) = (c.dir.path().join("started"), c.dir.path().join("go"));
+    let script = format!(
+        "touch {}; while [ ! -e {} ]; do sleep 0.02; done{then}",
+        started.display(),
+        go.display()
+    );
+    (started, go, script)
+}
+
 /// A lock held while a command runs: created with a lease, renewed (failed renewals retried and
 /// told), the command's stdout and exit status passed through, the lock removed at the end.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_command_runs_while_its_lock_is_held() {
     let c = Cluster::start().await;
-    let (started, go) = (c.dir.path().join("started"), c.dir.path().join("go"));
-    let script = format!(
-        "touch {}; while [ ! -e {} ]; do sleep 0.02; done; echo from-the-command; exit 3",
-        started.display(),
-        go.display()
-    );
-    let child = start(
-        &c,
-        &[
-            "cm/app-config",
-            "--wait=false",
-            "--lease",
-            "3s",
-            "--",
-            "sh",
-            "-c",
-            &script,
-        ],
-    );
+    let (started, go, script) = gated(&c, "; echo from-the-command; exit 3");
+    let child = start(&c, &leased(&script));
     appears(&started).await;
     let lock = c
         .api
@@ -1062,6 +1070,35 @@ async fn a_command_runs_while_its_lock_is_held() {
         "{run:?}"
     );
     assert!(c.api.lock("prod", "app-config").is_none(), "removed");
+}
+
+/// A lock deleted and created again by someone else while the command runs is neither renewed
+/// nor removed: the new one is not this process's.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lock_replaced_while_the_command_runs_is_left_to_its_owner() {
+    let c = Cluster::start().await;
+    let (started, go, script) = gated(&c, "");
+    let child = start(&c, &leased(&script));
+    appears(&started).await;
+    assert!(c.api.delete_lock("prod", "app-config"));
+    c.api
+        .create_lock("prod", "app-config", json!({"reason": "someone else's"}));
+    let patches = "PATCH /apis/objectlock.dev/v1alpha1/namespaces/prod/locks/app-config";
+    let before = c.requests(patches).len();
+    while c.requests(patches).len() == before {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    std::fs::write(&go, "").expect("go");
+    let run = finish(child).await;
+    let replaced = "warning: Lock prod/app-config was replaced by another lock of that name: \
+                    the object is no longer locked while the command runs (lease 3s)";
+    assert!(run.stderr.lines().any(|l| l == replaced), "{run:?}");
+    assert_eq!(c.requests(patches).len(), before + 1, "one renewal tried");
+    let kept = c
+        .api
+        .lock("prod", "app-config")
+        .expect("the other lock stays");
+    assert_eq!(kept["spec"], json!({"reason": "someone else's"}));
 }
 
 /// SIGTERM and SIGINT sent to kubectl lock reach the command; the lock goes when it ends.
@@ -1170,12 +1207,7 @@ async fn a_lock_not_taken_runs_nothing() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_lock_left_behind_is_reported() {
     let c = Cluster::start().await;
-    let (started, go) = (c.dir.path().join("started"), c.dir.path().join("go"));
-    let script = format!(
-        "touch {}; while [ ! -e {} ]; do sleep 0.02; done",
-        started.display(),
-        go.display()
-    );
+    let (started, go, script) = gated(&c, "");
     let child = start(
         &c,
         &["cm/app-config", "--wait=false", "--", "sh", "-c", &script],

@@ -8,8 +8,8 @@
 //! What it fakes:
 //! - `locks` (namespaced, kind `Lock`) and `clusterlocks` (cluster-scoped, kind `ClusterLock`):
 //!   LIST (`limit`/`continue` paging over a consistent snapshot, `resourceVersion` +
-//!   `resourceVersionMatch`), GET, POST, DELETE, merge PATCH (a `metadata.uid` in the patch a
-//!   precondition; failures injected with [`FakeApiServer::fail_patches`]), and WATCH (`watch=true`, `resourceVersion`,
+//!   `resourceVersionMatch`), GET, POST, DELETE (`preconditions.uid` checked), merge PATCH (a
+//!   different `metadata.uid` in the patch refused as immutable; failures injected with [`FakeApiServer::fail_patches`]), and WATCH (`watch=true`, `resourceVersion`,
 //!   `timeoutSeconds`, `sendInitialEvents` ending with the `k8s.io/initial-events-end` bookmark).
 //! - One global, etcd-like resourceVersion counter; every change is kept as a watch event.
 //! - A watch from a resourceVersion older than the last [`FakeApiServer::compact`] gets HTTP 200
@@ -674,6 +674,28 @@ impl FakeApiServer {
                 }
             }
             (&Method::DELETE, Some(name)) => {
+                // DeleteOptions' `preconditions.uid`: a lock created again under the name is
+                // not the one meant.
+                let body = req.into_body().collect().await.map(|b| b.to_bytes());
+                let options: Value =
+                    serde_json::from_slice(&body.unwrap_or_default()).unwrap_or(Value::Null);
+                let current = self.state().objects.get(&route.key()).cloned();
+                let wanted = options["preconditions"]["uid"].as_str();
+                if let (Some(wanted), Some(current)) = (wanted, current)
+                    && current["metadata"]["uid"] != wanted
+                {
+                    let kind = route.res.kind();
+                    let message = format!(
+                        "Operation cannot be fulfilled on {kind}.{GROUP} \"{name}\": the UID in the \
+                         precondition ({wanted}) does not match the UID in record ({}). The object \
+                         might have been deleted and then recreated",
+                        current["metadata"]["uid"].as_str().unwrap_or_default()
+                    );
+                    let details = json!({"name": name, "group": GROUP, "kind": kind});
+                    let mut conflict = status(409, &message, details);
+                    conflict["reason"] = json!("Conflict");
+                    return Ok(reply_status(conflict));
+                }
                 // A custom resource without finalizers is gone at once: the answer is a
                 // `Status` of success naming it, not the object.
                 let removed = self.remove(route.key()).map(|obj| {
@@ -716,22 +738,22 @@ impl FakeApiServer {
         self.store((route.res, ns, name), obj, true)
     }
 
-    /// A merge PATCH of a lock: a `metadata.uid` in the patch is a precondition (409 when it
-    /// differs), as kube-apiserver's storage makes it.
+    /// A merge PATCH of a lock: a `metadata.uid` in the patch that differs is a change of an
+    /// immutable field (422), as kube-apiserver 1.36 answers it.
     fn merge(&self, route: &Route, name: &str, patch: &Value) -> Result<Value, Value> {
         let old = self.state().objects.get(&route.key()).cloned();
         let mut object = old.ok_or_else(|| not_found(route.res, name))?;
         let uid = &object["metadata"]["uid"];
         if let Some(wanted) = patch["metadata"]["uid"].as_str().filter(|u| uid != u) {
-            let message = format!(
-                "Operation cannot be fulfilled on {}.{GROUP} \"{name}\": Precondition failed: \
-                 UID in precondition: {wanted}, UID in object meta: {}",
-                route.res.plural(),
-                uid.as_str().unwrap_or_default()
-            );
-            let mut conflict = status(409, &message, details(route.res, name));
-            conflict["reason"] = json!("Conflict");
-            return Err(conflict);
+            let invalid = format!("Invalid value: \"{wanted}\": field is immutable");
+            let kind = route.res.kind();
+            let message = format!("{kind}.{GROUP} \"{name}\" is invalid: metadata.uid: {invalid}");
+            let cause =
+                json!({"reason": "FieldValueInvalid", "message": invalid, "field": "metadata.uid"});
+            let details = json!({"name": name, "group": GROUP, "kind": kind, "causes": [cause]});
+            let mut refused = status(422, &message, details);
+            refused["reason"] = json!("Invalid");
+            return Err(refused);
         }
         ext::merge_patch(&mut object, patch);
         self.store(route.key(), object, false)

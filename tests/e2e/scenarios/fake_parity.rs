@@ -188,6 +188,40 @@ pub fn run(ctx: &Ctx) -> Result<()> {
         &f,
     );
 
+    // A renewal of a Lock deleted and created again: the uid differs.
+    let other = json!({"metadata": {"uid": "00000000-0000-0000-0000-000000000000"},
+                       "spec": {"reason": "renewed"}});
+    let merge = "application/merge-patch+json";
+    let two = format!("{locks}/two");
+    let r = real.call("PATCH", &two, merge, Some(&other))?;
+    let f = fake.call("PATCH", &two, merge, Some(&other))?;
+    pair.same_at("PATCH a Lock under another uid", STATUS, &r, &f);
+    let options = json!({"kind": "DeleteOptions", "apiVersion": "v1",
+                         "preconditions": {"uid": "00000000-0000-0000-0000-000000000000"}});
+    let (rt, ft) = pair.both("GET", &two, None)?;
+    let r = real.call("DELETE", &two, "application/json", Some(&options))?;
+    let f = fake.call("DELETE", &two, "application/json", Some(&options))?;
+    let but_message: Vec<&str> = STATUS
+        .iter()
+        .copied()
+        .filter(|p| *p != "/message")
+        .collect();
+    pair.same_at("DELETE a Lock under another uid", &but_message, &r, &f);
+    // The message names the uid on record, each server's own.
+    let message = |reply: &Reply, lock: &Reply| {
+        let uid = lock.body["metadata"]["uid"].as_str().unwrap_or("?");
+        json!(
+            reply.body["message"]
+                .as_str()
+                .map(|m| m.replace(uid, "<uid>"))
+        )
+    };
+    pair.same(
+        "DELETE a Lock under another uid: /message",
+        message(&r, &rt),
+        message(&f, &ft),
+    );
+
     let (r, f) = pair.both("DELETE", &format!("{locks}/one"), None)?;
     pair.same_at("DELETE Lock", &["/kind", "/metadata/name"], &r, &f);
 
