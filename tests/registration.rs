@@ -374,3 +374,51 @@ async fn an_edit_landing_before_a_write_planned_without_it_is_kept() {
         "the write planned without the edit was refused"
     );
 }
+
+#[tokio::test]
+async fn a_writer_undoing_every_write_is_answered_a_few_times_a_minute_not_at_once() {
+    let api = installed_api().await;
+    api.create_lock("prod", "web", json!({}));
+    let instance = Instance::start(&api);
+    instance.named(LockKey::lock("prod", "web")).await;
+    // Another writer (an instance of another version) puts its own entries back after every
+    // write of this one.
+    let theirs = installed();
+    let conditions = |c: &Value| c["webhooks"][0]["matchConditions"].clone();
+    let other = {
+        let (api, theirs) = (api.clone(), theirs.clone());
+        tokio::spawn(async move {
+            loop {
+                let stored = api
+                    .webhook_configuration(manifests::NAME)
+                    .unwrap_or_default();
+                if conditions(&stored) != conditions(&theirs) {
+                    api.apply_webhook_configuration("older-version", &theirs, true)
+                        .expect("applied");
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        })
+    };
+    let writes = || {
+        (instance.metrics.writes)
+            .get_or_create(&OutcomeLabels { outcome: "written" })
+            .get()
+    };
+    let before = writes();
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    let during = writes() - before;
+    other.abort();
+    // Three at once, then after 1 s and 2 s (a storm would be hundreds).
+    assert!((3..=6).contains(&during), "{during} writes in 3 s");
+    // Alone again, its next answer names the lock.
+    support::until(
+        "the entries written again",
+        || {
+            api.webhook_configuration(manifests::NAME)
+                .unwrap_or_default()
+        },
+        |c| conditions(c) != conditions(&theirs),
+    )
+    .await;
+}

@@ -185,6 +185,11 @@ impl Narrower {
         let mut inflight: Option<futures::future::BoxFuture<'_, Reconciles>> = None;
         // The list of the configuration the write in flight was planned under.
         let mut planned_under = 0;
+        // What changed since the last reconcile: a lock, another writer's configuration.
+        let (mut locks_changed, mut config_changed) = (true, false);
+        // Whether the write in flight answers another writer's change only.
+        let mut answering = false;
+        let mut undoing = Undoing::default();
         loop {
             let deadline = wake
                 .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(24 * 3600));
@@ -215,6 +220,9 @@ impl Narrower {
                             backoff.reset();
                             if wrote {
                                 last_problem.clear();
+                                if answering && undoing.rewrote(tokio::time::Instant::now()) {
+                                    warn!(name = %self.config.name, every = ?MAX_HOLD, "another writer keeps changing what this instance writes to the webhook configuration (an instance of another version, or with other registration settings); answering its changes at most this often, lock changes at once");
+                                }
                             }
                         }
                         Err(problem) => {
@@ -233,7 +241,7 @@ impl Narrower {
                 changed = locks.changed() => match changed {
                     Ok(()) => {
                         locks.borrow_and_update();
-                        dirty |= view.update(&index);
+                        locks_changed |= view.update(&index);
                     }
                     Err(_) => {
                         warn!("the lock index is gone; the webhook configuration is no longer kept narrowed");
@@ -243,7 +251,7 @@ impl Narrower {
                 event = configs.next() => match event {
                     Some(Ok(event)) => {
                         last_config_error.clear();
-                        dirty |= config.apply(event);
+                        config_changed |= config.apply(event);
                     }
                     // Once per distinct error: the watcher retries several times a second.
                     Some(Err(error)) => {
@@ -267,15 +275,25 @@ impl Narrower {
             // one write.
             if locks.has_changed().unwrap_or(false) {
                 locks.borrow_and_update();
-                dirty |= view.update(&index);
+                locks_changed |= view.update(&index);
             }
             while let Some(Some(Ok(event))) = configs.next().now_or_never() {
-                dirty |= config.apply(event);
+                config_changed |= config.apply(event);
             }
+            dirty |= locks_changed || config_changed;
             if !dirty || inflight.is_some() || !view.complete() || !config.listed {
                 continue;
             }
-            dirty = false;
+            let answers = config_changed && !locks_changed;
+            if answers
+                && let Some(until) = undoing.hold_until()
+                && until > tokio::time::Instant::now()
+            {
+                wake = Some(wake.map_or(until, |w| w.min(until)));
+                continue;
+            }
+            answering = answers;
+            (dirty, locks_changed, config_changed) = (false, false, false);
             let now = Timestamp::now();
             let plan = conditions::plan(view.locks(), now, &self.config.limits);
             // This reconcile supersedes a pending retry; a failure schedules the next one.
@@ -521,6 +539,43 @@ impl Narrower {
     }
 }
 
+/// The longest an answer to another writer's change waits, once they keep undoing each other.
+const MAX_HOLD: Duration = Duration::from_secs(30);
+
+/// Rewrites answering another writer's change taken at once before they wait.
+const FREE_REWRITES: u32 = 3;
+
+/// Another writer undoing this instance's writes, each answering the other at once, forever:
+/// during a rolling upgrade, an instance of another version computing other entries (or one
+/// with other registration settings). After [`FREE_REWRITES`] rewrites that answer such a
+/// change, each less than twice [`MAX_HOLD`] after the last, the next waits, doubling up to
+/// [`MAX_HOLD`]: a few writes a minute instead of a storm that makes every API server reload
+/// its webhooks. Lock changes are written at once whatever.
+#[derive(Default)]
+struct Undoing {
+    rewrites: u32,
+    last: Option<tokio::time::Instant>,
+}
+
+impl Undoing {
+    /// A rewrite answering another writer's change; true when the waits begin.
+    fn rewrote(&mut self, at: tokio::time::Instant) -> bool {
+        if self.last.is_some_and(|last| at > last + 2 * MAX_HOLD) {
+            self.rewrites = 0;
+        }
+        self.rewrites += 1;
+        self.last = Some(at);
+        self.rewrites == FREE_REWRITES
+    }
+
+    /// Until when an answer to another writer's change waits.
+    fn hold_until(&self) -> Option<tokio::time::Instant> {
+        let doublings = self.rewrites.checked_sub(FREE_REWRITES)?;
+        let hold = Duration::from_secs(1 << doublings.min(5)).min(MAX_HOLD);
+        Some(self.last? + hold)
+    }
+}
+
 /// How many resourceVersions the watch delivered are remembered, to tell whether a write's
 /// echo has come already.
 const REMEMBERED_VERSIONS: usize = 64;
@@ -753,6 +808,25 @@ mod tests {
         view.stale();
         assert_eq!(view.version(), Some("5"));
         assert!(view.apply(watcher::Event::Apply(config("6"))));
+    }
+
+    #[test]
+    fn answers_to_a_writer_undoing_this_one_wait_after_a_few() {
+        let mut undoing = Undoing::default();
+        let at = tokio::time::Instant::now();
+        assert_eq!(undoing.hold_until(), None);
+        assert!(!undoing.rewrote(at));
+        assert!(!undoing.rewrote(at));
+        assert!(undoing.rewrote(at), "the waits begin");
+        assert_eq!(undoing.hold_until(), Some(at + Duration::from_secs(1)));
+        assert!(!undoing.rewrote(at));
+        assert_eq!(undoing.hold_until(), Some(at + Duration::from_secs(2)));
+        (0..40).for_each(|_| _ = undoing.rewrote(at));
+        assert_eq!(undoing.hold_until(), Some(at + MAX_HOLD));
+        // Quiet for long enough: the next ones are taken at once again.
+        let later = at + 2 * MAX_HOLD + Duration::from_secs(1);
+        assert!(!undoing.rewrote(later));
+        assert_eq!(undoing.hold_until(), None);
     }
 
     #[test]
