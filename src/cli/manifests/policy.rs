@@ -6,16 +6,19 @@
 //! resources at all, so that unlocking never depends on it). CEL's `authorizer` asks the cluster's
 //! own authorizer (RBAC) about the requesting user, so the policy needs no rights of its own.
 //!
-//! Two rules:
+//! Three rules:
 //! - **No escalation**: creating a lock, or changing its spec, needs every right the lock takes
 //!   away from everyone, on what it covers (for UPDATE `update` and `patch`, for DELETE
 //!   `delete`, and the subresources that do the same: `pods/eviction` `create`, `scale`,
 //!   `pods/ephemeralcontainers`, ...; for CREATE `create`; for CONNECT `create` on
 //!   `pods/exec`, `pods/attach`, `pods/portforward` and `pods/proxy`).
-//! - **Held locks**: a lock whose `spec.holder` is set is deleted, or its spec or owners
-//!   changed, only by its holder, by whoever is granted the `unlock` verb on it, and by the
-//!   controllers that clean up after deleted objects (the garbage collector, the namespace
-//!   controller). The holder named on create or change must be the requester.
+//! - **Changing a lock is unlocking it**: changing the spec, owners or finalizers of an unheld
+//!   lock needs the right to delete it (a narrower spec, or an owner that does not exist, lifts
+//!   it as surely as a delete).
+//! - **Held locks**: a lock whose `spec.holder` is set is deleted, or its spec, owners or
+//!   finalizers changed, only by its holder, by whoever is granted the `unlock` verb on it, and
+//!   by the controllers that clean up after deleted objects (the garbage collector, the
+//!   namespace controller). The holder named on create or change must be the requester.
 //!
 //! The lock's status subresource is not matched: the webhook's status writes are unaffected.
 
@@ -194,12 +197,20 @@ fn variables() -> Vec<(&'static str, String)> {
             "request.operation != 'CREATE' && has(oldObject.spec) && has(oldObject.spec.holder)"
                 .to_owned(),
         ),
+        // An UPDATE changing what can lift the lock: its spec, its owners (the garbage collector
+        // deletes a lock whose owner is missing) or its finalizers (a delete then only marks it).
+        (
+            "changed",
+            "request.operation == 'UPDATE' && (variables.escalates || \
+             (has(object.metadata.ownerReferences) ? object.metadata.ownerReferences : []) != \
+             (has(oldObject.metadata.ownerReferences) ? oldObject.metadata.ownerReferences : []) || \
+             (has(object.metadata.finalizers) ? object.metadata.finalizers : []) != \
+             (has(oldObject.metadata.finalizers) ? oldObject.metadata.finalizers : []))"
+                .to_owned(),
+        ),
         (
             "heldChange",
-            "request.operation == 'DELETE' || variables.escalates || \
-             (has(object.metadata.ownerReferences) ? object.metadata.ownerReferences : []) != \
-             (has(oldObject.metadata.ownerReferences) ? oldObject.metadata.ownerReferences : [])"
-                .to_owned(),
+            "request.operation == 'DELETE' || variables.changed".to_owned(),
         ),
         ("isHolder", names_requester("oldObject.spec.holder")),
         (
@@ -280,11 +291,27 @@ pub fn policy() -> Value {
         ),
         "reason": "Forbidden",
     }));
+    // Its own expression: one authorizer check (see escalation_checks).
+    validations.push(json!({
+        "expression": format!(
+            "variables.held || !variables.changed || variables.cleanup || \
+             authorizer.group('{}').resource(request.resource.resource)\
+             .namespace(variables.lockNamespace).name(variables.lockName).check('delete').allowed()",
+            api::GROUP
+        ),
+        "messageExpression": format!(
+            "variables.lockText + ': changing its spec, owners or finalizers can lift it, so it needs the right to delete it; user \"' + \
+             request.userInfo.username + '\" may not delete ' + request.resource.resource + '.{group} \"' + variables.lockName + '\"' + \
+             (variables.lockNamespace == '' ? '' : ' in namespace \"' + variables.lockNamespace + '\"')",
+            group = api::GROUP
+        ),
+        "reason": "Forbidden",
+    }));
     validations.push(json!({
         "expression": "!variables.held || !variables.heldChange || variables.isHolder || variables.mayUnlock || variables.cleanup",
         "messageExpression": format!(
             "variables.lockText + ' is held by ' + {} + ': only its holder, or someone granted the \"{UNLOCK_VERB}\" verb on ' + \
-             request.resource.resource + '.{group}, may delete it or change its spec or owners (user \"' + \
+             request.resource.resource + '.{group}, may delete it or change its spec, owners or finalizers (user \"' + \
              request.userInfo.username + '\" may not)'",
             describe_holder("oldObject.spec.holder"),
             group = api::GROUP
