@@ -10,8 +10,8 @@
 //! - **No escalation**: creating a lock, or changing its spec, needs every right the lock takes
 //!   away from everyone, on what it covers (for UPDATE `update` and `patch`, for DELETE
 //!   `delete`, and the subresources that do the same: `pods/eviction` `create`, `scale`,
-//!   `pods/ephemeralcontainers`, ...; for CREATE `create`; for CONNECT `create` on
-//!   `pods/exec`, `pods/attach`, `pods/portforward` and `pods/proxy`).
+//!   `pods/ephemeralcontainers`, ... `update` and `patch`; for CREATE `create`; for CONNECT
+//!   `create` on `pods/exec`, `pods/attach`, `pods/portforward` and `pods/proxy`).
 //! - **Changing a lock is unlocking it**: changing the spec, owners or finalizers of an unheld
 //!   lock needs the right to delete it (a narrower spec, or an owner that does not exist, lifts
 //!   it as surely as a delete).
@@ -44,7 +44,7 @@ const CLEANUP_USERS: [&str; 3] = [
 ];
 
 /// How many permissions one lock may need checked: each check is one policy variable, and the
-/// API server caps the cost of a whole policy evaluation. A pod lock needs 6, a Deployment's 4.
+/// API server caps the cost of a whole policy evaluation. A pod lock needs 8, a Deployment's 5.
 const MAX_CHECKS: usize = 16;
 
 /// Resources of the API server whose `scale` subresource changes them. A custom resource's scale
@@ -74,10 +74,10 @@ fn needed_for_pair() -> String {
             check("update", "string(p[1])", ""),
             check("patch", "string(p[1])", "")
         ),
-        format!(
-            "('DELETE' in variables.ops ? [{}] : [])",
-            check("delete", "string(p[1])", "")
-        ),
+        // An eviction is a CREATE of pods/eviction: a DELETE lock naming it takes that away.
+        "('DELETE' in variables.ops ? [[p[1] == 'pods/eviction' ? 'create' : 'delete', \
+         string(p[0]), string(p[1]), '']] : [])"
+            .to_owned(),
     ];
     for sub in subresources::CHANGING {
         let resources: &[&str] = match sub.resource {
@@ -91,8 +91,9 @@ fn needed_for_pair() -> String {
             .collect::<Vec<_>>()
             .join(", ");
         parts.push(format!(
-            "('UPDATE' in variables.ops && p[1] in [{list}] ? [{}] : [])",
-            check("update", "string(p[1])", sub.name)
+            "('UPDATE' in variables.ops && p[1] in [{list}] ? [{}, {}] : [])",
+            check("update", "string(p[1])", sub.name),
+            check("patch", "string(p[1])", sub.name)
         ));
     }
     // An eviction deletes a pod without a DELETE.
@@ -415,6 +416,51 @@ mod tests {
                 format!("{} {} {}{sub}", part(0), part(1), part(2))
             })
             .collect()
+    }
+
+    #[test]
+    fn update_and_delete_need_the_rights_the_api_server_asks_for_them() {
+        // PATCH changes through a subresource as UPDATE does; an eviction is a create.
+        assert_eq!(
+            needed(&["UPDATE", "DELETE"], ["", "pods"]),
+            [
+                "update  pods",
+                "patch  pods",
+                "delete  pods",
+                "update  pods/ephemeralcontainers",
+                "patch  pods/ephemeralcontainers",
+                "update  pods/resize",
+                "patch  pods/resize",
+                "create  pods/eviction",
+            ]
+        );
+        assert_eq!(
+            needed(&["UPDATE", "DELETE"], ["apps", "deployments"]),
+            [
+                "update apps deployments",
+                "patch apps deployments",
+                "delete apps deployments",
+                "update apps deployments/scale",
+                "patch apps deployments/scale",
+            ]
+        );
+        assert_eq!(
+            needed(&["DELETE"], ["", "pods/eviction"]),
+            ["create  pods/eviction"]
+        );
+        assert_eq!(
+            needed(&["DELETE"], ["", "configmaps"]),
+            ["delete  configmaps"]
+        );
+        // On every resource, RBAC's wildcard covers the subresources.
+        assert_eq!(
+            needed(&["UPDATE", "DELETE"], ["*", "*"]),
+            ["update * *", "patch * *", "delete * *"]
+        );
+        // Within the cap, with every operation.
+        assert!(
+            needed(&["CREATE", "CONNECT", "UPDATE", "DELETE"], ["", "pods"]).len() <= MAX_CHECKS
+        );
     }
 
     #[test]

@@ -214,6 +214,22 @@ fn policy_checks(ns: &str, bot: &User, alice: &User, bob: &User, carol: &User) -
         )
         .check()?;
 
+    // An eviction is authorized as `create` on pods/eviction: a DELETE lock naming it needs that
+    // (which `edit` grants), not `delete`.
+    let evictions = json!({"resources": [{"apiGroups": [""], "resources": ["pods/eviction"]}],
+                           "operations": ["DELETE"]});
+    bot.k_in(&["create", "-f", "-"], &lock("drained", evictions.clone()))
+        .refused(&format!(
+            "user \"{}\" may not create pods/eviction \"drained\" in namespace \"{ns}\"",
+            bot.name
+        ))?;
+    alice
+        .k_in(
+            &["create", "--dry-run=server", "-f", "-"],
+            &lock("drained", evictions),
+        )
+        .check()?;
+
     // A held lock: another editor may neither lift nor loosen it...
     let held = format!("is held by user \"{}\"", alice.name);
     failed_with(&bob.k(&["unlock", "configmap/db-config", "-n", ns]), &held)?;
