@@ -218,6 +218,7 @@ pub struct LockSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("has(self.matchLabels) && size(self.matchLabels) > 0 || has(self.matchExpressions) && size(self.matchExpressions) > 0").message("an empty selector would lock every object in the namespace: give matchLabels or matchExpressions"))]
     #[x_kube(validation = Rule::new("!has(self.matchExpressions) || self.matchExpressions.all(e, e.operator in ['In', 'NotIn', 'Exists', 'DoesNotExist'])").message("matchExpressions operators are In, NotIn, Exists or DoesNotExist"))]
+    #[x_kube(validation = Rule::new("!has(self.matchExpressions) || self.matchExpressions.all(e, e.operator in ['In', 'NotIn'] ? has(e.values) && size(e.values) > 0 : !has(e.values) || size(e.values) == 0)").message("matchExpressions: In and NotIn need at least one value, Exists and DoesNotExist take none"))]
     pub selector: Option<LabelSelector>,
 
     /// Who may change the locked object anyway, e.g. the controller that took the lock. Their
@@ -229,6 +230,8 @@ pub struct LockSpec {
     /// needed: a crashed job cannot leave its lock behind forever. The Lock object stays until
     /// deleted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<String>", length(max = 64))]
+    #[x_kube(validation = Rule::new(r"self.matches('^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$') && timestamp(self) >= timestamp('0001-01-01T00:00:00Z')").message("expiresAt must be an RFC 3339 time, e.g. 2026-11-22T18:00:00Z or 2026-11-22T19:00:00+01:00"))]
     pub expires_at: Option<Time>,
 
     /// Enforce (the default) refuses the change; Warn allows it with a warning and an audit
@@ -293,6 +296,13 @@ impl LockSpec {
                     .is_none_or(|e| e.is_empty());
             if empty {
                 return Err("selector: an empty selector would lock every object in the namespace: give matchLabels or matchExpressions".into());
+            }
+            for e in selector.match_expressions.iter().flatten() {
+                let values = e.values.as_ref().map_or(0, Vec::len);
+                let needs_values = matches!(e.operator.as_str(), "In" | "NotIn");
+                if needs_values != (values > 0) {
+                    return Err("selector.matchExpressions: In and NotIn need at least one value, Exists and DoesNotExist take none".into());
+                }
             }
             kube::core::Selector::try_from(selector.clone())
                 .map_err(|e| format!("selector: {e}"))?;
@@ -759,7 +769,7 @@ mod tests {
         let schema = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
         let mut rules = Vec::new();
         cel_rules(schema, &[], &mut rules);
-        assert_eq!(rules.len(), 4, "{rules:?}");
+        assert_eq!(rules.len(), 6, "{rules:?}");
         rules.iter().all(|(path, rule)| {
             let Some(value) = path.iter().try_fold(spec, |v, key| v.get(key)) else {
                 return true; // rules apply to fields that are present
@@ -769,9 +779,19 @@ mod tests {
             context
                 .add_variable("self", cel::to_value(value).expect("value"))
                 .expect("variable");
-            match program.execute(&context).expect("the rule evaluates") {
-                cel::Value::Bool(ok) => ok,
-                other => panic!("{rule} gave {other:?}"),
+            // CEL's timestamp(), as seconds: Go's RFC 3339 parser, stood in for by jiff.
+            context
+                .add_function("timestamp", |s: std::sync::Arc<String>| {
+                    s.parse::<Timestamp>()
+                        .map(|t| t.as_second())
+                        .map_err(|e| cel::ExecutionError::function_error("timestamp", e))
+                })
+                .expect("function");
+            // The API server refuses the object when a rule fails to evaluate.
+            match program.execute(&context) {
+                Ok(cel::Value::Bool(ok)) => ok,
+                Err(_) => false,
+                Ok(other) => panic!("{rule} gave {other:?}"),
             }
         })
     }
@@ -814,6 +834,36 @@ mod tests {
                 serde_json::json!({"selector": {"matchExpressions": [{"key": "tier", "operator": "Like"}]}}),
                 false,
             ),
+            // In and NotIn without values: kube's Selector refuses the first, and NotIn [] would
+            // select every object. Exists and DoesNotExist with values: the API server refuses.
+            (
+                serde_json::json!({"selector": {"matchExpressions": [{"key": "app", "operator": "In"}]}}),
+                false,
+            ),
+            (
+                serde_json::json!({"selector": {"matchExpressions": [{"key": "app", "operator": "NotIn", "values": []}]}}),
+                false,
+            ),
+            (
+                serde_json::json!({"selector": {"matchExpressions": [{"key": "app", "operator": "Exists", "values": ["x"]}]}}),
+                false,
+            ),
+            (
+                serde_json::json!({"selector": {"matchExpressions": [{"key": "app", "operator": "DoesNotExist"}]}}),
+                true,
+            ),
+            (
+                serde_json::json!({"selector": {"matchExpressions": [{"key": "app", "operator": "Exists", "values": []}]}}),
+                true,
+            ),
+            (
+                serde_json::json!({"expiresAt": "2030-01-01T00:00:00Z"}),
+                true,
+            ),
+            (
+                serde_json::json!({"expiresAt": "2030-01-01T00:00:00.123456789+05:30"}),
+                true,
+            ),
         ];
         for (spec, valid) in cases {
             assert_eq!(cel_accepts(&spec), valid, "CEL on {spec}");
@@ -835,6 +885,36 @@ mod tests {
         ] {
             let parsed: LockSpec = serde_json::from_value(spec.clone()).expect("parses");
             assert!(parsed.validate().is_err(), "{spec}");
+        }
+    }
+
+    #[test]
+    fn the_crd_refuses_every_expiry_the_webhook_cannot_read() {
+        let times = [
+            ("2030-01-01T00:00:00Z", true),
+            ("2030-01-01T00:00:00.5Z", true),
+            ("2030-01-01T00:00:00.123456789Z", true),
+            ("2030-01-01T00:00:00-08:00", true),
+            ("2030-01-01T23:59:59+23:59", true),
+            // The API server's own date-time check lets these through; jiff refuses them.
+            ("2030-01-01T00:00:00x1Z", false),
+            ("2030-01-01T00:00:00+99:00", false),
+            ("2030-01-01T00:00:00.123456789123Z", false),
+            ("2030-01-01T00:00:00", false),
+            ("2030-01-01 00:00:00Z", false),
+            ("2030-01-01T00:00:00+0100", false),
+            ("2030-02-30T00:00:00Z", false),
+            ("2030-01-01T24:00:00Z", false),
+            ("9999-12-31T23:59:59-01:00", false),
+            ("tomorrow", false),
+        ];
+        for (time, valid) in times {
+            let spec = serde_json::json!({ "expiresAt": time });
+            assert_eq!(cel_accepts(&spec), valid, "CEL on {time}");
+            if valid {
+                let parsed = serde_json::from_value::<LockSpec>(spec);
+                assert!(parsed.is_ok(), "{time}: {parsed:?}");
+            }
         }
     }
 

@@ -403,7 +403,7 @@ impl Metrics {
         );
         registry.register(
             "unparseable_locks",
-            "Locks whose spec cannot be read; each locks every UPDATE and DELETE of its own name until fixed",
+            "Locks whose spec cannot be read; each fails closed on its own name until fixed",
             source.unparseable_locks.clone(),
         );
         registry.register("locks", "Locks known, by scope", locks.clone());

@@ -666,11 +666,11 @@ async fn an_unreadable_lock_fails_closed_for_its_own_name_only() {
         } else {
             setup.wait_lock_watch(WatchState::Stale).await;
         }
-        // A value from a newer version: this one cannot read it. It meant "DELETE only".
+        // A value from a newer version: this one cannot read it, and enforces UPDATE and DELETE.
         setup.api.create_lock(
             NS,
             "locked-a",
-            json!({"mode": "Audit", "operations": ["DELETE"], "reason": "upgrade test"}),
+            json!({"mode": "Audit", "reason": "upgrade test"}),
         );
         setup
             .api

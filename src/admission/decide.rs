@@ -565,11 +565,11 @@ fn deny_locked(req: &AdmissionRequest, what: &str, locks: &[&LockRef]) -> Verdic
     message.push_str(&format!(" (to unlock: {})", unlock_command(locks)));
     let mut verdict = Verdict::deny(403, "Forbidden", message);
     verdict.locks = locks.iter().map(|l| l.key()).collect();
-    // A lock whose spec could not be read locks everything of its name: say why.
+    // A lock whose spec could not be read fails closed on its name: say why.
     for lock in locks {
         if let Some(problem) = &lock.problem {
             verdict = verdict.warn(format!(
-                "{lock}: unreadable spec, locks every change until fixed: {problem}"
+                "{lock}: unreadable spec, fails closed until fixed: {problem}"
             ));
         }
     }

@@ -4,9 +4,13 @@
 //! Parsing each object on its own, instead of a whole typed LIST, is what keeps one bad Lock from
 //! breaking its namespace: a Lock whose spec this version cannot read (an enum value from a newer
 //! version during an upgrade, a hand-edited object, a field that fails the CRD's own checks)
-//! still locks the object of its name, UPDATE and DELETE, in Enforce mode: it fails closed for
-//! that one name, and every other Lock of the namespace works as usual. The problem travels with
-//! the lock ([`LockRef::problem`]) so that the refusal, the log and a metric can name it.
+//! still locks the object of its name in Enforce mode: it fails closed for that one name, and
+//! every other Lock of the namespace works as usual. It is never wider than what the lock policy
+//! checked the creator's rights for: its `resources` and `operations` are kept when each reads
+//! and validates on its own (otherwise every resource, UPDATE and DELETE); a selector, an expiry,
+//! a mode and exemptions are dropped (the Lock's own name, no expiry, Enforce, no one exempt).
+//! The problem travels with the lock ([`LockRef::problem`]) so that the refusal, the log and a
+//! metric can name it.
 
 use kube::api::DynamicObject;
 use serde_json::Value;
@@ -16,7 +20,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 
 use super::{LockKind, LockMeta, LockRef};
-use crate::api::{LockSpec, LockStatus};
+use crate::api::{LockOperation, LockSpec, LockStatus, ResourceRule};
 
 /// The lock an object stands for; `None` only for an object without a name (never served by a
 /// real API server). Never fails on the spec: see the module docs.
@@ -44,20 +48,51 @@ pub fn lock_ref(kind: LockKind, object: &DynamicObject) -> Option<LockRef> {
     });
     match spec(object.data.get("spec")) {
         Ok(spec) => lock.spec = spec,
-        Err((problem, reason)) => {
-            lock.spec.reason = reason;
+        Err(problem) => {
+            lock.spec = fallback(object.data.get("spec"));
             lock.problem = Some(problem);
         }
     }
     Some(lock)
 }
 
-/// The spec, or what is wrong with it and the reason it gives (kept for the refusal message).
-fn spec(raw: Option<&Value>) -> Result<LockSpec, (String, Option<String>)> {
+/// The fail-closed spec of a Lock whose spec has a problem: the reason, and the `resources` and
+/// `operations` that read and validate on their own (what the lock policy checked rights for);
+/// everything else as in the empty spec.
+fn fallback(raw: Option<&Value>) -> LockSpec {
+    let field = |name: &str| raw.and_then(|spec| spec.get(name)).filter(|v| !v.is_null());
+    let valid = |spec: LockSpec| spec.validate().is_ok().then_some(spec);
+    let resources = field("resources")
+        .and_then(|v| Vec::<ResourceRule>::deserialize(v).ok())
+        .and_then(|rules| {
+            valid(LockSpec {
+                resources: Some(rules),
+                ..LockSpec::default()
+            })
+        })
+        .and_then(|spec| spec.resources);
+    let operations = field("operations")
+        .and_then(|v| Vec::<LockOperation>::deserialize(v).ok())
+        .and_then(|ops| {
+            valid(LockSpec {
+                operations: Some(ops),
+                ..LockSpec::default()
+            })
+        })
+        .and_then(|spec| spec.operations);
+    LockSpec {
+        reason: field("reason").and_then(Value::as_str).map(str::to_owned),
+        resources,
+        operations,
+        ..LockSpec::default()
+    }
+}
+
+/// The spec, or what is wrong with it.
+fn spec(raw: Option<&Value>) -> Result<LockSpec, String> {
     let Some(raw) = raw.filter(|v| !v.is_null()) else {
         return Ok(LockSpec::default());
     };
-    let reason = || raw.get("reason").and_then(Value::as_str).map(str::to_owned);
     let spec: LockSpec = serde_path_to_error::deserialize(raw).map_err(|e| {
         let path = e.path().to_string();
         let path = if path == "." {
@@ -65,10 +100,9 @@ fn spec(raw: Option<&Value>) -> Result<LockSpec, (String, Option<String>)> {
         } else {
             format!("spec.{path}")
         };
-        (format!("{path}: {}", e.into_inner()), reason())
+        format!("{path}: {}", e.into_inner())
     })?;
-    spec.validate()
-        .map_err(|e| (format!("spec.{e}"), reason()))?;
+    spec.validate().map_err(|e| format!("spec.{e}"))?;
     Ok(spec)
 }
 
@@ -103,7 +137,7 @@ pub fn file_spec(value: serde_json::Value) -> Result<LockSpec, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{LockMode, LockOperation};
+    use crate::api::LockMode;
     use serde_json::json;
 
     fn object(namespace: Option<&str>, name: &str, spec: Value) -> DynamicObject {
@@ -136,39 +170,104 @@ mod tests {
     }
 
     #[test]
-    fn an_unreadable_spec_locks_everything_of_its_name_and_says_why() {
-        for (spec, field) in [
+    fn an_unreadable_spec_fails_closed_within_what_its_creator_could_lock() {
+        let configmaps = || {
+            Some(vec![ResourceRule {
+                api_groups: vec![String::new()],
+                resources: vec!["configmaps".into()],
+            }])
+        };
+        let cm = json!([{"apiGroups": [""], "resources": ["configmaps"]}]);
+        let delete = || Some(vec![LockOperation::Delete]);
+        // (spec, the field named, the resources and operations kept)
+        for (spec, field, resources, operations) in [
             (
                 json!({"mode": "Audit", "operations": ["DELETE"], "reason": "freeze"}),
                 "spec.mode",
+                None,
+                delete(),
             ),
             (
-                json!({"operations": "DELETE", "reason": "freeze"}),
+                json!({"operations": "DELETE", "resources": cm, "reason": "freeze"}),
                 "spec.operations",
+                configmaps(),
+                None,
             ),
             (
                 json!({"operations": [], "reason": "freeze"}),
                 "spec.operations",
+                None,
+                None,
             ),
             (
-                json!({"selector": {"matchLabels": {}}, "reason": "freeze"}),
+                json!({"operations": ["DELETE", "DELETE"], "resources": cm, "reason": "freeze"}),
+                "spec.operations",
+                configmaps(),
+                None,
+            ),
+            (
+                json!({"resources": [{"apiGroups": [], "resources": ["x"]}],
+                       "operations": ["DELETE"], "reason": "freeze"}),
+                "spec.resources",
+                None,
+                delete(),
+            ),
+            (
+                json!({"resources": "configmaps", "reason": "freeze"}),
+                "spec.resources",
+                None,
+                None,
+            ),
+            // A selector the API server accepts but kube's Selector refuses: the Lock's own
+            // name, of the resources it names only.
+            (
+                json!({"selector": {"matchExpressions": [{"key": "app", "operator": "In"}]},
+                       "resources": cm, "operations": ["DELETE"], "reason": "freeze"}),
                 "spec.selector",
+                configmaps(),
+                delete(),
+            ),
+            (
+                json!({"selector": {"matchLabels": {}}, "resources": cm, "reason": "freeze"}),
+                "spec.selector",
+                configmaps(),
+                None,
+            ),
+            // Times the API server's date-time check lets through.
+            (
+                json!({"expiresAt": "2030-01-01T00:00:00x1Z", "resources": cm,
+                       "mode": "Warn", "reason": "freeze"}),
+                "spec.expiresAt",
+                configmaps(),
+                None,
+            ),
+            (
+                json!({"expiresAt": "2030-01-01T00:00:00+99:00", "operations": ["DELETE"],
+                       "exempt": {"users": ["alice"]}, "reason": "freeze"}),
+                "spec.expiresAt",
+                None,
+                delete(),
             ),
             (
                 json!({"expiresAt": "tomorrow", "reason": "freeze"}),
                 "spec.expiresAt",
+                None,
+                None,
             ),
         ] {
             let lock = lock_ref(LockKind::Lock, &object(Some("prod"), "web", spec.clone()))
                 .expect("named");
             let problem = lock.problem.clone().unwrap_or_default();
             assert!(problem.starts_with(field), "{spec}: {problem}");
-            // Fail closed: the empty spec (both operations, every resource, Enforce, no
-            // selector, no expiry), keeping the reason for the message.
+            // Fail closed, no wider than what the policy checked: the resources and operations
+            // that read on their own (else every resource, UPDATE and DELETE), Enforce, no
+            // selector, expiry or exemption, keeping the reason for the message.
             assert_eq!(
                 lock.spec,
                 LockSpec {
                     reason: Some("freeze".into()),
+                    resources,
+                    operations,
                     ..LockSpec::default()
                 },
                 "{spec}"

@@ -392,7 +392,7 @@ impl Writer {
         warn!(
             lock = %lock,
             problem = lock.problem.as_deref().unwrap_or("-"),
-            "lock spec cannot be read; it locks every UPDATE and DELETE of its name until fixed"
+            "lock spec cannot be read; it fails closed on its name until fixed"
         );
         self.metrics
             .unparseable_locks

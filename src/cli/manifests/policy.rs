@@ -6,16 +6,19 @@
 //! resources at all, so that unlocking never depends on it). CEL's `authorizer` asks the cluster's
 //! own authorizer (RBAC) about the requesting user, so the policy needs no rights of its own.
 //!
-//! Two rules:
+//! Three rules:
 //! - **No escalation**: creating a lock, or changing its spec, needs every right the lock takes
 //!   away from everyone, on what it covers (for UPDATE `update` and `patch`, for DELETE
 //!   `delete`, and the subresources that do the same: `pods/eviction` `create`, `scale`,
-//!   `pods/ephemeralcontainers`, ...; for CREATE `create`; for CONNECT `create` on
-//!   `pods/exec`, `pods/attach`, `pods/portforward` and `pods/proxy`).
-//! - **Held locks**: a lock whose `spec.holder` is set is deleted, or its spec or owners
-//!   changed, only by its holder, by whoever is granted the `unlock` verb on it, and by the
-//!   controllers that clean up after deleted objects (the garbage collector, the namespace
-//!   controller). The holder named on create or change must be the requester.
+//!   `pods/ephemeralcontainers`, ... `update` and `patch`; for CREATE `create`; for CONNECT
+//!   `create` on `pods/exec`, `pods/attach`, `pods/portforward` and `pods/proxy`).
+//! - **Changing a lock is unlocking it**: changing the spec, owners or finalizers of an unheld
+//!   lock needs the right to delete it (a narrower spec, or an owner that does not exist, lifts
+//!   it as surely as a delete).
+//! - **Held locks**: a lock whose `spec.holder` is set is deleted, or its spec, owners or
+//!   finalizers changed, only by its holder, by whoever is granted the `unlock` verb on it, and
+//!   by the controllers that clean up after deleted objects (the garbage collector, the
+//!   namespace controller). The holder named on create or change must be the requester.
 //!
 //! The lock's status subresource is not matched: the webhook's status writes are unaffected.
 
@@ -41,7 +44,7 @@ const CLEANUP_USERS: [&str; 3] = [
 ];
 
 /// How many permissions one lock may need checked: each check is one policy variable, and the
-/// API server caps the cost of a whole policy evaluation. A pod lock needs 6, a Deployment's 4.
+/// API server caps the cost of a whole policy evaluation. A pod lock needs 8, a Deployment's 5.
 const MAX_CHECKS: usize = 16;
 
 /// Resources of the API server whose `scale` subresource changes them. A custom resource's scale
@@ -71,10 +74,10 @@ fn needed_for_pair() -> String {
             check("update", "string(p[1])", ""),
             check("patch", "string(p[1])", "")
         ),
-        format!(
-            "('DELETE' in variables.ops ? [{}] : [])",
-            check("delete", "string(p[1])", "")
-        ),
+        // An eviction is a CREATE of pods/eviction: a DELETE lock naming it takes that away.
+        "('DELETE' in variables.ops ? [[p[1] == 'pods/eviction' ? 'create' : 'delete', \
+         string(p[0]), string(p[1]), '']] : [])"
+            .to_owned(),
     ];
     for sub in subresources::CHANGING {
         let resources: &[&str] = match sub.resource {
@@ -88,8 +91,9 @@ fn needed_for_pair() -> String {
             .collect::<Vec<_>>()
             .join(", ");
         parts.push(format!(
-            "('UPDATE' in variables.ops && p[1] in [{list}] ? [{}] : [])",
-            check("update", "string(p[1])", sub.name)
+            "('UPDATE' in variables.ops && p[1] in [{list}] ? [{}, {}] : [])",
+            check("update", "string(p[1])", sub.name),
+            check("patch", "string(p[1])", sub.name)
         ));
     }
     // An eviction deletes a pod without a DELETE.
@@ -194,12 +198,20 @@ fn variables() -> Vec<(&'static str, String)> {
             "request.operation != 'CREATE' && has(oldObject.spec) && has(oldObject.spec.holder)"
                 .to_owned(),
         ),
+        // An UPDATE changing what can lift the lock: its spec, its owners (the garbage collector
+        // deletes a lock whose owner is missing) or its finalizers (a delete then only marks it).
+        (
+            "changed",
+            "request.operation == 'UPDATE' && (variables.escalates || \
+             (has(object.metadata.ownerReferences) ? object.metadata.ownerReferences : []) != \
+             (has(oldObject.metadata.ownerReferences) ? oldObject.metadata.ownerReferences : []) || \
+             (has(object.metadata.finalizers) ? object.metadata.finalizers : []) != \
+             (has(oldObject.metadata.finalizers) ? oldObject.metadata.finalizers : []))"
+                .to_owned(),
+        ),
         (
             "heldChange",
-            "request.operation == 'DELETE' || variables.escalates || \
-             (has(object.metadata.ownerReferences) ? object.metadata.ownerReferences : []) != \
-             (has(oldObject.metadata.ownerReferences) ? oldObject.metadata.ownerReferences : [])"
-                .to_owned(),
+            "request.operation == 'DELETE' || variables.changed".to_owned(),
         ),
         ("isHolder", names_requester("oldObject.spec.holder")),
         (
@@ -280,11 +292,27 @@ pub fn policy() -> Value {
         ),
         "reason": "Forbidden",
     }));
+    // Its own expression: one authorizer check (see escalation_checks).
+    validations.push(json!({
+        "expression": format!(
+            "variables.held || !variables.changed || variables.cleanup || \
+             authorizer.group('{}').resource(request.resource.resource)\
+             .namespace(variables.lockNamespace).name(variables.lockName).check('delete').allowed()",
+            api::GROUP
+        ),
+        "messageExpression": format!(
+            "variables.lockText + ': changing its spec, owners or finalizers can lift it, so it needs the right to delete it; user \"' + \
+             request.userInfo.username + '\" may not delete ' + request.resource.resource + '.{group} \"' + variables.lockName + '\"' + \
+             (variables.lockNamespace == '' ? '' : ' in namespace \"' + variables.lockNamespace + '\"')",
+            group = api::GROUP
+        ),
+        "reason": "Forbidden",
+    }));
     validations.push(json!({
         "expression": "!variables.held || !variables.heldChange || variables.isHolder || variables.mayUnlock || variables.cleanup",
         "messageExpression": format!(
             "variables.lockText + ' is held by ' + {} + ': only its holder, or someone granted the \"{UNLOCK_VERB}\" verb on ' + \
-             request.resource.resource + '.{group}, may delete it or change its spec or owners (user \"' + \
+             request.resource.resource + '.{group}, may delete it or change its spec, owners or finalizers (user \"' + \
              request.userInfo.username + '\" may not)'",
             describe_holder("oldObject.spec.holder"),
             group = api::GROUP
@@ -388,6 +416,51 @@ mod tests {
                 format!("{} {} {}{sub}", part(0), part(1), part(2))
             })
             .collect()
+    }
+
+    #[test]
+    fn update_and_delete_need_the_rights_the_api_server_asks_for_them() {
+        // PATCH changes through a subresource as UPDATE does; an eviction is a create.
+        assert_eq!(
+            needed(&["UPDATE", "DELETE"], ["", "pods"]),
+            [
+                "update  pods",
+                "patch  pods",
+                "delete  pods",
+                "update  pods/ephemeralcontainers",
+                "patch  pods/ephemeralcontainers",
+                "update  pods/resize",
+                "patch  pods/resize",
+                "create  pods/eviction",
+            ]
+        );
+        assert_eq!(
+            needed(&["UPDATE", "DELETE"], ["apps", "deployments"]),
+            [
+                "update apps deployments",
+                "patch apps deployments",
+                "delete apps deployments",
+                "update apps deployments/scale",
+                "patch apps deployments/scale",
+            ]
+        );
+        assert_eq!(
+            needed(&["DELETE"], ["", "pods/eviction"]),
+            ["create  pods/eviction"]
+        );
+        assert_eq!(
+            needed(&["DELETE"], ["", "configmaps"]),
+            ["delete  configmaps"]
+        );
+        // On every resource, RBAC's wildcard covers the subresources.
+        assert_eq!(
+            needed(&["UPDATE", "DELETE"], ["*", "*"]),
+            ["update * *", "patch * *", "delete * *"]
+        );
+        // Within the cap, with every operation.
+        assert!(
+            needed(&["CREATE", "CONNECT", "UPDATE", "DELETE"], ["", "pods"]).len() <= MAX_CHECKS
+        );
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Who may lock and who may unlock, checked by the API server's own lock policy (the
 //! ValidatingAdmissionPolicy of `manifests cluster`) for least-privileged users with client
 //! certificates: nobody locks what they may not change themselves, and a held lock is lifted only
-//! by its holder, by whoever is granted the `unlock` verb, and by the controllers that clean up.
+//! by its holder, by whoever is granted the `unlock` verb, and by the controllers that clean up;
+//! changing an unheld lock's spec, owners or finalizers needs the right to delete it.
 //! The policy runs in the API server: every check but the first lock holds with the webhook
 //! stopped.
 
@@ -14,6 +15,8 @@ use crate::users::{User, bind, user};
 
 /// Locks and ClusterLocks, nothing else.
 const LOCK_RIGHTS: &str = "rules:\n- apiGroups: [objectlock.dev]\n  resources: [locks, clusterlocks]\n  verbs: [get, list, watch, create, update, patch, delete]\n";
+/// Locks and ClusterLocks, all but `delete`.
+const LOCK_RIGHTS_NO_DELETE: &str = "rules:\n- apiGroups: [objectlock.dev]\n  resources: [locks, clusterlocks]\n  verbs: [get, list, watch, create, update, patch]\n";
 
 pub fn run(ctx: &Ctx) -> Result<()> {
     if !ctx.env.kcm {
@@ -22,11 +25,14 @@ pub fn run(ctx: &Ctx) -> Result<()> {
     let ns = ctx.namespace("")?;
     let role = ctx.cluster_name("lock-rights");
     let label = format!("{}={}", crate::suite::RUN_LABEL, ctx.env.run);
-    ctx.k_in(&["apply", "-f", "-"], &format!(
-        "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata:\n  name: {role}\n  labels: {{{}}}\n{LOCK_RIGHTS}",
-        label.replacen('=', ": ", 1)
-    ))
-    .check()?;
+    let no_delete = ctx.cluster_name("lock-no-delete");
+    for (name, rules) in [(&role, LOCK_RIGHTS), (&no_delete, LOCK_RIGHTS_NO_DELETE)] {
+        ctx.k_in(&["apply", "-f", "-"], &format!(
+            "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata:\n  name: {name}\n  labels: {{{}}}\n{rules}",
+            label.replacen('=', ": ", 1)
+        ))
+        .check()?;
+    }
     // bot: Lock rights only. alice, bob: editors with Lock rights. carol: the unlock role only.
     let bot = user(ctx, "bot", &[])?;
     bind(ctx, &bot, &role, Some(&ns))?;
@@ -39,9 +45,20 @@ pub fn run(ctx: &Ctx) -> Result<()> {
     }
     let carol = user(ctx, "carol", &[])?;
     bind(ctx, &carol, "kube-object-lock-unlock", Some(&ns))?;
+    // dave: an editor who may change Locks but not delete them.
+    let dave = user(ctx, "dave", &[])?;
+    bind(ctx, &dave, "edit", Some(&ns))?;
+    bind(ctx, &dave, &no_delete, Some(&ns))?;
 
     ctx.configmap(&ns, "db-config", json!({}))?;
     ctx.configmap(&ns, "app-config", json!({}))?;
+    ctx.configmap(&ns, "frozen", json!({}))?;
+    // An unheld lock, taken by an administrator.
+    ctx.lock(
+        &ns,
+        "frozen",
+        json!({"resources": [{"apiGroups": [""], "resources": ["configmaps"]}]}),
+    )?;
     // An editor locks her own ConfigMap with kubectl lock, and it holds (the webhook confirms it).
     alice
         .k(&[
@@ -78,6 +95,7 @@ pub fn run(ctx: &Ctx) -> Result<()> {
 
     ctx.with_webhook_stopped(|| {
         policy_checks(&ns, &bot, &alice, &bob, &carol)?;
+        changing_is_unlocking(&ns, &bob, &dave)?;
         cleanup_controllers(ctx, &ns, &role, &alice)
     })?;
 
@@ -85,7 +103,7 @@ pub fn run(ctx: &Ctx) -> Result<()> {
     alice
         .k(&["unlock", "configmap/db-config", "-n", &ns])
         .check()?;
-    Ok(())
+    ctx.unlock(&ns, "frozen")
 }
 
 /// Everything the API server decides on its own, with no webhook instance running.
@@ -196,6 +214,22 @@ fn policy_checks(ns: &str, bot: &User, alice: &User, bob: &User, carol: &User) -
         )
         .check()?;
 
+    // An eviction is authorized as `create` on pods/eviction: a DELETE lock naming it needs that
+    // (which `edit` grants), not `delete`.
+    let evictions = json!({"resources": [{"apiGroups": [""], "resources": ["pods/eviction"]}],
+                           "operations": ["DELETE"]});
+    bot.k_in(&["create", "-f", "-"], &lock("drained", evictions.clone()))
+        .refused(&format!(
+            "user \"{}\" may not create pods/eviction \"drained\" in namespace \"{ns}\"",
+            bot.name
+        ))?;
+    alice
+        .k_in(
+            &["create", "--dry-run=server", "-f", "-"],
+            &lock("drained", evictions),
+        )
+        .check()?;
+
     // A held lock: another editor may neither lift nor loosen it...
     let held = format!("is held by user \"{}\"", alice.name);
     failed_with(&bob.k(&["unlock", "configmap/db-config", "-n", ns]), &held)?;
@@ -207,6 +241,9 @@ fn policy_checks(ns: &str, bot: &User, alice: &User, bob: &User, carol: &User) -
     let owner = json!({"metadata": {"ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap",
         "name": "app-config", "uid": "00000000-0000-0000-0000-000000000000"}]}});
     bob.patch_lock(ns, "db-config", owner).refused(&held)?;
+    // ...nor add a finalizer (the holder's delete would leave it Terminating, still enforced).
+    bob.patch_lock(ns, "db-config", finalizer())
+        .refused(&format!("{held}: only its holder"))?;
     // Unheld locks are anyone's with the right to delete Locks.
     bob.k(&["delete", "lock", "worker", "-n", ns]).check()?;
     // The holder changes her own lock; someone granted `unlock` may lift it (dry run: she keeps it).
@@ -220,6 +257,51 @@ fn policy_checks(ns: &str, bot: &User, alice: &User, bob: &User, carol: &User) -
     carol
         .k(&["delete", "lock", "db-config", "-n", ns, "--dry-run=server"])
         .check()?;
+    Ok(())
+}
+
+/// A finalizer, as a merge patch.
+fn finalizer() -> serde_json::Value {
+    json!({"metadata": {"finalizers": ["example.com/keep"]}})
+}
+
+/// Changing an unheld lock's spec, owners or finalizers lifts it as a delete would: it needs the
+/// right to delete it. dave may patch Locks, not delete them; bob may both.
+fn changing_is_unlocking(ns: &str, bob: &User, dave: &User) -> Result<()> {
+    let refused = format!(
+        "Lock {ns}/frozen: changing its spec, owners or finalizers can lift it, so it needs the right to delete it; user \"{}\" may not delete locks.objectlock.dev \"frozen\" in namespace \"{ns}\"",
+        dave.name
+    );
+    let absent_owner = json!({"metadata": {"ownerReferences": [{"apiVersion": "v1",
+        "kind": "ConfigMap", "name": "gone", "uid": "00000000-0000-0000-0000-000000000000"}]}});
+    // Narrower: it no longer covers the ConfigMap's UPDATE (dave may delete ConfigMaps).
+    let narrower = json!({"spec": {"operations": ["DELETE"]}});
+    for patch in [&absent_owner, &narrower, &finalizer()] {
+        dave.patch_lock(ns, "frozen", patch.clone())
+            .refused(&refused)?;
+    }
+    // Other metadata is not restricted.
+    dave.patch_lock(
+        ns,
+        "frozen",
+        json!({"metadata": {"labels": {"team": "storage"}}}),
+    )
+    .check()?;
+    // Whoever may delete the lock may change it (dry runs: it stays).
+    for patch in [&absent_owner, &narrower, &finalizer()] {
+        bob.k(&[
+            "patch",
+            "lock",
+            "frozen",
+            "-n",
+            ns,
+            "--type=merge",
+            "--dry-run=server",
+            "-p",
+            &patch.to_string(),
+        ])
+        .check()?;
+    }
     Ok(())
 }
 

@@ -320,7 +320,8 @@ pub fn warn(ctx: &Ctx) -> Result<()> {
     Ok(())
 }
 
-/// The CRD refuses a mistyped Lock with a message; `kubectl explain` documents the fields.
+/// The CRD refuses a mistyped Lock with a message, and every spec the webhook could not read;
+/// `kubectl explain` documents the fields.
 pub fn validation(ctx: &Ctx) -> Result<()> {
     let ns = ctx.namespace("")?;
     let cases = [
@@ -328,6 +329,24 @@ pub fn validation(ctx: &Ctx) -> Result<()> {
         ("selector: {}", "an empty selector would lock every object"),
         ("mode: Block", "spec.mode"),
         ("expiresAt: tomorrow", "spec.expiresAt"),
+        // Date-times the API server's own format check lets through and the webhook cannot
+        // read: refused by the CRD's rule.
+        (
+            "expiresAt: \"2030-01-01T00:00:00x1Z\"",
+            "spec.expiresAt: Invalid value: \"2030-01-01T00:00:00x1Z\": expiresAt must be an RFC 3339 time",
+        ),
+        (
+            "expiresAt: \"2030-01-01T00:00:00+99:00\"",
+            "spec.expiresAt: Invalid value: \"2030-01-01T00:00:00+99:00\": expiresAt must be an RFC 3339 time",
+        ),
+        (
+            "selector: {matchExpressions: [{key: app, operator: In}]}",
+            "matchExpressions: In and NotIn need at least one value, Exists and DoesNotExist take none",
+        ),
+        (
+            "selector: {matchExpressions: [{key: app, operator: Exists, values: [x]}]}",
+            "matchExpressions: In and NotIn need at least one value, Exists and DoesNotExist take none",
+        ),
         (
             "selector: {matchExpressions: [{key: a, operator: Is, values: [b]}]}",
             "matchExpressions operators are In, NotIn, Exists or DoesNotExist",

@@ -1,6 +1,7 @@
 //! A Lock this version cannot read still locks its own name, UPDATE and DELETE, through the
 //! real API server and the narrowed registration; the other Locks of its namespace work as
-//! usual, and its unlocked objects stay writable (no namespace-wide refusal).
+//! usual, and its unlocked objects stay writable (no namespace-wide refusal). One that names its
+//! `resources` locks those only: never more than its creator's rights were checked for.
 //!
 //! Such a Lock comes from a newer version during an upgrade: its CRD allows a value this one
 //! does not know. The Lock CRD is widened here the same way (`mode: Audit`) for the length of the
@@ -11,15 +12,20 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, ensure};
 use serde_json::{Value, json};
 
+use super::scale::deployment;
 use crate::suite::{Ctx, ENFORCE_WITHIN};
 
 const CRD: &str = "locks.objectlock.dev";
 
 pub fn run(ctx: &Ctx) -> Result<()> {
     let ns = ctx.namespace("")?;
-    for name in ["odd", "delete-only", "free"] {
+    for name in ["odd", "delete-only", "free", "scoped"] {
         ctx.configmap(&ns, name, json!({}))?;
     }
+    ctx.create(
+        &format!("/apis/apps/v1/namespaces/{ns}/deployments"),
+        deployment("scoped", json!({})),
+    )?;
     let enum_path = mode_enum(ctx)?;
     ctx.json_patch(
         "crd",
@@ -28,24 +34,38 @@ pub fn run(ctx: &Ctx) -> Result<()> {
     )?;
     let result = check(ctx, &ns);
     // The Lock goes before the CRD is narrowed back, as after a downgrade.
-    let cleanup = ctx.unlock(&ns, "odd").and_then(|()| {
-        ctx.json_patch(
-            "crd",
-            CRD,
-            &json!([{"op": "test", "path": format!("{enum_path}/2"), "value": "Audit"},
+    let cleanup = ctx
+        .unlock(&ns, "odd")
+        .and_then(|()| {
+            let reply = ctx.rest().delete(&format!(
+                "/apis/objectlock.dev/v1alpha1/namespaces/{ns}/locks/scoped"
+            ))?;
+            ensure!(
+                reply.ok() || reply.code == 404,
+                "cannot delete Lock {ns}/scoped: {} {}",
+                reply.code,
+                reply.message()
+            );
+            Ok(())
+        })
+        .and_then(|()| {
+            ctx.json_patch(
+                "crd",
+                CRD,
+                &json!([{"op": "test", "path": format!("{enum_path}/2"), "value": "Audit"},
                    {"op": "remove", "path": format!("{enum_path}/2")}]),
-        )
-    });
+            )
+        });
     result.and(cleanup)
 }
 
 fn check(ctx: &Ctx, ns: &str) -> Result<()> {
     let path = |name: &str| format!("/api/v1/namespaces/{ns}/configmaps/{name}");
-    // Meant as "DELETE only, audited": unreadable here, so UPDATE and DELETE are refused. The API
-    // server serves the widened CRD moments after the patch: until then the create is refused.
+    // Meant as "audited": unreadable here, so enforced, UPDATE and DELETE. The API server serves
+    // the widened CRD moments after the patch: until then the create is refused.
     let odd = json!({"apiVersion": "objectlock.dev/v1alpha1", "kind": "Lock",
         "metadata": {"name": "odd"},
-        "spec": {"mode": "Audit", "operations": ["DELETE"], "reason": "from a newer version"}});
+        "spec": {"mode": "Audit", "reason": "from a newer version"}});
     let start = Instant::now();
     loop {
         let reply = ctx.rest().post(
@@ -84,6 +104,33 @@ fn check(ctx: &Ctx, ns: &str) -> Result<()> {
         refused.warnings
     );
     ctx.delete_enforced(&path("odd"))?;
+    // Unreadable, but its resources and operations read: DELETE of the ConfigMap of its name is
+    // refused, its UPDATE and a Deployment of the same name are not (its creator's rights were
+    // checked for that only).
+    ctx.lock(
+        ns,
+        "scoped",
+        json!({"mode": "Audit", "resources": [{"apiGroups": [""], "resources": ["configmaps"]}],
+               "operations": ["DELETE"], "reason": "configmaps only"}),
+    )?;
+    let scoped = ctx.delete_enforced(&path("scoped"))?.refusal;
+    ensure!(
+        scoped
+            .message()
+            .contains(&format!("Lock {ns}/scoped: configmaps only")),
+        "refused, but not by the unreadable Lock: {}",
+        scoped.message()
+    );
+    ctx.rest()
+        .probe_update(&path("scoped"))?
+        .allowed("update of a ConfigMap whose unreadable Lock locks DELETE only")?;
+    let deployment = format!("/apis/apps/v1/namespaces/{ns}/deployments/scoped");
+    ctx.rest()
+        .probe_update(&deployment)?
+        .allowed("update of a Deployment named as an unreadable Lock on ConfigMaps")?;
+    ctx.rest()
+        .probe_delete(&deployment)?
+        .allowed("delete of a Deployment named as an unreadable Lock on ConfigMaps")?;
     // The rest of the namespace as usual.
     ctx.delete_enforced(&path("delete-only"))?;
     ctx.rest()
