@@ -290,6 +290,69 @@ async fn an_unhealthy_source_withdraws_the_instance_and_a_healthy_one_returns_it
     writer.abort();
 }
 
+#[tokio::test]
+async fn the_last_instance_withdrawing_from_an_old_view_does_not_wipe_a_newer_entry() {
+    support::init();
+    let api = FakeApiServer::start().await;
+    api.create_lock("prod", "web", json!({}));
+    let start = |name: &str, snapshot: LockSnapshot, metrics: EnforcementMetrics| {
+        let (tx, rx) = watch::channel(snapshot);
+        let writer = tokio::spawn(writer::run(
+            api.client(),
+            name.to_owned(),
+            rx,
+            DecisionInputs::default(),
+            metrics,
+            std::future::pending(),
+        ));
+        (tx, writer)
+    };
+    let metrics = EnforcementMetrics::default();
+    let snapshot = web_snapshot(&api, true, Value::Null);
+    let (cp1, writer1) = start("cp-1", snapshot, metrics.clone());
+    let seen_by_cp1 = support::until(
+        "cp-1 enforcing",
+        || status_of(&api, Some("prod"), "web"),
+        |s| instances(s) == ["cp-1"],
+    )
+    .await;
+    let old_view = web_snapshot(&api, false, seen_by_cp1);
+    // cp-2 comes, and cp-1 goes before seeing it: from its view it is the last.
+    let snapshot = web_snapshot(&api, true, Value::Null);
+    let (_cp2, writer2) = start("cp-2", snapshot, EnforcementMetrics::default());
+    support::until(
+        "cp-2 enforcing",
+        || status_of(&api, Some("prod"), "web"),
+        |s| instances(s).contains(&"cp-2".to_owned()),
+    )
+    .await;
+    writer2.abort();
+    cp1.send_replace(old_view);
+    let outcome = |outcome| {
+        (metrics.status_writes)
+            .get_or_create(&OutcomeLabels { outcome })
+            .get()
+    };
+    let written = outcome("success");
+    support::until(
+        "cp-1's clearing answered",
+        || (outcome("conflict"), outcome("success")),
+        |(conflicts, successes)| *conflicts > 0 || *successes > written,
+    )
+    .await;
+    assert_eq!(
+        outcome("conflict"),
+        1,
+        "refused as computed from an old view"
+    );
+    let status = status_of(&api, Some("prod"), "web");
+    assert!(
+        instances(&status).contains(&"cp-2".to_owned()),
+        "cp-2's entry wiped: {status}"
+    );
+    writer1.abort();
+}
+
 /// A future counting how often it is polled: a task at rest is not polled at all.
 struct Polls<F> {
     inner: std::pin::Pin<Box<F>>,

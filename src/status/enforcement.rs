@@ -362,14 +362,20 @@ impl Desired {
 
     /// The last instance withdraws: nothing is left to say. The status is cleared with a merge
     /// patch ([`Desired::clearing`]) rather than applied empty, which would leave the condition
-    /// fields other instances wrote last, with the values they wrote.
+    /// fields other instances wrote last, with the values they wrote. "Last" is as of the
+    /// version of the lock it was computed from: the patch carries that resourceVersion, so
+    /// that an entry another instance wrote since is not wiped (409, computed again).
     pub fn clears(&self) -> bool {
         self.entry.is_none() && self.count == 0 && self.conditions.is_empty()
     }
 
-    /// The merge patch of the status that [`Desired::clears`] asks for.
-    pub fn clearing() -> serde_json::Value {
-        serde_json::json!({"status": {"enforcedBy": null, "enforcedCount": 0, "conditions": null}})
+    /// The merge patch of the status that [`Desired::clears`] asks for, computed from the lock
+    /// at `resource_version`.
+    pub fn clearing(resource_version: &str) -> serde_json::Value {
+        serde_json::json!({
+            "metadata": {"resourceVersion": resource_version},
+            "status": {"enforcedBy": null, "enforcedCount": 0, "conditions": null},
+        })
     }
 
     /// The same, ignoring `since` (which only the first write sets).

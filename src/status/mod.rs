@@ -52,8 +52,8 @@ pub struct KnownLock {
     pub key: LockKey,
     /// `metadata.generation`.
     pub generation: i64,
-    /// The spec, or why it cannot be read (the index's parser said so: such a lock locks its
-    /// object for every change, and its status says so).
+    /// The spec, or why it cannot be read (the index's parser said so: such a lock fails closed
+    /// on its name, and its status says so).
     pub spec: Result<LockSpec, String>,
     /// uid, resourceVersion and status, shared with the index.
     pub meta: Arc<LockMeta>,

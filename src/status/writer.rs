@@ -363,7 +363,7 @@ async fn write(
             field_manager: Some(manager.to_owned()),
             ..PatchParams::default()
         };
-        let patch = Patch::Merge(Desired::clearing());
+        let patch = Patch::Merge(Desired::clearing(&lock.meta.resource_version));
         api.patch_status(&lock.key.name, &params, &patch).await?
     } else {
         // force: enforcedCount and the condition are shared with the other instances, which

@@ -196,8 +196,9 @@ fn a_withdrawal_keeps_the_condition_of_the_others_and_the_last_one_clears() {
     assert!(last.clears());
     assert!(needs_write(&l, &last, "cp-2", None));
     assert_eq!(
-        Desired::clearing(),
-        serde_json::json!({"status": {"enforcedBy": null, "enforcedCount": 0, "conditions": null}})
+        Desired::clearing("7"),
+        serde_json::json!({"metadata": {"resourceVersion": "7"},
+            "status": {"enforcedBy": null, "enforcedCount": 0, "conditions": null}})
     );
     // A healthy instance that enforces nothing still says why: never a clearing.
     let warn = lock(Some("prod"), serde_json::json!({"mode": "Warn"}));

@@ -196,6 +196,16 @@ pub fn run(ctx: &Ctx) -> Result<()> {
     let r = real.call("PATCH", &two, merge, Some(&other))?;
     let f = fake.call("PATCH", &two, merge, Some(&other))?;
     pair.same_at("PATCH a Lock under another uid", STATUS, &r, &f);
+    // A status written from an old view of the Lock (the last instance withdrawing).
+    let stale = json!({"metadata": {"resourceVersion": "1"}, "status": {"enforcedCount": 0}});
+    let r = real.call("PATCH", &format!("{two}/status"), merge, Some(&stale))?;
+    let f = fake.call("PATCH", &format!("{two}/status"), merge, Some(&stale))?;
+    pair.same_at(
+        "PATCH a Lock's status at an old resourceVersion",
+        STATUS,
+        &r,
+        &f,
+    );
     let options = json!({"kind": "DeleteOptions", "apiVersion": "v1",
                          "preconditions": {"uid": "00000000-0000-0000-0000-000000000000"}});
     let (rt, ft) = pair.both("GET", &two, None)?;

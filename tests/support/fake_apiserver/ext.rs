@@ -191,6 +191,20 @@ impl FakeApiServer {
     ) -> Result<(u16, Value), Value> {
         let patch: Value = serde_json::from_slice(body)
             .map_err(|e| bad_request(&format!("error decoding request body: {e}")))?;
+        // A resourceVersion in the patch is a precondition.
+        let version = patch["metadata"]["resourceVersion"].as_str();
+        if version.is_some_and(|v| object["metadata"]["resourceVersion"] != v) {
+            let message = format!(
+                "Operation cannot be fulfilled on {}.{} \"{}\": the object has been modified; \
+                 please apply your changes to the latest version and try again",
+                key.0.plural(),
+                key.0.group(),
+                key.2
+            );
+            let mut conflict = status(409, &message, super::details(key.0, &key.2));
+            conflict["reason"] = json!("Conflict");
+            return Err(conflict);
+        }
         let before = object.clone();
         if let Some(status) = patch.get("status") {
             merge_patch(&mut object["status"], status);
