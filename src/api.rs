@@ -240,9 +240,9 @@ pub struct LockSpec {
     pub mode: Option<LockMode>,
 
     /// Who holds the lock: while set, only the holder, whoever is granted the "unlock" verb on
-    /// the lock, and the garbage collector may delete the lock or change its spec. On create
-    /// (or change) it must name the requester or one of the requester's groups. kubectl lock
-    /// sets it to the caller.
+    /// the lock, and the garbage collector may delete the lock or change its spec, owners or
+    /// finalizers. On create (or change) it must name the requester or one of the requester's
+    /// groups. kubectl lock sets it to the caller.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub holder: Option<Holder>,
 }
