@@ -196,16 +196,17 @@ impl Narrower {
             tokio::select! {
                 results = async { inflight.as_mut().expect("guarded").await }, if inflight.is_some() => {
                     inflight = None;
-                    let mut outcome = Ok(false);
+                    let mut outcome = Ok(());
+                    let mut entries = None;
                     for result in results {
                         match result {
                             Ok(Some(written)) => {
+                                entries = Some(Undoing::fingerprint(&written));
                                 // A re-list since may have skipped its echo: what it listed
                                 // is newer.
                                 if planned_under == config.lists {
                                     config.wrote(written);
                                 }
-                                outcome = outcome.map(|_| true);
                             }
                             Ok(None) => {}
                             Err(Problem::Stale) => {
@@ -216,11 +217,12 @@ impl Narrower {
                         }
                     }
                     match outcome {
-                        Ok(wrote) => {
+                        Ok(()) => {
                             backoff.reset();
-                            if wrote {
+                            if let Some(entries) = entries {
                                 last_problem.clear();
-                                if answering && undoing.rewrote(tokio::time::Instant::now()) {
+                                let now = tokio::time::Instant::now();
+                                if undoing.wrote(now, entries, answering) {
                                     warn!(name = %self.config.name, every = ?MAX_HOLD, "another writer keeps changing what this instance writes to the webhook configuration (an instance of another version, or with other registration settings); answering its changes at most this often, lock changes at once");
                                 }
                             }
@@ -291,6 +293,9 @@ impl Narrower {
             {
                 wake = Some(wake.map_or(until, |w| w.min(until)));
                 continue;
+            }
+            if locks_changed {
+                undoing = Undoing::default();
             }
             answering = answers;
             (dirty, locks_changed, config_changed) = (false, false, false);
@@ -547,21 +552,40 @@ const FREE_REWRITES: u32 = 3;
 
 /// Another writer undoing this instance's writes, each answering the other at once, forever:
 /// during a rolling upgrade, an instance of another version computing other entries (or one
-/// with other registration settings). After [`FREE_REWRITES`] rewrites that answer such a
-/// change, each less than twice [`MAX_HOLD`] after the last, the next waits, doubling up to
-/// [`MAX_HOLD`]: a few writes a minute instead of a storm that makes every API server reload
-/// its webhooks. Lock changes are written at once whatever.
+/// with other registration settings). Such a rewrite answers another writer's change with the
+/// very entries this instance wrote last; two writers racing through a burst of Lock changes
+/// write new entries each time instead. After [`FREE_REWRITES`] such rewrites, each less than
+/// twice [`MAX_HOLD`] after the last, the next waits, doubling up to [`MAX_HOLD`]: a few writes
+/// a minute instead of a storm that makes every API server reload its webhooks. Lock changes
+/// are written at once whatever, and start the count again.
 #[derive(Default)]
 struct Undoing {
     rewrites: u32,
     last: Option<tokio::time::Instant>,
+    /// A hash of the entries of the last write.
+    entries: Option<u64>,
 }
 
 impl Undoing {
-    /// A rewrite answering another writer's change; true when the waits begin.
-    fn rewrote(&mut self, at: tokio::time::Instant) -> bool {
-        if self.last.is_some_and(|last| at > last + 2 * MAX_HOLD) {
+    /// What the entries of a write hash to.
+    fn fingerprint(written: &ValidatingWebhookConfiguration) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        serde_json::to_string(&written.webhooks)
+            .unwrap_or_default()
+            .hash(&mut hasher);
+        hasher.finish()
+    }
+
+    /// A write of `entries` (a [`Undoing::fingerprint`]), `answering` another writer's change
+    /// or not; true when the waits begin.
+    fn wrote(&mut self, at: tokio::time::Instant, entries: u64, answering: bool) -> bool {
+        let again = self.entries.replace(entries) == Some(entries);
+        if !(answering && again) || self.last.is_some_and(|last| at > last + 2 * MAX_HOLD) {
             self.rewrites = 0;
+        }
+        if !(answering && again) {
+            return false;
         }
         self.rewrites += 1;
         self.last = Some(at);
@@ -814,18 +838,28 @@ mod tests {
     fn answers_to_a_writer_undoing_this_one_wait_after_a_few() {
         let mut undoing = Undoing::default();
         let at = tokio::time::Instant::now();
+        // Writes of new entries, answering or not: a race through a burst of Lock changes.
+        for entries in 0..10 {
+            assert!(!undoing.wrote(at, entries, entries % 2 == 0));
+        }
         assert_eq!(undoing.hold_until(), None);
-        assert!(!undoing.rewrote(at));
-        assert!(!undoing.rewrote(at));
-        assert!(undoing.rewrote(at), "the waits begin");
+        // The same entries again and again, each answering another writer's change.
+        assert!(!undoing.wrote(at, 9, true));
+        assert!(!undoing.wrote(at, 9, true));
+        assert!(undoing.wrote(at, 9, true), "the waits begin");
         assert_eq!(undoing.hold_until(), Some(at + Duration::from_secs(1)));
-        assert!(!undoing.rewrote(at));
+        assert!(!undoing.wrote(at, 9, true));
         assert_eq!(undoing.hold_until(), Some(at + Duration::from_secs(2)));
-        (0..40).for_each(|_| _ = undoing.rewrote(at));
+        (0..40).for_each(|_| _ = undoing.wrote(at, 9, true));
         assert_eq!(undoing.hold_until(), Some(at + MAX_HOLD));
         // Quiet for long enough: the next ones are taken at once again.
         let later = at + 2 * MAX_HOLD + Duration::from_secs(1);
-        assert!(!undoing.rewrote(later));
+        assert!(!undoing.wrote(later, 9, true));
+        assert_eq!(undoing.hold_until(), None);
+        // A Lock change writes new entries: the count starts again.
+        (0..5).for_each(|_| _ = undoing.wrote(at, 9, true));
+        assert!(undoing.hold_until().is_some());
+        assert!(!undoing.wrote(at, 10, false));
         assert_eq!(undoing.hold_until(), None);
     }
 

@@ -870,6 +870,30 @@ fn upgrade_phases(ctx: &Ctx, previous: &std::path::Path, ports: (u16, u16)) -> R
         "side by side without the format annotation, the registration left the conditions-only format"
     );
 
+    // Where the versions compute different entries (this one registers a ClusterLock with a
+    // selector broadly, the previous release names it), each answers the other's write: after
+    // three answers, this version's wait, doubling up to 30 s.
+    let lock = ctx.cluster_name("undoing");
+    let before = writes()?;
+    ctx.cluster_lock(
+        &lock,
+        json!({"selector": {"matchLabels": {RUN_LABEL: "none"}}}),
+    )?;
+    std::thread::sleep(Duration::from_secs(10));
+    let during = writes()?;
+    let path = format!("/apis/objectlock.dev/v1alpha1/clusterlocks/{lock}");
+    let reply = ctx.rest().delete(&path)?;
+    reply.allowed("delete the selector ClusterLock")?;
+    let (theirs, ours) = (during.0 - before.0, during.1 - before.1);
+    ctx.figure(format!(
+        "a ClusterLock with a selector beside the previous release (which names it, where this version registers it broadly): in 10 s, registration writes: {theirs:.0} by the previous, {ours:.0} by this one, {} of them changed it",
+        during.2 - before.2
+    ));
+    ensure!(
+        ours <= 12.0,
+        "{ours} registration writes in 10 s by this version beside the previous release: the versions undo each other's writes at once"
+    );
+
     // 2. Format 2 asked for while the previous release still writes.
     let before = writes()?;
     set_format(ctx, Some("2"))?;
