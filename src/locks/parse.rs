@@ -20,7 +20,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 
 use super::{LockKind, LockMeta, LockRef};
-use crate::api::{LockOperation, LockSpec, LockStatus, ResourceRule};
+use crate::api::{LockSpec, LockStatus};
 
 /// The lock an object stands for; `None` only for an object without a name (never served by a
 /// real API server). Never fails on the spec: see the module docs.
@@ -61,29 +61,16 @@ pub fn lock_ref(kind: LockKind, object: &DynamicObject) -> Option<LockRef> {
 /// everything else as in the empty spec.
 fn fallback(raw: Option<&Value>) -> LockSpec {
     let field = |name: &str| raw.and_then(|spec| spec.get(name)).filter(|v| !v.is_null());
-    let valid = |spec: LockSpec| spec.validate().is_ok().then_some(spec);
-    let resources = field("resources")
-        .and_then(|v| Vec::<ResourceRule>::deserialize(v).ok())
-        .and_then(|rules| {
-            valid(LockSpec {
-                resources: Some(rules),
-                ..LockSpec::default()
-            })
-        })
-        .and_then(|spec| spec.resources);
-    let operations = field("operations")
-        .and_then(|v| Vec::<LockOperation>::deserialize(v).ok())
-        .and_then(|ops| {
-            valid(LockSpec {
-                operations: Some(ops),
-                ..LockSpec::default()
-            })
-        })
-        .and_then(|spec| spec.operations);
+    // A spec of that one field, if it reads and validates.
+    let alone = |name: &str| {
+        let only = serde_json::Map::from_iter([(name.to_owned(), field(name)?.clone())]);
+        let spec = LockSpec::deserialize(Value::Object(only)).ok()?;
+        spec.validate().is_ok().then_some(spec)
+    };
     LockSpec {
         reason: field("reason").and_then(Value::as_str).map(str::to_owned),
-        resources,
-        operations,
+        resources: alone("resources").and_then(|spec| spec.resources),
+        operations: alone("operations").and_then(|spec| spec.operations),
         ..LockSpec::default()
     }
 }
@@ -137,7 +124,7 @@ pub fn file_spec(value: serde_json::Value) -> Result<LockSpec, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::LockMode;
+    use crate::api::{LockMode, LockOperation, ResourceRule};
     use serde_json::json;
 
     fn object(namespace: Option<&str>, name: &str, spec: Value) -> DynamicObject {

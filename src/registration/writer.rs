@@ -9,7 +9,8 @@
 //! current writes nothing. Each write carries the resourceVersion it was planned from: the
 //! entries copy fields others edit (an operator's `namespaceSelector`), and a write planned
 //! before such an edit would otherwise put the old value back. The API server refuses it (409)
-//! and the next plan starts from the edit. Expired locks leave the registration at their `expiresAt` (the task
+//! and the next plan starts from the edit. Expired locks leave the registration at their
+//! `expiresAt` (the task
 //! sleeps until the next one).
 //!
 //! Nothing is written before both lock kinds have been listed once: a partial view would drop
@@ -581,7 +582,8 @@ impl Undoing {
     /// or not; true when the waits begin.
     fn wrote(&mut self, at: tokio::time::Instant, entries: u64, answering: bool) -> bool {
         let again = self.entries.replace(entries) == Some(entries);
-        if !(answering && again) || self.last.is_some_and(|last| at > last + 2 * MAX_HOLD) {
+        let quiet = self.last.is_some_and(|last| at > last + 2 * MAX_HOLD);
+        if !(answering && again) || quiet {
             self.rewrites = 0;
         }
         if !(answering && again) {
