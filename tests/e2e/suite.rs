@@ -456,12 +456,12 @@ pub fn run(selected: Vec<Scenario>) -> ExitCode {
     let results = results.into_inner().unwrap_or_default();
     let failed: Vec<&str> = results
         .iter()
-        .filter(|(_, r)| *r == Verdict::Failed)
-        .map(|(n, _)| *n)
+        .filter(|(_, r, _)| *r == Verdict::Failed)
+        .map(|(n, _, _)| *n)
         .collect();
     let skipped = results
         .iter()
-        .filter(|(_, r)| *r == Verdict::Skipped)
+        .filter(|(_, r, _)| *r == Verdict::Skipped)
         .count();
     let figures = env.figures.lock().map(|f| f.clone()).unwrap_or_default();
     if !figures.is_empty() {
@@ -484,6 +484,10 @@ pub fn run(selected: Vec<Scenario>) -> ExitCode {
         let _ = std::fs::remove_dir_all(&env.files.dir);
         ExitCode::SUCCESS
     } else {
+        // Again at the end, where a log cut to its tail still shows why.
+        for (name, _, line) in results.iter().filter(|(_, r, _)| *r == Verdict::Failed) {
+            println!("e2e: {name}: {}", clip(line, 2000));
+        }
         println!(
             "e2e: failed: {}; webhook log and files kept in {}",
             failed.join(", "),
@@ -500,7 +504,16 @@ enum Verdict {
     Skipped,
 }
 
-fn run_one(env: &Env, scenario: &Scenario, print: &Mutex<()>) -> (&'static str, Verdict) {
+/// At most `max` bytes of `text`, cut at a character boundary.
+fn clip(text: &str, max: usize) -> &str {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+fn run_one(env: &Env, scenario: &Scenario, print: &Mutex<()>) -> (&'static str, Verdict, String) {
     let ctx = Ctx {
         env,
         name: scenario.name,
@@ -532,7 +545,7 @@ fn run_one(env: &Env, scenario: &Scenario, print: &Mutex<()>) -> (&'static str, 
     for note in ctx.notes.borrow().iter() {
         println!("    {note}");
     }
-    (scenario.name, verdict)
+    (scenario.name, verdict, line)
 }
 
 /// Everything before the scenarios. `Err` carries the files directory to keep, if any.

@@ -150,5 +150,58 @@ pub fn bind(ctx: &Ctx, user: &User, role: &str, ns: Option<&str>) -> Result<()> 
         ctx.k(&["label", "clusterrolebinding", &binding, &label])
             .check()?;
     }
-    Ok(())
+    let role: serde_json::Value = serde_json::from_str(
+        &ctx.k(&["get", "clusterrole", role, "-o", "json"])
+            .check()?
+            .stdout,
+    )?;
+    let rule = &role["rules"][0];
+    let (verb, resource, group) = (
+        rule["verbs"][0].as_str().unwrap_or_default(),
+        rule["resources"][0].as_str().unwrap_or_default(),
+        rule["apiGroups"][0].as_str().unwrap_or_default(),
+    );
+    let resource = match resource.split_once('/') {
+        Some((res, sub)) if !group.is_empty() => format!("{res}.{group}/{sub}"),
+        _ if !group.is_empty() => format!("{resource}.{group}"),
+        _ => resource.to_string(),
+    };
+    granted(
+        &format!("{} to {}", binding, user.name),
+        ns,
+        verb,
+        &resource,
+        |args| user.k(args),
+    )
+}
+
+/// Waits until the API server's authorizer has seen a new binding: it learns of bindings through
+/// its own watch, so the first request after the binding's creation may still be refused.
+pub fn granted(
+    what: &str,
+    ns: Option<&str>,
+    verb: &str,
+    resource: &str,
+    can_i: impl Fn(&[&str]) -> crate::kubectl::Out,
+) -> Result<()> {
+    let mut args = vec!["auth", "can-i", verb, resource];
+    if let Some(ns) = ns {
+        args.extend(["-n", ns]);
+    }
+    let start = Instant::now();
+    loop {
+        let out = can_i(&args);
+        if out.stdout.trim() == "yes" {
+            return Ok(());
+        }
+        if start.elapsed() > Duration::from_secs(10) {
+            bail!(
+                "{what}: `{}` still says {:?} after 10s: {}",
+                out.cmd,
+                out.stdout.trim(),
+                out.stderr.trim()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }

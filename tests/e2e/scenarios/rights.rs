@@ -340,6 +340,18 @@ fn cleanup_controllers(ctx: &Ctx, ns: &str, role: &str, holder: &User) -> Result
     let mut args = create.to_vec();
     args.extend(["--serviceaccount", other]);
     ctx.k(&args).check()?;
+    let account = format!("--as=system:serviceaccount:{other}");
+    crate::users::granted(
+        &binding,
+        Some(ns),
+        "delete",
+        "locks.objectlock.dev",
+        |args| {
+            let mut args = args.to_vec();
+            args.push(&account);
+            ctx.k(&args)
+        },
+    )?;
     delete_as(other).refused(&held)
 }
 
