@@ -33,8 +33,9 @@ pub struct LockRef {
     pub namespace: Option<String>,
     /// The Lock's name, which is also the name of the object it locks.
     pub name: String,
-    /// The Lock's spec. For a Lock whose spec does not parse, the empty spec: it locks every
-    /// UPDATE and DELETE of its name, in Enforce mode (see [`LockRef::problem`]).
+    /// The Lock's spec. For a Lock whose spec does not parse, what of it fails closed: its own
+    /// name, its `resources` and `operations` where each reads alone, Enforce mode (see
+    /// [`LockRef::problem`] and [`parse`]).
     pub spec: LockSpec,
     /// Why the stored spec could not be read, when it could not (an unknown enum value from a
     /// newer version, a hand-edited object). Such a lock fails closed for its own name only;

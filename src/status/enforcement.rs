@@ -50,10 +50,8 @@ impl Coverage {
         lock: &KnownLock,
     ) -> Coverage {
         let key = &lock.key;
-        // A spec that does not parse locks UPDATE and DELETE of its name.
-        let asked = (lock.spec.as_ref()).map_or(&[][..], |spec| spec.operations());
         let (mut never, mut not_yet) = (Vec::new(), Vec::new());
-        for &operation in asked {
+        for &operation in lock.spec.operations() {
             if matches!(operation, LockOperation::Update | LockOperation::Delete) {
                 continue;
             }
@@ -81,9 +79,7 @@ impl Coverage {
         let selection = &registered.namespaces;
         let (selector, namespace) = match &key.namespace {
             Some(ns) => (&selection.locks, ns),
-            None if lock.spec.as_ref().is_ok_and(covers_only_namespaces) => {
-                (&selection.namespaces, &key.name)
-            }
+            None if covers_only_namespaces(&lock.spec) => (&selection.namespaces, &key.name),
             None => (&LabelSelector::default(), &key.name),
         };
         if *selector != LabelSelector::default() {
@@ -119,8 +115,9 @@ pub enum Enforcement {
     Enforcing(Refused),
     /// Refuses changes to its object; the configuration is broad for this reason.
     EnforcingBroad(Refused, String),
-    /// The spec does not parse; UPDATE and DELETE of the lock's name are refused (fail closed).
-    EnforcingUnparsed(String),
+    /// The spec does not parse (why); it fails closed on the lock's own name, refusing what of
+    /// its `resources` and `operations` reads alone.
+    EnforcingUnparsed(String, Refused),
     /// `expiresAt` has passed.
     Expired(Timestamp),
     /// Mode Warn: changes are allowed with a warning.
@@ -151,6 +148,14 @@ pub struct Refused {
 }
 
 impl Refused {
+    /// The same, with `never` never sent.
+    fn never_sent(self, never: &[LockOperation]) -> Refused {
+        Refused {
+            never_sent: never.to_vec(),
+            ..self
+        }
+    }
+
     /// `UPDATE and DELETE of the locked object are refused`, and what is not.
     fn describe(&self) -> String {
         let sent: Vec<LockOperation> = (self.operations.iter())
@@ -193,22 +198,22 @@ impl Enforcement {
                 return Enforcement::NotSent(ns.clone());
             }
             None if api::is_excluded_namespace(&lock.key.name)
-                && lock.spec.as_ref().is_ok_and(covers_only_namespaces) =>
+                && covers_only_namespaces(&lock.spec) =>
             {
                 return Enforcement::NotSent(lock.key.name.clone());
             }
             _ => {}
         }
-        match &lock.spec {
-            Err(why) => Enforcement::EnforcingUnparsed(why.clone()),
-            Ok(spec) => match &spec.expires_at {
-                Some(at) if at.0 <= now => Enforcement::Expired(at.0),
-                _ if spec.mode == Some(LockMode::Warn) => Enforcement::WarnMode,
-                _ => Enforcement::Enforcing(Refused {
-                    operations: spec.operations().to_vec(),
-                    never_sent: Vec::new(),
-                }),
-            },
+        let spec = &lock.spec;
+        let refused = Refused {
+            operations: spec.operations().to_vec(),
+            never_sent: Vec::new(),
+        };
+        match (&lock.problem, &spec.expires_at) {
+            (Some(why), _) => Enforcement::EnforcingUnparsed(why.clone(), refused),
+            (None, Some(at)) if at.0 <= now => Enforcement::Expired(at.0),
+            _ if spec.mode == Some(LockMode::Warn) => Enforcement::WarnMode,
+            _ => Enforcement::Enforcing(refused),
         }
     }
 
@@ -235,15 +240,17 @@ impl Enforcement {
             (Coverage::Broad(reason), Enforcement::Enforcing(refused)) => {
                 Enforcement::EnforcingBroad(refused, reason.clone())
             }
+            (
+                Coverage::NeverSent(never),
+                Enforcement::Enforcing(refused) | Enforcement::EnforcingUnparsed(_, refused),
+            ) if refused.operations.iter().all(|op| never.contains(op)) => {
+                Enforcement::OperationsNotSent(never.clone())
+            }
             (Coverage::NeverSent(never), Enforcement::Enforcing(refused)) => {
-                if refused.operations.iter().all(|op| never.contains(op)) {
-                    Enforcement::OperationsNotSent(never.clone())
-                } else {
-                    Enforcement::Enforcing(Refused {
-                        never_sent: never.clone(),
-                        ..refused
-                    })
-                }
+                Enforcement::Enforcing(refused.never_sent(never))
+            }
+            (Coverage::NeverSent(never), Enforcement::EnforcingUnparsed(why, refused)) => {
+                Enforcement::EnforcingUnparsed(why, refused.never_sent(never))
             }
             (_, enforcement) => enforcement,
         }
@@ -255,7 +262,7 @@ impl Enforcement {
             self,
             Enforcement::Enforcing(_)
                 | Enforcement::EnforcingBroad(..)
-                | Enforcement::EnforcingUnparsed(_)
+                | Enforcement::EnforcingUnparsed(..)
         )
     }
 
@@ -272,10 +279,10 @@ impl Enforcement {
                 "Enforcing",
                 format!("{}; status.enforcedBy lists the instances. The webhook configuration is broad ({reason})", refused.describe()),
             ),
-            Enforcement::EnforcingUnparsed(why) => (
+            Enforcement::EnforcingUnparsed(why, refused) => (
                 "True",
                 "Unparseable",
-                format!("the spec does not parse ({why}): UPDATE and DELETE of objects of the lock's name are refused"),
+                format!("the spec does not parse ({why}), so the lock fails closed on objects of its own name: {}; its selector, expiry, mode and exemptions are set aside until the spec is fixed", refused.describe()),
             ),
             Enforcement::Expired(at) => (
                 "False",

@@ -52,9 +52,10 @@ pub struct KnownLock {
     pub key: LockKey,
     /// `metadata.generation`.
     pub generation: i64,
-    /// The spec, or why it cannot be read (the index's parser said so: such a lock fails closed
-    /// on its name, and its status says so).
-    pub spec: Result<LockSpec, String>,
+    /// The spec as enforced: for an unreadable one, the index parser's fail-closed reading.
+    pub spec: LockSpec,
+    /// Why the stored spec cannot be read, when it cannot: the status says so.
+    pub problem: Option<String>,
     /// uid, resourceVersion and status, shared with the index.
     pub meta: Arc<LockMeta>,
 }
@@ -64,10 +65,8 @@ impl From<&LockRef> for KnownLock {
         KnownLock {
             key: lock.key(),
             generation: lock.generation.unwrap_or(0),
-            spec: match &lock.problem {
-                Some(problem) => Err(problem.clone()),
-                None => Ok(lock.spec.clone()),
-            },
+            spec: lock.spec.clone(),
+            problem: lock.problem.clone(),
             meta: lock.meta.clone(),
         }
     }

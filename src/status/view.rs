@@ -149,10 +149,7 @@ mod tests {
             .collect();
         assert_eq!(keys, ["Lock a/x", "Lock c/z"]);
         let x = &view.snapshot().locks[&LockKey::lock("a", "x")];
-        assert_eq!(
-            x.spec.as_ref().expect("readable").reason.as_deref(),
-            Some("2")
-        );
+        assert_eq!(x.spec.reason.as_deref(), Some("2"));
 
         // A re-list without a namespace removes its locks.
         index.reset(LockKind::Lock, vec![lock("c", "z", "1")]);
@@ -170,7 +167,7 @@ mod tests {
         let mut view = View::default();
         assert!(view.update(&index));
         let known = &view.snapshot().locks[&LockKey::lock("a", "x")];
-        assert_eq!(known.spec, Err("spec.mode: unknown variant".to_owned()));
+        assert_eq!(known.problem.as_deref(), Some("spec.mode: unknown variant"));
 
         index.set_state(LockKind::Lock, WatchState::Stale, Some("403".into()));
         assert!(view.update(&index), "health is a change");

@@ -204,7 +204,7 @@ pub async fn run(
             if books.retries.get(&key).is_some_and(|r| r.at > clock) {
                 continue;
             }
-            match lock.spec.as_ref().ok().and_then(|s| s.expires_at.as_ref()) {
+            match lock.spec.expires_at.as_ref() {
                 Some(at) => books.expiring.insert(key.clone(), at.0),
                 None => books.expiring.remove(&key),
             };

@@ -2,26 +2,26 @@ use std::sync::Arc;
 
 use super::*;
 use crate::api::LockStatus;
-use crate::locks::LockMeta;
 
 fn now() -> Timestamp {
     "2026-11-22T12:00:00Z".parse().expect("timestamp")
 }
 
+/// The lock `web` with `spec`, read by the index's own parser (an unreadable spec included).
 fn lock(namespace: Option<&str>, spec: serde_json::Value) -> KnownLock {
-    KnownLock {
-        key: LockKey {
-            namespace: namespace.map(str::to_owned),
-            name: "web".to_owned(),
-        },
-        generation: 3,
-        spec: serde_json::from_value(spec).map_err(|e| e.to_string()),
-        meta: Arc::new(LockMeta {
-            uid: "uid-1".to_owned(),
-            resource_version: "10".to_owned(),
-            status: LockStatus::default(),
-        }),
-    }
+    let kind = match namespace {
+        Some(_) => crate::api::LockKind::Lock,
+        None => crate::api::LockKind::ClusterLock,
+    };
+    let object = serde_json::json!({
+        "apiVersion": crate::api::API_VERSION, "kind": kind.as_str(),
+        "metadata": {"name": "web", "namespace": namespace, "generation": 3, "uid": "uid-1",
+                     "resourceVersion": "10"},
+        "spec": spec,
+    });
+    let object = serde_json::from_value(object).expect("an object");
+    let lock = crate::locks::parse::lock_ref(kind, &object).expect("named");
+    KnownLock::from(&lock)
 }
 
 fn enforcer(instance: &str, generation: i64, since: &str) -> Enforcer {
@@ -112,7 +112,7 @@ fn locks_that_are_not_enforced_say_why() {
         desired(&namespace, true, &Coverage::Sent, "cp-1", now()).conditions[0].reason,
         "NotSentToWebhook"
     );
-    namespace.spec = Ok(LockSpec::default());
+    namespace.spec = LockSpec::default();
     assert!(
         desired(&namespace, true, &Coverage::Sent, "cp-1", now())
             .entry
@@ -133,6 +133,61 @@ fn locks_that_are_not_enforced_say_why() {
     let want = desired(&unparsed, true, &Coverage::Sent, "cp-1", now());
     assert!(want.entry.is_some(), "an unparseable lock locks its name");
     assert_eq!(want.conditions[0].reason, "Unparseable");
+}
+
+#[test]
+fn an_unreadable_locks_status_names_what_it_still_refuses() {
+    let message = |spec: serde_json::Value| {
+        let l = lock(Some("prod"), spec);
+        let want = desired(&l, true, &Coverage::Sent, "cp-1", now());
+        assert!(want.entry.is_some(), "fails closed");
+        let condition = &want.conditions[0];
+        assert_eq!(
+            (condition.status.as_str(), condition.reason.as_str()),
+            ("True", "Unparseable")
+        );
+        condition.message.clone()
+    };
+    // The operations read alone: the status says DELETE only, as the webhook refuses.
+    let delete_only = message(serde_json::json!({"operations": ["DELETE"], "mode": "Audit"}));
+    assert!(
+        delete_only.starts_with("the spec does not parse (spec.mode: unknown variant `Audit`")
+            && delete_only.contains(": DELETE of the locked object is refused;"),
+        "{delete_only}"
+    );
+    // Unreadable operations: UPDATE and DELETE, the default.
+    let default = message(serde_json::json!({"operations": ["SHUTDOWN"]}));
+    assert!(
+        default.contains(": UPDATE and DELETE of the locked object are refused;"),
+        "{default}"
+    );
+    // A CREATE the configuration never sends is said so, as for a readable lock.
+    let l = lock(
+        Some("prod"),
+        serde_json::json!({"operations": ["CREATE", "DELETE"], "mode": "Audit"}),
+    );
+    let never = Coverage::NeverSent(vec![LockOperation::Create]);
+    let want = desired(&l, true, &never, "cp-1", now());
+    assert!(
+        want.conditions[0]
+            .message
+            .contains(": DELETE of the locked object is refused (CREATE never reaches the webhook"),
+        "{}",
+        want.conditions[0].message
+    );
+    // A CREATE-only one whose CREATE is never sent refuses nothing: not enforced.
+    let l = lock(
+        Some("prod"),
+        serde_json::json!({"operations": ["CREATE"], "mode": "Audit"}),
+    );
+    let want = desired(&l, true, &never, "cp-1", now());
+    assert_eq!(want.entry, None);
+    assert_eq!(want.conditions[0].reason, "NotSentToWebhook");
+    assert!(
+        want.conditions[0]
+            .message
+            .starts_with("CREATE never reaches the webhook")
+    );
 }
 
 #[test]
@@ -275,7 +330,7 @@ fn coverage_follows_what_the_registration_names() {
         Some("prod"),
         serde_json::json!({"operations": ["SHUTDOWN"]}),
     );
-    assert!(unparsed.spec.is_err());
+    assert!(unparsed.problem.is_some());
     let rows: Vec<(&str, Option<Registered>, &KnownLock, Coverage)> = vec![
         ("not kept here", None, &l, Coverage::Sent),
         (

@@ -1,7 +1,8 @@
 //! A Lock this version cannot read still locks its own name, UPDATE and DELETE, through the
 //! real API server and the narrowed registration; the other Locks of its namespace work as
 //! usual, and its unlocked objects stay writable (no namespace-wide refusal). One that names its
-//! `resources` locks those only: never more than its creator's rights were checked for.
+//! `resources` locks those only: never more than its creator's rights were checked for, and its
+//! status says so.
 //!
 //! Such a Lock comes from a newer version during an upgrade: its CRD allows a value this one
 //! does not know. The Lock CRD is widened here the same way (`mode: Audit`) for the length of the
@@ -124,6 +125,12 @@ fn check(ctx: &Ctx, ns: &str) -> Result<()> {
     ctx.rest()
         .probe_update(&path("scoped"))?
         .allowed("update of a ConfigMap whose unreadable Lock locks DELETE only")?;
+    // Its status says what it refuses: DELETE, not UPDATE.
+    let message = unparseable_message(ctx, ns, "scoped")?;
+    ensure!(
+        message.contains(": DELETE of the locked object is refused;"),
+        "the Enforced condition of Lock {ns}/scoped does not say DELETE only: {message}"
+    );
     let deployment = format!("/apis/apps/v1/namespaces/{ns}/deployments/scoped");
     ctx.rest()
         .probe_update(&deployment)?
@@ -148,6 +155,30 @@ fn check(ctx: &Ctx, ns: &str) -> Result<()> {
         refused.warnings.join(" | ")
     ));
     Ok(())
+}
+
+/// The message of Lock `ns/name`'s `Enforced` condition once the webhook has marked it
+/// `Unparseable`.
+fn unparseable_message(ctx: &Ctx, ns: &str, name: &str) -> Result<String> {
+    let path = format!("/apis/objectlock.dev/v1alpha1/namespaces/{ns}/locks/{name}");
+    let start = Instant::now();
+    loop {
+        let lock = ctx.rest().get(&path)?;
+        let conditions = lock.body["status"]["conditions"].as_array().cloned();
+        let enforced = conditions
+            .unwrap_or_default()
+            .into_iter()
+            .find(|c| c["type"] == "Enforced" && c["reason"] == "Unparseable");
+        if let Some(condition) = enforced {
+            return Ok(condition["message"].as_str().unwrap_or_default().to_owned());
+        }
+        ensure!(
+            start.elapsed() < ENFORCE_WITHIN,
+            "Lock {ns}/{name} is not marked Unparseable within {ENFORCE_WITHIN:?}: {}",
+            lock.body["status"]
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// The JSON pointer of `spec.mode`'s enum in the served version of the Lock CRD.
