@@ -838,54 +838,64 @@ async fn the_fake_serves_discovery_as_kube_reads_it() {
     );
 }
 
-/// A lock means to the plugin what it means to the webhook: a rule with an empty list covers
-/// nothing there, so it is no lock on anything here either; a spec that is not a lock spec is
-/// listed as unknown.
+/// A lock means to the plugin what it means to the webhook. A spec the webhook cannot read fails
+/// closed on its own name, with its `resources` and `operations` where each reads alone: listed
+/// as that, with a note, and lifted by kubectl unlock where it covers the object.
 #[tokio::test(flavor = "multi_thread")]
 async fn specs_are_read_as_the_webhook_reads_them() {
     let c = Cluster::start().await;
+    let configmaps = json!([{ "apiGroups": [""], "resources": ["configmaps"] }]);
+    c.api.create_lock(
+        "prod",
+        "odd",
+        json!({ "mode": "Audit", "resources": configmaps }),
+    );
+    // An empty rule does not read: every resource, as the webhook refuses.
     c.api.create_lock(
         "prod",
         "app-config",
         json!({ "resources": [{ "apiGroups": [], "resources": ["configmaps"] }] }),
     );
-    let run = c.unlock(&["cm/app-config"]).await;
-    assert_eq!(
-        run.error(1),
-        "error: no lock on configmaps \"app-config\" in namespace \"prod\" \
-         (Lock prod/app-config covers no resource)"
-    );
-    assert!(c.api.lock("prod", "app-config").is_some());
-
-    c.api.create_lock("prod", "odd", json!({ "mode": "Audit" }));
     let run = c.lock(&["list"]).await;
+    let row = |name: &str| run.row(&[name]).join(" ");
     assert_eq!(
-        run.row(&["odd"]),
-        ["odd", "Lock", "?", "?", "-", "-", "?", "-", "0", "?", "?"],
+        row("odd"),
+        "odd Lock configmaps UPDATE,DELETE missing - Enforce - 0 never -",
         "{run:?}"
     );
     assert_eq!(
-        run.row(&["app-config"]),
-        [
-            "app-config",
-            "Lock",
-            "no",
-            "resource",
-            "UPDATE,DELETE",
-            "-",
-            "-",
-            "Enforce",
-            "-",
-            "0",
-            "never",
-            "-"
-        ]
+        row("app-config"),
+        "app-config Lock any resource named app-config UPDATE,DELETE - - Enforce - 0 never -",
+        "{run:?}"
+    );
+    let unreadable = |lock: &str, problem: &str| {
+        format!("note: Lock prod/{lock}: unreadable spec, fails closed until fixed: {problem}")
+    };
+    let mode = unreadable("odd", "spec.mode: unknown variant `Audit`");
+    let rule = unreadable(
+        "app-config",
+        "spec.resources[0]: apiGroups and resources must not be empty",
     );
     assert!(
-        run.stderr
-            .starts_with("note: Lock prod/odd has a spec that is not a lock spec: "),
+        run.stderr.contains(&mode) && run.stderr.contains(&rule),
         "{run:?}"
     );
+
+    // Not a lock on a Deployment of its name...
+    let run = c.unlock(&["deploy/odd"]).await;
+    assert_eq!(
+        run.error(1),
+        "error: no lock on deployments.apps \"odd\" in namespace \"prod\" \
+         (Lock prod/odd covers configmaps only)"
+    );
+    assert!(c.api.lock("prod", "odd").is_some());
+    // ...but on the ConfigMap, and on anything of the other's name.
+    for (target, lock) in [("cm/odd", "odd"), ("deploy/app-config", "app-config")] {
+        let run = c.unlock(&[target]).await;
+        assert_eq!(run.code, 0, "{run:?}");
+        assert!(run.stderr.starts_with(&unreadable(lock, "")), "{run:?}");
+        assert!(c.api.lock("prod", lock).is_none());
+    }
 }
 
 /// The registration leaves kube-system and kube-node-lease out: a lock there would never be

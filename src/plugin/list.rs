@@ -55,25 +55,24 @@ pub(super) async fn list(
         });
     }
 
-    // Each spec read as the crate's LockSpec; one that is not a LockSpec is listed as unknown.
-    let specs: Vec<Option<LockSpec>> = objects
+    // Each spec as the webhook reads it: one it cannot read is listed as what fails closed.
+    let specs: Vec<LockSpec> = objects
         .iter()
-        .map(|o| match spec::parse(&o.data["spec"]) {
-            Ok(spec) => Some(spec),
-            Err(e) => {
+        .map(|o| {
+            let (spec, problem) = spec::read(o);
+            if let Some(problem) = problem {
                 let name = o.metadata.name.as_deref().unwrap_or_default();
                 let lock = match o.metadata.namespace.as_deref() {
                     Some(ns) => format!("Lock {ns}/{name}"),
                     None => format!("ClusterLock {name}"),
                 };
-                notes.push(format!("{lock} has a spec that is not a lock spec: {e}"));
-                None
+                notes.push(spec::unreadable(&lock, &problem));
             }
+            spec
         })
         .collect();
     let groups: BTreeSet<String> = specs
         .iter()
-        .flatten()
         .filter_map(|spec| spec::single_resource(spec).map(|(group, _)| group))
         .collect();
     let discovered = match groups.is_empty() {
@@ -81,7 +80,7 @@ pub(super) async fn list(
         false => cluster.discover(Some(&groups), false).await?,
     };
     let targets: Vec<&'static str> = futures::stream::iter(objects.iter().zip(&specs))
-        .map(|(o, spec)| target_state(&cluster, &discovered, o, spec.as_ref()))
+        .map(|(o, spec)| target_state(&cluster, &discovered, o, spec))
         .buffered(CONCURRENT_LOOKUPS)
         .collect()
         .await;
@@ -113,40 +112,26 @@ pub(super) async fn list(
         .map(|((o, spec), target)| {
             let name = o.metadata.name.clone().unwrap_or_default();
             let namespace = o.metadata.namespace.as_deref();
-            let mut row = match spec {
-                Some(spec) => vec![
-                    spec::describe_covers(&name, spec),
-                    spec::operations(spec),
-                    target.to_owned(),
-                    owners(o),
-                    match unenforced(o, spec) {
-                        true => UNENFORCED.to_owned(),
-                        false => spec::mode(spec).to_owned(),
-                    },
-                    activity::enforced(o),
-                    blocked.as_ref().map_or("-".to_owned(), |b| b.of(o)),
-                    spec::time_left(spec, now),
-                    spec.holder
-                        .as_ref()
-                        .map_or("-".to_owned(), spec::holder_cell),
-                    (spec.reason.as_deref().unwrap_or_default())
-                        .split_whitespace()
-                        .collect::<Vec<_>>()
-                        .join(" "),
-                ],
-                None => vec![
-                    "?".to_owned(),
-                    "?".to_owned(),
-                    "-".to_owned(),
-                    owners(o),
-                    "?".to_owned(),
-                    activity::enforced(o),
-                    blocked.as_ref().map_or("-".to_owned(), |b| b.of(o)),
-                    "?".to_owned(),
-                    "?".to_owned(),
-                    String::new(),
-                ],
-            };
+            let mut row = vec![
+                spec::describe_covers(&name, spec),
+                spec::operations(spec),
+                target.to_owned(),
+                owners(o),
+                match unenforced(o, spec) {
+                    true => UNENFORCED.to_owned(),
+                    false => spec::mode(spec).to_owned(),
+                },
+                activity::enforced(o),
+                blocked.as_ref().map_or("-".to_owned(), |b| b.of(o)),
+                spec::time_left(spec, now),
+                spec.holder
+                    .as_ref()
+                    .map_or("-".to_owned(), spec::holder_cell),
+                (spec.reason.as_deref().unwrap_or_default())
+                    .split_whitespace()
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            ];
             row.insert(0, lock_kind(namespace.is_some()).as_str().to_owned());
             row.insert(0, name);
             if args.all_namespaces {
@@ -158,7 +143,7 @@ pub(super) async fn list(
     let marked = objects
         .iter()
         .zip(&specs)
-        .any(|(o, spec)| spec.as_ref().is_some_and(|spec| unenforced(o, spec)));
+        .any(|(o, spec)| unenforced(o, spec));
     if marked {
         notes.push(format!(
             "locks marked {UNENFORCED} are not enforced: the webhook registration leaves out {}, and the namespaces its namespaceSelector does not select (status reason {NOT_SELECTED})",
@@ -233,9 +218,9 @@ async fn target_state(
     cluster: &Cluster,
     discovered: &Discovered,
     lock: &DynamicObject,
-    spec: Option<&LockSpec>,
+    spec: &LockSpec,
 ) -> &'static str {
-    let Some((group, plural)) = spec.and_then(spec::single_resource) else {
+    let Some((group, plural)) = spec::single_resource(spec) else {
         return "-";
     };
     let namespace = lock.metadata.namespace.as_deref();

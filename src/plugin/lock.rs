@@ -231,8 +231,8 @@ pub(super) async fn unlock(
         Err(e) if status_code(&e) == Some(404) => return Err(no_lock(String::new())),
         Err(e) => return Err(cluster.failed(&e, format!("cannot read {lock}"))),
     };
-    let lock_spec = spec::parse(&existing.data["spec"])
-        .map_err(|e| no_lock(format!(" ({lock} has a spec that is not a lock spec: {e})")))?;
+    let (lock_spec, problem) = spec::read(&existing);
+    notes.extend(problem.map(|problem| spec::unreadable(&lock, &problem)));
     if !spec::covers(&lock_spec, &target.resource.group, &target.resource.plural) {
         let why = match spec::describe_covers(&lock.name, &lock_spec) {
             covered if covered == "no resource" => format!(" ({lock} covers no resource)"),

@@ -4,8 +4,7 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
 use k8s_openapi::jiff::Timestamp;
-use serde::Deserialize;
-use serde_json::Value;
+use kube::api::DynamicObject;
 
 use super::cli::Operation;
 use super::discovery::qualified;
@@ -93,12 +92,20 @@ pub(super) fn holder_cell(holder: &Holder) -> String {
     }
 }
 
-/// The spec of a lock object read from the API server (a missing spec is the empty one).
-pub(super) fn parse(spec: &Value) -> Result<LockSpec, serde_json::Error> {
-    match spec {
-        Value::Null => Ok(LockSpec::default()),
-        spec => LockSpec::deserialize(spec),
+/// The spec of a lock object as the webhook reads it ([`crate::locks::parse`]): for a spec it
+/// cannot read, what of it fails closed, and why it cannot be read.
+pub(super) fn read(object: &DynamicObject) -> (LockSpec, Option<String>) {
+    let kind = super::lock_kind(object.metadata.namespace.is_some());
+    match crate::locks::parse::lock_ref(kind, object) {
+        Some(lock) => (lock.spec, lock.problem),
+        // Every object the API server serves has a name.
+        None => (LockSpec::default(), None),
     }
+}
+
+/// The note on a lock whose spec cannot be read, in the words of the webhook's warning.
+pub(super) fn unreadable(lock: &impl std::fmt::Display, problem: &str) -> String {
+    format!("{lock}: unreadable spec, fails closed until fixed: {problem}")
 }
 
 /// Whether the spec covers objects of `plural` in `group`, as the webhook decides it.
@@ -224,10 +231,11 @@ pub(super) fn time_left(spec: &LockSpec, now: Timestamp) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use serde::Deserialize;
+    use serde_json::{Value, json};
 
     fn spec(value: Value) -> LockSpec {
-        parse(&value).expect("a valid spec")
+        LockSpec::deserialize(value).expect("a lock spec")
     }
 
     #[test]
@@ -331,12 +339,37 @@ mod tests {
         }
     }
 
+    /// `read` of a Lock in `prod` with `spec`.
+    fn read_lock(spec: Value) -> (LockSpec, Option<String>) {
+        let object = json!({"apiVersion": crate::api::API_VERSION, "kind": "Lock",
+            "metadata": {"name": "web", "namespace": "prod"}, "spec": spec});
+        read(&serde_json::from_value(object).expect("an object"))
+    }
+
     #[test]
-    fn specs_that_are_not_lock_specs_are_errors() {
-        assert_eq!(parse(&Value::Null).expect("no spec"), LockSpec::default());
-        assert!(parse(&json!({"mode": "Audit"})).is_err());
-        assert!(parse(&json!({"expiresAt": "soon"})).is_err());
-        assert!(parse(&json!("text")).is_err());
+    fn unreadable_specs_read_as_what_fails_closed() {
+        assert_eq!(read_lock(Value::Null), (LockSpec::default(), None));
+        let configmaps = json!([{"apiGroups": [""], "resources": ["configmaps"]}]);
+        let (kept, problem) = read_lock(json!({"mode": "Audit", "resources": configmaps,
+                                              "operations": ["DELETE"]}));
+        assert!(
+            problem
+                .as_deref()
+                .is_some_and(|p| p.starts_with("spec.mode: unknown variant")),
+            "{problem:?}"
+        );
+        assert_eq!(describe_covers("web", &kept), "configmaps");
+        assert_eq!(operations(&kept), "DELETE");
+        assert_eq!(mode(&kept), "Enforce");
+        for unreadable in [json!({"expiresAt": "soon"}), json!("text")] {
+            let (kept, problem) = read_lock(unreadable);
+            assert!(problem.is_some());
+            assert_eq!(
+                kept,
+                LockSpec::default(),
+                "every resource, UPDATE and DELETE"
+            );
+        }
     }
 
     #[test]

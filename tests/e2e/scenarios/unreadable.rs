@@ -149,6 +149,34 @@ fn check(ctx: &Ctx, ns: &str) -> Result<()> {
     ctx.rest()
         .probe_delete(&path("free"))?
         .allowed("delete of an unlocked object next to an unreadable Lock")?;
+    // kubectl lock list and kubectl unlock read it as the webhook does.
+    let list = ctx.k(&["lock", "list", "-n", ns]).check()?;
+    let row = (list.stdout.lines())
+        .find(|l| l.starts_with("scoped "))
+        .map(|l| l.split_whitespace().collect::<Vec<_>>());
+    ensure!(
+        row.as_ref()
+            .is_some_and(|r| r.get(2..4) == Some(&["configmaps", "DELETE"][..])),
+        "kubectl lock list does not show Lock {ns}/scoped as configmaps, DELETE: {}",
+        list.stdout
+    );
+    let unlocked = ctx.k(&["unlock", "configmap/scoped", "-n", ns]).check()?;
+    ensure!(
+        unlocked.stderr.contains(&format!(
+            "note: Lock {ns}/scoped: unreadable spec, fails closed until fixed: spec.mode"
+        )),
+        "kubectl unlock of an unreadable Lock does not say so: {}",
+        unlocked.stderr
+    );
+    let gone = ctx.rest().get(&format!(
+        "/apis/objectlock.dev/v1alpha1/namespaces/{ns}/locks/scoped"
+    ))?;
+    ensure!(
+        gone.code == 404,
+        "Lock {ns}/scoped is still there after kubectl unlock: {} {}",
+        gone.code,
+        gone.message()
+    );
     ctx.note(format!(
         "refusal of the unreadable Lock's object: {}; warning: {}",
         refused.message(),
