@@ -59,7 +59,9 @@ pub fn run(ctx: &Ctx) -> Result<()> {
         "frozen",
         json!({"resources": [{"apiGroups": [""], "resources": ["configmaps"]}]}),
     )?;
-    // An editor locks her own ConfigMap with kubectl lock, and it holds (the webhook confirms it).
+    // An editor locks her own ConfigMap with kubectl lock, and it holds (the webhook confirms it,
+    // within the suite's bound: this scenario starts as the parallel ones' namespaces go).
+    let within = format!("{}s", crate::suite::ENFORCE_WITHIN.as_secs());
     alice
         .k(&[
             "lock",
@@ -68,6 +70,8 @@ pub fn run(ctx: &Ctx) -> Result<()> {
             &ns,
             "--reason",
             "backup",
+            "--timeout",
+            &within,
         ])
         .check()?;
     let lock = ctx
