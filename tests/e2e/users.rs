@@ -10,7 +10,7 @@ use base64::Engine;
 use serde_json::json;
 
 use crate::kubectl::Kubectl;
-use crate::suite::{Ctx, RUN_LABEL};
+use crate::suite::{Ctx, ENFORCE_WITHIN, RUN_LABEL};
 
 const SIGNER: &str = "kubernetes.io/kube-apiserver-client";
 const CSRS: &str = "/apis/certificates.k8s.io/v1/certificatesigningrequests";
@@ -194,9 +194,9 @@ pub fn granted(
         if out.stdout.trim() == "yes" {
             return Ok(());
         }
-        if start.elapsed() > Duration::from_secs(10) {
+        if start.elapsed() > ENFORCE_WITHIN {
             bail!(
-                "{what}: `{}` still says {:?} after 10s: {}",
+                "{what}: `{}` still says {:?} after {ENFORCE_WITHIN:?}: {}",
                 out.cmd,
                 out.stdout.trim(),
                 out.stderr.trim()
