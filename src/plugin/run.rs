@@ -301,20 +301,22 @@ impl Renew for Created {
             .await
         {
             Ok(_) => Ok(()),
-            // A lock created again under the name: the API server refuses the uid's change
-            // (422 on 1.36; 409 from a storage precondition elsewhere).
-            Err(e) => {
-                let replaced = matches!(&e, kube::Error::Api(s)
-                    if s.code == 409 || s.code == 422 && s.message.contains("metadata.uid"));
-                Err(match status_code(&e) {
-                    Some(404) => RenewError::Lost(format!("{} was deleted", self.key)),
-                    _ if replaced => RenewError::Lost(format!(
+            Err(e) => Err(match &e {
+                kube::Error::Api(s) if s.code == 404 => {
+                    RenewError::Lost(format!("{} was deleted", self.key))
+                }
+                // A lock created again under the name: the API server refuses the uid's change
+                // (422 on 1.36; 409 from a storage precondition elsewhere).
+                kube::Error::Api(s)
+                    if s.code == 409 || s.code == 422 && s.message.contains("metadata.uid") =>
+                {
+                    RenewError::Lost(format!(
                         "{} was replaced by another lock of that name",
                         self.key
-                    )),
-                    _ => RenewError::Failed(detail(&e)),
-                })
-            }
+                    ))
+                }
+                _ => RenewError::Failed(detail(&e)),
+            }),
         }
     }
 }

@@ -10,8 +10,7 @@
 //! entries copy fields others edit (an operator's `namespaceSelector`), and a write planned
 //! before such an edit would otherwise put the old value back. The API server refuses it (409)
 //! and the next plan starts from the edit. Expired locks leave the registration at their
-//! `expiresAt` (the task
-//! sleeps until the next one).
+//! `expiresAt` (the task sleeps until the next one).
 //!
 //! Nothing is written before both lock kinds have been listed once: a partial view would drop
 //! locked names. The locks come from the index the admissions are decided from, not from a
@@ -739,14 +738,16 @@ mod tests {
         assert_eq!(view.locks().count(), 0);
     }
 
+    /// The configuration at `version`.
+    fn config(version: &str) -> ValidatingWebhookConfiguration {
+        let mut c = ValidatingWebhookConfiguration::default();
+        c.metadata.resource_version = Some(version.to_owned());
+        c
+    }
+
     #[test]
     fn a_relist_of_the_configuration_is_not_taken_for_a_missing_one() {
         let mut view = ConfigView::default();
-        let config = |version: &str| {
-            let mut c = ValidatingWebhookConfiguration::default();
-            c.metadata.resource_version = Some(version.to_owned());
-            c
-        };
         assert!(!view.apply(watcher::Event::Init));
         assert!(view.apply(watcher::Event::InitApply(config("1"))));
         assert!(view.apply(watcher::Event::InitDone));
@@ -773,11 +774,6 @@ mod tests {
     #[test]
     fn late_echoes_of_its_own_writes_are_not_taken_for_changes() {
         let mut view = ConfigView::default();
-        let config = |version: &str| {
-            let mut c = ValidatingWebhookConfiguration::default();
-            c.metadata.resource_version = Some(version.to_owned());
-            c
-        };
         let version = |view: &ConfigView| view.version().map(str::to_owned);
         view.apply(watcher::Event::InitApply(config("1")));
         view.apply(watcher::Event::InitDone);
@@ -813,11 +809,6 @@ mod tests {
     #[test]
     fn a_refused_write_leaves_the_configuration_to_the_watch() {
         let mut view = ConfigView::default();
-        let config = |version: &str| {
-            let mut c = ValidatingWebhookConfiguration::default();
-            c.metadata.resource_version = Some(version.to_owned());
-            c
-        };
         view.apply(watcher::Event::Init);
         view.apply(watcher::Event::InitApply(config("1")));
         view.apply(watcher::Event::InitDone);

@@ -22,6 +22,11 @@ pub const RUN_LABEL: &str = "objectlock.dev/e2e-run";
 /// is shared; the latency scenario measures the real figure).
 pub const ENFORCE_WITHIN: Duration = Duration::from_secs(30);
 
+/// The API path of the Lock `ns/name`.
+pub fn lock_path(ns: &str, name: &str) -> String {
+    format!("/apis/objectlock.dev/v1alpha1/namespaces/{ns}/locks/{name}")
+}
+
 /// A scenario.
 pub struct Scenario {
     pub name: &'static str,
@@ -289,9 +294,7 @@ impl Ctx<'_> {
 
     /// Deletes the Lock `ns/name`.
     pub fn unlock(&self, ns: &str, name: &str) -> Result<()> {
-        let reply = self.env.rest.delete(&format!(
-            "/apis/objectlock.dev/v1alpha1/namespaces/{ns}/locks/{name}"
-        ))?;
+        let reply = self.env.rest.delete(&lock_path(ns, name))?;
         reply.allowed(&format!("delete Lock {ns}/{name}"))
     }
 

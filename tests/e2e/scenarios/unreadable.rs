@@ -14,7 +14,7 @@ use anyhow::{Context, Result, ensure};
 use serde_json::{Value, json};
 
 use super::scale::deployment;
-use crate::suite::{Ctx, ENFORCE_WITHIN};
+use crate::suite::{Ctx, ENFORCE_WITHIN, lock_path};
 
 const CRD: &str = "locks.objectlock.dev";
 
@@ -38,9 +38,7 @@ pub fn run(ctx: &Ctx) -> Result<()> {
     let cleanup = ctx
         .unlock(&ns, "odd")
         .and_then(|()| {
-            let reply = ctx.rest().delete(&format!(
-                "/apis/objectlock.dev/v1alpha1/namespaces/{ns}/locks/scoped"
-            ))?;
+            let reply = ctx.rest().delete(&lock_path(&ns, "scoped"))?;
             ensure!(
                 reply.ok() || reply.code == 404,
                 "cannot delete Lock {ns}/scoped: {} {}",
@@ -168,9 +166,7 @@ fn check(ctx: &Ctx, ns: &str) -> Result<()> {
         "kubectl unlock of an unreadable Lock does not say so: {}",
         unlocked.stderr
     );
-    let gone = ctx.rest().get(&format!(
-        "/apis/objectlock.dev/v1alpha1/namespaces/{ns}/locks/scoped"
-    ))?;
+    let gone = ctx.rest().get(&lock_path(ns, "scoped"))?;
     ensure!(
         gone.code == 404,
         "Lock {ns}/scoped is still there after kubectl unlock: {} {}",
@@ -188,7 +184,7 @@ fn check(ctx: &Ctx, ns: &str) -> Result<()> {
 /// The message of Lock `ns/name`'s `Enforced` condition once the webhook has marked it
 /// `Unparseable`.
 fn unparseable_message(ctx: &Ctx, ns: &str, name: &str) -> Result<String> {
-    let path = format!("/apis/objectlock.dev/v1alpha1/namespaces/{ns}/locks/{name}");
+    let path = lock_path(ns, name);
     let start = Instant::now();
     loop {
         let lock = ctx.rest().get(&path)?;
