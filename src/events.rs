@@ -1,20 +1,8 @@
-//! Refusals leave a trace: every refused request becomes a Kubernetes Event regarding the Lock
-//! that refused it (reason `Blocked`; `WouldBlock` for a Warn-mode lock), which `kubectl
-//! describe lock` shows and `kubectl lock list` counts.
+//! Refusals become Kubernetes Events on the Lock (`Blocked`, `WouldBlock`), in series as
 //!
-//! The admission path only hands a record to a bounded queue ([`EventSink::record`] never
-//! waits): a full queue drops the record and counts it, so writing events can neither delay nor
-//! change an answer. A background task ([`run`]) turns records into event series the way
-//! client-go's event recorder does (events.k8s.io/v1: one Event per lock, reason and message,
-//! then `series.count` and `series.lastObservedTime` patched as the same thing happens again),
-//! with one difference that matters under load: it writes at most once per lock per
-//! `min_interval`, so a client retrying in a tight loop costs one write every few seconds while
-//! the count keeps growing. (kube-runtime's `Recorder` writes once per call, which is why it is
-//! not used here.) A write that fails is retried on the next turn, at most three times, then
-//! counted and given up.
-//!
-//! Dry runs are not recorded: `kubectl lock` confirms a lock with one, and the registration
-//! promises no side effects on dry runs (`sideEffects: NoneOnDryRun`).
+//! client-go's recorder makes them, written by a background task. Invariant: recording never waits
+//! and never changes an answer (a full queue drops and counts); at most one write per lock per
+//! `min_interval`; dry runs are not recorded.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;

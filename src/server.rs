@@ -1,16 +1,7 @@
-//! The accept loop: TCP, then a TLS handshake with a deadline, then HTTP/1.1 or HTTP/2.
+//! The accept loop: TCP, a TLS handshake with a deadline, then HTTP/1.1 or HTTP/2.
 //!
-//! warp 0.4 has no TLS, so this is a graceful accept loop with a rustls handshake in front.
-//! Every wait is bounded: the handshake, the request headers, the idle time between requests
-//! on a keep-alive connection, the number of idle connections, and the drain after a shutdown
-//! signal. The loop knows nothing of locks or of admission: it serves whatever tower service it
-//! is given.
-//!
-//! hyper's own `header_read_timeout` also runs while an HTTP/1.1 connection waits for its next
-//! request, so it would close idle keep-alive connections long before the API server gives
-//! them up (its client keeps them 90 s and does not retry a POST whose connection closed under
-//! it). Each connection therefore tracks its own phase ([`Tracker`]): waiting for headers,
-//! busy with requests, or idle between them, each with its own deadline.
+//! Invariant: every wait is bounded (handshake, headers, idle keep-alive, idle connections, drain),
+//! and an idle connection is never closed before the API server gives it up.
 
 use std::convert::Infallible;
 use std::future::Future;

@@ -1,15 +1,7 @@
-//! Talking to systemd (`Type=notify`): READY once serving, a STATUS line that says what is
-//! served and what is wrong, STOPPING on shutdown, and watchdog pings while the runtime runs.
+//! Talking to systemd (`Type=notify`): READY, STATUS, STOPPING, watchdog pings, and the socket
 //!
-//! READY is sent as soon as the listener serves, never after the API server answers: the
-//! webhook answers from LISTs while its watch syncs, and a unit stuck in "activating" because
-//! the API server is slow would only delay the control plane. Outside systemd (no
-//! `NOTIFY_SOCKET`) every call is a no-op.
-//!
-//! Socket activation (`kube-object-lock.socket`): systemd holds the listening socket across
-//! restarts of the service, so connections made while it restarts wait in the socket's queue
-//! instead of being refused. The service takes it over at start and binds `server.listen`
-//! itself when there is none.
+//! handed over by `kube-object-lock.socket`. Invariant: READY is sent once the listener serves,
+//! never waiting for the API server; outside systemd every call is a no-op.
 
 use std::net::{SocketAddr, TcpListener};
 use std::sync::Mutex;

@@ -1,23 +1,7 @@
-//! Reading a review's fields in one pass over the body, validating what it skips.
+//! Reads a review's fields in one pass over the body, validating the JSON it skips.
 //!
-//! Most of a review's bytes are in parts the decision skips (`managedFields`, a ConfigMap's
-//! `data`, `options`). A parser that builds anything of them (a tape, a DOM, owned strings)
-//! pays for every node; this reader walks the bytes once, checks the JSON grammar of
-//! everything it passes over (strings, escapes, numbers, literals, nesting) without keeping any
-//! of it, and takes only the fields the decision reads, borrowed from the body.
-//!
-//! Where the time goes is strings: a ConfigMap update holds about 140, most of them short. Each
-//! 64-byte block of the body is looked at once with SIMD instructions (through `wide`, so
-//! without `unsafe`) for the bytes that can end a string's content, kept as a bitmask, so that
-//! finding the end of a string is a shift and a count of trailing zeros. Skipped values are read
-//! in one loop with their open containers kept as bits, not by a call per value.
-//!
-//! It is held to serde_json, the reference: it mirrors what serde's derive makes of the types in
-//! [`super::request`] and gives up (`None`) on anything it does not plainly accept: a body that
-//! is not UTF-8, a duplicate field, a value of an unexpected type, a struct written as an array,
-//! an unknown operation, nesting deeper than [`MAX_DEPTH`]. The caller then reads the body with
-//! serde_json, which answers exactly as before, errors included. Escaped strings among the
-//! fields read are decoded by serde_json itself.
+//! Invariant: it answers as serde_json would, or gives up (`None`) and the caller reads the body
+//! with serde_json.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;

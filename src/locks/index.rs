@@ -1,19 +1,7 @@
-//! The lock index: every Lock and ClusterLock the watch delivered, by namespace, with the
-//! watch's health published next to it.
+//! The lock index: every Lock and ClusterLock by namespace, as immutable `Arc` sets, with each
 //!
-//! One writer per kind (the watch task of [`super::watch`]) applies events, deletions and whole
-//! re-lists; each namespace's locks are an immutable [`LockSet`] shared with `Arc`, replaced as a
-//! whole when it changes, so a reader takes a read lock only long enough to clone an `Arc` and
-//! never does I/O or waits on the network. A namespace that is not in the index has no Locks:
-//! once the index is synced, that is an answer, not a miss.
-//!
-//! Health is data: each kind's state ([`WatchState`]) and since when, published under the same
-//! lock as the lock sets, so a reader sees the locks and whether to trust them together. The
-//! index answers only while the watch of the kind is live, or reconnecting after a clean end
-//! for less than `stale_after`; otherwise the caller must ask the API server.
-//!
-//! Whoever needs to know which locks this instance enforces (a status writer) takes a
-//! [`LockIndex::snapshot`] and waits on [`LockIndex::subscribe`] for the next change.
+//! kind's watch health published under the same lock. Invariant: readers never wait on I/O; a
+//! namespace absent from a synced index has no Locks.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};

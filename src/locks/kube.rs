@@ -1,20 +1,8 @@
-//! Locks from the API server: answered from a watch-fed index, with LIST as the fallback.
+//! Lock lookups from the API server: from the watch-fed index while it is trusted, else a LIST of
 //!
-//! While the watch of a kind is healthy ([`LockIndex`]), a lookup is answered from memory: no
-//! API request per admission, however many namespaces there are, and a namespace without Locks
-//! is known to have none. When it is not (not synced yet, failed, or reconnecting for longer
-//! than `stale_after`), the lookup LISTs the namespace through a moka cache; when that fails too,
-//! the caller's `on_lookup_error` decides.
-//!
-//! A fallback answer is reused only by lookups that arrived at most `cache.ttl` after its LIST
-//! started. The default TTL is zero: a lookup then only shares a LIST that started after it
-//! arrived (concurrent lookups of one namespace still share one), so a Lock whose creation was
-//! acknowledged before a write arrived is always seen, also in the seconds after an API server
-//! restart, before the watch is back. A longer TTL trades that for fewer LISTs.
-//!
-//! A fallback answer cached before the index last became fresh is never reused either: it could
-//! predate what the watch has shown since. Each entry remembers the index's freshness epoch at the
-//! start of its LIST, and a read that finds an entry from an older epoch loads it again.
+//! the namespace through a moka cache. Invariant: a fallback answer is reused only by lookups that
+//! arrived at most `cache.ttl` after its LIST started, and never across a return of the index to
+//! fresh.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

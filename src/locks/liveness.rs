@@ -1,51 +1,7 @@
-//! Noticing an API server that has gone silent: a liveness probe beside the lock watches.
+//! A liveness probe beside the lock watches: `GET /livez?exclude=etcd` every 500 ms, 1 s to answer.
 //!
-//! A watch stream that stops delivering without an error looks like a quiet one. That happens
-//! when the API server's process is frozen (stopped with SIGSTOP, a VM paused, a stuck runtime):
-//! its TCP connections stay open and its kernel goes on acknowledging, so nothing ends and
-//! nothing fails. The watch's idle limit ([`super::watch`]) notices only after 75 s without a
-//! byte, and meanwhile the index would go on answering "no locks" for a Lock created through
-//! another API server.
-//!
-//! So every [`PERIOD`] the probe sends `GET` [`PATH`] through the webhook's own client (the
-//! same server address, credentials and connection pool as the watches) and waits at most
-//! [`TIMEOUT`] for the whole answer. No answer in time, a connection that fails, or a gateway
-//! error (502, 503 or 504: what a proxy in front says when the server behind it does not answer)
-//! is a *silence* (kube's client retries a 503 and a 504 by itself; they end in the timeout):
-//! each watch loop that is trusted at that moment marks its kind `Stale` with the
-//! probe's reason and drops its stream, so lookups go to the API server (and `on_lookup_error`
-//! decides when that fails too), exactly as after a watch error. Recovery is the usual one: the
-//! loop lists again and watches; the index is live once a watch is answered. Any other answer,
-//! whatever its status (`403` included), proves that the process answers, which is all the
-//! probe asks: it never makes a healthy index stale because of RBAC or of a failing health check.
-//!
-//! From a silence starting at `t`, the probe in flight or the next one (sent by `t + PERIOD`)
-//! fails at most `TIMEOUT` later: the index is stale by `t + 1.5 s`, within the 2 s aimed at.
-//!
-//! Why a request and not a transport keep-alive: kube's client speaks HTTP/1.1 only (its rustls
-//! connector enables no HTTP/2, so there is no PING frame to send), and TCP keepalive is answered
-//! by the kernel of a frozen process. A request is the only thing its process must answer itself.
-//! Why `/livez?exclude=etcd`: kube-apiserver serves it to every identity (the default
-//! `system:public-info-viewer` role, bound to all authenticated and unauthenticated users), its
-//! default API Priority and Fairness rules exempt `/livez` from queuing (the `probes` flow schema),
-//! so a busy server does not make it wait behind other requests, and excluding the etcd check
-//! leaves nothing that waits on storage: a slow etcd neither fails the probe nor is loaded by it.
-//! The answer is a few bytes (`ok`) on a connection kept alive in the pool.
-//!
-//! Cost per instance: [`PERIOD`] of 500 ms is 2 requests per second, on one extra kept-alive
-//! connection beside the two watches; no etcd read. Measured in-process (release build, a
-//! minimal HTTP/1.1 server on loopback, no TLS), 20,000 probes back to back took 17.5 µs of CPU
-//! each, client and server together: at 2 per second, under 0.004 % of one core. TLS adds the
-//! encryption of a few hundred bytes per probe on a connection already established.
-//!
-//! What it covers: the API server process behind the client's address no longer answering
-//! (frozen, overloaded past a second on an exempt path, its host gone without a reset, a network
-//! path that drops everything). What it does not: a probe reaches the server over another
-//! connection than the watches, so a proxy or load balancer that black-holes only the watch
-//! connections, or that sends the probe to another, healthy API server than the one holding a
-//! frozen watch, is not seen by it; the watch's own idle limit (75 s without a byte) remains the
-//! bound there. Nor does it say that the watch cache is current: an API server that answers but
-//! whose storage is stuck has nothing new to deliver either, and no write goes through it.
+//! Invariant: a silence (no answer in time, a failed connection, 502/503/504) marks every trusted
+//! kind `Stale` at once; any other answer, 403 included, never does.
 
 use std::time::Duration;
 

@@ -1,16 +1,7 @@
-//! Lock specs into [`LockRef`]s: objects as the API server stores them (raw JSON), one object at
-//! a time, and specs from lock files ([`file_spec`]). Every reader of Locks parses here.
+//! Lock specs into `LockRef`s, one object at a time: the one reader of Lock specs.
 //!
-//! Parsing each object on its own, instead of a whole typed LIST, is what keeps one bad Lock from
-//! breaking its namespace: a Lock whose spec this version cannot read (an enum value from a newer
-//! version during an upgrade, a hand-edited object, a field that fails the CRD's own checks)
-//! still locks the object of its name in Enforce mode: it fails closed for that one name, and
-//! every other Lock of the namespace works as usual. It is never wider than what the lock policy
-//! checked the creator's rights for: its `resources` and `operations` are kept when each reads
-//! and validates on its own (otherwise every resource, UPDATE and DELETE); a selector, an expiry,
-//! a mode and exemptions are dropped (the Lock's own name, no expiry, Enforce, no one exempt).
-//! The problem travels with the lock ([`LockRef::problem`]) so that the refusal, the log and a
-//! metric can name it.
+//! Invariant: a spec this version cannot read fails closed on its own name, never wider than what
+//! the lock policy checked (its own `resources` and `operations` when they read).
 
 use kube::api::DynamicObject;
 use serde_json::Value;

@@ -1,30 +1,7 @@
-//! The single writer of the [`LockIndex`] for one lock kind: list, then watch, forever.
+//! The single writer of the lock index for one kind: list (paged), then watch, forever.
 //!
-//! This is the informer loop (client-go's reflector, kube-runtime's `watcher`) written out,
-//! because the index must know what the watcher hides: whether a watch stream is actually open.
-//! `watcher` reports a completed list but not that the watch after it started, so with an
-//! identity that may list but not watch it looks synced between two errors. Here:
-//!
-//! - a LIST (paged, one consistent snapshot) replaces the kind's locks in the index; objects are
-//!   read raw and parsed one by one ([`super::parse`]), so one bad Lock never fails the list;
-//! - the index is `Live` once a WATCH from the list's resourceVersion has been answered 200;
-//! - a watch that ends cleanly (server timeout, a proxy cutting a long request) is resumed from
-//!   the last resourceVersion at once; the index stays trusted meanwhile, for at most
-//!   `stale_after`, after which it is marked `Stale` even if the resume is still hanging;
-//! - any error (LIST or WATCH refused, 410 Gone, a broken stream) marks it `Stale` at once: lookups
-//!   go to the API server until the watch is back, and every retry lists the kind again before
-//!   it watches. So what the index holds is never older than one retry, even when no watch can
-//!   run (an identity that may list but not watch, a proxy cutting every watch): the narrowed
-//!   registration, which follows the index, learns of a new Lock from the next list. A resume
-//!   after a clean end is tried only while what the index holds is younger than `stale_after`,
-//!   so the index never goes live holding state older than the bound;
-//! - retries back off from 50 ms to at most 1 s (jittered), so a restarted API server is
-//!   watched again within about a second of answering;
-//! - a watch that goes silent without an error (a frozen API server: its connections stay open,
-//!   nothing ends) is noticed by the liveness probe ([`super::liveness`]) within about 1.5 s:
-//!   while the index is trusted, a probe failure marks it `Stale` at once and drops the stream,
-//!   and the loop lists again as after any failure. Failures reported before a watch was
-//!   answered are about an earlier silence and ignored once it is.
+//! Invariant: the index is `Live` only once a watch from the list's resourceVersion was answered;
+//! any error makes it `Stale` at once, and every retry lists again before it watches.
 
 use std::collections::HashSet;
 use std::sync::Arc;

@@ -1,15 +1,7 @@
 //! Objects the garbage collector is waiting to delete: `kubectl lock` says so, and `kubectl
-//! unlock` prompts the collector to look again at once.
 //!
-//! A locked dependent of a deleted owner stays: the collector's DELETE is refused, and it retries
-//! with a per-object backoff that doubles up to about 1,000 s, so after a long lock the object
-//! can linger a quarter of an hour after the unlock. Nothing but a change of the object's owner
-//! references makes the collector look at it before that retry (an annotation or a label does
-//! not; measured on kube-apiserver 1.36). So the prompt adds an owner reference to an owner that
-//! does not exist: the collector checks that owner at once, finds it absent and takes up the
-//! object, doing exactly what its next retry would have done (deleting an object whose owners
-//! are all gone, or removing the dangling references of one that still has an owner, this one
-//! included).
+//! unlock` prompts the collector with an owner reference to an owner that does not exist.
+//! Invariant: the prompt only makes the collector do now what its next retry would have done.
 
 use std::collections::BTreeSet;
 use std::time::Duration;

@@ -1,17 +1,9 @@
-//! `kubectl lock` waits until the new lock is in force, and says so only then.
+//! `kubectl lock` waits until the new lock is in force: an instance reports it in the lock's
+//! status,
 //!
-//! A Lock object proves nothing by existing: the webhook may be down, may not have seen it yet,
-//! or may never be sent the object's requests. So after creating it the plugin checks two
-//! things, again and again until they hold or the time is up:
-//! 1. the lock's status names an instance enforcing it (`status.enforcedBy`, for the lock's
-//!    current generation): some webhook has seen it;
-//! 2. a server-side dry run of the guarded operation on the object (DELETE, or an UPDATE for an
-//!    UPDATE-only lock) is refused by this lock: the API server sends such requests to a webhook
-//!    that enforces it. Dry runs are not recorded as refusals.
-//!
-//! A Warn-mode lock refuses nothing: it is confirmed once an instance reports it (condition
-//! `Enforced`, reason `WarnMode`). A lock on an object that does not exist yet
-//! (`--allow-missing`) cannot be tried: it is confirmed by its status alone, and says so.
+//! and a server-side dry run of the guarded operation is refused by it. Invariant: `locked` is
+//! printed only once both hold (status alone for Warn, missing objects, and CREATE or CONNECT
+//! only).
 
 use std::time::Duration;
 

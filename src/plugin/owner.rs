@@ -1,17 +1,7 @@
-//! `--owner KIND/NAME`: a lock that ends with an object.
+//! `--owner KIND/NAME`: the `ownerReference` that makes the garbage collector delete the lock
 //!
-//! The lock gets an `ownerReference` to that object (apiVersion, kind, name, uid), so that the
-//! Kubernetes garbage collector deletes the lock once the object is gone: nothing of ours has to
-//! run for it. The owner is resolved through discovery like the locked object, and looked up for
-//! its uid: an ownerReference to a wrong uid would have the lock collected at once.
-//!
-//! Neither `controller` nor `blockOwnerDeletion` is set. A lock is not managed by its owner's
-//! controller, and `blockOwnerDeletion` would make a foreground deletion of the owner wait for
-//! the lock (and needs `update` on the owner's `finalizers` to set): the lock should go with its
-//! owner, never hold it up.
-//!
-//! An *owner* is an object whose life bounds the lock's; it says nothing about who may lift the
-//! lock.
+//! with that object. Invariant: the owner's uid is read from the API; `controller` and
+//! `blockOwnerDeletion` are never set.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::DynamicObject;

@@ -1,20 +1,7 @@
-//! `kubectl lock RESOURCE/NAME [flags] -- COMMAND [ARGS...]`: a lock held while a command runs,
-//! as flock(1) holds a file lock.
+//! `kubectl lock RESOURCE/NAME [flags] -- COMMAND [ARGS...]`: a lock held while a command runs.
 //!
-//! The lock is created with `expiresAt` one lease ahead and confirmed in force as any lock
-//! ([`lock::take`]); then the command runs with this process's terminal and environment, the
-//! lease is renewed while it runs ([`lease`]), and the lock is deleted when it ends, whatever
-//! the way. Nothing of this is left to the command: it may be any program.
-//!
-//! Signals: SIGINT, SIGTERM and SIGHUP no longer end `kubectl lock`; they are passed to the
-//! command, whose end then removes the lock. One the kernel sent (a key at the terminal, a
-//! hangup) reached the whole foreground process group, the command included, so it is not sent
-//! a second time. Before the command starts, such a signal stops everything: the lock is removed
-//! and the command never runs. Only SIGKILL (or a lost machine) leaves the lock behind, and the
-//! lease makes it lapse.
-//!
-//! Exit status: the command's, 128+N when signal N killed it; when the command was not run,
-//! one of the codes below, chosen, as timeout(1) and env(1) do, above what commands commonly use.
+//! Invariant: the lock is removed when the command ends, whatever the way; only SIGKILL leaves it,
+//! and then its lease makes it lapse. The exit status is the command's, or one of the codes below.
 
 use std::ffi::OsString;
 use std::io;

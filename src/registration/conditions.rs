@@ -1,34 +1,7 @@
-//! The pure part of the narrowed registration: from the live locks, the CEL `matchConditions`
-//! that let the API server call the webhook only for requests a lock could concern.
+//! The narrowed registration's plan, pure: from the live locks, the CEL `matchConditions` and
 //!
-//! Everything else is decided by the API server in-process and never waits on (or fails
-//! because of) the webhook. The output is deterministic (sorted), so every instance computes
-//! the same registration from the same locks and writes converge.
-//!
-//! Shape of one condition: a string literal of `|`-separated keys and `contains`, e.g.
-//! `'|prod/app-config|prod/web|'.contains('|' + namespace + '/' + name + '|')`. A string
-//! literal is a constant of the compiled expression; a CEL list or map literal would be rebuilt
-//! on every evaluation, its cost growing with the number of locks. One expression may hold at
-//! most 100,000 code points, so the keys are cut into chunks of [`Limits::chunk_chars`], each in
-//! its own webhook entry of the same configuration. A key lives in exactly one chunk, and the
-//! keys a request can hit are all in one chunk, so a request is sent at most once.
-//!
-//! What is sent to the webhook (the namespaced entries):
-//! - UPDATE/DELETE of an object named like a Lock in its namespace; the name is `request.name`,
-//!   or `oldObject.metadata.name` when the API server leaves the name out (DELETECOLLECTION
-//!   items); evictions too (`request.name` is the pod's);
-//! - everything in a namespace holding a selector Lock (any name may be selected);
-//!
-//! and (the cluster-scoped entries):
-//! - UPDATE/DELETE of a cluster-scoped object named like a ClusterLock;
-//! - DELETE of a Namespace that holds Locks (refused or warned about while they live).
-//!
-//! A live ClusterLock with a selector makes the registration broad: it may select any
-//! cluster-scoped object. Expired locks are left out; [`Plan::next_expiry`] says when to
-//! compute again.
-//!
-//! The entries that send CREATE and CONNECT ([`super::operations`]) are planned by the same
-//! code over the Locks asking for the operation, with [`Clauses::Names`]: the names only.
+//! namespace selectors of the webhook entries. Invariant: deterministic (sorted) output, so every
+//! instance computes the same; a request's keys are all in one chunk, so it is sent at most once.
 
 use std::collections::{BTreeMap, BTreeSet};
 

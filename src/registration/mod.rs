@@ -1,32 +1,8 @@
-//! The registration narrows itself to the locked names.
+//! The registration narrows itself to the locked names: `conditions` plans (pure), `webhooks`
 //!
-//! The broad registration sends every UPDATE and DELETE in the cluster to the webhook; with
-//! `failurePolicy: Fail`, a webhook that is down then refuses all of them. Narrowed, the
-//! ValidatingWebhookConfiguration's `matchConditions` name the locked objects, so the API
-//! server calls the webhook only for requests a lock could concern and decides everything else
-//! in-process: a webhook that is down then blocks only writes to locked objects.
-//!
-//! The conditions are CEL, evaluated for every UPDATE and DELETE the entry's rules and
-//! `namespaceSelector` match, and that costs the API server about a tenth of its unlocked write
-//! throughput. So each namespaced entry's `namespaceSelector` also names the namespaces of its
-//! keys (`kubernetes.io/metadata.name In [...]`, a label the API server gives every
-//! namespace): writes elsewhere are matched out natively, before any CEL.
-//!
-//! Earlier versions write the conditions only, and copy the selector they last saw. During a
-//! rolling upgrade both keep the same configuration, so the selector is narrowed only in
-//! format 2 ([`FORMAT_ANNOTATION`]), which `manifests cluster` sets and the operator sets after
-//! an upgrade; and an earlier version found writing in format 2 turns it off ([`decide`]).
-//!
-//! The operator may limit locking to some namespaces (`manifests cluster --namespace-selector`):
-//! those requirements sit in the base entries' `namespaceSelector`, beside the exclusions, and
-//! every entry written carries them ([`namespaced_selector`]); what is not one of this module's
-//! own requirements on `kubernetes.io/metadata.name` is the operator's. Earlier versions copy
-//! the selector they find, so they keep the requirements too.
-//!
-//! [`conditions`] computes the conditions (pure); [`webhooks`] turns them into webhook entries
-//! from the entries `manifests cluster` installed (their URL, caBundle, rules and failure
-//! policy are kept); [`operations`] adds the entries that send CREATE and CONNECT, only while a
-//! Lock asks for them; [`writer`] keeps the configuration up to date from a watch of the locks.
+//! turns the plan into entries, `operations` adds the CREATE and CONNECT entries, `writer` applies.
+//! Invariant: entries installed by `manifests cluster` keep their URL, caBundle, rules and failure
+//! policy; the operator's namespace selector requirements are carried into every entry written.
 
 pub mod conditions;
 pub mod operations;

@@ -1,21 +1,7 @@
-//! CREATE and CONNECT reach the webhook only for the Locks that ask for them.
+//! The entries that send CREATE and CONNECT to the webhook, only while a live Lock asks for the
 //!
-//! The base entries send UPDATE and DELETE of the locked names. CREATE is the busiest write of a
-//! cluster (every pod a controller starts) and CONNECT is every `kubectl exec`: sent always,
-//! with `failurePolicy: Fail`, a webhook that is down would fail them all, for the few Locks
-//! that ask. So each has entries of its own, present only while a live Lock asks for the
-//! operation, whose `may-be-locked` condition names only the keys of those Locks and whose
-//! `namespaceSelector` names only their namespaces (whatever the format: earlier versions never
-//! write these entries, so there is nothing to agree with):
-//! - [`CREATE_ENTRY`] (chunks `create-2.objectlock.dev`, ...): CREATE of any namespaced resource;
-//! - [`CLUSTER_CREATE_ENTRY`] (chunks `cluster-create-2...`): CREATE of any cluster-scoped one;
-//! - [`CONNECT_ENTRY`] (chunks `connect-2...`): CONNECT of [`CONNECT_SUBRESOURCES`].
-//!
-//! Every other field is copied from the base entry of the same scope, as for the chunk entries,
-//! so a caBundle patched into the base entries reaches them at the next write. None of these
-//! names is a chunk of a base entry ([`super::is_extra_entry`], the same in earlier versions),
-//! so no version takes them for its own. They are written in an apply of their own, under a
-//! field manager of their own ([`super::writer`]).
+//! operation, naming only those Locks' keys and namespaces. Invariant: every other field is copied
+//! from the base entry of the same scope.
 
 use std::collections::BTreeSet;
 

@@ -1,40 +1,8 @@
-//! Keeps the ValidatingWebhookConfiguration narrowed to the live locks.
+//! Keeps the ValidatingWebhookConfiguration narrowed to the live locks of the lock index, with
 //!
-//! One task per instance: it follows the admission path's lock index ([`LockIndex::subscribe`]) and
-//! watches the configuration itself (one object, by name), and whenever the entries
-//! [`super::webhooks`] computes differ from what the API server holds, applies them with
-//! server-side apply (field manager `kube-object-lock`, forced) and checks the answer, which is
-//! the stored object: the write is read back before it counts. The content is deterministic, so
-//! several instances converge on the same configuration and an instance that finds it already
-//! current writes nothing. Each write carries the resourceVersion it was planned from: the
-//! entries copy fields others edit (an operator's `namespaceSelector`), and a write planned
-//! before such an edit would otherwise put the old value back. The API server refuses it (409)
-//! and the next plan starts from the edit. Expired locks leave the registration at their
-//! `expiresAt` (the task sleeps until the next one).
-//!
-//! Nothing is written before both lock kinds have been listed once: a partial view would drop
-//! locked names. The locks come from the index the admissions are decided from, not from a
-//! watch of their own. With its own kube-runtime watchers, the writer was once seen to learn of
-//! a Lock created just after an API server restart 5 s late (its first LIST took that long),
-//! and writes to the Lock's object were not sent to the webhook meanwhile. The index retries
-//! within a second and lists in pages, which a restarted API server answers from etcd while its
-//! cache is still filling (KEP-4568). One view of the Locks also means the registration and the
-//! decisions never disagree about which Locks exist. A kind counts as listed once the index has
-//! listed it, whatever its watch is doing since: a re-list replaces the index's sets even while
-//! the watch is failing (watch forbidden, an API server restarting), so the registration follows
-//! every list the index makes.
-//!
-//! The CREATE and CONNECT entries ([`super::operations`]) are written in an apply of their own,
-//! right after the base entries' (the same write in flight), under a second field manager,
-//! [`OPERATIONS_FIELD_MANAGER`]. Server-side apply removes from a list only the entries the
-//! applying manager applied before and leaves out now: so the base entries' apply, this
-//! version's and an earlier version's alike (during a rolling upgrade, under
-//! [`FIELD_MANAGER`], listing the base entries only), never removes them, and the second
-//! manager's apply of an empty list, once no Lock asks any more, removes exactly them. While no
-//! Lock asks and none of them exist, nothing is written.
-//!
-//! Needs `get`, `list`, `watch` and `patch` on `validatingwebhookconfigurations` restricted by
-//! `resourceNames` to the one configuration (`manifests cluster` grants them).
+//! server-side apply (base entries and CREATE/CONNECT entries under two field managers). Invariant:
+//! nothing is written before both kinds were listed once; a write counts once read back, and
+//! carries the resourceVersion it was planned from.
 
 use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;

@@ -1,33 +1,8 @@
-//! Lock status: each running instance records, in the status of every Lock and ClusterLock, that
-//! it enforces it (or why it does not).
+//! Lock status: each instance's entry in `status.enforcedBy`, `status.enforcedCount` and the
 //!
-//! A holder of a lock cannot see the webhook; the status is how it learns that the lock is in
-//! force. Every instance writes with server-side apply under its own field manager
-//! (`kube-object-lock/<instance>`), to the `status` subresource only:
-//! - its own entry of `status.enforcedBy` (a list keyed by instance name, so instances never
-//!   overwrite each other), with the generation it enforces and since when;
-//! - `status.enforcedCount`, the number of entries, for the `ENFORCED` printer column (a
-//!   printer column shows only the first match of a JSONPath, so it cannot count a list). Every
-//!   instance computes it from the list as it last saw it and writes it with `force`; they agree
-//!   once the list settles;
-//! - the condition `Enforced` (True/Enforcing, or False with Expired, WarnMode,
-//!   NotSentToWebhook, NamespaceNotSelected or NotYetRegistered). Every instance writes the
-//!   same condition, so it carries no time.
-//!
-//! With a self-narrowing registration ([`crate::registration::writer`]), a lock counts as
-//! enforced only once the configuration that names it has been written and read back (for a
-//! lock asking for CREATE or CONNECT, the entries of those operations too): before that, the
-//! API server does not send its object's writes to the webhook at all. When the operator
-//! limits that configuration to some namespaces, a lock elsewhere is never sent either: the
-//! namespaces' labels ([`namespaces`]) say which.
-//!
-//! Writes happen only when the result changes (a lock appears, changes generation, expires,
-//! the source turns unhealthy...), never per admission. While the lock source is unhealthy the
-//! instance withdraws its entries: it cannot vouch for locks it may not see.
-//!
-//! The input is deliberately simple: a [`tokio::sync::watch`] channel of [`LockSnapshot`]s, the
-//! locks known and whether that knowledge is current. [`view`] provides one from the admission
-//! path's lock index, so a lock counts as enforced from what the admissions are decided from.
+//! `Enforced` condition, written with server-side apply under the instance's own field manager.
+//! Invariant: a lock counts as enforced from the same index the admissions are decided from, and
+//! only once the registration names it; an instance that cannot vouch withdraws its entries.
 
 pub mod enforcement;
 pub mod namespaces;

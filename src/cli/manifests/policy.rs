@@ -1,26 +1,7 @@
-//! Who may lock and who may unlock: a ValidatingAdmissionPolicy on the lock resources, checked by
-//! the API server in-process.
+//! Who may lock and who may unlock: the ValidatingAdmissionPolicy on the lock resources (no
 //!
-//! In the API server, not in the webhook: it must hold while every webhook instance is down, cost
-//! no webhook call, and not follow the webhook's `failurePolicy` (the webhook never sees the lock
-//! resources at all, so that unlocking never depends on it). CEL's `authorizer` asks the cluster's
-//! own authorizer (RBAC) about the requesting user, so the policy needs no rights of its own.
-//!
-//! Three rules:
-//! - **No escalation**: creating a lock, or changing its spec, needs every right the lock takes
-//!   away from everyone, on what it covers (for UPDATE `update` and `patch`, for DELETE
-//!   `delete`, and the subresources that do the same: `pods/eviction` `create`, `scale`,
-//!   `pods/ephemeralcontainers`, ... `update` and `patch`; for CREATE `create`; for CONNECT
-//!   `create` on `pods/exec`, `pods/attach`, `pods/portforward` and `pods/proxy`).
-//! - **Changing a lock is unlocking it**: changing the spec, owners or finalizers of an unheld
-//!   lock needs the right to delete it (a narrower spec, or an owner that does not exist, lifts
-//!   it as surely as a delete).
-//! - **Held locks**: a lock whose `spec.holder` is set is deleted, or its spec, owners or
-//!   finalizers changed, only by its holder, by whoever is granted the `unlock` verb on it, and
-//!   by the controllers that clean up after deleted objects (the garbage collector, the
-//!   namespace controller). The holder named on create or change must be the requester.
-//!
-//! The lock's status subresource is not matched: the webhook's status writes are unaffected.
+//! escalation; changing a lock is unlocking it; held locks), checked by the API server in-process.
+//! Invariant: it never matches the status subresource, so the webhook's status writes pass.
 
 use serde_json::{Value, json};
 
