@@ -28,6 +28,7 @@ use serde_json::json;
 use crate::admission::subresources;
 use crate::{api, registration};
 
+pub mod alerts;
 pub mod policy;
 mod selector;
 
