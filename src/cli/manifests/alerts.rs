@@ -273,6 +273,23 @@ mod tests {
         }
     }
 
+    /// The committed files under deploy/alerts/ are what the code generates.
+    #[test]
+    fn committed_rules_match_the_code() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/alerts");
+        let regenerate = "regenerate with: cargo run -- manifests alerts > deploy/alerts/kube-object-lock.rules.yaml && cargo run -- manifests alerts --prometheus-operator > deploy/alerts/prometheus-rule.yaml";
+        for (file, generated) in [
+            ("kube-object-lock.rules.yaml", rule_file(&options())),
+            ("prometheus-rule.yaml", prometheus_rule(&options())),
+        ] {
+            let committed = std::fs::read_to_string(root.join(file)).expect(file);
+            assert!(
+                committed == generated.expect("renders"),
+                "deploy/alerts/{file} is stale; {regenerate}"
+            );
+        }
+    }
+
     /// The latency threshold is half the timeout, kept below the top bucket.
     #[test]
     fn the_latency_threshold_follows_the_timeout() {
