@@ -40,7 +40,8 @@ pub enum Command {
     /// Print the Lock and ClusterLock CustomResourceDefinitions as YAML (for kubectl apply -f -).
     Crd,
     /// Print what registering the webhook needs: CRDs, RBAC and webhook configuration, the API
-    /// server's mTLS files, or the static (manifest-based) webhook configuration.
+    /// server's mTLS files, or the static (manifest-based) webhook configuration; or the
+    /// Prometheus alert rules watching it.
     #[command(subcommand)]
     Manifests(ManifestsCommand),
     /// Print the AdmissionReview response the server would give to a review read from a file.
