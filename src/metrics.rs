@@ -4,9 +4,11 @@
 //! Every UPDATE and DELETE in the cluster waits on this webhook, so its latency, its errors and
 //! its cost to the API server must be visible. All names share the `kube_object_lock_` prefix;
 //! label values come from small fixed sets (operations, decisions, verbs), never from object
-//! names or uids, so the series count stays bounded whatever the traffic. The one exception is
-//! `unparseable_locks`, which names each Lock whose spec cannot be read: there should be none,
-//! and an operator needs to know which one to fix.
+//! names or uids, so the series count stays bounded whatever the traffic. The exceptions name
+//! locks, which are few and made by hand: `unparseable_locks`, each Lock whose spec cannot be
+//! read (there should be none, and an operator needs to know which one to fix), and
+//! `refusals`, each lock that refused something. The counters alerts watch for failures start
+//! at 0, so that the first failure is an increase.
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -211,6 +213,17 @@ pub struct EventLabels {
     pub reason: &'static str,
 }
 
+/// Labels of refusals counted per lock.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusalLabels {
+    /// `Blocked` or `WouldBlock`.
+    pub reason: &'static str,
+    /// The lock's namespace (empty for a ClusterLock).
+    pub namespace: String,
+    /// The lock's name.
+    pub name: String,
+}
+
 /// Labels of refusal events that were not written.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DropLabels {
@@ -236,6 +249,8 @@ pub struct EnforcementMetrics {
     pub refusal_events: Family<EventLabels, Counter>,
     /// Refusals that never made it into an event, by cause.
     pub refusal_events_dropped: Family<DropLabels, Counter>,
+    /// Refusals (and Warn-mode matches) by reason and lock.
+    pub refusals: Family<RefusalLabels, Counter>,
     /// Event API writes, by verb and outcome.
     pub event_writes: Family<EventWriteLabels, Counter>,
 }
@@ -260,12 +275,40 @@ impl EnforcementMetrics {
             metrics.refusal_events_dropped.clone(),
         );
         registry.register(
+            "refusals",
+            "Refusals (Blocked) and Warn-mode matches (WouldBlock), by reason and lock",
+            metrics.refusals.clone(),
+        );
+        registry.register(
             "event_writes",
             "Kubernetes Event writes (create a series, patch its count), by verb and outcome",
             metrics.event_writes.clone(),
         );
+        // Present at 0 from the start, so that an alert sees the first failure as an increase.
+        for outcome in ["success", "forbidden", "not_found", "conflict", "error"] {
+            let _ = metrics
+                .status_writes
+                .get_or_create(&OutcomeLabels { outcome });
+        }
+        for verb in ["create", "patch"] {
+            for outcome in ["success", "failure"] {
+                let _ = (metrics.event_writes).get_or_create(&EventWriteLabels { verb, outcome });
+            }
+        }
+        for cause in ["queue_full", "series_limit", "write_failed"] {
+            let _ = metrics
+                .refusal_events_dropped
+                .get_or_create(&DropLabels { cause });
+        }
         metrics
     }
+}
+
+/// Labels naming the webhook configuration.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ConfigurationLabels {
+    /// The ValidatingWebhookConfiguration's name.
+    pub name: String,
 }
 
 /// Metrics of the registration writer.
@@ -277,6 +320,11 @@ pub struct RegistrationMetrics {
     pub locked_names: Gauge,
     /// Writes of the configuration, by outcome.
     pub writes: Family<OutcomeLabels, Counter>,
+    /// 1 once the configuration is confirmed to say what this instance computes, 0 before
+    /// and after a failed write; a series only where this instance keeps the configuration.
+    pub current: Family<ConfigurationLabels, Gauge>,
+    /// Writes that put back what another writer had changed in the configuration.
+    pub undone: Counter,
 }
 
 impl RegistrationMetrics {
@@ -297,6 +345,19 @@ impl RegistrationMetrics {
             "Writes of the webhook configuration, by outcome",
             self.writes.clone(),
         );
+        registry.register(
+            "registration_current",
+            "1 once the webhook configuration is confirmed to say what this instance computes, 0 before and after a failed write",
+            self.current.clone(),
+        );
+        registry.register(
+            "registration_undone",
+            "Writes of the webhook configuration that put back what another writer had changed",
+            self.undone.clone(),
+        );
+        for outcome in ["written", "conflict", "forbidden", "missing", "error"] {
+            let _ = self.writes.get_or_create(&OutcomeLabels { outcome });
+        }
     }
 }
 
@@ -351,6 +412,12 @@ impl Metrics {
             "Time to answer an admission request, body received to answer encoded",
             admission.duration.clone(),
         );
+        for reason in ["timeout", "forbidden", "api"] {
+            for decision in ["deny", "allow"] {
+                let _ = (admission.lookup_errors)
+                    .get_or_create(&LookupErrorLabels { reason, decision });
+            }
+        }
         registry.register(
             "lookup_errors",
             "Lock lookups that failed, by reason and the on_lookup_error decision they caused",
@@ -467,6 +534,27 @@ mod tests {
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             assert!(line.starts_with("kube_object_lock_"), "{line}");
         }
+    }
+
+    /// The failure counters alerts watch are there at 0 before anything fails, so that the first
+    /// failure is an increase; the registration's state only once a writer sets it.
+    #[test]
+    fn failure_counters_start_at_zero() {
+        let text = Metrics::new().encode();
+        for series in [
+            "kube_object_lock_lookup_errors_total{reason=\"timeout\",decision=\"deny\"} 0",
+            "kube_object_lock_lookup_errors_total{reason=\"api\",decision=\"allow\"} 0",
+            "kube_object_lock_status_writes_total{outcome=\"error\"} 0",
+            "kube_object_lock_event_writes_total{verb=\"create\",outcome=\"failure\"} 0",
+            "kube_object_lock_registration_writes_total{outcome=\"conflict\"} 0",
+            "kube_object_lock_registration_undone_total 0",
+        ] {
+            assert!(text.contains(series), "{series} in {text}");
+        }
+        assert!(
+            !text.contains("kube_object_lock_registration_current{"),
+            "{text}"
+        );
     }
 
     /// The counters kept at hand count into the family's series, each into its own, also

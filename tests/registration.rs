@@ -9,7 +9,7 @@ use kube::api::{Api, Patch, PatchParams};
 use kube_object_lock::api::LockKey;
 use kube_object_lock::cli::manifests;
 use kube_object_lock::locks::kube::KubeSource;
-use kube_object_lock::metrics::{OutcomeLabels, RegistrationMetrics};
+use kube_object_lock::metrics::{ConfigurationLabels, OutcomeLabels, RegistrationMetrics};
 use kube_object_lock::registration::operations::{CLUSTER_CREATE_ENTRY, CREATE_ENTRY};
 use kube_object_lock::registration::writer::{
     FIELD_MANAGER, Narrower, NarrowerConfig, OPERATIONS_FIELD_MANAGER,
@@ -411,6 +411,12 @@ async fn a_writer_undoing_every_write_is_answered_a_few_times_a_minute_not_at_on
     other.abort();
     // Three at once, then after 1 s and 2 s (a storm would be hundreds).
     assert!((3..=6).contains(&during), "{during} writes in 3 s");
+    // Each put back what the other writer changed: counted for the alert on writers fighting.
+    let undone = instance.metrics.undone.get();
+    assert!(
+        undone >= during - 1 && undone <= during + 1,
+        "{undone} undone, {during} written"
+    );
     // Alone again, its next answer names the lock.
     support::until(
         "the entries written again",
@@ -421,4 +427,31 @@ async fn a_writer_undoing_every_write_is_answered_a_few_times_a_minute_not_at_on
         |c| conditions(c) != conditions(&theirs),
     )
     .await;
+}
+
+/// The registration's state for alerts: 1 once a write is confirmed, 0 while writes fail, 1
+/// again once one goes through.
+#[tokio::test]
+async fn the_current_gauge_follows_confirmed_writes_and_failures() {
+    let api = installed_api().await;
+    api.create_lock("prod", "web", json!({}));
+    let instance = Instance::start(&api);
+    let labels = ConfigurationLabels {
+        name: manifests::NAME.to_owned(),
+    };
+    let current = || instance.metrics.current.get_or_create(&labels).get();
+    assert_eq!(current(), 0, "not confirmed yet");
+    instance.named(LockKey::lock("prod", "web")).await;
+    assert_eq!(current(), 1);
+    api.fail_webhook_applies(3, 403);
+    api.create_lock("prod", "db", json!({}));
+    support::until("a refused write seen", current, |c| *c == 0).await;
+    instance.named(LockKey::lock("prod", "db")).await;
+    assert_eq!(current(), 1);
+    let refused = (instance.metrics.writes)
+        .get_or_create(&OutcomeLabels {
+            outcome: "forbidden",
+        })
+        .get();
+    assert_eq!(refused, 3);
 }

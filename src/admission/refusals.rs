@@ -9,7 +9,7 @@ use super::decide::{Outcome, Verdict};
 use super::request::AdmissionRequest;
 use crate::api::LockKey;
 use crate::locks::{LockRef, LockSet};
-use crate::metrics::{DropLabels, EnforcementMetrics, EventLabels};
+use crate::metrics::{DropLabels, EnforcementMetrics, EventLabels, RefusalLabels};
 
 /// Reason of a refusal by an Enforce lock.
 pub const BLOCKED: &str = "Blocked";
@@ -70,6 +70,12 @@ impl EventSink {
     /// Queues `refusal` without waiting; a full queue drops it and counts the drop.
     pub fn record(&self, refusal: Refusal) {
         let reason = refusal.reason.as_str();
+        let lock = RefusalLabels {
+            reason,
+            namespace: refusal.lock.namespace.clone().unwrap_or_default(),
+            name: refusal.lock.name.clone(),
+        };
+        self.metrics.refusals.get_or_create(&lock).inc();
         match self.tx.try_send(refusal) {
             Ok(()) => self
                 .metrics

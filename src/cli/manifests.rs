@@ -1,5 +1,6 @@
 //! `kube-object-lock manifests`: everything `kubectl apply -f -` (and the API server's own
-//! configuration) needs to register the webhook, generated from the same types the webhook uses.
+//! configuration) needs to register the webhook, generated from the same types the webhook uses;
+//! and the alert rules over its metrics ([`alerts`]).
 //!
 //! The registration sends exactly what the decision needs: UPDATE and DELETE of everything
 //! (objects, and the subresources that change them: `scale`, `pods/ephemeralcontainers`,
@@ -28,6 +29,7 @@ use serde_json::json;
 use crate::admission::subresources;
 use crate::{api, registration};
 
+pub mod alerts;
 pub mod policy;
 mod selector;
 

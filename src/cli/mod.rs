@@ -40,7 +40,8 @@ pub enum Command {
     /// Print the Lock and ClusterLock CustomResourceDefinitions as YAML (for kubectl apply -f -).
     Crd,
     /// Print what registering the webhook needs: CRDs, RBAC and webhook configuration, the API
-    /// server's mTLS files, or the static (manifest-based) webhook configuration.
+    /// server's mTLS files, or the static (manifest-based) webhook configuration; or the
+    /// Prometheus alert rules watching it.
     #[command(subcommand)]
     Manifests(ManifestsCommand),
     /// Print the AdmissionReview response the server would give to a review read from a file.
@@ -131,6 +132,27 @@ pub enum ManifestsCommand {
     /// The manifest-based webhook configuration (Kubernetes >= 1.37) to place in the API
     /// server's staticManifestsDir: active before the API serves, not deletable through it.
     Static(RegistrationArgs),
+    /// Prometheus alert rules over the webhook's metrics (a rule file), or with
+    /// --prometheus-operator the same groups as a PrometheusRule.
+    Alerts(AlertsArgs),
+}
+
+/// Flags of `manifests alerts`.
+#[derive(Debug, Args)]
+pub struct AlertsArgs {
+    /// Print a PrometheusRule (monitoring.coreos.com/v1) instead of a rule file.
+    #[arg(long)]
+    pub prometheus_operator: bool,
+    /// The job label Prometheus gives the webhook's targets.
+    #[arg(long, value_name = "NAME", default_value = manifests::alerts::DEFAULT_JOB)]
+    pub job: String,
+    /// The webhook configuration's timeoutSeconds (as given to manifests cluster): reviews
+    /// slower than half of it alert.
+    #[arg(long, value_name = "SECONDS", default_value_t = 5)]
+    pub timeout_seconds: i32,
+    /// The operations guide each alert's runbook_url points into (URL#alert-name).
+    #[arg(long, value_name = "URL", default_value = manifests::alerts::DEFAULT_RUNBOOK_URL)]
+    pub runbook_url: String,
 }
 
 /// Flags of `manifests cluster`.

@@ -27,7 +27,7 @@ use super::{
 };
 use crate::locks::index::{Change, Follower, LockIndex};
 use crate::locks::{LockKey, LockRef};
-use crate::metrics::{OutcomeLabels, RegistrationMetrics};
+use crate::metrics::{ConfigurationLabels, OutcomeLabels, RegistrationMetrics};
 use crate::retry::{self, Backoff, LastError};
 
 /// The field manager of the writes of the base entries.
@@ -46,6 +46,14 @@ pub struct NarrowerConfig {
     pub name: String,
     /// Bounds of the narrowed registration.
     pub limits: Limits,
+}
+
+impl NarrowerConfig {
+    fn labels(&self) -> ConfigurationLabels {
+        ConfigurationLabels {
+            name: self.name.clone(),
+        }
+    }
 }
 
 /// The live locks, followed from the lock index (its sets, shared, not copied): complete once
@@ -114,6 +122,7 @@ pub struct Narrower {
 impl Narrower {
     /// A writer for `config.name`, counting into `metrics`.
     pub fn new(client: Client, config: NarrowerConfig, metrics: RegistrationMetrics) -> Self {
+        metrics.current.get_or_create(&config.labels()).set(0);
         Narrower {
             client,
             config,
@@ -190,6 +199,9 @@ impl Narrower {
                             if let Some(entries) = entries {
                                 last_problem.clear();
                                 let now = tokio::time::Instant::now();
+                                if answering && undoing.repeats(entries) {
+                                    self.metrics.undone.inc();
+                                }
                                 if undoing.wrote(now, entries, answering) {
                                     warn!(name = %self.config.name, every = ?MAX_HOLD, "another writer keeps changing what this instance writes to the webhook configuration (an instance of another version, or with other registration settings); answering its changes at most this often, lock changes at once");
                                 }
@@ -470,6 +482,10 @@ impl Narrower {
         (self.metrics.writes)
             .get_or_create(&OutcomeLabels { outcome })
             .inc();
+        if !matches!(outcome, "written" | "conflict") {
+            let current = self.metrics.current.get_or_create(&self.config.labels());
+            current.set(0);
+        }
     }
 
     /// Publishes what the CREATE and CONNECT entries now say.
@@ -486,6 +502,10 @@ impl Narrower {
 
     /// Publishes what the configuration now says.
     fn confirm(&self, plan: &Plan, live: BTreeSet<LockKey>, namespaces: NamespaceSelection) {
+        self.metrics
+            .current
+            .get_or_create(&self.config.labels())
+            .set(1);
         let scope = match &plan.scope {
             Scope::Narrow { .. } => {
                 self.metrics.narrowed.set(1);
@@ -559,6 +579,11 @@ impl Undoing {
         self.rewrites += 1;
         self.last = Some(at);
         self.rewrites == FREE_REWRITES
+    }
+
+    /// True when a write of `entries` puts back this instance's last write.
+    fn repeats(&self, entries: u64) -> bool {
+        self.entries == Some(entries)
     }
 
     /// Until when an answer to another writer's change waits.

@@ -156,6 +156,13 @@ fn a_full_queue_drops_and_counts_without_waiting() {
         metrics.refusal_events_dropped.get_or_create(&dropped).get(),
         3
     );
+    // Every refusal counts against its lock, queued or dropped.
+    let by_lock = RefusalLabels {
+        reason: "Blocked",
+        namespace: String::new(),
+        name: "n".into(),
+    };
+    assert_eq!(metrics.refusals.get_or_create(&by_lock).get(), 5);
 }
 
 #[test]

@@ -43,6 +43,8 @@ pub struct ExtState {
     pub webhooks_edit: Option<(String, Value)>,
     /// HTTP codes to answer the next status PATCHes with.
     pub status_faults: VecDeque<u16>,
+    /// HTTP codes to answer the next applies of a webhook configuration with.
+    pub webhook_faults: VecDeque<u16>,
 }
 
 /// The status subresource path of a lock: `(res, namespace, name)`.

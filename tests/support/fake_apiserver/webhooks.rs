@@ -90,6 +90,11 @@ impl FakeApiServer {
         self.apply_configuration(name, config, manager, force)
     }
 
+    /// Answers the next `count` applies of a webhook configuration with HTTP `code`.
+    pub fn fail_webhook_applies(&self, count: usize, code: u16) {
+        (self.state().ext.webhook_faults).extend(std::iter::repeat_n(code, count));
+    }
+
     /// Makes `config`, applied as `manager` (forced), land just before the next PATCH of a
     /// configuration is carried out: an edit made after the patch's writer last read it.
     pub fn edit_before_next_patch(&self, manager: &str, config: Value) {
@@ -121,7 +126,14 @@ impl FakeApiServer {
         }
         // Created by an apply: 201, as kube-apiserver answers.
         let created = self.webhook_configuration(name).is_none();
-        let answer = if !content_type.starts_with(APPLY) {
+        let fault = self.state().ext.webhook_faults.pop_front();
+        let answer = if let Some(code) = fault {
+            Err(status(
+                code,
+                "injected webhook configuration write failure",
+                Value::Null,
+            ))
+        } else if !content_type.starts_with(APPLY) {
             let msg = format!("this fake accepts only {APPLY} on {PREFIX}, got {content_type:?}");
             Err(status(415, &msg, Value::Null))
         } else if query.contains_key("dryRun") {
