@@ -44,6 +44,12 @@ pub const CONDITION_NAME: &str = "may-be-locked";
 /// refuse the request under `failurePolicy: Fail`.
 pub const NAME_EXPR: &str = "(has(request.name) && request.name != '' ? request.name : (oldObject != null && has(oldObject.metadata) && has(oldObject.metadata.name) ? oldObject.metadata.name : ''))";
 
+/// The name for the CONNECT entries: a proxy request's `request.name` may carry a scheme and a
+/// port (`http:db-0:8080`), split as the API server splits it (`[scheme:]NAME[:port]`, see
+/// [`crate::admission::subresources::proxied_name`]); every other name as [`NAME_EXPR`] has it.
+/// A name the API server refuses (four parts, an unknown scheme) is refused after admission.
+pub const CONNECT_NAME_EXPR: &str = "(has(request.subResource) && request.subResource == 'proxy' && has(request.name) ? (request.name.split(':').size() == 3 ? request.name.split(':')[1] : request.name.split(':')[0]) : (has(request.name) && request.name != '' ? request.name : (oldObject != null && has(oldObject.metadata) && has(oldObject.metadata.name) ? oldObject.metadata.name : '')))";
+
 /// The request's namespace, `''` when absent.
 pub const NAMESPACE_EXPR: &str = "(has(request.namespace) ? request.namespace : '')";
 
@@ -145,6 +151,18 @@ pub enum Clauses {
     /// a ClusterLock with a selector makes the cluster-scoped condition `true` while the
     /// namespaced keys stay narrowed (a ClusterLock never concerns a namespaced object).
     Names,
+    /// As [`Clauses::Names`], for CONNECT: the name of a proxy request is read through
+    /// [`CONNECT_NAME_EXPR`].
+    Connect,
+}
+
+impl Clauses {
+    fn name_expr(self) -> &'static str {
+        match self {
+            Clauses::Connect => CONNECT_NAME_EXPR,
+            Clauses::Changes | Clauses::Names => NAME_EXPR,
+        }
+    }
 }
 
 /// Computes the plan for `locks` at `now`, for the base entries ([`Clauses::Changes`]).
@@ -278,13 +296,17 @@ pub fn plan_with<'a>(
     }
     let cluster = match cluster_selector {
         Some(_) => vec!["true".to_owned()],
-        None => cluster.finish().iter().map(cluster_expr).collect(),
+        None => (cluster.finish().iter())
+            .map(|chunk| cluster_expr(chunk, clauses.name_expr()))
+            .collect(),
     };
     Plan {
         names,
         next_expiry,
         scope: Scope::Narrow {
-            namespaced: namespaced.iter().map(namespaced_expr).collect(),
+            namespaced: (namespaced.iter())
+                .map(|chunk| namespaced_expr(chunk, clauses.name_expr()))
+                .collect(),
             cluster,
         },
         namespaces: selected,
@@ -375,7 +397,7 @@ fn or(parts: Vec<String>) -> String {
 }
 
 /// Namespaced entry: list 0 = namespaces with a selector Lock, list 1 = `namespace/name`.
-fn namespaced_expr([selector_namespaces, names]: &[Vec<String>; 2]) -> String {
+fn namespaced_expr([selector_namespaces, names]: &[Vec<String>; 2], name: &str) -> String {
     let mut parts = Vec::new();
     if !selector_namespaces.is_empty() {
         parts.push(format!(
@@ -385,7 +407,7 @@ fn namespaced_expr([selector_namespaces, names]: &[Vec<String>; 2]) -> String {
     }
     if !names.is_empty() {
         parts.push(format!(
-            "{}.contains('|' + {NAMESPACE_EXPR} + '/' + {NAME_EXPR} + '|')",
+            "{}.contains('|' + {NAMESPACE_EXPR} + '/' + {name} + '|')",
             literal(names)
         ));
     }
@@ -393,11 +415,11 @@ fn namespaced_expr([selector_namespaces, names]: &[Vec<String>; 2]) -> String {
 }
 
 /// Cluster entry: list 0 = ClusterLock names, list 1 = namespaces holding Locks.
-fn cluster_expr([cluster_locks, namespaces]: &[Vec<String>; 2]) -> String {
+fn cluster_expr([cluster_locks, namespaces]: &[Vec<String>; 2], name: &str) -> String {
     let mut parts = Vec::new();
     if !cluster_locks.is_empty() {
         parts.push(format!(
-            "{}.contains('|' + {NAME_EXPR} + '|')",
+            "{}.contains('|' + {name} + '|')",
             literal(cluster_locks)
         ));
     }

@@ -22,9 +22,14 @@ pub(in crate::registration) fn eval(expression: &str, review: &serde_json::Value
     let map = request.as_object_mut().expect("request object");
     let object = map.remove("object").unwrap_or(serde_json::Value::Null);
     let old_object = map.remove("oldObject").unwrap_or(serde_json::Value::Null);
-    let program = cel::Program::compile(expression)
+    // The API server's CEL has the strings extension (`split`).
+    let mut env = cel::Env::stdlib();
+    env.add_extension(cel::extensions::strings)
+        .expect("strings extension");
+    let env = std::sync::Arc::new(env);
+    let program = (env.compile(expression))
         .unwrap_or_else(|e| panic!("{expression} does not compile: {e:?}"));
-    let mut context = cel::Context::default();
+    let mut context = cel::Context::with_env(env);
     for (name, value) in [
         ("request", request),
         ("object", object),

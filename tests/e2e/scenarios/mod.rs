@@ -19,6 +19,7 @@ mod narrowing;
 mod operations;
 mod opt_in;
 mod owned;
+mod paths;
 mod plugin;
 mod pods;
 mod registration_cost;
@@ -80,6 +81,9 @@ pub fn all() -> Vec<Scenario> {
         parallel("metrics", metrics::run),
         parallel("lookup-error-allow", lookup_allow::run),
         parallel("plugin-unconfirmed", unconfirmed::run),
+        parallel("path-proxy-port", paths::proxy_port),
+        parallel("path-namespace-nothing", paths::namespace_nothing),
+        parallel("path-reason-control", paths::reason_control),
         // Alone, so that its figures are not those of a loaded machine.
         alone("lock-rights", rights::run),
         alone("latency", latency::run),
