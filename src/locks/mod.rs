@@ -22,7 +22,7 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 
 pub use crate::api::{LockKey, LockKind};
-use crate::api::{LockSpec, LockStatus};
+use crate::api::{LockSpec, LockStatus, escape};
 
 /// One lock, as the decision needs it.
 #[derive(Clone, Debug, PartialEq)]
@@ -117,8 +117,8 @@ impl fmt::Display for LockRef {
     /// `Lock prod/app-config` or `ClusterLock lock-demo-reader`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.namespace {
-            Some(ns) => write!(f, "Lock {ns}/{}", self.name),
-            None => write!(f, "ClusterLock {}", self.name),
+            Some(ns) => write!(f, "Lock {}/{}", escape(ns), escape(&self.name)),
+            None => write!(f, "ClusterLock {}", escape(&self.name)),
         }
     }
 }
