@@ -15,6 +15,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::jiff::Timestamp;
 use kube::core::{Selector, SelectorExt};
 
+mod crd;
+
+pub use crd::{crd_deletion, deleted_resource, names_resource_of};
+
 use super::labels::{LabelError, Labels, Target};
 use super::request::{AdmissionRequest, Operation, UserInfo};
 use super::subresources;

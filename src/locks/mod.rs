@@ -264,6 +264,14 @@ pub trait LockSource: Send + Sync + 'static {
     fn index(&self) -> Option<Arc<index::LockIndex>> {
         None
     }
+
+    /// Every lock set (every namespace's and the ClusterLocks), when all are at hand and fresh:
+    /// what deleting a CustomResourceDefinition is decided on, as its objects may be in any
+    /// namespace. `None` when they are not (the index stale or not listed yet).
+    fn all_at_hand(&self) -> Option<Vec<Arc<LockSet>>> {
+        let index = self.index()?;
+        (index.is_fresh() && index.listed()).then(|| index.snapshot().sets.into_values().collect())
+    }
 }
 
 /// Locks known by scope.
@@ -330,6 +338,10 @@ impl LockSource for StaticSource {
 
     fn describe(&self) -> String {
         "static locks".to_owned()
+    }
+
+    fn all_at_hand(&self) -> Option<Vec<Arc<LockSet>>> {
+        Some(self.namespaces.values().cloned().collect())
     }
 
     fn lock_counts(&self) -> LockCounts {
