@@ -21,11 +21,18 @@
 //!
 //! and (the cluster-scoped entries):
 //! - UPDATE/DELETE of a cluster-scoped object named like a ClusterLock;
-//! - DELETE of a Namespace that holds Locks (refused or warned about while they live).
+//! - DELETE of a Namespace that holds Locks (refused or warned about while they live);
+//! - DELETE of a CustomResourceDefinition of a group a Lock covering DELETE names (deleting it
+//!   deletes its objects without admission);
+//! - UPDATE/DELETE of the cluster-scoped resources a live ClusterLock with a selector covers
+//!   (it may select any object of them, whatever its name).
 //!
-//! A live ClusterLock with a selector makes the registration broad: it may select any
-//! cluster-scoped object. Expired locks are left out; [`Plan::next_expiry`] says when to
-//! compute again.
+//! No Lock widens what is sent beyond the namespaces and resources it can lock: a Lock that
+//! names only what the registration never sends (the lock kinds, events, leases, reviews) is
+//! not counted; beyond [`Limits::max_names`], the namespaces with the most Locks are sent whole
+//! (one key each, as for a selector Lock), largest first, until the keys fit, so that one
+//! namespace's Locks widen that namespace only. Expired locks are left out;
+//! [`Plan::next_expiry`] says when to compute again.
 //!
 //! The entries that send CREATE and CONNECT ([`super::operations`]) are planned by the same
 //! code over the Locks asking for the operation, with [`Clauses::Names`]: the names only.
@@ -34,6 +41,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::jiff::Timestamp;
 
+use crate::admission::subresources;
+use crate::api::{LockOperation, LockSpec};
 use crate::locks::{LockKind, LockRef};
 
 /// Name of the condition holding the locked keys in each narrowed webhook entry.
@@ -78,9 +87,10 @@ impl Default for Limits {
 /// Why the broad registration is used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BroadReason {
-    /// More live locks than `registration.max_names`.
+    /// More keys than `registration.max_names` once every namespace is sent whole: the
+    /// ClusterLocks alone exceed it.
     #[error(
-        "{names} live locks exceed registration.max_names ({max}): every UPDATE and DELETE is sent to the webhook"
+        "{names} live locks exceed registration.max_names ({max}), their namespaces each sent whole: every UPDATE and DELETE is sent to the webhook"
     )]
     TooManyNames {
         /// Live locks.
@@ -104,17 +114,12 @@ pub enum BroadReason {
         "lock name {0:?} cannot be written into a CEL condition: every UPDATE and DELETE is sent to the webhook"
     )]
     UnsafeName(String),
-    /// A ClusterLock with a selector may select any cluster-scoped object, whatever its name.
-    #[error(
-        "ClusterLock {0} has a selector, which may select any cluster-scoped object: every UPDATE and DELETE is sent to the webhook"
-    )]
-    ClusterSelector(String),
 }
 
 /// What the registration should say.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan {
-    /// Live (not expired) locks counted against [`Limits::max_names`].
+    /// Live (not expired) locks that can lock something the webhook is sent.
     pub names: usize,
     /// The earliest `expiresAt` of a live lock: the plan changes then.
     pub next_expiry: Option<Timestamp>,
@@ -186,11 +191,17 @@ pub fn plan_with<'a>(
     // Namespace -> Some(names) for named Locks only, None once a selector Lock is seen.
     let mut namespaces: BTreeMap<&str, Option<BTreeSet<&str>>> = BTreeMap::new();
     let mut cluster_locks: BTreeSet<&str> = BTreeSet::new();
-    let mut cluster_selector = None;
+    let mut cluster_selectors: Vec<&LockSpec> = Vec::new();
+    // The groups of the CustomResourceDefinitions whose deletion is sent.
+    let mut crd_groups: BTreeSet<&str> = BTreeSet::new();
     let mut unsafe_name = None;
     for lock in locks {
-        if lock.spec.is_expired(now) {
+        // A lock of nothing the webhook is sent widens nothing.
+        if lock.spec.is_expired(now) || !subresources::locks_anything(&lock.spec) {
             continue;
+        }
+        if lock.spec.operations().contains(&LockOperation::Delete) {
+            crd_groups.extend(deleted_groups(&lock.spec));
         }
         names += 1;
         if let Some(at) = lock.spec.expires_at.as_ref().map(|t| t.0) {
@@ -208,7 +219,7 @@ pub fn plan_with<'a>(
             (LockKind::ClusterLock, _) | (LockKind::Lock, None) => {
                 cluster_locks.insert(&lock.name);
                 if lock.spec.selector.is_some() {
-                    cluster_selector.get_or_insert_with(|| lock.name.clone());
+                    cluster_selectors.push(&lock.spec);
                 }
             }
             (LockKind::Lock, Some(ns)) => {
@@ -231,7 +242,26 @@ pub fn plan_with<'a>(
         scope: Scope::Broad(reason),
         namespaces: Vec::new(),
     };
-    if names > limits.max_names {
+    // Beyond the bound, the namespaces with the most names are sent whole, largest first.
+    let mut keys = cluster_locks.len()
+        + (namespaces.values())
+            .map(|names| names.as_ref().map_or(1, BTreeSet::len))
+            .sum::<usize>();
+    if keys > limits.max_names {
+        let mut largest: Vec<(usize, &str)> = (namespaces.iter())
+            .filter_map(|(ns, names)| Some((names.as_ref()?.len(), *ns)))
+            .filter(|(n, _)| *n > 1)
+            .collect();
+        largest.sort_by(|a, b| b.cmp(a));
+        for (n, ns) in largest {
+            if keys <= limits.max_names {
+                break;
+            }
+            namespaces.insert(ns, None);
+            keys -= n - 1;
+        }
+    }
+    if keys > limits.max_names {
         return broad(BroadReason::TooManyNames {
             names,
             max: limits.max_names,
@@ -239,13 +269,6 @@ pub fn plan_with<'a>(
     }
     if let Some(name) = unsafe_name {
         return broad(BroadReason::UnsafeName(name));
-    }
-    // The conditions name objects; a cluster-scoped selector names none. Rare enough (Namespaces
-    // by label, say) that sending everything while one lives is the simple, safe answer.
-    if let Some(name) = cluster_selector.as_ref()
-        && clauses == Clauses::Changes
-    {
-        return broad(BroadReason::ClusterSelector(name.clone()));
     }
 
     // Namespaced keys, in namespace order: a selector namespace is one key; otherwise one key
@@ -294,12 +317,25 @@ pub fn plan_with<'a>(
             max: limits.max_total_chars,
         });
     }
-    let cluster = match cluster_selector {
-        Some(_) => vec!["true".to_owned()],
-        None => (cluster.finish().iter())
-            .map(|chunk| cluster_expr(chunk, clauses.name_expr()))
-            .collect(),
+    let mut cluster: Vec<String> = (cluster.finish().iter())
+        .map(|chunk| cluster_expr(chunk, clauses.name_expr()))
+        .collect();
+    // What is sent whatever the name, in the first entry: a selector ClusterLock's resources
+    // (every cluster-scoped object for the CREATE and CONNECT entries, which name no resource),
+    // and the deletions of the CRDs whose objects a Lock covers.
+    let whatever_the_name = match clauses {
+        Clauses::Changes => or((cluster_selectors.iter().map(|spec| resources_expr(spec)))
+            .chain((!crd_groups.is_empty()).then(|| crd_expr(&crd_groups)))
+            .collect()),
+        Clauses::Names | Clauses::Connect if !cluster_selectors.is_empty() => "true".to_owned(),
+        Clauses::Names | Clauses::Connect => "false".to_owned(),
     };
+    match (whatever_the_name.as_str(), cluster.first_mut()) {
+        ("false", _) | (_, None) => {}
+        ("true", Some(first)) => *first = "true".to_owned(),
+        (expr, Some(first)) if first == "false" => *first = expr.to_owned(),
+        (expr, Some(first)) => *first = format!("{expr} || {first}"),
+    }
     Plan {
         names,
         next_expiry,
@@ -311,6 +347,60 @@ pub fn plan_with<'a>(
         },
         namespaces: selected,
     }
+}
+
+/// The API groups a lock covering DELETE names exactly, for an object resource (not `*`, not a
+/// subresource only, nothing CEL cannot hold): deleting a CRD of one of them is sent.
+fn deleted_groups(spec: &LockSpec) -> impl Iterator<Item = &str> {
+    (spec.resources.iter().flatten())
+        .filter(|rule| rule.resources.iter().any(|r| !r.contains('/')))
+        .flat_map(|rule| rule.api_groups.iter())
+        .map(String::as_str)
+        .filter(|group| *group != "*" && is_safe(group))
+}
+
+/// The DELETE of a CustomResourceDefinition (named `plural.group`) of one of `groups`.
+fn crd_expr(groups: &BTreeSet<&str>) -> String {
+    let groups: Vec<String> = groups.iter().map(|g| g.to_string()).collect();
+    format!(
+        "(request.resource.group == 'apiextensions.k8s.io' && request.resource.resource == 'customresourcedefinitions' && request.operation == 'DELETE' && {}.contains('|' + {NAME_EXPR}.substring({NAME_EXPR}.indexOf('.') + 1) + '|'))",
+        literal(&groups)
+    )
+}
+
+/// The requests of the resources `spec` covers, whatever the object's name: `true` for every
+/// resource, or when a group or resource cannot be written into CEL.
+fn resources_expr(spec: &LockSpec) -> String {
+    let Some(rules) = &spec.resources else {
+        return "true".to_owned();
+    };
+    let mut parts = Vec::new();
+    for rule in rules {
+        let resources: Vec<String> = (rule.resources.iter())
+            .map(|r| r.split_once('/').map_or(r.as_str(), |(r, _)| r).to_owned())
+            .collect();
+        let check = |values: &[String], field: &str| -> Option<Option<String>> {
+            if values.iter().any(|v| v == "*") {
+                return Some(None);
+            }
+            (values.iter().all(|v| v.is_empty() || is_safe(v)))
+                .then(|| Some(format!("{}.contains('|' + {field} + '|')", literal(values))))
+        };
+        match (
+            check(&rule.api_groups, "request.resource.group"),
+            check(&resources, "request.resource.resource"),
+        ) {
+            (Some(group), Some(resource)) => {
+                let both: Vec<String> = group.into_iter().chain(resource).collect();
+                match both.is_empty() {
+                    true => return "true".to_owned(),
+                    false => parts.push(format!("({})", both.join(" && "))),
+                }
+            }
+            _ => return "true".to_owned(),
+        }
+    }
+    or(parts)
 }
 
 /// The namespaces of a namespaced chunk's keys: list 0 holds namespaces, list 1 `namespace/name`.

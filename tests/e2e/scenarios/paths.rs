@@ -122,3 +122,189 @@ pub fn reason_control(ctx: &Ctx) -> Result<()> {
     // One line of any script is a reason.
     ctx.lock(&ns, "plain", json!({"reason": "VM snapshot — ünïcode ✓"}))
 }
+
+/// Nobody widens what is sent to the webhook beyond what they can lock: a selector ClusterLock
+/// on the lock kinds only and Locks covering only `objectlock.dev/locks` leave an unrelated
+/// write in another namespace unsent (it succeeds with the webhook stopped), and a namespace
+/// beyond `registration.max_names` is sent whole, for itself, not the cluster.
+pub fn tenant_widening(ctx: &Ctx) -> Result<()> {
+    let tenant = ctx.namespace("tenant")?;
+    let other = ctx.namespace("other")?;
+    let rest = ctx.rest();
+    ctx.configmap(&other, "free", json!({}))?;
+    let free = format!("/api/v1/namespaces/{other}/configmaps/free");
+    let selector_lock = ctx.cluster_name("lock-kinds");
+    let result = widening_checks(ctx, &tenant, &free, &selector_lock);
+    let path = format!("/apis/objectlock.dev/v1alpha1/clusterlocks/{selector_lock}");
+    let reply = rest.delete(&path)?;
+    ensure!(
+        reply.ok() || reply.code == 404,
+        "DELETE {path}: {}",
+        reply.code
+    );
+    result
+}
+
+fn widening_checks(ctx: &Ctx, tenant: &str, free: &str, selector_lock: &str) -> Result<()> {
+    let rest = ctx.rest();
+    let lock_kinds =
+        json!([{"apiGroups": ["objectlock.dev"], "resources": ["locks", "clusterlocks"]}]);
+    ctx.cluster_lock(
+        selector_lock,
+        json!({"selector": {"matchLabels": {"any": "thing"}}, "resources": lock_kinds}),
+    )?;
+    for i in 0..5 {
+        ctx.lock(
+            tenant,
+            &format!("nothing-{i}"),
+            json!({"resources": [{"apiGroups": ["objectlock.dev"], "resources": ["locks"]}]}),
+        )?;
+    }
+    // Four real Locks in the tenant's namespace; the last one enforced means the registration
+    // was written from a view holding every Lock above.
+    for i in 0..4 {
+        ctx.configmap(tenant, &format!("held-{i}"), json!({}))?;
+        ctx.lock(tenant, &format!("held-{i}"), json!({}))?;
+    }
+    let held = format!("/api/v1/namespaces/{tenant}/configmaps/held-3");
+    ctx.update_enforced(&held)?;
+
+    // With the webhook stopped, only what the registration sends fails.
+    ctx.with_webhook_stopped(|| {
+        rest.probe_update(free)?
+            .allowed("an unrelated update in another namespace, the webhook stopped")?;
+        let reply = rest.probe_update(&held)?;
+        ensure!(
+            !reply.ok() && reply.message().contains("failed calling webhook"),
+            "a locked update with the webhook stopped: {} {}",
+            reply.code,
+            reply.message()
+        );
+        Ok(())
+    })?;
+
+    // A bound the tenant's Locks exceed, above one key per namespace and ClusterLock: the
+    // tenant's namespace, the largest, is sent whole, the rest stays narrowed (no base entry
+    // sends everything). Counted from what the cluster holds (other scenarios' Locks too).
+    let (namespaces, cluster, largest) = lock_counts(ctx)?;
+    let bound = namespaces + cluster + 1;
+    for i in 0..(bound + 1).max(largest + 1) {
+        ctx.lock(tenant, &format!("more-{i}"), json!({}))?;
+    }
+    // A namespace sent whole is a key of the clause on the namespace alone.
+    let namespace_only =
+        "'.contains('|' + (has(request.namespace) ? request.namespace : '') + '|')";
+    let sent_whole = |conditions: &str| {
+        (conditions.split(" || ")).any(|clause| {
+            let clause = clause.split(" //").next().unwrap_or(clause);
+            clause.ends_with(namespace_only) && clause.contains(&format!("|{tenant}|"))
+        })
+    };
+    let setting = bound.to_string();
+    ctx.with_webhook_settings(&[("KUBE_OBJECT_LOCK__REGISTRATION__MAX_NAMES", &setting)], || {
+        let start = std::time::Instant::now();
+        loop {
+            let conditions = crate::scenarios::narrowing::conditions(ctx)?;
+            let broad = (conditions.lines())
+                .filter(|l| crate::scenarios::narrowing::is_base_entry(l))
+                .any(|l| l.split(" //").next().unwrap_or(l).ends_with("may-be-locked: true"));
+            if sent_whole(&conditions) && !broad {
+                break;
+            }
+            ensure!(
+                start.elapsed() < crate::suite::ENFORCE_WITHIN,
+                "with registration.max_names = {bound}, the registration did not send {tenant} whole and the rest narrowed: {conditions}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        rest.probe_update(&held)?.refused("a held ConfigMap", "is locked by")?;
+        Ok(())
+    })
+}
+
+/// Deleting a CustomResourceDefinition deletes its objects without admission: while a Lock
+/// covering DELETE names its resource, the CRD's deletion is refused with the Locks named and
+/// how to lift them; unlocked, it goes.
+pub fn crd_delete(ctx: &Ctx) -> Result<()> {
+    let ns = ctx.namespace("")?;
+    let group = format!("{}.example.com", ctx.cluster_name("g"));
+    let crd_name = format!("widgets.{group}");
+    let crd_path = format!("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd_name}");
+    let result = crd_checks(ctx, &ns, &group, &crd_path);
+    // Whatever happened, leave no CRD behind.
+    let _ = ctx.rest().delete(&crate::suite::lock_path(&ns, "db"));
+    let _ = ctx.rest().delete(&crd_path);
+    result
+}
+
+fn crd_checks(ctx: &Ctx, ns: &str, group: &str, crd_path: &str) -> Result<()> {
+    let rest = ctx.rest();
+    ctx.create(
+        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+        json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+               "metadata": {"name": format!("widgets.{group}")},
+               "spec": {"group": group, "scope": "Namespaced",
+                        "names": {"plural": "widgets", "singular": "widget", "kind": "Widget"},
+                        "versions": [{"name": "v1", "served": true, "storage": true,
+                                      "schema": {"openAPIV3Schema": {"type": "object",
+                                                 "x-kubernetes-preserve-unknown-fields": true}}}]}}),
+    )?;
+    let widgets = format!("/apis/{group}/v1/namespaces/{ns}/widgets");
+    let widget =
+        json!({"apiVersion": format!("{group}/v1"), "kind": "Widget", "metadata": {"name": "db"}});
+    // Served once established.
+    let start = std::time::Instant::now();
+    while !rest.post(&widgets, &widget)?.ok() {
+        ensure!(
+            start.elapsed() < crate::suite::ENFORCE_WITHIN,
+            "the CRD was never served"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    ctx.lock(
+        ns,
+        "db",
+        json!({"reason": "keep", "resources": [{"apiGroups": [group], "resources": ["widgets"]}]}),
+    )?;
+    ctx.delete_enforced(&format!("{widgets}/db"))?;
+    let refused = ctx.enforced("dry-run DELETE of the CRD", || rest.probe_delete(crd_path))?;
+    let message = format!(
+        "would delete every widgets.{group} object, with no admission for them, and 1 lock protects some (Lock {ns}/db) (to unlock: kubectl delete lock db -n {ns})"
+    );
+    refused
+        .refusal
+        .refused("dry-run DELETE of the CRD", &message)?;
+    ctx.k(&["delete", "crd", &format!("widgets.{group}"), "--wait=false"])
+        .refused(&message)?;
+    ensure!(
+        rest.get(&format!("{widgets}/db"))?.ok(),
+        "the locked widget is gone"
+    );
+
+    ctx.unlock(ns, "db")?;
+    ctx.released(
+        "dry-run DELETE of the CRD after unlock",
+        crate::suite::ENFORCE_WITHIN,
+        || rest.probe_delete(crd_path),
+    )?;
+    ctx.k(&["delete", "crd", &format!("widgets.{group}"), "--wait=false"])
+        .allowed()?;
+    Ok(())
+}
+
+/// The namespaces holding Locks, the ClusterLocks, and the most Locks one namespace holds.
+fn lock_counts(ctx: &Ctx) -> Result<(usize, usize, usize)> {
+    let list = |path: &str| -> Result<Vec<serde_json::Value>> {
+        let reply = ctx.rest().get(path)?;
+        ensure!(reply.ok(), "GET {path}: {} {}", reply.code, reply.message());
+        Ok(reply.body["items"].as_array().cloned().unwrap_or_default())
+    };
+    let mut per_namespace = std::collections::BTreeMap::<String, usize>::new();
+    for lock in list("/apis/objectlock.dev/v1alpha1/locks")? {
+        let ns = lock["metadata"]["namespace"].as_str().unwrap_or_default();
+        *per_namespace.entry(ns.to_owned()).or_default() += 1;
+    }
+    let cluster = list("/apis/objectlock.dev/v1alpha1/clusterlocks")?.len();
+    let largest = per_namespace.values().copied().max().unwrap_or(0);
+    Ok((per_namespace.len(), cluster, largest))
+}
