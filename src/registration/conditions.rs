@@ -150,11 +150,12 @@ pub enum Scope {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Clauses {
     /// UPDATE and DELETE (the base entries): also the DELETE of a Namespace holding Locks, and
-    /// everything while a ClusterLock has a selector (the whole plan is broad).
+    /// the DELETE of a CRD whose objects a Lock covers, and the cluster-scoped resources a
+    /// ClusterLock with a selector covers.
     Changes,
-    /// An operation on the locked names only (CREATE, CONNECT): never a Namespace deletion, and
-    /// a ClusterLock with a selector makes the cluster-scoped condition `true` while the
-    /// namespaced keys stay narrowed (a ClusterLock never concerns a namespaced object).
+    /// An operation on the locked names only (CREATE, CONNECT): never a Namespace or CRD
+    /// deletion; a ClusterLock with a selector sends the cluster-scoped resources it covers
+    /// (a ClusterLock never concerns a namespaced object).
     Names,
     /// As [`Clauses::Names`], for CONNECT: the name of a proxy request is read through
     /// [`CONNECT_NAME_EXPR`].
@@ -320,16 +321,13 @@ pub fn plan_with<'a>(
     let mut cluster: Vec<String> = (cluster.finish().iter())
         .map(|chunk| cluster_expr(chunk, clauses.name_expr()))
         .collect();
-    // What is sent whatever the name, in the first entry: a selector ClusterLock's resources
-    // (every cluster-scoped object for the CREATE and CONNECT entries, which name no resource),
-    // and the deletions of the CRDs whose objects a Lock covers.
-    let whatever_the_name = match clauses {
-        Clauses::Changes => or((cluster_selectors.iter().map(|spec| resources_expr(spec)))
-            .chain((!crd_groups.is_empty()).then(|| crd_expr(&crd_groups)))
-            .collect()),
-        Clauses::Names | Clauses::Connect if !cluster_selectors.is_empty() => "true".to_owned(),
-        Clauses::Names | Clauses::Connect => "false".to_owned(),
-    };
+    // What is sent whatever the name, in the first entry: a selector ClusterLock's resources,
+    // and (UPDATE and DELETE) the deletions of the CRDs whose objects a Lock covers.
+    let crds =
+        (clauses == Clauses::Changes && !crd_groups.is_empty()).then(|| crd_expr(&crd_groups));
+    let whatever_the_name = or((cluster_selectors.iter().map(|spec| resources_expr(spec)))
+        .chain(crds)
+        .collect());
     match (whatever_the_name.as_str(), cluster.first_mut()) {
         ("false", _) | (_, None) => {}
         ("true", Some(first)) => *first = "true".to_owned(),

@@ -486,6 +486,17 @@ fn a_cluster_lock_with_a_selector_sends_the_cluster_scoped_resources_it_covers()
         1,
         "the ClusterLock's own name"
     );
+    let creates = plan_with(Clauses::Names, &namespaces, now(), &Limits::default());
+    let create = |resource: &str, name| {
+        let group = if resource == "namespaces" {
+            ""
+        } else {
+            "rbac.authorization.k8s.io"
+        };
+        cluster_review(group, resource, name, "CREATE")
+    };
+    assert_eq!(sends(&creates, &create("namespaces", "any-name")), 1);
+    assert_eq!(sends(&creates, &create("clusterroles", "any-name")), 0);
     // The lock kinds only: nothing it could lock is ever sent, so nothing is widened.
     let lock_kinds = [LockRef::cluster_lock(
         "locks",
