@@ -427,6 +427,40 @@ fn rule_2_a_proxy_name_with_a_scheme_or_a_port_is_the_pod_it_names() {
 }
 
 #[test]
+fn text_a_lock_supplies_is_escaped_in_refusals_and_warnings() {
+    // A lock file (or a Lock older than the CRD's rule) may carry control characters.
+    let ansi = "snapshot\u{1b}[2K\r\u{1b}[1Aconfigmap \"ansi\" deleted";
+    let refused = run(
+        &request(json!({})),
+        &[lock("app-config", json!({"reason": ansi}))],
+        &[],
+    )
+    .expect("lookup");
+    let message = refused.refusal.expect("refused").message;
+    assert!(
+        message.contains(
+            "Lock prod/app-config: snapshot\\u{1b}[2K\\r\\u{1b}[1Aconfigmap \"ansi\" deleted (to unlock"
+        ),
+        "{message}"
+    );
+    assert!(!message.contains('\u{1b}') && !message.contains('\r'));
+    let warned = run(
+        &request(json!({})),
+        &[lock("app-config", json!({"mode": "Warn", "reason": ansi}))],
+        &[],
+    )
+    .expect("lookup");
+    assert!(
+        warned
+            .warnings
+            .iter()
+            .all(|w| !w.chars().any(char::is_control)),
+        "{:?}",
+        warned.warnings
+    );
+}
+
+#[test]
 fn rule_3_deletecollection_items_take_the_name_from_old_object() {
     let req = request(json!({"name": null, "oldObject": {"metadata": {"name": "app-config"}}}));
     assert_eq!(
