@@ -146,8 +146,8 @@ impl std::fmt::Display for LockKey {
     /// `Lock prod/app-config` or `ClusterLock lock-demo-reader`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.namespace {
-            Some(ns) => write!(f, "Lock {ns}/{}", self.name),
-            None => write!(f, "ClusterLock {}", self.name),
+            Some(ns) => write!(f, "Lock {}/{}", escape(ns), escape(&self.name)),
+            None => write!(f, "ClusterLock {}", escape(&self.name)),
         }
     }
 }
@@ -161,6 +161,27 @@ pub const EXCLUDED_NAMESPACES: [&str; 2] = ["kube-system", "kube-node-lease"];
 /// True when nothing in `namespace` (nor the Namespace itself) is sent to the webhook.
 pub fn is_excluded_namespace(namespace: &str) -> bool {
     EXCLUDED_NAMESPACES.contains(&namespace)
+}
+
+/// `text` a Lock supplies (a reason, a holder, a name) as it may be shown on a terminal or in a
+/// log line: control characters (ESC, CR, newline...) and the bidirectional overrides that can
+/// reorder what is shown are written as escapes (`\u{1b}`, `\r`), everything else as it is.
+/// The one place such text is made safe for refusals, warnings, events and `kubectl lock list`:
+/// a Lock from a file, or created before the CRD refused control characters, may hold them.
+pub fn escape(text: &str) -> std::borrow::Cow<'_, str> {
+    let unsafe_char =
+        |c: char| c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+    if !text.chars().any(unsafe_char) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c {
+            c if unsafe_char(c) => out.extend(c.escape_default()),
+            c => out.push(c),
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 /// Locks the object with the same name in the same namespace: while this Lock exists, UPDATE
@@ -189,9 +210,11 @@ pub fn is_excluded_namespace(namespace: &str) -> bool {
 #[serde(rename_all = "camelCase")]
 pub struct LockSpec {
     /// Why the object is locked, for whoever is refused: it is shown in the denial message,
-    /// e.g. "VM snapshot in progress". Optional: the lock applies with or without it.
+    /// e.g. "VM snapshot in progress". One line of text: control characters (newlines, tabs,
+    /// escape sequences) are refused. Optional: the lock applies with or without it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 1024))]
+    #[x_kube(validation = Rule::new(r"!self.matches('[\\x00-\\x1f\\x7f-\\x9f]')").message("reason must be one line of text without control characters (newlines, tabs, escape sequences): it is shown on the terminals of refused users"))]
     pub reason: Option<String>,
 
     /// The operations refused: UPDATE and DELETE (the default), or any of UPDATE, DELETE,
@@ -267,6 +290,14 @@ impl LockSpec {
             && reason.chars().count() > 1024
         {
             return Err("reason: longer than 1024 characters".into());
+        }
+        if let Some(reason) = &self.reason
+            && reason.chars().any(char::is_control)
+        {
+            return Err(
+                "reason: control characters (newlines, tabs, escape sequences) are not allowed"
+                    .into(),
+            );
         }
         if let Some(ops) = &self.operations {
             if ops.is_empty() {
@@ -626,6 +657,33 @@ mod tests {
     }
 
     #[test]
+    fn text_from_a_lock_is_escaped_for_terminals() {
+        for (text, shown) in [
+            ("VM snapshot", "VM snapshot"),
+            ("café ünïcode ✓", "café ünïcode ✓"),
+            (
+                "\u{1b}[2K\rconfigmap \"ansi\" deleted\u{1b}[1A",
+                "\\u{1b}[2K\\rconfigmap \"ansi\" deleted\\u{1b}[1A",
+            ),
+            ("two\nlines\ttab", "two\\nlines\\ttab"),
+            ("c1 \u{9b}31m", "c1 \\u{9b}31m"),
+            ("bidi \u{202e}txt.exe", "bidi \\u{202e}txt.exe"),
+            ("nul \u{0}", "nul \\u{0}"),
+        ] {
+            assert_eq!(escape(text), shown, "{text:?}");
+        }
+        assert!(matches!(escape("plain"), std::borrow::Cow::Borrowed(_)));
+        let bad = LockSpec {
+            reason: Some("a\u{1b}[2Kb".into()),
+            ..LockSpec::default()
+        };
+        assert!(
+            bad.validate()
+                .is_err_and(|e| e.contains("control characters"))
+        );
+    }
+
+    #[test]
     fn spec_is_optional_and_defaults_to_empty() {
         for crd in crds() {
             let root = schema(&crd);
@@ -769,7 +827,7 @@ mod tests {
         let schema = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
         let mut rules = Vec::new();
         cel_rules(schema, &[], &mut rules);
-        assert_eq!(rules.len(), 6, "{rules:?}");
+        assert_eq!(rules.len(), 7, "{rules:?}");
         rules.iter().all(|(path, rule)| {
             let Some(value) = path.iter().try_fold(spec, |v, key| v.get(key)) else {
                 return true; // rules apply to fields that are present
@@ -804,6 +862,15 @@ mod tests {
                 serde_json::json!({"reason": "r", "mode": "Warn", "operations": ["DELETE"]}),
                 true,
             ),
+            (
+                serde_json::json!({"reason": "VM snapshot: ünïcode ✓"}),
+                true,
+            ),
+            (serde_json::json!({"reason": "a\u{1b}[2K\rb"}), false),
+            (serde_json::json!({"reason": "two\nlines"}), false),
+            (serde_json::json!({"reason": "tab\there"}), false),
+            (serde_json::json!({"reason": "c1 \u{9b}"}), false),
+            (serde_json::json!({"reason": "del \u{7f}"}), false),
             (serde_json::json!({"exempt": {"users": ["alice"]}}), true),
             (
                 serde_json::json!({"exempt": {"serviceAccounts": ["velero/velero"]}}),

@@ -60,7 +60,9 @@ pub struct RegistrationSettings {
     pub narrow: bool,
     /// Name of the ValidatingWebhookConfiguration to keep narrowed.
     pub name: String,
-    /// More live locks than this: the broad registration (every UPDATE and DELETE is sent).
+    /// More live locks than this: the namespaces with the most Locks are sent whole, largest
+    /// first, until the keys fit; the broad registration (every UPDATE and DELETE is sent) only
+    /// when the ClusterLocks alone exceed it.
     pub max_names: usize,
 }
 

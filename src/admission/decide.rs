@@ -15,6 +15,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::jiff::Timestamp;
 use kube::core::{Selector, SelectorExt};
 
+mod crd;
+
+pub use crd::{crd_deletion, deleted_resource, names_resource_of};
+
 use super::labels::{LabelError, Labels, Target};
 use super::request::{AdmissionRequest, Operation, UserInfo};
 use super::subresources;
@@ -316,7 +320,7 @@ fn decide_reading(
             .spec
             .reason
             .as_deref()
-            .map(|r| format!(": {}", r.trim()))
+            .map(|r| format!(": {}", api::escape(r.trim())))
             .unwrap_or_default();
         verdict = verdict.warn(format!("{lock} (mode Warn) would refuse this{reason}"));
     }
@@ -508,14 +512,14 @@ fn selects(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool 
 fn exemption(spec: &LockSpec, user: &UserInfo) -> Option<String> {
     let exempt = spec.exempt.as_ref()?;
     if exempt.users.iter().any(|u| *u == user.username) {
-        return Some(format!("user {}", user.username));
+        return Some(format!("user {}", api::escape(&user.username)));
     }
     if let Some(group) = user
         .groups
         .iter()
         .find(|g| exempt.groups.iter().any(|e| e == g.as_ref()))
     {
-        return Some(format!("group {group}"));
+        return Some(format!("group {}", api::escape(group)));
     }
     let account = user.username.strip_prefix("system:serviceaccount:")?;
     let (namespace, name) = account.split_once(':')?;
@@ -556,7 +560,7 @@ fn deny_locked(req: &AdmissionRequest, what: &str, locks: &[&LockRef]) -> Verdic
                 .map(str::trim)
                 .filter(|r| !r.is_empty())
             {
-                Some(reason) => format!("{lock}: {reason}"),
+                Some(reason) => format!("{lock}: {}", api::escape(reason)),
                 None => lock.to_string(),
             }
         })
@@ -569,7 +573,8 @@ fn deny_locked(req: &AdmissionRequest, what: &str, locks: &[&LockRef]) -> Verdic
     for lock in locks {
         if let Some(problem) = &lock.problem {
             verdict = verdict.warn(format!(
-                "{lock}: unreadable spec, fails closed until fixed: {problem}"
+                "{lock}: unreadable spec, fails closed until fixed: {}",
+                api::escape(problem)
             ));
         }
     }
@@ -690,17 +695,16 @@ fn namespace_controller() -> UserInfo<'static> {
 
 /// Whether a lock's `resources` name anything that deleting its namespace removes: every
 /// object is deleted, but a rule naming only subresources (`deployments/scale`) never sees a
-/// DELETE, and the lock resources are never locked.
+/// DELETE, and what the registration never sends (the lock kinds, events, leases, reviews) is
+/// never locked ([`subresources::may_be_sent`]).
 fn covers_deletable(spec: &LockSpec) -> bool {
     let Some(rules) = &spec.resources else {
         return true;
     };
     rules.iter().any(|rule| {
         rule.api_groups.iter().any(|group| {
-            rule.resources.iter().any(|resource| {
-                let lock_resource = group == api::GROUP
-                    && matches!(resource.as_str(), api::LOCKS | api::CLUSTER_LOCKS);
-                !resource.contains('/') && !lock_resource
+            (rule.resources.iter()).any(|resource| {
+                !resource.contains('/') && subresources::may_be_sent(group, resource)
             })
         })
     })
@@ -792,8 +796,8 @@ fn is_eviction(req: &AdmissionRequest) -> bool {
 fn describe_object(req: &AdmissionRequest, name: &str) -> String {
     let resource = req.resource.qualified();
     match req.object_namespace() {
-        Some(ns) => format!("{resource} \"{name}\" in namespace \"{ns}\""),
-        None => format!("{resource} \"{name}\""),
+        Some(ns) => format!("{resource} \"{}\" in namespace \"{ns}\"", api::escape(name)),
+        None => format!("{resource} \"{}\"", api::escape(name)),
     }
 }
 

@@ -142,11 +142,12 @@ pub fn refusing_locks<'a>(
 fn refusal(req: &AdmissionRequest, lock: &LockRef, reason: Reason) -> Refusal {
     let operation = req.operation.as_str();
     let mut what = format!("{operation} of {}", req.resource_path());
-    what.push_str(&format!(" \"{}\"", req.object_name().unwrap_or_default()));
+    let name = req.object_name().unwrap_or_default();
+    what.push_str(&format!(" \"{}\"", crate::api::escape(name)));
     if let Some(ns) = req.object_namespace() {
         what.push_str(&format!(" in namespace \"{ns}\""));
     }
-    let user = &req.user_info.username;
+    let user = crate::api::escape(&req.user_info.username);
     let note = match reason {
         Reason::Blocked => format!("{what} by {user} refused"),
         Reason::WouldBlock => format!("{what} by {user} allowed with a warning (mode Warn)"),

@@ -172,10 +172,19 @@ impl AdmissionRequest<'_> {
     }
 
     /// `request.name`, or `oldObject.metadata.name` when that is empty (DELETECOLLECTION items).
+    /// A proxy request's name is read as the API server reads it: `http:db-0:8080` is `db-0`
+    /// ([`subresources::proxied_name`]); one it refuses is kept as written, and names no lock.
     pub fn object_name(&self) -> Option<&str> {
+        let proxied = self.resource.group.is_empty()
+            && self.subresource() == Some("proxy")
+            && subresources::PROXIED.contains(&&*self.resource.resource);
         self.name
             .as_deref()
             .filter(|n| !n.is_empty())
+            .map(|n| match proxied {
+                true => subresources::proxied_name(n).unwrap_or(n),
+                false => n,
+            })
             .or_else(|| {
                 self.old_object
                     .as_ref()

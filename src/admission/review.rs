@@ -220,7 +220,18 @@ impl Reviewer {
                     }
                     None => None,
                 };
-                self.verdict(req, &lookup, read, labels.as_ref(), now)
+                let verdict = self.verdict(req, &lookup, read, labels.as_ref(), now);
+                // Deleting a CRD deletes its objects, in every namespace, without admission.
+                match decide::deleted_resource(req) {
+                    Some(_) => decide::crd_deletion(
+                        req,
+                        verdict,
+                        self.source.all_at_hand().as_deref(),
+                        self.policy.on_lookup_error,
+                        now,
+                    ),
+                    None => verdict,
+                }
             }
         };
         let elapsed = started.elapsed();

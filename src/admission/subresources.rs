@@ -93,6 +93,81 @@ pub fn changing(resource: &str, name: &str) -> Option<&'static Subresource> {
     CHANGING.iter().find(|s| s.matches(resource, name))
 }
 
+/// The objects the registration never sends (`manifests cluster`'s exclusions) or that are
+/// never stored, so never updated or deleted: a Lock naming only these locks nothing, and must
+/// neither widen the registration nor block a namespace's deletion. By `(group, resource)`.
+const NEVER_SENT: &[(&str, &str)] = &[
+    // Unlocking is deleting a lock: the lock group is never sent, whatever its resources.
+    (crate::api::GROUP, "*"),
+    // High-churn traffic the registration leaves out.
+    ("coordination.k8s.io", "leases"),
+    ("*", "events"),
+    // Reviews and bindings: created and answered, never stored.
+    ("authentication.k8s.io", "tokenreviews"),
+    ("authentication.k8s.io", "selfsubjectreviews"),
+    ("authorization.k8s.io", "subjectaccessreviews"),
+    ("authorization.k8s.io", "selfsubjectaccessreviews"),
+    ("authorization.k8s.io", "localsubjectaccessreviews"),
+    ("authorization.k8s.io", "selfsubjectrulesreviews"),
+    ("", "bindings"),
+    ("", "componentstatuses"),
+];
+
+/// Whether a lock rule's `group` and `resource` (either may be `*`; `resource` may name a
+/// subresource, `pods/exec`) can name something the webhook is sent: an object of a resource
+/// the registration sends, or a subresource it sends (the [`CHANGING`] ones, `pods/eviction`
+/// and the CONNECT ones of pods). `status` and every other subresource are never sent.
+pub fn may_be_sent(group: &str, resource: &str) -> bool {
+    if let Some((resource, sub)) = resource.split_once('/') {
+        let core = group == "*" || group.is_empty();
+        let of_pods = core
+            && (resource == "pods" || resource == "*")
+            && matches!(
+                sub,
+                "*" | "eviction" | "exec" | "attach" | "portforward" | "proxy"
+            );
+        let changes = sub == "*"
+            || changing(resource, sub).is_some()
+            || (resource == "*" && CHANGING.iter().any(|s| s.name == sub));
+        return of_pods || (changes && may_be_sent(group, resource));
+    }
+    !(NEVER_SENT.iter()).any(|(g, r)| (*g == "*" || *g == group) && (*r == "*" || *r == resource))
+}
+
+/// Whether a lock's `resources` can name anything the webhook is sent ([`may_be_sent`]): no
+/// `resources` names everything; an empty list, or rules naming only what is never sent (the
+/// lock kinds, events, leases, reviews, `status`), lock nothing.
+pub fn locks_anything(spec: &crate::api::LockSpec) -> bool {
+    let Some(rules) = &spec.resources else {
+        return true;
+    };
+    rules.iter().any(|rule| {
+        (rule.api_groups.iter())
+            .any(|group| (rule.resources.iter()).any(|resource| may_be_sent(group, resource)))
+    })
+}
+
+/// The resources whose `proxy` subresource takes `[scheme:]NAME[:port]` in the name segment.
+pub const PROXIED: [&str; 3] = ["pods", "services", "nodes"];
+
+/// The object name of a proxy request's name segment, split as the API server splits it
+/// (`net.SplitSchemeNamePort` of apimachinery): `NAME`, `NAME:PORT` or `SCHEME:NAME:PORT`, the
+/// scheme `http`, `https` or empty, the name not empty, the port anything (a port name too).
+/// `None` for what the API server refuses with 400 (`invalid pod request`) after admission.
+pub fn proxied_name(segment: &str) -> Option<&str> {
+    let mut parts = segment.split(':');
+    let (first, second, third) = (parts.next(), parts.next(), parts.next());
+    if parts.next().is_some() {
+        return None;
+    }
+    let (scheme, name) = match (first, second, third) {
+        (Some(scheme), Some(name), Some(_)) => (scheme, name),
+        (Some(name), _, None) => ("", name),
+        _ => return None,
+    };
+    (!name.is_empty() && matches!(scheme, "" | "http" | "https")).then_some(name)
+}
+
 /// The `resources` of the webhook rules for one scope: every object (`*`) and every changing
 /// subresource served there.
 pub fn rule_resources(namespaced: bool) -> Vec<String> {
@@ -114,6 +189,63 @@ pub fn rule_resources(namespaced: bool) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn proxy_names_split_as_the_api_server_splits_them() {
+        for (segment, name) in [
+            ("db-0", Some("db-0")),
+            ("db-0:8080", Some("db-0")),
+            ("db-0:", Some("db-0")),
+            ("db-0:metrics", Some("db-0")),
+            ("http:db-0:8080", Some("db-0")),
+            ("https:db-0:8443", Some("db-0")),
+            ("https:db-0:", Some("db-0")),
+            (":db-0:80", Some("db-0")),
+            ("ftp:db-0:21", None),
+            ("HTTP:db-0:80", None),
+            ("http:db-0:80:1", None),
+            ("", None),
+            (":8080", None),
+            ("http::8080", None),
+            ("a:b:c:d", None),
+        ] {
+            assert_eq!(proxied_name(segment), name, "{segment:?}");
+        }
+    }
+
+    #[test]
+    fn what_the_registration_never_sends() {
+        for (group, resource, sent) in [
+            ("", "configmaps", true),
+            ("apps", "deployments", true),
+            ("*", "*", true),
+            ("objectlock.dev", "*", false),
+            ("objectlock.dev", "locks", false),
+            ("objectlock.dev", "clusterlocks", false),
+            ("objectlock.dev", "anything", false),
+            ("*", "locks", true),
+            ("coordination.k8s.io", "leases", false),
+            ("coordination.k8s.io", "*", true),
+            ("*", "leases", true),
+            ("", "events", false),
+            ("events.k8s.io", "events", false),
+            ("*", "events", false),
+            ("authentication.k8s.io", "tokenreviews", false),
+            ("authorization.k8s.io", "subjectaccessreviews", false),
+            ("", "pods/status", false),
+            ("*", "*/status", false),
+            ("", "pods/exec", true),
+            ("", "pods/eviction", true),
+            ("", "pods/log", false),
+            ("apps", "deployments/scale", true),
+            ("apps", "*/scale", true),
+            ("", "pods/*", true),
+            ("objectlock.dev", "locks/*", false),
+            ("", "services/proxy", false),
+        ] {
+            assert_eq!(may_be_sent(group, resource), sent, "{group}/{resource}");
+        }
+    }
 
     #[test]
     fn lookups_by_resource_and_name() {

@@ -232,6 +232,11 @@ impl LockSource for FilesSource {
         format!("files in {}", self.dir.display())
     }
 
+    fn all_at_hand(&self) -> Option<Vec<Arc<LockSet>>> {
+        let snapshot = self.snapshot.read().unwrap_or_else(|e| e.into_inner());
+        Some(snapshot.values().cloned().collect())
+    }
+
     fn lock_counts(&self) -> LockCounts {
         LockCounts::of(
             self.snapshot

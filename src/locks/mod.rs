@@ -22,7 +22,7 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 
 pub use crate::api::{LockKey, LockKind};
-use crate::api::{LockSpec, LockStatus};
+use crate::api::{LockSpec, LockStatus, escape};
 
 /// One lock, as the decision needs it.
 #[derive(Clone, Debug, PartialEq)]
@@ -117,8 +117,8 @@ impl fmt::Display for LockRef {
     /// `Lock prod/app-config` or `ClusterLock lock-demo-reader`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.namespace {
-            Some(ns) => write!(f, "Lock {ns}/{}", self.name),
-            None => write!(f, "ClusterLock {}", self.name),
+            Some(ns) => write!(f, "Lock {}/{}", escape(ns), escape(&self.name)),
+            None => write!(f, "ClusterLock {}", escape(&self.name)),
         }
     }
 }
@@ -264,6 +264,14 @@ pub trait LockSource: Send + Sync + 'static {
     fn index(&self) -> Option<Arc<index::LockIndex>> {
         None
     }
+
+    /// Every lock set (every namespace's and the ClusterLocks), when all are at hand and fresh:
+    /// what deleting a CustomResourceDefinition is decided on, as its objects may be in any
+    /// namespace. `None` when they are not (the index stale or not listed yet).
+    fn all_at_hand(&self) -> Option<Vec<Arc<LockSet>>> {
+        let index = self.index()?;
+        (index.is_fresh() && index.listed()).then(|| index.snapshot().sets.into_values().collect())
+    }
 }
 
 /// Locks known by scope.
@@ -330,6 +338,10 @@ impl LockSource for StaticSource {
 
     fn describe(&self) -> String {
         "static locks".to_owned()
+    }
+
+    fn all_at_hand(&self) -> Option<Vec<Arc<LockSet>>> {
+        Some(self.namespaces.values().cloned().collect())
     }
 
     fn lock_counts(&self) -> LockCounts {

@@ -137,7 +137,10 @@ pub(super) async fn list(
             if args.all_namespaces {
                 row.insert(0, namespace.unwrap_or("-").to_owned());
             }
-            row
+            // Every cell is the Lock's own text: a reason or holder may carry control characters.
+            row.into_iter()
+                .map(|cell| api::escape(&cell).into_owned())
+                .collect()
         })
         .collect();
     let marked = objects

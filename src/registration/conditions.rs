@@ -1,5 +1,4 @@
 //! The narrowed registration's plan, pure: from the live locks, the CEL `matchConditions` and
-//!
 //! namespace selectors of the webhook entries. Invariant: deterministic (sorted) output, so every
 //! instance computes the same; a request's keys are all in one chunk, so it is sent at most once.
 
@@ -7,6 +6,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::jiff::Timestamp;
 
+use crate::admission::subresources;
+use crate::api::{LockOperation, LockSpec};
 use crate::locks::{LockKind, LockRef};
 
 /// Name of the condition holding the locked keys in each narrowed webhook entry.
@@ -16,6 +17,12 @@ pub const CONDITION_NAME: &str = "may-be-locked";
 /// (no `request.name`) `oldObject.metadata.name`. Guarded with `has`: an evaluation error would
 /// refuse the request under `failurePolicy: Fail`.
 pub const NAME_EXPR: &str = "(has(request.name) && request.name != '' ? request.name : (oldObject != null && has(oldObject.metadata) && has(oldObject.metadata.name) ? oldObject.metadata.name : ''))";
+
+/// The name for the CONNECT entries: a proxy request's `request.name` may carry a scheme and a
+/// port (`http:db-0:8080`), split as the API server splits it (`[scheme:]NAME[:port]`, see
+/// [`crate::admission::subresources::proxied_name`]); every other name as [`NAME_EXPR`] has it.
+/// A name the API server refuses (four parts, an unknown scheme) is refused after admission.
+pub const CONNECT_NAME_EXPR: &str = "(has(request.subResource) && request.subResource == 'proxy' && has(request.name) ? (request.name.split(':').size() == 3 ? request.name.split(':')[1] : request.name.split(':')[0]) : (has(request.name) && request.name != '' ? request.name : (oldObject != null && has(oldObject.metadata) && has(oldObject.metadata.name) ? oldObject.metadata.name : '')))";
 
 /// The request's namespace, `''` when absent.
 pub const NAMESPACE_EXPR: &str = "(has(request.namespace) ? request.namespace : '')";
@@ -45,9 +52,10 @@ impl Default for Limits {
 /// Why the broad registration is used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BroadReason {
-    /// More live locks than `registration.max_names`.
+    /// More keys than `registration.max_names` once every namespace is sent whole: the
+    /// ClusterLocks alone exceed it.
     #[error(
-        "{names} live locks exceed registration.max_names ({max}): every UPDATE and DELETE is sent to the webhook"
+        "{names} live locks exceed registration.max_names ({max}), their namespaces each sent whole: every UPDATE and DELETE is sent to the webhook"
     )]
     TooManyNames {
         /// Live locks.
@@ -71,17 +79,12 @@ pub enum BroadReason {
         "lock name {0:?} cannot be written into a CEL condition: every UPDATE and DELETE is sent to the webhook"
     )]
     UnsafeName(String),
-    /// A ClusterLock with a selector may select any cluster-scoped object, whatever its name.
-    #[error(
-        "ClusterLock {0} has a selector, which may select any cluster-scoped object: every UPDATE and DELETE is sent to the webhook"
-    )]
-    ClusterSelector(String),
 }
 
 /// What the registration should say.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan {
-    /// Live (not expired) locks counted against [`Limits::max_names`].
+    /// Live (not expired) locks that can lock something the webhook is sent.
     pub names: usize,
     /// The earliest `expiresAt` of a live lock: the plan changes then.
     pub next_expiry: Option<Timestamp>,
@@ -112,12 +115,25 @@ pub enum Scope {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Clauses {
     /// UPDATE and DELETE (the base entries): also the DELETE of a Namespace holding Locks, and
-    /// everything while a ClusterLock has a selector (the whole plan is broad).
+    /// the DELETE of a CRD whose objects a Lock covers, and the cluster-scoped resources a
+    /// ClusterLock with a selector covers.
     Changes,
-    /// An operation on the locked names only (CREATE, CONNECT): never a Namespace deletion, and
-    /// a ClusterLock with a selector makes the cluster-scoped condition `true` while the
-    /// namespaced keys stay narrowed (a ClusterLock never concerns a namespaced object).
+    /// An operation on the locked names only (CREATE, CONNECT): never a Namespace or CRD
+    /// deletion; a ClusterLock with a selector sends the cluster-scoped resources it covers
+    /// (a ClusterLock never concerns a namespaced object).
     Names,
+    /// As [`Clauses::Names`], for CONNECT: the name of a proxy request is read through
+    /// [`CONNECT_NAME_EXPR`].
+    Connect,
+}
+
+impl Clauses {
+    fn name_expr(self) -> &'static str {
+        match self {
+            Clauses::Connect => CONNECT_NAME_EXPR,
+            Clauses::Changes | Clauses::Names => NAME_EXPR,
+        }
+    }
 }
 
 /// Computes the plan for `locks` at `now`, for the base entries ([`Clauses::Changes`]).
@@ -141,11 +157,17 @@ pub fn plan_with<'a>(
     // Namespace -> Some(names) for named Locks only, None once a selector Lock is seen.
     let mut namespaces: BTreeMap<&str, Option<BTreeSet<&str>>> = BTreeMap::new();
     let mut cluster_locks: BTreeSet<&str> = BTreeSet::new();
-    let mut cluster_selector = None;
+    let mut cluster_selectors: Vec<&LockSpec> = Vec::new();
+    // The groups of the CustomResourceDefinitions whose deletion is sent.
+    let mut crd_groups: BTreeSet<&str> = BTreeSet::new();
     let mut unsafe_name = None;
     for lock in locks {
-        if lock.spec.is_expired(now) {
+        // A lock of nothing the webhook is sent widens nothing.
+        if lock.spec.is_expired(now) || !subresources::locks_anything(&lock.spec) {
             continue;
+        }
+        if lock.spec.operations().contains(&LockOperation::Delete) {
+            crd_groups.extend(deleted_groups(&lock.spec));
         }
         names += 1;
         if let Some(at) = lock.spec.expires_at.as_ref().map(|t| t.0) {
@@ -163,7 +185,7 @@ pub fn plan_with<'a>(
             (LockKind::ClusterLock, _) | (LockKind::Lock, None) => {
                 cluster_locks.insert(&lock.name);
                 if lock.spec.selector.is_some() {
-                    cluster_selector.get_or_insert_with(|| lock.name.clone());
+                    cluster_selectors.push(&lock.spec);
                 }
             }
             (LockKind::Lock, Some(ns)) => {
@@ -186,7 +208,26 @@ pub fn plan_with<'a>(
         scope: Scope::Broad(reason),
         namespaces: Vec::new(),
     };
-    if names > limits.max_names {
+    // Beyond the bound, the namespaces with the most names are sent whole, largest first.
+    let mut keys = cluster_locks.len()
+        + (namespaces.values())
+            .map(|names| names.as_ref().map_or(1, BTreeSet::len))
+            .sum::<usize>();
+    if keys > limits.max_names {
+        let mut largest: Vec<(usize, &str)> = (namespaces.iter())
+            .filter_map(|(ns, names)| Some((names.as_ref()?.len(), *ns)))
+            .filter(|(n, _)| *n > 1)
+            .collect();
+        largest.sort_by(|a, b| b.cmp(a));
+        for (n, ns) in largest {
+            if keys <= limits.max_names {
+                break;
+            }
+            namespaces.insert(ns, None);
+            keys -= n - 1;
+        }
+    }
+    if keys > limits.max_names {
         return broad(BroadReason::TooManyNames {
             names,
             max: limits.max_names,
@@ -194,13 +235,6 @@ pub fn plan_with<'a>(
     }
     if let Some(name) = unsafe_name {
         return broad(BroadReason::UnsafeName(name));
-    }
-    // The conditions name objects; a cluster-scoped selector names none. Rare enough (Namespaces
-    // by label, say) that sending everything while one lives is the simple, safe answer.
-    if let Some(name) = cluster_selector.as_ref()
-        && clauses == Clauses::Changes
-    {
-        return broad(BroadReason::ClusterSelector(name.clone()));
     }
 
     // Namespaced keys, in namespace order: a selector namespace is one key; otherwise one key
@@ -249,19 +283,87 @@ pub fn plan_with<'a>(
             max: limits.max_total_chars,
         });
     }
-    let cluster = match cluster_selector {
-        Some(_) => vec!["true".to_owned()],
-        None => cluster.finish().iter().map(cluster_expr).collect(),
-    };
+    let mut cluster: Vec<String> = (cluster.finish().iter())
+        .map(|chunk| cluster_expr(chunk, clauses.name_expr()))
+        .collect();
+    // What is sent whatever the name, in the first entry: a selector ClusterLock's resources,
+    // and (UPDATE and DELETE) the deletions of the CRDs whose objects a Lock covers.
+    let crds =
+        (clauses == Clauses::Changes && !crd_groups.is_empty()).then(|| crd_expr(&crd_groups));
+    let whatever_the_name = or((cluster_selectors.iter().map(|spec| resources_expr(spec)))
+        .chain(crds)
+        .collect());
+    match (whatever_the_name.as_str(), cluster.first_mut()) {
+        ("false", _) | (_, None) => {}
+        ("true", Some(first)) => *first = "true".to_owned(),
+        (expr, Some(first)) if first == "false" => *first = expr.to_owned(),
+        (expr, Some(first)) => *first = format!("{expr} || {first}"),
+    }
     Plan {
         names,
         next_expiry,
         scope: Scope::Narrow {
-            namespaced: namespaced.iter().map(namespaced_expr).collect(),
+            namespaced: (namespaced.iter())
+                .map(|chunk| namespaced_expr(chunk, clauses.name_expr()))
+                .collect(),
             cluster,
         },
         namespaces: selected,
     }
+}
+
+/// The API groups a lock covering DELETE names exactly, for an object resource (not `*`, not a
+/// subresource only, nothing CEL cannot hold): deleting a CRD of one of them is sent.
+fn deleted_groups(spec: &LockSpec) -> impl Iterator<Item = &str> {
+    (spec.resources.iter().flatten())
+        .filter(|rule| rule.resources.iter().any(|r| !r.contains('/')))
+        .flat_map(|rule| rule.api_groups.iter())
+        .map(String::as_str)
+        .filter(|group| *group != "*" && is_safe(group))
+}
+
+/// The DELETE of a CustomResourceDefinition (named `plural.group`) of one of `groups`.
+fn crd_expr(groups: &BTreeSet<&str>) -> String {
+    let groups: Vec<String> = groups.iter().map(|g| g.to_string()).collect();
+    format!(
+        "(request.resource.group == 'apiextensions.k8s.io' && request.resource.resource == 'customresourcedefinitions' && request.operation == 'DELETE' && {}.contains('|' + {NAME_EXPR}.substring({NAME_EXPR}.indexOf('.') + 1) + '|'))",
+        literal(&groups)
+    )
+}
+
+/// The requests of the resources `spec` covers, whatever the object's name: `true` for every
+/// resource, or when a group or resource cannot be written into CEL.
+fn resources_expr(spec: &LockSpec) -> String {
+    let Some(rules) = &spec.resources else {
+        return "true".to_owned();
+    };
+    let mut parts = Vec::new();
+    for rule in rules {
+        let resources: Vec<String> = (rule.resources.iter())
+            .map(|r| r.split_once('/').map_or(r.as_str(), |(r, _)| r).to_owned())
+            .collect();
+        let check = |values: &[String], field: &str| -> Option<Option<String>> {
+            if values.iter().any(|v| v == "*") {
+                return Some(None);
+            }
+            (values.iter().all(|v| v.is_empty() || is_safe(v)))
+                .then(|| Some(format!("{}.contains('|' + {field} + '|')", literal(values))))
+        };
+        match (
+            check(&rule.api_groups, "request.resource.group"),
+            check(&resources, "request.resource.resource"),
+        ) {
+            (Some(group), Some(resource)) => {
+                let both: Vec<String> = group.into_iter().chain(resource).collect();
+                match both.is_empty() {
+                    true => return "true".to_owned(),
+                    false => parts.push(format!("({})", both.join(" && "))),
+                }
+            }
+            _ => return "true".to_owned(),
+        }
+    }
+    or(parts)
 }
 
 /// The namespaces of a namespaced chunk's keys: list 0 holds namespaces, list 1 `namespace/name`.
@@ -348,7 +450,7 @@ fn or(parts: Vec<String>) -> String {
 }
 
 /// Namespaced entry: list 0 = namespaces with a selector Lock, list 1 = `namespace/name`.
-fn namespaced_expr([selector_namespaces, names]: &[Vec<String>; 2]) -> String {
+fn namespaced_expr([selector_namespaces, names]: &[Vec<String>; 2], name: &str) -> String {
     let mut parts = Vec::new();
     if !selector_namespaces.is_empty() {
         parts.push(format!(
@@ -358,7 +460,7 @@ fn namespaced_expr([selector_namespaces, names]: &[Vec<String>; 2]) -> String {
     }
     if !names.is_empty() {
         parts.push(format!(
-            "{}.contains('|' + {NAMESPACE_EXPR} + '/' + {NAME_EXPR} + '|')",
+            "{}.contains('|' + {NAMESPACE_EXPR} + '/' + {name} + '|')",
             literal(names)
         ));
     }
@@ -366,11 +468,11 @@ fn namespaced_expr([selector_namespaces, names]: &[Vec<String>; 2]) -> String {
 }
 
 /// Cluster entry: list 0 = ClusterLock names, list 1 = namespaces holding Locks.
-fn cluster_expr([cluster_locks, namespaces]: &[Vec<String>; 2]) -> String {
+fn cluster_expr([cluster_locks, namespaces]: &[Vec<String>; 2], name: &str) -> String {
     let mut parts = Vec::new();
     if !cluster_locks.is_empty() {
         parts.push(format!(
-            "{}.contains('|' + {NAME_EXPR} + '|')",
+            "{}.contains('|' + {name} + '|')",
             literal(cluster_locks)
         ));
     }

@@ -38,12 +38,13 @@ pub fn is_operation_entry(name: &str) -> bool {
 pub struct OperationPlan {
     /// The live locks asking for it whose requests an entry can send.
     pub keys: BTreeSet<LockKey>,
-    /// Their conditions ([`Clauses::Names`]).
+    /// Their conditions ([`Clauses::Names`], [`Clauses::Connect`] for CONNECT).
     pub plan: Plan,
 }
 
 impl OperationPlan {
     fn new<'a>(
+        clauses: Clauses,
         locks: impl IntoIterator<Item = &'a LockRef>,
         now: Timestamp,
         limits: &Limits,
@@ -51,7 +52,7 @@ impl OperationPlan {
         let locks: Vec<&LockRef> = locks.into_iter().collect();
         OperationPlan {
             keys: locks.iter().map(|l| l.key()).collect(),
-            plan: conditions::plan_with(Clauses::Names, locks, now, limits),
+            plan: conditions::plan_with(clauses, locks, now, limits),
         }
     }
 
@@ -97,8 +98,9 @@ pub fn plan<'a>(
     };
     let in_a_namespace = |l: &&LockRef| l.kind == LockKind::Lock && l.namespace.is_some();
     OperationsPlan {
-        create: OperationPlan::new(asking(LockOperation::Create), now, limits),
+        create: OperationPlan::new(Clauses::Names, asking(LockOperation::Create), now, limits),
         connect: OperationPlan::new(
+            Clauses::Connect,
             asking(LockOperation::Connect).filter(in_a_namespace),
             now,
             limits,

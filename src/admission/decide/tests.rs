@@ -380,6 +380,87 @@ fn rule_2_a_selector_lock_asking_connect_selects_by_the_pods_labels_read() {
 }
 
 #[test]
+fn rule_2_a_proxy_name_with_a_scheme_or_a_port_is_the_pod_it_names() {
+    let guard = lock("db-0", json!({"operations": ["CONNECT"]}));
+    for name in ["db-0:8080", "http:db-0:8080", "https:db-0:", "db-0:metrics"] {
+        let verdict = run(&connect(name, "proxy"), &[guard.clone()], &[]).expect("lookup");
+        assert!(
+            verdict
+                .refusal
+                .expect(name)
+                .message
+                .starts_with("cannot proxy: pods \"db-0\" in namespace \"prod\" is locked"),
+            "{name}"
+        );
+    }
+    // The API server refuses these names itself (400), after admission: they name no pod.
+    for name in ["ftp:db-0:21", "a:db-0:1:2", "db-1:8080"] {
+        assert!(
+            run(&connect(name, "proxy"), &[guard.clone()], &[])
+                .expect("lookup")
+                .allowed(),
+            "{name}"
+        );
+    }
+    // exec, attach and port-forward take the name as written.
+    assert!(
+        run(&connect("db-0:8080", "exec"), &[guard.clone()], &[])
+            .expect("lookup")
+            .allowed()
+    );
+    // A selector lock reads the labels of the pod the name names.
+    let dbs = lock(
+        "dbs",
+        json!({"operations": ["CONNECT"], "selector": {"matchLabels": {"app": "db"}}}),
+    );
+    let (target, verdict) = run_reading(
+        &connect("http:db-0:8080", "proxy"),
+        &[dbs],
+        app("db"),
+        OnLookupError::Deny,
+    );
+    assert_eq!(
+        target.as_deref(),
+        Some("pods \"db-0\" in namespace \"prod\"")
+    );
+    assert!(!verdict.allowed());
+}
+
+#[test]
+fn text_a_lock_supplies_is_escaped_in_refusals_and_warnings() {
+    // A lock file (or a Lock older than the CRD's rule) may carry control characters.
+    let ansi = "snapshot\u{1b}[2K\r\u{1b}[1Aconfigmap \"ansi\" deleted";
+    let refused = run(
+        &request(json!({})),
+        &[lock("app-config", json!({"reason": ansi}))],
+        &[],
+    )
+    .expect("lookup");
+    let message = refused.refusal.expect("refused").message;
+    assert!(
+        message.contains(
+            "Lock prod/app-config: snapshot\\u{1b}[2K\\r\\u{1b}[1Aconfigmap \"ansi\" deleted (to unlock"
+        ),
+        "{message}"
+    );
+    assert!(!message.contains('\u{1b}') && !message.contains('\r'));
+    let warned = run(
+        &request(json!({})),
+        &[lock("app-config", json!({"mode": "Warn", "reason": ansi}))],
+        &[],
+    )
+    .expect("lookup");
+    assert!(
+        warned
+            .warnings
+            .iter()
+            .all(|w| !w.chars().any(char::is_control)),
+        "{:?}",
+        warned.warnings
+    );
+}
+
+#[test]
 fn rule_3_deletecollection_items_take_the_name_from_old_object() {
     let req = request(json!({"name": null, "oldObject": {"metadata": {"name": "app-config"}}}));
     assert_eq!(
@@ -1180,6 +1261,24 @@ fn rule_8_only_locks_that_would_refuse_deleting_their_objects_block_the_namespac
             in_doomed(
                 "c",
                 json!({"resources": [{"apiGroups": ["objectlock.dev"], "resources": ["locks"]}]}),
+            ),
+        ),
+        (
+            "the whole lock group",
+            in_doomed(
+                "c2",
+                json!({"resources": [{"apiGroups": ["objectlock.dev"], "resources": ["*"]}]}),
+            ),
+        ),
+        (
+            "events, leases and reviews: never sent",
+            in_doomed(
+                "c3",
+                json!({"resources": [
+                    {"apiGroups": ["*"], "resources": ["events"]},
+                    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"]},
+                    {"apiGroups": ["authorization.k8s.io"], "resources": ["localsubjectaccessreviews"]},
+                    {"apiGroups": [""], "resources": ["pods/status"]}]}),
             ),
         ),
         (

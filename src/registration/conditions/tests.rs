@@ -22,9 +22,14 @@ pub(in crate::registration) fn eval(expression: &str, review: &serde_json::Value
     let map = request.as_object_mut().expect("request object");
     let object = map.remove("object").unwrap_or(serde_json::Value::Null);
     let old_object = map.remove("oldObject").unwrap_or(serde_json::Value::Null);
-    let program = cel::Program::compile(expression)
+    // The API server's CEL has the strings extension (`split`).
+    let mut env = cel::Env::stdlib();
+    env.add_extension(cel::extensions::strings)
+        .expect("strings extension");
+    let env = std::sync::Arc::new(env);
+    let program = (env.compile(expression))
         .unwrap_or_else(|e| panic!("{expression} does not compile: {e:?}"));
-    let mut context = cel::Context::default();
+    let mut context = cel::Context::with_env(env);
     for (name, value) in [
         ("request", request),
         ("object", object),
@@ -267,7 +272,7 @@ fn deterministic_whatever_the_order() {
 }
 
 #[test]
-fn beyond_max_names_falls_back_to_broad() {
+fn beyond_max_names_a_namespace_is_sent_whole() {
     let limits = Limits {
         max_names: 3,
         ..Limits::default()
@@ -279,9 +284,17 @@ fn beyond_max_names_falls_back_to_broad() {
         plan(&locks[..3], now(), &limits).scope,
         Scope::Narrow { .. }
     ));
+    let whole = plan(&locks, now(), &limits);
+    assert_eq!(whole.names, 4);
     assert_eq!(
-        plan(&locks, now(), &limits).scope,
-        Scope::Broad(BroadReason::TooManyNames { names: 4, max: 3 })
+        sends(
+            &whole,
+            &with(
+                "configmap-delete-locked.json",
+                &[("/request/namespace", serde_json::json!("ns"))]
+            )
+        ),
+        1
     );
     let too_large = Limits {
         max_total_chars: 20,
@@ -337,13 +350,28 @@ fn at_the_bound_every_expression_fits_and_each_name_hits_one_entry() {
         &[("/request/namespace", serde_json::json!(ns(3)))],
     );
     assert_eq!(sends(&plan, &review), 0);
-    // One more lock: broad.
+    // One more lock: the namespace with the most Locks is sent whole, the others stay named.
     let mut more = locks;
     more.push(LockRef::lock("x", "y", LockSpec::default()));
-    assert!(matches!(
-        super::plan(&more, now(), &limits).scope,
-        Scope::Broad(BroadReason::TooManyNames { .. })
-    ));
+    let more = super::plan(&more, now(), &limits);
+    assert!(
+        matches!(more.scope, Scope::Narrow { .. }),
+        "{:?}",
+        more.scope
+    );
+    let in_ns = |i: usize, name: &str| {
+        with(
+            "configmap-delete-locked.json",
+            &[
+                ("/request/namespace", serde_json::json!(ns(i))),
+                ("/request/name", serde_json::json!(name)),
+            ],
+        )
+    };
+    let sent_whole = (0..40)
+        .filter(|&i| sends(&more, &in_ns(i, "unlocked")) == 1)
+        .count();
+    assert_eq!(sent_whole, 1);
 }
 
 #[test]
@@ -415,15 +443,71 @@ fn with_a_cluster_selector() -> Vec<LockRef> {
     locks
 }
 
+/// A review of `resource` (cluster-scoped) named `name`, with `operation`.
+fn cluster_review(group: &str, resource: &str, name: &str, operation: &str) -> serde_json::Value {
+    with(
+        "configmap-delete-locked.json",
+        &[
+            (
+                "/request/resource",
+                serde_json::json!({"group": group, "version": "v1", "resource": resource}),
+            ),
+            ("/request/namespace", serde_json::Value::Null),
+            ("/request/name", serde_json::json!(name)),
+            ("/request/operation", serde_json::json!(operation)),
+        ],
+    )
+}
+
 #[test]
-fn a_cluster_lock_with_a_selector_sends_everything() {
-    let locks = with_a_cluster_selector();
-    let plan = plan(&locks, now(), &Limits::default());
+fn a_cluster_lock_with_a_selector_sends_the_cluster_scoped_resources_it_covers() {
+    let namespace = |name| cluster_review("", "namespaces", name, "UPDATE");
+    let role = |name| cluster_review("rbac.authorization.k8s.io", "clusterroles", name, "UPDATE");
+    // Every cluster-scoped resource, nothing namespaced beyond the named keys.
+    let plan = plan(&with_a_cluster_selector(), now(), &Limits::default());
+    let Scope::Narrow { cluster, .. } = &plan.scope else {
+        panic!("a ClusterLock's selector widens the cluster-scoped entries only: {plan:?}");
+    };
+    assert_eq!(cluster.first().map(String::as_str), Some("true"));
+    assert_eq!(sends(&plan, &fixture("configmap-delete-unlocked.json")), 0);
+    // Namespaces only: namespaces, whatever their name, and no ClusterRole.
+    let namespaces = [LockRef::cluster_lock(
+        "tiers",
+        spec(
+            serde_json::json!({"selector": {"matchLabels": {"tier": "prod"}},
+            "resources": [{"apiGroups": [""], "resources": ["namespaces"]}]}),
+        ),
+    )];
+    let plan = super::plan(&namespaces, now(), &Limits::default());
+    assert_eq!(sends(&plan, &namespace("any-name")), 1);
+    assert_eq!(sends(&plan, &role("any-name")), 0);
     assert_eq!(
-        plan.scope,
-        Scope::Broad(BroadReason::ClusterSelector("tiers".to_owned()))
+        sends(&plan, &role("tiers")),
+        1,
+        "the ClusterLock's own name"
     );
-    // Expired, it no longer does.
+    let creates = plan_with(Clauses::Names, &namespaces, now(), &Limits::default());
+    let create = |resource: &str, name| {
+        let group = if resource == "namespaces" {
+            ""
+        } else {
+            "rbac.authorization.k8s.io"
+        };
+        cluster_review(group, resource, name, "CREATE")
+    };
+    assert_eq!(sends(&creates, &create("namespaces", "any-name")), 1);
+    assert_eq!(sends(&creates, &create("clusterroles", "any-name")), 0);
+    // The lock kinds only: nothing it could lock is ever sent, so nothing is widened.
+    let lock_kinds = [LockRef::cluster_lock(
+        "locks",
+        spec(serde_json::json!({"selector": {"matchLabels": {"a": "b"}},
+            "resources": [{"apiGroups": ["objectlock.dev"], "resources": ["locks", "clusterlocks"]}]})),
+    )];
+    let plan = super::plan(&lock_kinds, now(), &Limits::default());
+    assert_eq!(plan.names, 0);
+    assert_eq!(sends(&plan, &namespace("any-name")), 0);
+    assert_eq!(sends(&plan, &role("locks")), 0);
+    // Expired, it no longer widens anything.
     let expired = [LockRef::cluster_lock(
         "tiers",
         spec(
@@ -431,11 +515,145 @@ fn a_cluster_lock_with_a_selector_sends_everything() {
         ),
     )];
     let plan = super::plan(&expired, now(), &Limits::default());
-    assert!(
-        matches!(plan.scope, Scope::Narrow { .. }),
-        "{:?}",
-        plan.scope
+    assert_eq!(sends(&plan, &namespace("any-name")), 0);
+}
+
+#[test]
+fn locks_of_nothing_sent_are_not_counted() {
+    let nothing = |name: &str, resources: serde_json::Value| {
+        LockRef::lock(
+            "tenant",
+            name,
+            spec(serde_json::json!({"resources": resources})),
+        )
+    };
+    let locks = [
+        nothing(
+            "a",
+            serde_json::json!([{"apiGroups": ["objectlock.dev"], "resources": ["locks"]}]),
+        ),
+        nothing(
+            "b",
+            serde_json::json!([{"apiGroups": ["*"], "resources": ["events"]}]),
+        ),
+        nothing(
+            "c",
+            serde_json::json!([{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"]}]),
+        ),
+        nothing(
+            "d",
+            serde_json::json!([{"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"]}]),
+        ),
+        nothing(
+            "e",
+            serde_json::json!([{"apiGroups": [""], "resources": ["pods/status"]}]),
+        ),
+    ];
+    let plan = plan(
+        &locks,
+        now(),
+        &Limits {
+            max_names: 1,
+            ..Limits::default()
+        },
     );
+    assert_eq!(plan.names, 0);
+    assert_eq!(plan.namespaces, [Vec::<String>::new()]);
+}
+
+#[test]
+fn a_namespace_beyond_the_bound_is_sent_whole_and_others_stay_narrowed() {
+    let limits = Limits {
+        max_names: 5,
+        ..Limits::default()
+    };
+    let mut locks: Vec<_> = (0..10)
+        .map(|i| LockRef::lock("crowded", &format!("n{i}"), LockSpec::default()))
+        .collect();
+    locks.push(LockRef::lock("quiet", "db", LockSpec::default()));
+    locks.push(LockRef::cluster_lock("node-1", LockSpec::default()));
+    let plan = plan(&locks, now(), &limits);
+    assert_eq!(plan.names, 12);
+    let in_ns = |ns: &str, name: &str| {
+        with(
+            "configmap-delete-locked.json",
+            &[
+                ("/request/namespace", serde_json::json!(ns)),
+                ("/request/name", serde_json::json!(name)),
+            ],
+        )
+    };
+    assert_eq!(sends(&plan, &in_ns("crowded", "anything")), 1);
+    assert_eq!(sends(&plan, &in_ns("quiet", "db")), 1);
+    assert_eq!(sends(&plan, &in_ns("quiet", "other")), 0);
+    assert_eq!(sends(&plan, &in_ns("elsewhere", "n1")), 0);
+    assert_eq!(
+        plan.namespaces,
+        [vec!["crowded".to_owned(), "quiet".to_owned()]]
+    );
+    // The ClusterLocks alone beyond the bound: broad.
+    let cluster: Vec<_> = (0..6)
+        .map(|i| LockRef::cluster_lock(&format!("c{i}"), LockSpec::default()))
+        .collect();
+    assert!(matches!(
+        super::plan(&cluster, now(), &limits).scope,
+        Scope::Broad(BroadReason::TooManyNames { names: 6, max: 5 })
+    ));
+}
+
+#[test]
+fn the_deletion_of_a_crd_whose_objects_a_lock_covers_is_sent() {
+    let widgets = |ns: &str, operations: serde_json::Value, resources: serde_json::Value| {
+        LockRef::lock(
+            ns,
+            "db",
+            spec(serde_json::json!({"operations": operations, "resources": resources})),
+        )
+    };
+    let crd = |name| {
+        cluster_review(
+            "apiextensions.k8s.io",
+            "customresourcedefinitions",
+            name,
+            "DELETE",
+        )
+    };
+    let locks = [widgets(
+        "team",
+        serde_json::json!(["DELETE"]),
+        serde_json::json!([{"apiGroups": ["example.com"], "resources": ["widgets"]}]),
+    )];
+    let plan = plan(&locks, now(), &Limits::default());
+    assert_eq!(sends(&plan, &crd("widgets.example.com")), 1);
+    assert_eq!(sends(&plan, &crd("widgets.other.com")), 0);
+    let update = cluster_review(
+        "apiextensions.k8s.io",
+        "customresourcedefinitions",
+        "widgets.example.com",
+        "UPDATE",
+    );
+    assert_eq!(sends(&plan, &update), 0);
+    // UPDATE-only, every group, a subresource only: not sent.
+    for lock in [
+        widgets(
+            "team",
+            serde_json::json!(["UPDATE"]),
+            serde_json::json!([{"apiGroups": ["example.com"], "resources": ["widgets"]}]),
+        ),
+        widgets(
+            "team",
+            serde_json::json!(["DELETE"]),
+            serde_json::json!([{"apiGroups": ["*"], "resources": ["widgets"]}]),
+        ),
+        widgets(
+            "team",
+            serde_json::json!(["DELETE"]),
+            serde_json::json!([{"apiGroups": ["example.com"], "resources": ["widgets/scale"]}]),
+        ),
+    ] {
+        let plan = super::plan(std::slice::from_ref(&lock), now(), &Limits::default());
+        assert_eq!(sends(&plan, &crd("widgets.example.com")), 0, "{lock:?}");
+    }
 }
 
 #[test]

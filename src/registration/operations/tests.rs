@@ -204,6 +204,12 @@ fn entries_per_operation() {
                 (connect("prod", "db-0", "attach"), &[CONNECT_ENTRY]),
                 (connect("prod", "db-0", "portforward"), &[CONNECT_ENTRY]),
                 (connect("prod", "db-0", "proxy"), &[CONNECT_ENTRY]),
+                // A proxy name carries a scheme and a port, as the API server reads it.
+                (connect("prod", "db-0:8080", "proxy"), &[CONNECT_ENTRY]),
+                (connect("prod", "http:db-0:8080", "proxy"), &[CONNECT_ENTRY]),
+                (connect("prod", "https:db-0:", "proxy"), &[CONNECT_ENTRY]),
+                (connect("prod", "db-1:8080", "proxy"), &[]),
+                (connect("prod", "db-0:8080", "exec"), &[]),
                 (connect("prod", "db-0", "log"), &[]),
                 (connect("prod", "db-1", "exec"), &[]),
                 (connect("dev", "db-0", "exec"), &[]),

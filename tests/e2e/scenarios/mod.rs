@@ -19,6 +19,7 @@ mod narrowing;
 mod operations;
 mod opt_in;
 mod owned;
+mod paths;
 mod plugin;
 mod pods;
 mod registration_cost;
@@ -80,6 +81,10 @@ pub fn all() -> Vec<Scenario> {
         parallel("metrics", metrics::run),
         parallel("lookup-error-allow", lookup_allow::run),
         parallel("plugin-unconfirmed", unconfirmed::run),
+        parallel("path-proxy-port", paths::proxy_port),
+        parallel("path-namespace-nothing", paths::namespace_nothing),
+        parallel("path-reason-control", paths::reason_control),
+        parallel("path-crd-delete", paths::crd_delete),
         // Alone, so that its figures are not those of a loaded machine.
         alone("lock-rights", rights::run),
         alone("latency", latency::run),
@@ -105,6 +110,8 @@ pub fn all() -> Vec<Scenario> {
         alone("unreadable-lock", unreadable::run),
         // Alone: a second API server and webhook instance, which every Lock's status names.
         alone("two-apiservers", two_apiservers::run),
+        // Alone: it stops the webhook, and runs it with a lower registration.max_names.
+        alone("path-tenant-widening", paths::tenant_widening),
         // Alone: it restarts the API server with the static registration and removes the API one.
         alone("static-registration", static_registration::run),
     ]

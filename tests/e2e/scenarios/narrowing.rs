@@ -1,6 +1,7 @@
 //! The registration narrowed to the locked names: the API server accepts the CEL the webhook
 //! writes, sends it writes to locked objects only (counted by the API server's own
-//! `apiserver_admission_webhook_request_total`), goes broad beyond `registration.max_names`,
+//! `apiserver_admission_webhook_request_total`), goes broad when the ClusterLocks alone exceed
+//! `registration.max_names` (a namespace's Locks beyond it widen only their namespace),
 //! and with the webhook stopped refuses only writes to locked objects. Figures: lock to
 //! enforcement including the registration update, and the cost per write of unlocked objects
 //! with 0 to just under 2,000 locked names (the default bound), one client and 16.
@@ -171,8 +172,15 @@ pub fn run(ctx: &Ctx) -> Result<()> {
     })?;
 
     phases.mark("webhook stopped");
-    // Beyond registration.max_names: broad, every write reaches the webhook.
-    restart_serve(
+    // Beyond registration.max_names with ClusterLocks alone: broad, every write reaches the
+    // webhook (a namespace's Locks beyond it would widen only their namespace).
+    let cluster_locks: Vec<String> = (0..3)
+        .map(|i| ctx.cluster_name(&format!("broad-{i}")))
+        .collect();
+    for name in &cluster_locks {
+        ctx.cluster_lock(name, json!({}))?;
+    }
+    let broad = restart_serve(
         ctx,
         &[("KUBE_OBJECT_LOCK__REGISTRATION__MAX_NAMES", "2")],
         |ctx| {
@@ -241,7 +249,13 @@ pub fn run(ctx: &Ctx) -> Result<()> {
             ));
             Ok(())
         },
-    )?;
+    );
+    for name in &cluster_locks {
+        rest.delete(&format!(
+            "/apis/objectlock.dev/v1alpha1/clusterlocks/{name}"
+        ))?;
+    }
+    broad?;
     phases.mark("broad");
     // Narrowed again once the bound is back.
     let start = Instant::now();
@@ -337,7 +351,7 @@ fn restart_serve(
 }
 
 /// The `may-be-locked` conditions of the registration, one per line.
-fn conditions(ctx: &Ctx) -> Result<String> {
+pub fn conditions(ctx: &Ctx) -> Result<String> {
     let reply = ctx.rest().get(&format!("{VWC}/{REGISTRATION}"))?;
     ensure!(reply.ok(), "GET the registration: {}", reply.code);
     let mut out = String::new();
@@ -358,7 +372,7 @@ fn conditions(ctx: &Ctx) -> Result<String> {
 /// Whether an entry (or a line of [`conditions`]) is one of the base entries, which every
 /// version writes, not one of those sending CREATE or CONNECT (`create.objectlock.dev`,
 /// `cluster-create.objectlock.dev`, `connect.objectlock.dev`), which only this one does.
-fn is_base_entry(name: &str) -> bool {
+pub fn is_base_entry(name: &str) -> bool {
     !["create", "cluster-create", "connect"]
         .iter()
         .any(|op| name.starts_with(&format!("{op}.")) || name.starts_with(&format!("{op}-")))

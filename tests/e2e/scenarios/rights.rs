@@ -13,8 +13,8 @@ use crate::kubectl::Out;
 use crate::suite::{Ctx, skip};
 use crate::users::{User, bind, user};
 
-/// Locks and ClusterLocks, nothing else.
-const LOCK_RIGHTS: &str = "rules:\n- apiGroups: [objectlock.dev]\n  resources: [locks, clusterlocks]\n  verbs: [get, list, watch, create, update, patch, delete]\n";
+/// Locks and ClusterLocks (their status and collections too), nothing else.
+const LOCK_RIGHTS: &str = "rules:\n- apiGroups: [objectlock.dev]\n  resources: [locks, clusterlocks, locks/status]\n  verbs: [get, list, watch, create, update, patch, delete, deletecollection]\n";
 /// Locks and ClusterLocks, all but `delete`.
 const LOCK_RIGHTS_NO_DELETE: &str = "rules:\n- apiGroups: [objectlock.dev]\n  resources: [locks, clusterlocks]\n  verbs: [get, list, watch, create, update, patch]\n";
 
@@ -248,6 +248,7 @@ fn policy_checks(ns: &str, bot: &User, alice: &User, bob: &User, carol: &User) -
     // ...nor add a finalizer (the holder's delete would leave it Terminating, still enforced).
     bob.patch_lock(ns, "db-config", finalizer())
         .refused(&format!("{held}: only its holder"))?;
+    held_lock_routes(ns, alice, bob, &held)?;
     // Unheld locks are anyone's with the right to delete Locks.
     bob.k(&["delete", "lock", "worker", "-n", ns]).check()?;
     // The holder changes her own lock; someone granted `unlock` may lift it (dry run: she keeps it).
@@ -261,6 +262,57 @@ fn policy_checks(ns: &str, bot: &User, alice: &User, bob: &User, carol: &User) -
     carol
         .k(&["delete", "lock", "db-config", "-n", ns, "--dry-run=server"])
         .check()?;
+    Ok(())
+}
+
+/// The other routes to lift a held lock, each refused or without effect: removing `holder`,
+/// a server-side apply with force, `replace --force` (a delete, then a create), a collection
+/// delete, and a status write carrying a spec.
+fn held_lock_routes(ns: &str, alice: &User, bob: &User, held: &str) -> Result<()> {
+    bob.patch_lock(ns, "db-config", json!({"spec": {"holder": null}}))
+        .refused(held)?;
+    let unheld = json!({"apiVersion": "objectlock.dev/v1alpha1", "kind": "Lock",
+        "metadata": {"name": "db-config", "namespace": ns},
+        "spec": {"resources": [{"apiGroups": [""], "resources": ["configmaps"]}],
+                 "operations": ["DELETE"]}})
+    .to_string();
+    bob.k_in(
+        &[
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "--field-manager=bob",
+            "-f",
+            "-",
+        ],
+        &unheld,
+    )
+    .refused(held)?;
+    failed_with(&bob.k_in(&["replace", "--force", "-f", "-"], &unheld), held)?;
+    let collection = format!("/apis/objectlock.dev/v1alpha1/namespaces/{ns}/locks?dryRun=All");
+    failed_with(&bob.k(&["delete", "--raw", &collection]), held)?;
+    // The status endpoint keeps the spec: a write through it changes the status at most.
+    let _ = bob.k(&[
+        "patch",
+        "lock",
+        "db-config",
+        "-n",
+        ns,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        r#"{"spec": {"holder": null, "operations": ["DELETE"]}}"#,
+    ]);
+    let lock = bob
+        .k(&["get", "lock", "db-config", "-n", ns, "-o", "json"])
+        .check()?;
+    let lock: serde_json::Value = serde_json::from_str(&lock.stdout)?;
+    ensure!(
+        lock["spec"]["holder"] == json!({"user": alice.name})
+            && lock["spec"]["operations"].is_null(),
+        "routes around the holder changed the held lock: {}",
+        lock["spec"]
+    );
     Ok(())
 }
 
