@@ -18,8 +18,9 @@
 //!   registration, which follows the index, learns of a new Lock from the next list. A resume
 //!   after a clean end is tried only while what the index holds is younger than `stale_after`,
 //!   so the index never goes live holding state older than the bound;
-//! - retries back off from 50 ms to at most 1 s (jittered), so a restarted API server is
-//!   watched again within about a second of answering;
+//! - retries back off from 50 ms to at most 30 s (jittered, [`crate::retry`]), so an API server
+//!   that is down is not hammered; the liveness probe's first answer after failures wakes the
+//!   loop, so a restarted API server is watched again as soon as the probe hears it;
 //! - a watch that goes silent without an error (a frozen API server: its connections stay open,
 //!   nothing ends) is noticed by the liveness probe ([`super::liveness`]) within about 1.5 s:
 //!   while the index is trusted, a probe failure marks it `Stale` at once and drops the stream,
@@ -39,7 +40,7 @@ use super::liveness::Silence;
 use super::parse;
 use super::{LockKey, LockKind, LockRef};
 use crate::metrics::{KindLabels, LockLabels, ModeLabels, SourceMetrics};
-use crate::retry::{self, Backoff};
+use crate::retry::{self, Backoff, LastError};
 
 /// Objects per LIST page (client-go's default).
 const PAGE_SIZE: u32 = 500;
@@ -52,8 +53,7 @@ const WATCH_TIMEOUT_SECS: u32 = 290;
 /// stream is merely resumed. A silent API server is noticed far sooner, by the liveness probe;
 /// this remains the bound for a connection lost while the server answers the probe.
 const IDLE_LIMIT: Duration = Duration::from_secs(75);
-/// A watch that lived at least this long resets the backoff.
-const HEALTHY_FOR: Duration = Duration::from_secs(1);
+
 /// The watch loop of one kind.
 pub(super) struct Writer {
     pub api: Api<DynamicObject>,
@@ -97,6 +97,7 @@ impl Writer {
         let mut unparseable: HashSet<LockKey> = HashSet::new();
         // The resourceVersion to resume from, and until when the index was known complete.
         let mut resume: Option<(String, Instant)> = None;
+        let mut errors = LastError::default();
         loop {
             let (version, known_at) = match resume.take() {
                 Some((version, known_at)) if known_at.elapsed() <= self.index.stale_after() => {
@@ -105,8 +106,10 @@ impl Writer {
                 _ => match self.list(&mut unparseable).await {
                     Ok(version) => (version, Instant::now()),
                     Err(failure) => {
-                        self.failed("list", &failure);
-                        tokio::time::sleep(backoff.next().unwrap_or(retry::MAX_WAIT)).await;
+                        self.failed("list", &failure, &mut errors);
+                        self.silence
+                            .back_off(backoff.next().unwrap_or(retry::MAX_WAIT))
+                            .await;
                         continue;
                     }
                 },
@@ -115,8 +118,10 @@ impl Writer {
                 Ok(stream) => stream,
                 Err(failure) => {
                     // Listed again on the next try: see the module docs.
-                    self.failed("watch", &failure);
-                    tokio::time::sleep(backoff.next().unwrap_or(retry::MAX_WAIT)).await;
+                    self.failed("watch", &failure, &mut errors);
+                    self.silence
+                        .back_off(backoff.next().unwrap_or(retry::MAX_WAIT))
+                        .await;
                     continue;
                 }
             };
@@ -126,6 +131,7 @@ impl Writer {
                 continue;
             }
             self.transition(WatchState::Live, None);
+            errors.clear();
             let opened = Instant::now();
             let (version, ended) = self.follow(stream, version, &mut unparseable).await;
             match ended {
@@ -136,7 +142,7 @@ impl Writer {
                         Some("watch ended; resuming".into()),
                     );
                     resume = Some((version, Instant::now()));
-                    if opened.elapsed() >= HEALTHY_FOR {
+                    if opened.elapsed() >= retry::HEALTHY_FOR {
                         backoff.reset();
                     } else {
                         let wait = backoff.next().unwrap_or(retry::MAX_WAIT);
@@ -149,11 +155,13 @@ impl Writer {
                     }
                 }
                 Some(failure) => {
-                    self.failed("watch", &failure);
-                    if opened.elapsed() >= HEALTHY_FOR {
+                    self.failed("watch", &failure, &mut errors);
+                    if opened.elapsed() >= retry::HEALTHY_FOR {
                         backoff.reset();
                     }
-                    tokio::time::sleep(backoff.next().unwrap_or(retry::MAX_WAIT)).await;
+                    self.silence
+                        .back_off(backoff.next().unwrap_or(retry::MAX_WAIT))
+                        .await;
                 }
             }
         }
@@ -324,18 +332,18 @@ impl Writer {
         }
     }
 
-    fn failed(&self, what: &str, failure: &Failure) {
+    fn failed(&self, what: &str, failure: &Failure, errors: &mut LastError) {
         self.metrics
             .watch_restarts
             .get_or_create(&KindLabels { kind: self.label() })
             .inc();
         let reason = format!("{what} failed: {}", failure.message);
-        // A failure that repeats (an identity that may not watch) is logged once, not per retry.
-        let health = self.index.health(self.kind);
-        if health.state == WatchState::Stale && health.reason.as_deref() == Some(reason.as_str()) {
-            debug!(kind = self.label(), error = %failure.message, "lock {what} failed again; retrying");
+        // A failure that repeats (an identity that may not watch, an API server that is down)
+        // is logged once, not per retry.
+        if errors.is_new(&reason) {
+            warn!(kind = self.label(), error = %failure.message, "lock {what} failed; retrying with backoff");
         } else {
-            warn!(kind = self.label(), error = %failure.message, "lock {what} failed; retrying");
+            debug!(kind = self.label(), error = %failure.message, "lock {what} failed again; retrying");
         }
         self.transition(WatchState::Stale, Some(reason));
     }

@@ -167,7 +167,7 @@ impl Narrower {
             api.clone(),
             watcher::Config::default().fields(&format!("metadata.name={}", self.config.name)),
         )
-        .backoff(retry::watch())
+        .backoff(retry::watcher())
         .boxed();
         let mut locks = index.subscribe();
         // The first round reads what the index already holds.
@@ -252,16 +252,22 @@ impl Narrower {
                 },
                 event = configs.next() => match event {
                     Some(Ok(event)) => {
-                        last_config_error.clear();
+                        // `Init` comes before each re-list, before it is tried: not a success.
+                        if !matches!(event, watcher::Event::Init) {
+                            last_config_error.clear();
+                        }
                         config_changed |= config.apply(event);
                     }
-                    // Once per distinct error: the watcher retries several times a second.
+                    // Once per distinct error, its repeats at debug.
                     Some(Err(error)) => {
+                        let refused = retry::watcher_refusal(&error);
                         let error = error.to_string();
-                        if last_config_error.is_new(&error) {
-                            warn!(%error, name = %self.config.name, "watching the webhook configuration failed; retrying with backoff (registered with `manifests cluster --broad`? set registration.narrow = false)");
-                        } else {
+                        if !last_config_error.is_new(&error) {
                             debug!(%error, "watching the webhook configuration failed again");
+                        } else if refused {
+                            warn!(%error, name = %self.config.name, "watching the webhook configuration failed; retrying with backoff (the webhook's identity may not read it: registered with `manifests cluster --broad`? set registration.narrow = false)");
+                        } else {
+                            warn!(%error, name = %self.config.name, "watching the webhook configuration failed; retrying with backoff");
                         }
                     }
                     None => return,
