@@ -130,9 +130,6 @@ pub async fn lock_source_with_metrics(
             return Err(StartError::TwoSources);
         }
         let (files, report) = FilesSource::open(dir.clone())?;
-        for problem in &report.problems {
-            warn!(%problem, "lock file not loaded");
-        }
         info!(dir = %dir.display(), locks = report.locks, "reading locks from files");
         let files = Arc::new(files);
         let refresh =

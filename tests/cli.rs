@@ -46,7 +46,8 @@ fn help_describes_every_subcommand() {
         ("serve", "--locks-dir"),
         ("certs", "--san"),
         ("crd", "CustomResourceDefinitions"),
-        ("check", "Exit status: 0 allowed, 1 denied, 2"),
+        ("check", "Exit status: 0 allowed, 1 denied, 2 bad input"),
+        ("check", "3 could not decide"),
     ] {
         let out = run(bin().args([sub, "--help"]));
         assert!(out.status.success(), "{sub} --help");
@@ -162,6 +163,79 @@ fn check_exits_by_verdict() {
         "{}",
         stderr(&missing)
     );
+}
+
+/// A lock file that does not read is no lock at all only if `check` says so: it cannot decide
+/// (exit 3), names the file, the line and the field, and prints no answer.
+#[test]
+fn check_cannot_decide_with_a_lock_file_that_does_not_read() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("web.yaml");
+    for (spec, field) in [
+        (
+            "  operations: [DELTE]\n",
+            "7: spec.operations[0]: unknown variant `DELTE`",
+        ),
+        ("  expiresAt: \"tomorrow\"\n", "7: spec.expiresAt: "),
+    ] {
+        std::fs::write(
+            &file,
+            format!("apiVersion: objectlock.dev/v1alpha1\nkind: Lock\nmetadata:\n  name: locked-a\n  namespace: demo-015226\nspec:\n{spec}"),
+        )
+        .expect("write");
+        let out = run(bin()
+            .args(["check", "--locks-dir"])
+            .arg(dir.path())
+            .arg(fixtures.join("configmap-delete-locked.json")));
+        assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+        assert!(out.stdout.is_empty(), "no answer is given");
+        let err = stderr(&out);
+        assert!(
+            err.contains(&format!("{}:{field}", file.display())),
+            "{err}"
+        );
+        assert_eq!(err.lines().count(), 1, "said once: {err}");
+    }
+    let missing = run(bin()
+        .args(["check", "--locks-dir", "/nonexistent/locks"])
+        .arg(fixtures.join("configmap-delete-locked.json")));
+    assert_eq!(missing.status.code(), Some(3), "{}", stderr(&missing));
+    assert_eq!(
+        stderr(&missing)
+            .matches("No such file or directory")
+            .count(),
+        1,
+        "the cause said once: {}",
+        stderr(&missing)
+    );
+}
+
+/// An API server that cannot be reached: `check` says it could not decide (exit 3, not the
+/// 1 of a denial), naming where it read from.
+#[test]
+fn check_cannot_decide_when_the_api_server_does_not_answer() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    // A port nothing listens on: bound, then closed.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind")
+        .port();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!("apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {{server: 'http://127.0.0.1:{port}'}}\ncontexts:\n- name: c\n  context: {{cluster: c, user: u}}\ncurrent-context: c\nusers:\n- name: u\n  user: {{token: t}}\n"),
+    )
+    .expect("write");
+    let out = run(bin()
+        .args(["check", "--kubeconfig"])
+        .arg(&kubeconfig)
+        .arg(fixtures.join("configmap-delete-locked.json")));
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("could not decide"), "{err}");
+    assert!(err.contains(&kubeconfig.display().to_string()), "{err}");
 }
 
 /// `check` answers a real CREATE review: allowed by the default lock, refused with the lock's

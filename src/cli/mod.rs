@@ -45,7 +45,9 @@ pub enum Command {
     Manifests(ManifestsCommand),
     /// Print the AdmissionReview response the server would give to a review read from a file.
     ///
-    /// Exit status: 0 allowed, 1 denied, 2 bad input or no lock source.
+    /// Exit status: 0 allowed, 1 denied, 2 bad input (the review, a flag or a setting), 3 could
+    /// not decide: the locks could not be read (a lock file that does not read, a locks
+    /// directory or API server that cannot be read; the source is named on stderr).
     Check(CheckArgs),
 }
 
