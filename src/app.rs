@@ -70,7 +70,7 @@ pub enum StartError {
     #[error(transparent)]
     PassedSocket(#[from] systemd::PassedSocketError),
     /// The listen address cannot be bound.
-    #[error("cannot listen on {addr} ({key})")]
+    #[error("cannot listen on {addr} (set by {key}{})", crate::settings::flag_of(key).map(|f| format!(" or {f}")).unwrap_or_default())]
     Bind {
         /// The settings key.
         key: &'static str,

@@ -272,6 +272,81 @@ fn check_explains_a_lock_reserving_the_name() {
     );
 }
 
+/// A second instance on one host: `--metrics-listen` moves the metrics listener (over the
+/// environment), and an address that is not one says which flag and what form.
+#[test]
+fn serve_flags_for_a_second_instance_name_what_to_fix() {
+    let certs = Certs::new();
+    let locks = locks_dir();
+    let serve = || {
+        let mut cmd = bin();
+        cmd.args(["serve", "--locks-dir"])
+            .arg(locks.path())
+            .arg("--tls-cert")
+            .arg(certs.path("tls.crt"))
+            .arg("--tls-key")
+            .arg(certs.path("tls.key"));
+        cmd
+    };
+    let hostname = run(serve().args(["--listen", "localhost:18001"]));
+    assert_eq!(hostname.status.code(), Some(1));
+    let err = stderr(&hostname);
+    assert!(
+        err.contains("`server.listen` from the command line (--listen)"),
+        "{err}"
+    );
+    assert!(
+        err.contains("an IP address and port such as 127.0.0.1:8443"),
+        "{err}"
+    );
+
+    let bad_metrics = run(serve().args(["--metrics-listen", "localhost:1"]));
+    assert_eq!(bad_metrics.status.code(), Some(1));
+    assert!(
+        stderr(&bad_metrics).contains("(--metrics-listen)"),
+        "{}",
+        stderr(&bad_metrics)
+    );
+
+    // The flag wins over the environment, and a port in use names the flag.
+    let held = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = held.local_addr().expect("addr").to_string();
+    let taken = run(serve()
+        .args(["--listen", "127.0.0.1:0", "--metrics-listen", &addr])
+        .env("KUBE_OBJECT_LOCK__METRICS__LISTEN", "not-an-address"));
+    assert_eq!(taken.status.code(), Some(1));
+    let err = stderr(&taken);
+    assert!(
+        err.contains(&format!(
+            "cannot listen on {addr} (set by metrics.listen or --metrics-listen)"
+        )),
+        "{err}"
+    );
+    assert_eq!(
+        err.matches("in use").count(),
+        1,
+        "the cause said once: {err}"
+    );
+}
+
+/// A setting with a value it does not take names the setting, where it was set and the values.
+#[test]
+fn a_bad_setting_value_names_the_values_it_takes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("config.toml");
+    std::fs::write(&file, "on_lookup_error = \"maybe\"\n").expect("write");
+    let out = run(bin().args(["serve", "--config"]).arg(&file));
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(
+        err.contains(&format!(
+            "`on_lookup_error` in {}: `maybe` is not a value of it: expected `deny` or `allow`",
+            file.display()
+        )),
+        "{err}"
+    );
+}
+
 #[test]
 fn serve_refuses_bad_configuration_clearly() {
     let certs = Certs::new();

@@ -66,9 +66,15 @@ pub struct ServeArgs {
     #[command(flatten)]
     /// Settings file.
     pub config: ConfigArgs,
-    /// Address to listen on [settings: server.listen; default 127.0.0.1:8443].
+    /// Address to listen on, an IP address and port [settings: server.listen; default
+    /// 127.0.0.1:8443].
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<String>,
+    /// Address of the plain-HTTP /metrics listener, an IP address and port; empty turns it off
+    /// (a second instance on one host needs its own) [settings: metrics.listen; default
+    /// 127.0.0.1:9464].
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<String>,
     /// PEM serving certificate [settings: tls.cert].
     #[arg(long, value_name = "FILE", requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
@@ -250,6 +256,9 @@ impl ServeArgs {
         let mut flags = Vec::new();
         if let Some(listen) = &self.listen {
             flags.push(("server.listen".into(), listen.clone()));
+        }
+        if let Some(listen) = &self.metrics_listen {
+            flags.push(("metrics.listen".into(), listen.clone()));
         }
         push_path(&mut flags, "tls.cert", &self.tls_cert);
         push_path(&mut flags, "tls.key", &self.tls_key);
