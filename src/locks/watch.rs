@@ -18,9 +18,10 @@
 //!   registration, which follows the index, learns of a new Lock from the next list. A resume
 //!   after a clean end is tried only while what the index holds is younger than `stale_after`,
 //!   so the index never goes live holding state older than the bound;
-//! - retries back off from 50 ms to at most 30 s (jittered, [`crate::retry`]), so an API server
-//!   that is down is not hammered; the liveness probe's first answer after failures wakes the
-//!   loop, so a restarted API server is watched again as soon as the probe hears it;
+//! - retries back off from 50 ms: to at most 1 s after a list was answered, to at most 30 s
+//!   (jittered, [`crate::retry`]) while lists fail, so an API server that is down is not
+//!   hammered; the liveness probe's first answer after failures wakes the loop, so a restarted
+//!   API server is watched again as soon as the probe hears it;
 //! - a watch that goes silent without an error (a frozen API server: its connections stay open,
 //!   nothing ends) is noticed by the liveness probe ([`super::liveness`]) within about 1.5 s:
 //!   while the index is trusted, a probe failure marks it `Stale` at once and drops the stream,
@@ -53,6 +54,10 @@ const WATCH_TIMEOUT_SECS: u32 = 290;
 /// stream is merely resumed. A silent API server is noticed far sooner, by the liveness probe;
 /// this remains the bound for a connection lost while the server answers the probe.
 const IDLE_LIMIT: Duration = Duration::from_secs(75);
+/// The longest wait before trying again once a list was answered (the API server is up): the
+/// index, and the narrowed registration that follows it, is never older than one retry even
+/// when no watch can run. Only a failed list backs off further, to [`retry::MAX_WAIT`].
+const LISTED_RETRY: Duration = Duration::from_secs(1);
 
 /// The watch loop of one kind.
 pub(super) struct Writer {
@@ -117,10 +122,12 @@ impl Writer {
             let stream = match self.start_watch(&version, known_at).await {
                 Ok(stream) => stream,
                 Err(failure) => {
-                    // Listed again on the next try: see the module docs.
+                    // Listed again on the next try: see the module docs. The list was
+                    // answered, so the API server is up: at most a second, as the index is
+                    // never older than one retry (an identity that may list but not watch).
                     self.failed("watch", &failure, &mut errors);
                     self.silence
-                        .back_off(backoff.next().unwrap_or(retry::MAX_WAIT))
+                        .back_off(backoff.next().unwrap_or(retry::MAX_WAIT).min(LISTED_RETRY))
                         .await;
                     continue;
                 }
@@ -145,7 +152,7 @@ impl Writer {
                     if opened.elapsed() >= retry::HEALTHY_FOR {
                         backoff.reset();
                     } else {
-                        let wait = backoff.next().unwrap_or(retry::MAX_WAIT);
+                        let wait = backoff.next().unwrap_or(retry::MAX_WAIT).min(LISTED_RETRY);
                         tokio::select! {
                             () = tokio::time::sleep(wait) => {}
                             reason = self.silence.reported() => {
@@ -160,7 +167,7 @@ impl Writer {
                         backoff.reset();
                     }
                     self.silence
-                        .back_off(backoff.next().unwrap_or(retry::MAX_WAIT))
+                        .back_off(backoff.next().unwrap_or(retry::MAX_WAIT).min(LISTED_RETRY))
                         .await;
                 }
             }
