@@ -1,9 +1,10 @@
 //! Retry delays and the logging rule of every retry loop, in one place.
 //!
-//! Every loop that talks to the API server backs off exponentially: from 50 ms for a watch (so a
-//! restarted API server is watched again at once) or from its first wait for a write, doubling,
-//! to at most [`MAX_WAIT`] (jitter included). An API server that is down therefore costs each
-//! loop about two connections a minute once backed off, not a storm. Both are backon's
+//! Every loop that talks to the API server backs off: a watch retries within a second for
+//! [`GRACE`] (so a restarted API server is watched again at once), then from a second doubling
+//! to at most [`MAX_WAIT`] (jitter included); a write from its first wait, doubling, to the same
+//! cap. An API server that is down therefore costs each loop about two connections a minute
+//! once backed off, not a storm. Both are backon's
 //! exponential backoff behind kube-runtime's resettable [`Backoff`] wrapper, so a loop resets it
 //! on success and takes `next()` on failure. kube-runtime's watcher resets its backoff on every
 //! event, `Init` included, which it yields before each re-list, before the list has even been
@@ -18,10 +19,18 @@ use kube::runtime::watcher::ExponentialBackoff;
 
 /// The longest wait between two tries, jitter included.
 pub const MAX_WAIT: Duration = Duration::from_secs(30);
-/// Watch delays: from 50 ms, doubling, capped at 15 s before jitter; the jitter adds up to as
-/// much again, so no wait is longer than [`MAX_WAIT`].
+/// Watch delays within [`GRACE`]: from 50 ms, doubling, capped at 500 ms before jitter; the
+/// jitter adds up to as much again, so no wait is longer than a second.
 const WATCH_MIN: Duration = Duration::from_millis(50);
-pub(crate) const WATCH_MAX: Duration = Duration::from_secs(15);
+const WATCH_MAX: Duration = Duration::from_millis(500);
+/// Delays past [`GRACE`]: from a second, doubling, capped at 15 s before jitter (at most
+/// [`MAX_WAIT`] with it).
+const SLOW_MIN: Duration = Duration::from_secs(1);
+pub(crate) const SLOW_MAX: Duration = Duration::from_secs(15);
+/// How long a loop keeps retrying fast (a restarted API server is back within a second of
+/// answering) before it backs off to half a minute (an API server that is down, or not up
+/// yet at boot, is not hammered).
+pub const GRACE: Duration = Duration::from_secs(10);
 /// The longest wait before retrying a failed write.
 pub const MAX_WRITE_WAIT: Duration = MAX_WAIT;
 /// How long a watch must have run without an error before its backoff starts over.
@@ -29,21 +38,77 @@ pub const HEALTHY_FOR: Duration = Duration::from_secs(1);
 
 pub use kube::runtime::utils::Backoff;
 
-/// The retry delays of a watch loop that resets them itself (after [`HEALTHY_FOR`]).
-pub fn watch() -> ExponentialBackoff {
+fn exponential(min: Duration, max: Duration) -> ExponentialBackoff {
     ExponentialBackoff::from(
         backon::ExponentialBuilder::default()
-            .with_min_delay(WATCH_MIN)
-            .with_max_delay(WATCH_MAX)
+            .with_min_delay(min)
+            .with_max_delay(max)
             .with_factor(2.0)
             .with_jitter()
             .without_max_times(),
     )
 }
 
+/// The retry delays of a watch loop that resets them itself (after [`HEALTHY_FOR`]): at most a
+/// second for [`GRACE`] after the first failure, then growing to [`MAX_WAIT`].
+pub fn watch() -> Patient<ExponentialBackoff> {
+    Patient::new(exponential(WATCH_MIN, WATCH_MAX))
+}
+
+/// The delays of a probe sent every `period`: `period` for [`GRACE`], then growing to
+/// [`MAX_WAIT`].
+pub fn probe(period: Duration) -> Patient<ExponentialBackoff> {
+    Patient::new(ExponentialBackoff::from(
+        backon::ExponentialBuilder::default()
+            .with_min_delay(period)
+            .with_max_delay(period)
+            .with_factor(1.0)
+            .without_max_times(),
+    ))
+}
+
+/// Delays that are `fast` for [`GRACE`] after the first failure, then from a second doubling
+/// to [`MAX_WAIT`] (jittered); a reset starts over.
+pub struct Patient<B> {
+    fast: B,
+    slow: ExponentialBackoff,
+    failing_since: Option<Instant>,
+}
+
+impl<B> Patient<B> {
+    fn new(fast: B) -> Patient<B> {
+        Patient {
+            fast,
+            slow: exponential(SLOW_MIN, SLOW_MAX),
+            failing_since: None,
+        }
+    }
+}
+
+impl<B: Backoff> Iterator for Patient<B> {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        let since = *self.failing_since.get_or_insert_with(Instant::now);
+        if since.elapsed() < GRACE {
+            self.fast.next()
+        } else {
+            self.slow.next()
+        }
+    }
+}
+
+impl<B: Backoff> Backoff for Patient<B> {
+    fn reset(&mut self) {
+        self.failing_since = None;
+        self.fast.reset();
+        self.slow.reset();
+    }
+}
+
 /// The retry delays of a kube-runtime watcher (`.backoff(retry::watcher())`): [`watch`]'s,
 /// reset only by a stream that stayed healthy for [`HEALTHY_FOR`] (see the module docs).
-pub fn watcher() -> Steady<ExponentialBackoff> {
+pub fn watcher() -> Steady<Patient<ExponentialBackoff>> {
     Steady {
         backoff: watch(),
         healthy_since: None,
@@ -148,15 +213,29 @@ impl LastError {
 mod tests {
     use super::*;
 
-    #[test]
-    fn watch_retries_grow_from_50_ms_to_half_a_minute_jitter_included() {
+    #[tokio::test(start_paused = true)]
+    async fn watch_retries_stay_under_a_second_for_the_grace_then_grow_to_half_a_minute() {
         for _ in 0..20 {
-            let waits: Vec<Duration> = watch().take(40).collect();
-            assert_eq!(waits.len(), 40, "retries forever");
-            assert!(waits[0] < Duration::from_millis(101), "{waits:?}");
-            assert!(waits.iter().all(|w| *w <= MAX_WAIT), "{waits:?}");
+            let mut backoff = watch();
+            let mut waited = Duration::ZERO;
+            let mut fast = Vec::new();
+            while waited < GRACE {
+                let wait = backoff.next().expect("forever");
+                fast.push(wait);
+                tokio::time::advance(wait).await;
+                waited += wait;
+            }
+            assert!(fast[0] < Duration::from_millis(101), "{fast:?}");
+            assert!(
+                fast.iter().all(|w| *w <= Duration::from_secs(1)),
+                "{fast:?}"
+            );
+            let slow: Vec<Duration> = (&mut backoff).take(12).collect();
+            assert!(slow.iter().all(|w| *w <= MAX_WAIT), "{slow:?}");
             // Past the cap, jitter still spreads the tries out; a minute sees at most 4 tries.
-            assert!(waits[12..].iter().all(|w| *w >= WATCH_MAX), "{waits:?}");
+            assert!(slow[5..].iter().all(|w| *w >= SLOW_MAX), "{slow:?}");
+            backoff.reset();
+            assert!(backoff.next().expect("forever") < Duration::from_millis(101));
         }
     }
 
@@ -169,7 +248,8 @@ mod tests {
         let first = backoff.next().expect("forever");
         for _ in 0..10 {
             backoff.reset(); // Init
-            backoff.next(); // the list that follows fails
+            let wait = backoff.next().expect("forever"); // the list that follows fails
+            tokio::time::advance(wait).await;
         }
         backoff.reset();
         let later = backoff.next().expect("forever");

@@ -111,10 +111,10 @@ pub(super) fn probe(client: kube::Client) -> (Probe, Silence) {
 
 impl Probe {
     /// Runs until dropped. While connections to the API server fail (it is down, not frozen),
-    /// the probe backs off as every retry loop does ([`crate::retry`]), from [`PERIOD`] to
-    /// half a minute; the first answer after failures wakes the watch loops.
+    /// the probe goes on every [`PERIOD`] for [`retry::GRACE`], then backs off to half a minute
+    /// ([`crate::retry`]); the first answer after failures wakes the watch loops.
     pub async fn run(self) {
-        let mut backoff = retry::write(PERIOD);
+        let mut backoff = retry::probe(PERIOD);
         let mut failing = false;
         loop {
             let started = tokio::time::Instant::now();

@@ -54,9 +54,10 @@ const WATCH_TIMEOUT_SECS: u32 = 290;
 /// stream is merely resumed. A silent API server is noticed far sooner, by the liveness probe;
 /// this remains the bound for a connection lost while the server answers the probe.
 const IDLE_LIMIT: Duration = Duration::from_secs(75);
-/// The longest wait before trying again once a list was answered (the API server is up): the
-/// index, and the narrowed registration that follows it, is never older than one retry even
-/// when no watch can run. Only a failed list backs off further, to [`retry::MAX_WAIT`].
+/// The longest wait before trying again once the API server answered (a list, or an error
+/// status): the index, and the narrowed registration that follows it, is never older than one
+/// retry even when no watch can run. Only a list without an answer (the API server is down)
+/// backs off further, to [`retry::MAX_WAIT`].
 const LISTED_RETRY: Duration = Duration::from_secs(1);
 
 /// The watch loop of one kind.
@@ -72,12 +73,15 @@ pub(super) struct Writer {
 /// Why a list or watch ended.
 struct Failure {
     message: String,
+    /// The API server answered (an error status): it is up.
+    answered: bool,
 }
 
 impl Failure {
     fn from_kube(error: &kube::Error) -> Failure {
         Failure {
             message: error.to_string(),
+            answered: matches!(error, kube::Error::Api(_)),
         }
     }
 }
@@ -112,9 +116,12 @@ impl Writer {
                     Ok(version) => (version, Instant::now()),
                     Err(failure) => {
                         self.failed("list", &failure, &mut errors);
-                        self.silence
-                            .back_off(backoff.next().unwrap_or(retry::MAX_WAIT))
-                            .await;
+                        let mut wait = backoff.next().unwrap_or(retry::MAX_WAIT);
+                        if failure.answered {
+                            // Up, but refusing (RBAC not synced yet after a restart).
+                            wait = wait.min(LISTED_RETRY);
+                        }
+                        self.silence.back_off(wait).await;
                         continue;
                     }
                 },
@@ -198,6 +205,7 @@ impl Writer {
         if version.is_empty() {
             return Err(Failure {
                 message: "the list carries no resourceVersion".into(),
+                answered: true,
             });
         }
         let broken: HashSet<LockKey> = locks
@@ -285,7 +293,7 @@ impl Writer {
             let next = tokio::select! {
                 next = tokio::time::timeout(idle, stream.try_next()) => next,
                 message = self.silence.reported() => {
-                    return (version, Some(Failure { message }));
+                    return (version, Some(Failure { message, answered: false }));
                 }
             };
             let event = match next {
@@ -332,6 +340,7 @@ impl Writer {
                 WatchEvent::Error(status) => {
                     let failure = Failure {
                         message: format!("{} ({}): {}", status.code, status.reason, status.message),
+                        answered: true,
                     };
                     return (version, Some(failure));
                 }
