@@ -129,15 +129,20 @@ pub struct CertsArgs {
 /// What `manifests` prints.
 #[derive(Debug, Subcommand)]
 pub enum ManifestsCommand {
-    /// CRDs, a ClusterRole reading locks and its binding, and the ValidatingWebhookConfiguration,
-    /// for `kubectl apply -f -`.
+    /// Everything for `kubectl apply -f -`: the CRDs; the webhook's ClusterRole (read locks,
+    /// write their status, record refusal events, read labels, and keep its own webhook
+    /// configuration narrowed unless --broad) and its binding; the lock policy (a
+    /// ValidatingAdmissionPolicy on who may lock what) and its binding; the
+    /// ValidatingWebhookConfiguration; and the unlock ClusterRole, bound to no one.
     Cluster(ClusterArgs),
     /// The API server's side of mTLS: an AdmissionConfiguration (for
     /// --admission-control-config-file) and the kubeconfig holding its client certificate, whose
     /// users[].name is the URL's host:port.
     Apiserver(ApiServerArgs),
-    /// The manifest-based webhook configuration (Kubernetes >= 1.37) to place in the API
-    /// server's staticManifestsDir: active before the API serves, not deletable through it.
+    /// The manifest-based webhook configuration to place in the API server's
+    /// staticManifestsDir: active before the API serves, not deletable through it (Kubernetes
+    /// 1.37: beta, on by default; 1.36: alpha, behind the ManifestBasedAdmissionControlConfig
+    /// feature gate).
     Static(RegistrationArgs),
 }
 
@@ -200,7 +205,8 @@ pub struct ApiServerArgs {
     /// /etc/kubernetes/kube-object-lock].
     #[arg(long, value_name = "DIR")]
     pub apiserver_dir: Option<PathBuf>,
-    /// Also load webhook configurations from this directory (staticManifestsDir, Kubernetes >= 1.37).
+    /// Also load webhook configurations from this directory (staticManifestsDir: Kubernetes
+    /// 1.37, or 1.36 with the ManifestBasedAdmissionControlConfig feature gate).
     #[arg(long, value_name = "DIR")]
     pub static_manifests_dir: Option<PathBuf>,
 }
