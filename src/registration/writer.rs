@@ -57,8 +57,8 @@ use super::{
     CONDITIONS_FORMAT, Decision, FORMAT_ANNOTATION, Format, NAMESPACES_FORMAT, NamespaceSelection,
     Registered, RegisteredScope, decide, is_current, webhooks,
 };
-use crate::locks::index::{Change, Follower, LockIndex};
-use crate::locks::{LockKey, LockRef};
+use crate::locks::index::{Change, Follower, LockIndex, WatchState};
+use crate::locks::{LockKey, LockKind, LockRef};
 use crate::metrics::{OutcomeLabels, RegistrationMetrics};
 use crate::retry::{self, Backoff, LastError};
 
@@ -163,12 +163,17 @@ impl Narrower {
     /// the future is dropped.
     pub async fn run(self, index: Arc<LockIndex>) {
         let api: Api<ValidatingWebhookConfiguration> = Api::all(self.client.clone());
-        let mut configs = watcher(
-            api.clone(),
-            watcher::Config::default().fields(&format!("metadata.name={}", self.config.name)),
-        )
-        .backoff(retry::watcher())
-        .boxed();
+        let watch_configs = || {
+            watcher(
+                api.clone(),
+                watcher::Config::default().fields(&format!("metadata.name={}", self.config.name)),
+            )
+            .backoff(retry::watcher())
+            .boxed()
+        };
+        let mut configs = watch_configs();
+        // Whether the configuration's watch is failing (and backing off).
+        let mut configs_failing = false;
         let mut locks = index.subscribe();
         // The first round reads what the index already holds.
         locks.mark_changed();
@@ -244,6 +249,13 @@ impl Narrower {
                     Ok(()) => {
                         locks.borrow_and_update();
                         locks_changed |= view.update(&index);
+                        // The index heard from the API server (its watches are woken as soon
+                        // as it answers again): watch the configuration again now, not at the
+                        // end of a backoff of up to half a minute.
+                        if configs_failing && index.health(LockKind::Lock).state == WatchState::Live {
+                            configs = watch_configs();
+                            configs_failing = false;
+                        }
                     }
                     Err(_) => {
                         warn!("the lock index is gone; the webhook configuration is no longer kept narrowed");
@@ -255,11 +267,13 @@ impl Narrower {
                         // `Init` comes before each re-list, before it is tried: not a success.
                         if !matches!(event, watcher::Event::Init) {
                             last_config_error.clear();
+                            configs_failing = false;
                         }
                         config_changed |= config.apply(event);
                     }
                     // Once per distinct error, its repeats at debug.
                     Some(Err(error)) => {
+                        configs_failing = true;
                         let refused = retry::watcher_refusal(&error);
                         let error = error.to_string();
                         if !last_config_error.is_new(&error) {
