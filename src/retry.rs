@@ -209,9 +209,43 @@ impl LastError {
     }
 }
 
+/// An error and its causes on one line, each said once: a cause whose text the message already
+/// holds (a `thiserror` message that prints its `#[source]`) is not repeated, so the line reads
+/// `cannot read locks directory /x: No such file or directory (os error 2)`, not that twice.
+pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut line = error.to_string();
+    let mut cause = error.source();
+    while let Some(next) = cause {
+        let text = next.to_string();
+        if !text.is_empty() && !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        cause = next.source();
+    }
+    line
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("cannot read locks directory /x: {0}")]
+    struct Dir(#[source] std::io::Error);
+
+    #[test]
+    fn each_cause_is_said_once() {
+        let io = || std::io::Error::from(std::io::ErrorKind::NotFound);
+        let inner = anyhow::Error::new(Dir(io())).context("cannot start the webhook");
+        assert_eq!(
+            error_chain(inner.as_ref()),
+            format!(
+                "cannot start the webhook: cannot read locks directory /x: {}",
+                io()
+            )
+        );
+    }
 
     #[tokio::test(start_paused = true)]
     async fn watch_retries_stay_under_a_second_for_the_grace_then_grow_to_half_a_minute() {

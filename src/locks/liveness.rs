@@ -129,11 +129,12 @@ impl Probe {
                     PERIOD
                 }
                 Err(error) => {
+                    let described = retry::error_chain(&error);
                     if failing {
-                        debug!(%error, "the API server is still silent");
+                        debug!(error = %described, "the API server is still silent");
                     } else {
                         warn!(
-                            %error,
+                            error = %described,
                             "the API server did not answer the liveness probe: the lock index is stale until a new list and watch"
                         );
                     }

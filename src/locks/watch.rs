@@ -80,7 +80,8 @@ struct Failure {
 impl Failure {
     fn from_kube(error: &kube::Error) -> Failure {
         Failure {
-            message: error.to_string(),
+            // With its causes: `client error (Connect)` alone does not say "connection refused".
+            message: retry::error_chain(error),
             answered: matches!(error, kube::Error::Api(_)),
         }
     }

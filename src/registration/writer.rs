@@ -275,7 +275,7 @@ impl Narrower {
                     Some(Err(error)) => {
                         configs_failing = true;
                         let refused = retry::watcher_refusal(&error);
-                        let error = error.to_string();
+                        let error = retry::error_chain(&error);
                         if !last_config_error.is_new(&error) {
                             debug!(%error, "watching the webhook configuration failed again");
                         } else if refused {

@@ -79,7 +79,7 @@ pub fn follow(
                     }
                     Some(Err(error)) => {
                         let refused = retry::watcher_refusal(&error);
-                        let error = error.to_string();
+                        let error = retry::error_chain(&error);
                         if !last_error.is_new(&error) {
                             debug!(%error, "watching namespaces failed again");
                         } else if refused {
