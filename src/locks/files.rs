@@ -5,9 +5,11 @@
 //! service run without a cluster and pins static locks on critical objects.
 //!
 //! The directory is polled and a file is parsed again only when its bytes change. A file that
-//! does not parse is reported by path and line and keeps the locks it had when it last parsed
-//! (a botched edit must not silently unlock anything); the other files are unaffected. A file
-//! that is removed takes its locks with it.
+//! does not read is reported by path, line and field. At start-up that is an error: there are
+//! no last good locks, and starting without the file's would unlock what it names. On a reload
+//! the file keeps the locks it had when it last parsed (a botched edit must not silently
+//! unlock anything); the other files are unaffected. A file that is removed takes its locks
+//! with it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
