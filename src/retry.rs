@@ -28,9 +28,9 @@ const WATCH_MAX: Duration = Duration::from_millis(500);
 const SLOW_MIN: Duration = Duration::from_secs(1);
 pub(crate) const SLOW_MAX: Duration = Duration::from_secs(15);
 /// How long a loop keeps retrying fast (a restarted API server is back within a second of
-/// answering) before it backs off to half a minute (an API server that is down, or not up
-/// yet at boot, is not hammered).
-pub const GRACE: Duration = Duration::from_secs(10);
+/// answering; a restart on a loaded host can take 20 s) before it backs off to half a minute
+/// (an API server that is down, or not up yet at boot, is not hammered).
+pub const GRACE: Duration = Duration::from_secs(30);
 /// The longest wait before retrying a failed write.
 pub const MAX_WRITE_WAIT: Duration = MAX_WAIT;
 /// How long a watch must have run without an error before its backoff starts over.
