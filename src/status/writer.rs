@@ -247,6 +247,8 @@ pub async fn run(
             .await;
         // One line per pass, not per lock: a missing permission fails every lock at once.
         let (mut failed, mut first_failure, mut refused) = (0usize, String::new(), false);
+        // The error alone, without the lock: the same failure of every lock is one line.
+        let mut first_error = String::new();
         for (lock, want, result) in results {
             let outcome = match &result {
                 Ok(_) => "success",
@@ -275,7 +277,8 @@ pub async fn run(
                     let delay = retry::write_delay(FIRST_RETRY, attempts);
                     failed += 1;
                     if failed == 1 {
-                        first_failure = format!("{}: {error}", lock.key);
+                        first_error = retry::error_chain(&error);
+                        first_failure = format!("{}: {first_error}", lock.key);
                         refused = retry::is_refusal(&error);
                     }
                     books.retries.insert(
@@ -290,7 +293,7 @@ pub async fn run(
         }
         // Once per distinct error until a write succeeds; its repeats at debug.
         if failed > 0 {
-            if !errors.is_new(&first_failure) {
+            if !errors.is_new(&first_error) {
                 debug!(failed, first = %first_failure, "cannot write lock status, again");
             } else if refused {
                 warn!(failed, first = %first_failure,
