@@ -185,9 +185,10 @@ pub fn escape(text: &str) -> std::borrow::Cow<'_, str> {
 }
 
 /// Locks the object with the same name in the same namespace: while this Lock exists, UPDATE
-/// and DELETE of that object are refused by the kube-object-lock admission webhook. Delete the
-/// Lock to unlock. Every field is optional; an empty spec locks every UPDATE and DELETE of
-/// every resource with the Lock's name.
+/// and DELETE of that object (or the operations spec.operations names: also CREATE and
+/// CONNECT) are refused by the kube-object-lock admission webhook. Delete the Lock to unlock.
+/// Every field is optional; an empty spec locks every UPDATE and DELETE of every resource with
+/// the Lock's name.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[kube(
     group = "objectlock.dev",
@@ -198,7 +199,7 @@ pub fn escape(text: &str) -> std::borrow::Cow<'_, str> {
     category = "objectlocks",
     derive = "PartialEq",
     status = "LockStatus",
-    doc = "Locks the namespaced object of the same name in the same namespace against UPDATE and DELETE.",
+    doc = "Locks the namespaced object of the same name in the same namespace against UPDATE and DELETE, or the operations spec.operations names (UPDATE, DELETE, CREATE, CONNECT).",
     printcolumn = r#"{"name":"Enforced","type":"integer","jsonPath":".status.enforcedCount","description":"How many kube-object-lock instances enforce the lock (entries in status.enforcedBy); empty until one has seen it"}"#,
     printcolumn = r#"{"name":"Mode","type":"string","jsonPath":".spec.mode","description":"Enforce (refuse) or Warn (allow with a warning); empty means Enforce"}"#,
     printcolumn = r#"{"name":"Expires","type":"string","jsonPath":".spec.expiresAt","description":"When the lock stops applying (RFC 3339); empty means never"}"#,
@@ -503,8 +504,9 @@ impl std::fmt::Display for Holder {
 }
 
 /// Locks the cluster-scoped object of the same name (a Namespace, a ClusterRole, a
-/// PersistentVolume, ...): while this ClusterLock exists, UPDATE and DELETE of that object are
-/// refused. Delete the ClusterLock to unlock.
+/// PersistentVolume, ...): while this ClusterLock exists, UPDATE and DELETE of that object (or
+/// the operations spec.operations names: also CREATE and CONNECT) are refused. Delete the
+/// ClusterLock to unlock.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(
     group = "objectlock.dev",
@@ -514,7 +516,7 @@ impl std::fmt::Display for Holder {
     category = "objectlocks",
     derive = "PartialEq",
     status = "LockStatus",
-    doc = "Locks the cluster-scoped object of the same name against UPDATE and DELETE.",
+    doc = "Locks the cluster-scoped object of the same name against UPDATE and DELETE, or the operations spec.operations names (UPDATE, DELETE, CREATE, CONNECT).",
     printcolumn = r#"{"name":"Enforced","type":"integer","jsonPath":".status.enforcedCount","description":"How many kube-object-lock instances enforce the lock (entries in status.enforcedBy); empty until one has seen it"}"#,
     printcolumn = r#"{"name":"Mode","type":"string","jsonPath":".spec.mode","description":"Enforce (refuse) or Warn (allow with a warning); empty means Enforce"}"#,
     printcolumn = r#"{"name":"Expires","type":"string","jsonPath":".spec.expiresAt","description":"When the lock stops applying (RFC 3339); empty means never"}"#,

@@ -70,7 +70,7 @@ pub enum StartError {
     #[error(transparent)]
     PassedSocket(#[from] systemd::PassedSocketError),
     /// The listen address cannot be bound.
-    #[error("cannot listen on {addr} ({key})")]
+    #[error("cannot listen on {addr} (set by {key}{})", crate::settings::flag_of(key).map(|f| format!(" or {f}")).unwrap_or_default())]
     Bind {
         /// The settings key.
         key: &'static str,
@@ -130,9 +130,6 @@ pub async fn lock_source_with_metrics(
             return Err(StartError::TwoSources);
         }
         let (files, report) = FilesSource::open(dir.clone())?;
-        for problem in &report.problems {
-            warn!(%problem, "lock file not loaded");
-        }
         info!(dir = %dir.display(), locks = report.locks, "reading locks from files");
         let files = Arc::new(files);
         let refresh =

@@ -192,8 +192,16 @@ async fn flush(
                     s.event = None;
                     s.written = 0;
                 }
-                warn!(lock = %key.lock, %error, failures = s.failures,
-                    "cannot write refusal event (needs create and patch on events.events.k8s.io)");
+                // Once per lock until a write succeeds, its repeats at debug; the hint only
+                // where the API server refused what was asked.
+                if s.failures > 1 {
+                    debug!(lock = %key.lock, %error, failures = s.failures, "cannot write refusal event, again");
+                } else if crate::retry::is_refusal(&error) {
+                    warn!(lock = %key.lock, %error, failures = s.failures,
+                        "cannot write refusal event (needs create and patch on events.events.k8s.io)");
+                } else {
+                    warn!(lock = %key.lock, %error, failures = s.failures, "cannot write refusal event");
+                }
                 if s.failures >= MAX_FAILURES {
                     let lost = u64::try_from(s.count - s.written).unwrap_or(0);
                     metrics

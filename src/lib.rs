@@ -35,3 +35,5 @@ pub mod status;
 pub mod systemd;
 pub mod telemetry;
 pub mod tls;
+
+pub use retry::error_chain;

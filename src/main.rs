@@ -1,11 +1,13 @@
 #![forbid(unsafe_code)]
 //! The `kube-object-lock` binary: parse, set up, hand off to the library; errors become exit
-//! codes (1 = failure or denied, 2 = bad input).
+//! codes (1 = failure or denied, 2 = bad input, 3 = `check` could not read the locks).
 
+use std::io::Write;
 use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
+use kube_object_lock::admission::Outcome;
 use kube_object_lock::cli::{Cli, Command, certs};
 use kube_object_lock::settings::{LogFormat, LogSettings, LogTarget, Settings};
 use kube_object_lock::{api, app, cli, server, systemd, telemetry};
@@ -66,14 +68,20 @@ async fn run(cli: Cli) -> ExitCode {
             });
             match cli::check::check(&settings, &args.review).await {
                 Ok(result) => {
-                    println!("{}", result.response);
-                    if result.allowed {
-                        ExitCode::SUCCESS
-                    } else {
-                        ExitCode::from(1)
+                    // A closed pipe (`| head`) is not an error of the check.
+                    let _ = writeln!(std::io::stdout(), "{}", result.response);
+                    if result.outcome == Outcome::Error {
+                        eprintln!(
+                            "kube-object-lock: could not decide: the locks could not be read from {} (the answer above is on_lookup_error's)",
+                            result.source
+                        );
                     }
+                    ExitCode::from(result.exit_code())
                 }
-                Err(e) => fail(2, e.into()),
+                Err(e) => {
+                    let code = e.exit_code();
+                    fail(code, e.into())
+                }
             }
         }
     }
@@ -172,6 +180,9 @@ fn fail(code: u8, error: anyhow::Error) -> ExitCode {
     } else {
         ""
     };
-    eprintln!("{priority}kube-object-lock: {error:#}");
+    eprintln!(
+        "{priority}kube-object-lock: {}",
+        kube_object_lock::error_chain(error.as_ref())
+    );
     ExitCode::from(code)
 }

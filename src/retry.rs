@@ -1,37 +1,147 @@
 //! Retry delays and the logging rule of every retry loop, in one place.
 //!
-//! Two shapes of retry exist here: a watch on Locks (or on the webhook configuration) that must
-//! come back within a second of the API server being ready again, and a write that may back off
-//! to half a minute. Both are backon's exponential backoff behind kube-runtime's resettable
-//! [`Backoff`] wrapper, so a loop resets it on success and takes `next()` on failure.
+//! Every loop that talks to the API server backs off: a watch retries within a second for
+//! [`GRACE`] (so a restarted API server is watched again at once), then from a second doubling
+//! to at most [`MAX_WAIT`] (jitter included); a write from its first wait, doubling, to the same
+//! cap. An API server that is down therefore costs each loop about two connections a minute
+//! once backed off, not a storm. Both are backon's
+//! exponential backoff behind kube-runtime's resettable [`Backoff`] wrapper, so a loop resets it
+//! on success and takes `next()` on failure. kube-runtime's watcher resets its backoff on every
+//! event, `Init` included, which it yields before each re-list, before the list has even been
+//! tried: [`watcher`] wraps the delays so that a reset counts only once the stream has been
+//! healthy for [`HEALTHY_FOR`].
 
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use kube::runtime::watcher::ExponentialBackoff;
 
-/// The longest wait between two tries of a watch, jitter included.
-pub const MAX_WAIT: Duration = Duration::from_secs(1);
-/// Watch delays: from 50 ms, doubling, capped at 500 ms before jitter; the jitter adds up to as
-/// much again, so no wait is longer than [`MAX_WAIT`].
+/// The longest wait between two tries, jitter included.
+pub const MAX_WAIT: Duration = Duration::from_secs(30);
+/// Watch delays within [`GRACE`]: from 50 ms, doubling, capped at 500 ms before jitter; the
+/// jitter adds up to as much again, so no wait is longer than a second.
 const WATCH_MIN: Duration = Duration::from_millis(50);
-pub(crate) const WATCH_MAX: Duration = Duration::from_millis(500);
+const WATCH_MAX: Duration = Duration::from_millis(500);
+/// Delays past [`GRACE`]: from a second, doubling, capped at 15 s before jitter (at most
+/// [`MAX_WAIT`] with it).
+const SLOW_MIN: Duration = Duration::from_secs(1);
+pub(crate) const SLOW_MAX: Duration = Duration::from_secs(15);
+/// How long a loop keeps retrying fast (a restarted API server is back within a second of
+/// answering; a restart on a loaded host can take 20 s) before it backs off to half a minute
+/// (an API server that is down, or not up yet at boot, is not hammered).
+pub const GRACE: Duration = Duration::from_secs(30);
 /// The longest wait before retrying a failed write.
-pub const MAX_WRITE_WAIT: Duration = Duration::from_secs(30);
+pub const MAX_WRITE_WAIT: Duration = MAX_WAIT;
+/// How long a watch must have run without an error before its backoff starts over.
+pub const HEALTHY_FOR: Duration = Duration::from_secs(1);
 
 pub use kube::runtime::utils::Backoff;
 
-/// The retry delays of every watch: at most [`MAX_WAIT`], jitter included, so that a restarted
-/// API server is watched again within a second of being ready, not after kube-runtime's default
-/// of up to 30 s.
-pub fn watch() -> ExponentialBackoff {
+fn exponential(min: Duration, max: Duration) -> ExponentialBackoff {
     ExponentialBackoff::from(
         backon::ExponentialBuilder::default()
-            .with_min_delay(WATCH_MIN)
-            .with_max_delay(WATCH_MAX)
+            .with_min_delay(min)
+            .with_max_delay(max)
             .with_factor(2.0)
             .with_jitter()
             .without_max_times(),
     )
+}
+
+/// The retry delays of a watch loop that resets them itself (after [`HEALTHY_FOR`]): at most a
+/// second for [`GRACE`] after the first failure, then growing to [`MAX_WAIT`].
+pub fn watch() -> Patient<ExponentialBackoff> {
+    Patient::new(exponential(WATCH_MIN, WATCH_MAX))
+}
+
+/// The delays of a probe sent every `period`: `period` for [`GRACE`], then growing to
+/// [`MAX_WAIT`].
+pub fn probe(period: Duration) -> Patient<ExponentialBackoff> {
+    Patient::new(ExponentialBackoff::from(
+        backon::ExponentialBuilder::default()
+            .with_min_delay(period)
+            .with_max_delay(period)
+            .with_factor(1.0)
+            .without_max_times(),
+    ))
+}
+
+/// Delays that are `fast` for [`GRACE`] after the first failure, then from a second doubling
+/// to [`MAX_WAIT`] (jittered); a reset starts over.
+pub struct Patient<B> {
+    fast: B,
+    slow: ExponentialBackoff,
+    failing_since: Option<Instant>,
+}
+
+impl<B> Patient<B> {
+    fn new(fast: B) -> Patient<B> {
+        Patient {
+            fast,
+            slow: exponential(SLOW_MIN, SLOW_MAX),
+            failing_since: None,
+        }
+    }
+}
+
+impl<B: Backoff> Iterator for Patient<B> {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        let since = *self.failing_since.get_or_insert_with(Instant::now);
+        if since.elapsed() < GRACE {
+            self.fast.next()
+        } else {
+            self.slow.next()
+        }
+    }
+}
+
+impl<B: Backoff> Backoff for Patient<B> {
+    fn reset(&mut self) {
+        self.failing_since = None;
+        self.fast.reset();
+        self.slow.reset();
+    }
+}
+
+/// The retry delays of a kube-runtime watcher (`.backoff(retry::watcher())`): [`watch`]'s,
+/// reset only by a stream that stayed healthy for [`HEALTHY_FOR`] (see the module docs).
+pub fn watcher() -> Steady<Patient<ExponentialBackoff>> {
+    Steady {
+        backoff: watch(),
+        healthy_since: None,
+    }
+}
+
+/// A backoff whose `reset` takes effect only if no failure (`next`) came within
+/// [`HEALTHY_FOR`] of it: an event right before the next failure does not start it over.
+pub struct Steady<B> {
+    backoff: B,
+    /// The first reset asked for since the last failure.
+    healthy_since: Option<Instant>,
+}
+
+impl<B: Backoff> Iterator for Steady<B> {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        if self
+            .healthy_since
+            .take()
+            .is_some_and(|since| since.elapsed() >= HEALTHY_FOR)
+        {
+            self.backoff.reset();
+        }
+        self.backoff.next()
+    }
+}
+
+impl<B: Backoff> Backoff for Steady<B> {
+    fn reset(&mut self) {
+        self.healthy_since.get_or_insert_with(Instant::now);
+    }
 }
 
 /// The retry delays of a write: from `first`, doubling, at most [`MAX_WRITE_WAIT`].
@@ -52,42 +162,191 @@ pub fn write_delay(first: Duration, attempt: u32) -> Duration {
     write(first).nth(nth).unwrap_or(MAX_WRITE_WAIT)
 }
 
-/// The last error of a retry loop, so that a failure repeated on every retry is logged once
-/// (at warn), and its repeats at debug; a different error, or the same one after a success,
-/// counts as new again.
+/// Whether a failed request was refused by the API server for what it asks (403 Forbidden,
+/// 404 Not Found): the errors a missing permission or resource gives, for which a hint about
+/// RBAC or registration helps. A connection error or a timeout is not one of them.
+pub fn is_refusal(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::Api(status) if status.code == 403 || status.code == 404)
+}
+
+/// [`is_refusal`] for an error of kube-runtime's watcher.
+pub fn watcher_refusal(error: &kube::runtime::watcher::Error) -> bool {
+    use kube::runtime::watcher::Error;
+    match error {
+        Error::InitialListFailed(e) | Error::WatchStartFailed(e) | Error::WatchFailed(e) => {
+            is_refusal(e)
+        }
+        Error::WatchError(status) => status.code == 403 || status.code == 404,
+        Error::NoResourceVersion => false,
+    }
+}
+
+/// The errors of a retry loop since its last success, so that a failure repeated on every retry
+/// is logged once (at warn), and its repeats at debug, even when two errors take turns (a
+/// refused connection, then one cut while sending); after a success every error is new again.
 #[derive(Debug, Default)]
-pub struct LastError(Option<String>);
+pub struct LastError(Vec<String>);
+
+/// Distinct errors remembered between two successes (the oldest is forgotten first).
+const REMEMBERED: usize = 8;
 
 impl LastError {
-    /// Records `error`; true when it differs from the one before (log it).
+    /// Records `error`; true when it was not seen since the last success (log it).
     pub fn is_new(&mut self, error: &str) -> bool {
-        if self.0.as_deref() == Some(error) {
+        if self.0.iter().any(|seen| seen == error) {
             return false;
         }
-        self.0 = Some(error.to_owned());
+        if self.0.len() == REMEMBERED {
+            self.0.remove(0);
+        }
+        self.0.push(error.to_owned());
         true
     }
 
     /// The loop succeeded: the next error is new, whatever it is.
     pub fn clear(&mut self) {
-        self.0 = None;
+        self.0.clear();
     }
+}
+
+/// An error and its causes on one line, each said once: a cause whose text the message already
+/// holds (a `thiserror` message that prints its `#[source]`) is not repeated, so the line reads
+/// `cannot read locks directory /x: No such file or directory (os error 2)`, not that twice.
+pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut line = error.to_string();
+    let mut cause = error.source();
+    while let Some(next) = cause {
+        let text = next.to_string();
+        if !text.is_empty() && !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        cause = next.source();
+    }
+    line
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    #[derive(Debug, thiserror::Error)]
+    #[error("cannot read locks directory /x: {0}")]
+    struct Dir(#[source] std::io::Error);
+
     #[test]
-    fn no_watch_retry_waits_longer_than_a_second_jitter_included() {
+    fn each_cause_is_said_once() {
+        let io = || std::io::Error::from(std::io::ErrorKind::NotFound);
+        let inner = anyhow::Error::new(Dir(io())).context("cannot start the webhook");
+        assert_eq!(
+            error_chain(inner.as_ref()),
+            format!(
+                "cannot start the webhook: cannot read locks directory /x: {}",
+                io()
+            )
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn watch_retries_stay_under_a_second_for_the_grace_then_grow_to_half_a_minute() {
         for _ in 0..20 {
-            let waits: Vec<Duration> = watch().take(40).collect();
-            assert_eq!(waits.len(), 40, "retries forever");
-            assert!(waits[0] < Duration::from_millis(101), "{waits:?}");
-            assert!(waits.iter().all(|w| *w <= MAX_WAIT), "{waits:?}");
-            // Past the cap, jitter still spreads the tries out.
-            assert!(waits[10..].iter().all(|w| *w >= WATCH_MAX), "{waits:?}");
+            let mut backoff = watch();
+            let mut waited = Duration::ZERO;
+            let mut fast = Vec::new();
+            while waited < GRACE {
+                let wait = backoff.next().expect("forever");
+                fast.push(wait);
+                tokio::time::advance(wait).await;
+                waited += wait;
+            }
+            assert!(fast[0] < Duration::from_millis(101), "{fast:?}");
+            assert!(
+                fast.iter().all(|w| *w <= Duration::from_secs(1)),
+                "{fast:?}"
+            );
+            let slow: Vec<Duration> = (&mut backoff).take(12).collect();
+            assert!(slow.iter().all(|w| *w <= MAX_WAIT), "{slow:?}");
+            // Past the cap, jitter still spreads the tries out; a minute sees at most 4 tries.
+            assert!(slow[5..].iter().all(|w| *w >= SLOW_MAX), "{slow:?}");
+            backoff.reset();
+            assert!(backoff.next().expect("forever") < Duration::from_millis(101));
         }
+    }
+
+    /// kube-runtime's watcher resets the backoff on its `Init` event, which comes right before
+    /// each re-list: that reset must not start the delays over, or a refused list is retried
+    /// every 50 ms forever.
+    #[tokio::test(start_paused = true)]
+    async fn a_reset_right_before_a_failure_does_not_start_the_delays_over() {
+        let mut backoff = watcher();
+        let first = backoff.next().expect("forever");
+        for _ in 0..10 {
+            backoff.reset(); // Init
+            let wait = backoff.next().expect("forever"); // the list that follows fails
+            tokio::time::advance(wait).await;
+        }
+        backoff.reset();
+        let later = backoff.next().expect("forever");
+        assert!(later >= WATCH_MAX, "{first:?} then {later:?}");
+        // A stream healthy for a while does start over.
+        backoff.reset();
+        tokio::time::advance(HEALTHY_FOR).await;
+        let after_health = backoff.next().expect("forever");
+        assert!(
+            after_health < Duration::from_millis(101),
+            "{after_health:?}"
+        );
+    }
+
+    /// The integration the policy is for: kube-runtime's watcher, backed off with [`watcher`],
+    /// against an address that accepts and closes every connection (an API server that is not
+    /// up). Its `Init` before each re-list must not reset the delays: in 3 s, 50 ms doubling is
+    /// 6 tries (a dozen connections with the client's own retries), where a reset each time
+    /// would be about 60.
+    #[tokio::test]
+    async fn a_watcher_against_a_server_that_is_down_backs_off() {
+        use futures::StreamExt;
+        use kube::runtime::{WatchStreamExt, watcher as kw};
+        use std::sync::atomic::{AtomicUsize, Ordering};
+
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let accepts = std::sync::Arc::new(AtomicUsize::new(0));
+        let counted = accepts.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                counted.fetch_add(1, Ordering::Relaxed);
+                drop(stream);
+            }
+        });
+        let client =
+            kube::Client::try_from(kube::Config::new(url.parse().expect("url"))).expect("client");
+        let api: kube::Api<k8s_openapi::api::core::v1::ConfigMap> = kube::Api::all(client);
+        let mut events = kw::watcher(api, kw::Config::default())
+            .backoff(watcher())
+            .boxed();
+        let (mut errors, mut inits) = (0, 0);
+        let _ = tokio::time::timeout(Duration::from_secs(3), async {
+            while let Some(event) = events.next().await {
+                match event {
+                    Ok(kw::Event::Init) => inits += 1,
+                    Ok(_) => {}
+                    Err(_) => errors += 1,
+                }
+            }
+        })
+        .await;
+        let accepts = accepts.load(Ordering::Relaxed);
+        assert!(
+            errors >= 2 && inits >= 2,
+            "{errors} errors, {inits} re-lists"
+        );
+        assert!(
+            accepts <= 20,
+            "{accepts} connections in 3 s ({errors} errors)"
+        );
     }
 
     #[test]
@@ -115,7 +374,11 @@ mod tests {
         assert!(last.is_new("403"));
         assert!(!last.is_new("403"));
         assert!(last.is_new("connection refused"));
-        assert!(last.is_new("403"), "a different error came between");
+        assert!(
+            !last.is_new("403"),
+            "two errors taking turns are each logged once"
+        );
+        assert!(!last.is_new("connection refused"));
         last.clear();
         assert!(last.is_new("403"), "after a success");
     }

@@ -388,7 +388,7 @@ impl Settings {
         for (key, value) in &layers.flags {
             builder = builder
                 .set_override(key.as_str(), value.as_str())
-                .map_err(|e| invalid(key, "from the command line", e.to_string()))?;
+                .map_err(|e| invalid(key, &describe_origin(None, key, None), e.to_string()))?;
         }
         let config = builder
             .build()
@@ -410,8 +410,8 @@ impl Settings {
             };
             let message = text
                 .split_once(" for key `")
-                .map_or(text.as_str(), |(message, _)| message)
-                .to_owned();
+                .map_or(text.as_str(), |(message, _)| message);
+            let message = explain(&key, message);
             let origin = origin_of(&given, &key, layers.file.as_deref());
             invalid(&key, &origin, message)
         })?;
@@ -614,6 +614,20 @@ fn origin_of(given: &Map<String, Value>, key: &str, file: Option<&Path>) -> Stri
     "(default)".to_owned()
 }
 
+/// The flag that sets `key`, for messages about a value given on the command line.
+pub fn flag_of(key: &str) -> Option<&'static str> {
+    Some(match key {
+        "server.listen" => "--listen",
+        "metrics.listen" => "--metrics-listen",
+        "tls.cert" => "--tls-cert",
+        "tls.key" => "--tls-key",
+        "kube.kubeconfig" => "--kubeconfig",
+        "kube.context" => "--context",
+        "locks.dir" => "--locks-dir",
+        _ => return None,
+    })
+}
+
 fn describe_origin(origin: Option<&str>, key: &str, file: Option<&Path>) -> String {
     match origin {
         Some("the environment") => format!(
@@ -625,7 +639,29 @@ fn describe_origin(origin: Option<&str>, key: &str, file: Option<&Path>) -> Stri
             "in {}",
             file.map_or(origin.to_owned(), |f| f.display().to_string())
         ),
-        None => "from the command line".to_owned(),
+        None => match flag_of(key) {
+            Some(flag) => format!("from the command line ({flag})"),
+            None => "from the command line".to_owned(),
+        },
+    }
+}
+
+/// A deserialization error of setting `key` in words that say what to write instead: serde's
+/// `enum OnLookupError does not have variant constructor maybe` names a Rust type, not the
+/// values the setting takes.
+fn explain(key: &str, message: &str) -> String {
+    let expected = match key {
+        "on_lookup_error" => "`deny` or `allow`",
+        "log.format" => "`text` or `json`",
+        "log.target" => "`auto`, `journald` or `stderr`",
+        "server.listen" => {
+            "an IP address and port such as 127.0.0.1:8443 or [::1]:8443 (a host name is not resolved)"
+        }
+        _ => return message.to_owned(),
+    };
+    match message.split_once("does not have variant constructor ") {
+        Some((_, value)) => format!("`{value}` is not a value of it: expected {expected}"),
+        None => format!("{message}: expected {expected}"),
     }
 }
 

@@ -46,7 +46,8 @@ fn help_describes_every_subcommand() {
         ("serve", "--locks-dir"),
         ("certs", "--san"),
         ("crd", "CustomResourceDefinitions"),
-        ("check", "Exit status: 0 allowed, 1 denied, 2"),
+        ("check", "Exit status: 0 allowed, 1 denied, 2 bad input"),
+        ("check", "3 could not decide"),
     ] {
         let out = run(bin().args([sub, "--help"]));
         assert!(out.status.success(), "{sub} --help");
@@ -146,9 +147,10 @@ fn check_exits_by_verdict() {
         .arg(locks.path())
         .arg(bad.path()));
     assert_eq!(out.status.code(), Some(2));
-    assert!(
-        stderr(&out).contains("malformed AdmissionReview"),
-        "{}",
+    assert_eq!(
+        stderr(&out).matches("malformed AdmissionReview").count(),
+        1,
+        "said once: {}",
         stderr(&out)
     );
 
@@ -162,6 +164,79 @@ fn check_exits_by_verdict() {
         "{}",
         stderr(&missing)
     );
+}
+
+/// A lock file that does not read is no lock at all only if `check` says so: it cannot decide
+/// (exit 3), names the file, the line and the field, and prints no answer.
+#[test]
+fn check_cannot_decide_with_a_lock_file_that_does_not_read() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("web.yaml");
+    for (spec, field) in [
+        (
+            "  operations: [DELTE]\n",
+            "7: spec.operations[0]: unknown variant `DELTE`",
+        ),
+        ("  expiresAt: \"tomorrow\"\n", "7: spec.expiresAt: "),
+    ] {
+        std::fs::write(
+            &file,
+            format!("apiVersion: objectlock.dev/v1alpha1\nkind: Lock\nmetadata:\n  name: locked-a\n  namespace: demo-015226\nspec:\n{spec}"),
+        )
+        .expect("write");
+        let out = run(bin()
+            .args(["check", "--locks-dir"])
+            .arg(dir.path())
+            .arg(fixtures.join("configmap-delete-locked.json")));
+        assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+        assert!(out.stdout.is_empty(), "no answer is given");
+        let err = stderr(&out);
+        assert!(
+            err.contains(&format!("{}:{field}", file.display())),
+            "{err}"
+        );
+        assert_eq!(err.lines().count(), 1, "said once: {err}");
+    }
+    let missing = run(bin()
+        .args(["check", "--locks-dir", "/nonexistent/locks"])
+        .arg(fixtures.join("configmap-delete-locked.json")));
+    assert_eq!(missing.status.code(), Some(3), "{}", stderr(&missing));
+    assert_eq!(
+        stderr(&missing)
+            .matches("No such file or directory")
+            .count(),
+        1,
+        "the cause said once: {}",
+        stderr(&missing)
+    );
+}
+
+/// An API server that cannot be reached: `check` says it could not decide (exit 3, not the
+/// 1 of a denial), naming where it read from.
+#[test]
+fn check_cannot_decide_when_the_api_server_does_not_answer() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    // A port nothing listens on: bound, then closed.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind")
+        .port();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!("apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {{server: 'http://127.0.0.1:{port}'}}\ncontexts:\n- name: c\n  context: {{cluster: c, user: u}}\ncurrent-context: c\nusers:\n- name: u\n  user: {{token: t}}\n"),
+    )
+    .expect("write");
+    let out = run(bin()
+        .args(["check", "--kubeconfig"])
+        .arg(&kubeconfig)
+        .arg(fixtures.join("configmap-delete-locked.json")));
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("could not decide"), "{err}");
+    assert!(err.contains(&kubeconfig.display().to_string()), "{err}");
 }
 
 /// `check` answers a real CREATE review: allowed by the default lock, refused with the lock's
@@ -195,6 +270,81 @@ fn check_explains_a_lock_reserving_the_name() {
     assert!(
         message.starts_with("cannot create: configmaps \"locked-a\" in namespace \"demo-015226\" is locked by Lock demo-015226/locked-a: name reserved"),
         "{message}"
+    );
+}
+
+/// A second instance on one host: `--metrics-listen` moves the metrics listener (over the
+/// environment), and an address that is not one says which flag and what form.
+#[test]
+fn serve_flags_for_a_second_instance_name_what_to_fix() {
+    let certs = Certs::new();
+    let locks = locks_dir();
+    let serve = || {
+        let mut cmd = bin();
+        cmd.args(["serve", "--locks-dir"])
+            .arg(locks.path())
+            .arg("--tls-cert")
+            .arg(certs.path("tls.crt"))
+            .arg("--tls-key")
+            .arg(certs.path("tls.key"));
+        cmd
+    };
+    let hostname = run(serve().args(["--listen", "localhost:18001"]));
+    assert_eq!(hostname.status.code(), Some(1));
+    let err = stderr(&hostname);
+    assert!(
+        err.contains("`server.listen` from the command line (--listen)"),
+        "{err}"
+    );
+    assert!(
+        err.contains("an IP address and port such as 127.0.0.1:8443"),
+        "{err}"
+    );
+
+    let bad_metrics = run(serve().args(["--metrics-listen", "localhost:1"]));
+    assert_eq!(bad_metrics.status.code(), Some(1));
+    assert!(
+        stderr(&bad_metrics).contains("(--metrics-listen)"),
+        "{}",
+        stderr(&bad_metrics)
+    );
+
+    // The flag wins over the environment, and a port in use names the flag.
+    let held = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = held.local_addr().expect("addr").to_string();
+    let taken = run(serve()
+        .args(["--listen", "127.0.0.1:0", "--metrics-listen", &addr])
+        .env("KUBE_OBJECT_LOCK__METRICS__LISTEN", "not-an-address"));
+    assert_eq!(taken.status.code(), Some(1));
+    let err = stderr(&taken);
+    assert!(
+        err.contains(&format!(
+            "cannot listen on {addr} (set by metrics.listen or --metrics-listen)"
+        )),
+        "{err}"
+    );
+    assert_eq!(
+        err.matches("in use").count(),
+        1,
+        "the cause said once: {err}"
+    );
+}
+
+/// A setting with a value it does not take names the setting, where it was set and the values.
+#[test]
+fn a_bad_setting_value_names_the_values_it_takes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("config.toml");
+    std::fs::write(&file, "on_lookup_error = \"maybe\"\n").expect("write");
+    let out = run(bin().args(["serve", "--config"]).arg(&file));
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(
+        err.contains(&format!(
+            "`on_lookup_error` in {}: `maybe` is not a value of it: expected `deny` or `allow`",
+            file.display()
+        )),
+        "{err}"
     );
 }
 

@@ -728,12 +728,25 @@ async fn bad_input_is_one_line() {
         "error: locks.objectlock.dev cannot be locked: locks are never locked, so unlocking \
          never waits on the webhook"
     );
+    // A malformed RESOURCE/NAME is a bad command line (2), found before the cluster is read.
+    for target in [&["web"][..], &["deploy/"], &["a/b/c"], &["deploy/web", "x"]] {
+        let run = run_without_env(target).await;
+        assert!(
+            run.error(2).starts_with("error: expected RESOURCE/NAME"),
+            "{target:?}: {run:?}"
+        );
+    }
+    let run = c.unlock(&["deploy/"]).await;
     assert!(
-        c.lock(&["web"])
-            .await
-            .error(1)
-            .starts_with("error: expected RESOURCE/NAME"),
-        "a name without a resource"
+        run.error(2).starts_with("error: expected RESOURCE/NAME"),
+        "{run:?}"
+    );
+    // `unlock` is its own command, under its own name.
+    let run = run_without_env(&["unlock", "deploy/web"]).await;
+    assert!(
+        run.error(2)
+            .starts_with("error: to unlock, run `kubectl unlock deploy/web`"),
+        "{run:?}"
     );
     for (args, flag) in [
         (&["deploy/web", "--operations", "PATCH"][..], "--operations"),
@@ -759,6 +772,16 @@ async fn bad_input_is_one_line() {
     let kubeconfig = kubeconfig.to_str().expect("utf-8");
     let run = run_without_env(&["list", "--kubeconfig", kubeconfig, "--context", "nope"]).await;
     assert!(run.error(1).contains("nope"), "{run:?}");
+}
+
+/// `help` prints the help, also without any cluster configured.
+#[tokio::test(flavor = "multi_thread")]
+async fn help_needs_no_cluster() {
+    for args in [&["help"][..], &["help", "list"]] {
+        let run = run_without_env(args).await;
+        assert_eq!(run.code, 0, "{args:?}: {run:?}");
+        assert!(run.stdout.contains("Usage:"), "{args:?}: {run:?}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -182,6 +182,9 @@ fn with_private_run(run: &Path) -> Result<Command, String> {
     Ok(cmd)
 }
 
+/// A warning every start with these lock files logs: the same lock in two files.
+const DUPLICATE: &str = "lock defined in more than one file; the last file wins";
+
 #[test]
 fn under_the_journal_levels_become_priorities_and_fields_journal_fields() {
     let run = tempfile::tempdir().expect("tempdir");
@@ -200,7 +203,12 @@ fn under_the_journal_levels_become_priorities_and_fields_journal_fields() {
         lock_yaml(Some("prod"), "web", None),
     )
     .expect("write");
-    std::fs::write(locks.path().join("broken.yaml"), "kind: [").expect("write");
+    // The same lock in a second file: a warning at start-up.
+    std::fs::write(
+        locks.path().join("twice.yaml"),
+        lock_yaml(Some("prod"), "web", None),
+    )
+    .expect("write");
     // stderr is the stream systemd named in JOURNAL_STREAM: `auto` picks the journal.
     let stderr_path = run.path().join("stderr");
     let stderr = std::fs::File::create(&stderr_path).expect("stderr file");
@@ -232,13 +240,10 @@ fn under_the_journal_levels_become_priorities_and_fields_journal_fields() {
 
     let warning = entries
         .iter()
-        .find(|f| {
-            f.get("MESSAGE")
-                .is_some_and(|m| m == "lock file not loaded")
-        })
+        .find(|f| f.get("MESSAGE").is_some_and(|m| m == DUPLICATE))
         .unwrap_or_else(|| panic!("no warning entry: {entries:#?}"));
     assert_eq!(warning["PRIORITY"], "4", "{warning:#?}");
-    assert!(warning["F_PROBLEM"].contains("broken.yaml"), "{warning:#?}");
+    assert!(warning["F_LOCK"].contains("web"), "{warning:#?}");
     assert_eq!(warning["SYSLOG_IDENTIFIER"], "kube-object-lock");
     let serving = entries
         .iter()
@@ -253,7 +258,7 @@ fn under_the_journal_levels_become_priorities_and_fields_journal_fields() {
         "{serving:#?}"
     );
     assert!(
-        !text.contains("lock file not loaded") && !text.contains("serving"),
+        !text.contains(DUPLICATE) && !text.contains("serving"),
         "events go to the journal only, not also as lines: {text}"
     );
 }
@@ -281,7 +286,13 @@ fn journald_as_the_target_without_a_journal_is_a_start_error() {
 fn outside_the_journal_events_stay_lines_on_stderr() {
     let certs = Certs::new();
     let locks = tempfile::tempdir().expect("tempdir");
-    std::fs::write(locks.path().join("broken.yaml"), "kind: [").expect("write");
+    for file in ["a.yaml", "b.yaml"] {
+        std::fs::write(
+            locks.path().join(file),
+            lock_yaml(Some("prod"), "web", None),
+        )
+        .expect("write");
+    }
     let port = free_port();
     let mut cmd = serve(Command::new(BIN), &certs, locks.path(), port);
     // Inherited from a unit, but stderr is a pipe of ours: not the journal.
@@ -300,10 +311,7 @@ fn outside_the_journal_events_stay_lines_on_stderr() {
     let out = child.wait_with_output().expect("output");
     let text = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{text}");
-    assert!(
-        text.contains("WARN") && text.contains("lock file not loaded"),
-        "{text}"
-    );
+    assert!(text.contains("WARN") && text.contains(DUPLICATE), "{text}");
 }
 
 #[test]

@@ -42,7 +42,7 @@ fn main() -> ExitCode {
             ExitCode::from(report.exit_code)
         }
         Err((code, e)) => {
-            let message = format!("{e:#}");
+            let message = kube_object_lock::error_chain(e.as_ref());
             eprintln!(
                 "error: {}",
                 message.split_whitespace().collect::<Vec<_>>().join(" ")

@@ -22,7 +22,24 @@ pub struct CheckResult {
     pub allowed: bool,
     /// The kind of answer.
     pub outcome: Outcome,
+    /// Where the locks were read from (for "could not decide").
+    pub source: String,
 }
+
+impl CheckResult {
+    /// The exit status: 0 allowed, 1 denied, [`UNDECIDED`] when the locks could not be read
+    /// (the response printed is then what `on_lookup_error` gives, not a decision on locks).
+    pub fn exit_code(&self) -> u8 {
+        match (self.outcome, self.allowed) {
+            (Outcome::Error, _) => UNDECIDED,
+            (_, true) => 0,
+            (_, false) => 1,
+        }
+    }
+}
+
+/// The exit status of `check` when it could not decide: the locks could not be read.
+pub const UNDECIDED: u8 = 3;
 
 /// Why `check` could not answer.
 #[derive(Debug, thiserror::Error)]
@@ -46,6 +63,16 @@ pub enum CheckError {
     /// The lock source cannot be used.
     #[error(transparent)]
     Source(#[from] StartError),
+}
+
+impl CheckError {
+    /// 2 for bad input (the review), [`UNDECIDED`] when the locks cannot be read.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            CheckError::Read { .. } | CheckError::Review { .. } => 2,
+            CheckError::Source(_) => UNDECIDED,
+        }
+    }
 }
 
 /// Answers the review in `input` (`-` = stdin).
@@ -72,6 +99,14 @@ pub async fn check(settings: &Settings, input: &Path) -> Result<CheckResult, Che
         source,
     })?;
     let source = app::lock_source(settings, false).await?;
+    let described = match (&source.client, &settings.kube.kubeconfig) {
+        (Some(_), Some(path)) => format!(
+            "{} (kubeconfig {})",
+            source.source.describe(),
+            path.display()
+        ),
+        _ => source.source.describe(),
+    };
     let mut reviewer = Reviewer::new(source.source, settings.review_policy());
     if let Some(client) = source.client {
         reviewer = reviewer.with_labels(Arc::new(KubeLabels::new(client)));
@@ -86,5 +121,6 @@ pub async fn check(settings: &Settings, input: &Path) -> Result<CheckResult, Che
         response,
         allowed,
         outcome: answer.outcome,
+        source: described,
     })
 }

@@ -451,7 +451,8 @@ fn cluster_yaml(
     Ok(out)
 }
 
-/// The manifest-based variant (Kubernetes ≥ 1.37): a file for the API server's
+/// The manifest-based variant (Kubernetes 1.37, beta and on by default; 1.36 behind the
+/// `ManifestBasedAdmissionControlConfig` gate): a file for the API server's
 /// `staticManifestsDir`, active before the API serves and not deletable through it. Always
 /// broad: these files are read by the API server at start and cannot be written through the
 /// API, so the running webhook cannot narrow them to the locked names.
@@ -477,7 +478,7 @@ pub const KUBECONFIG_FILE: &str = "webhook-kubeconfig.yaml";
 
 /// The AdmissionConfiguration and the kubeconfig it points to. `apiserver_dir` is the
 /// directory as the API server sees it (inside its static pod); `static_dir` adds
-/// `staticManifestsDir` (Kubernetes ≥ 1.37).
+/// `staticManifestsDir` (Kubernetes 1.37; 1.36 behind its feature gate).
 pub fn apiserver(
     url: &str,
     client_cert: &Path,

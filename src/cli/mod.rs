@@ -46,7 +46,9 @@ pub enum Command {
     Manifests(ManifestsCommand),
     /// Print the AdmissionReview response the server would give to a review read from a file.
     ///
-    /// Exit status: 0 allowed, 1 denied, 2 bad input or no lock source.
+    /// Exit status: 0 allowed, 1 denied, 2 bad input (the review, a flag or a setting), 3 could
+    /// not decide: the locks could not be read (a lock file that does not read, a locks
+    /// directory or API server that cannot be read; the source is named on stderr).
     Check(CheckArgs),
 }
 
@@ -65,9 +67,15 @@ pub struct ServeArgs {
     #[command(flatten)]
     /// Settings file.
     pub config: ConfigArgs,
-    /// Address to listen on [settings: server.listen; default 127.0.0.1:8443].
+    /// Address to listen on, an IP address and port [settings: server.listen; default
+    /// 127.0.0.1:8443].
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<String>,
+    /// Address of the plain-HTTP /metrics listener, an IP address and port; empty turns it off
+    /// (a second instance on one host needs its own) [settings: metrics.listen; default
+    /// 127.0.0.1:9464].
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<String>,
     /// PEM serving certificate [settings: tls.cert].
     #[arg(long, value_name = "FILE", requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
@@ -122,15 +130,20 @@ pub struct CertsArgs {
 /// What `manifests` prints.
 #[derive(Debug, Subcommand)]
 pub enum ManifestsCommand {
-    /// CRDs, a ClusterRole reading locks and its binding, and the ValidatingWebhookConfiguration,
-    /// for `kubectl apply -f -`.
+    /// Everything for `kubectl apply -f -`: the CRDs; the webhook's ClusterRole (read locks,
+    /// write their status, record refusal events, read labels, and keep its own webhook
+    /// configuration narrowed unless --broad) and its binding; the lock policy (a
+    /// ValidatingAdmissionPolicy on who may lock what) and its binding; the
+    /// ValidatingWebhookConfiguration; and the unlock ClusterRole, bound to no one.
     Cluster(ClusterArgs),
     /// The API server's side of mTLS: an AdmissionConfiguration (for
     /// --admission-control-config-file) and the kubeconfig holding its client certificate, whose
     /// users[].name is the URL's host:port.
     Apiserver(ApiServerArgs),
-    /// The manifest-based webhook configuration (Kubernetes >= 1.37) to place in the API
-    /// server's staticManifestsDir: active before the API serves, not deletable through it.
+    /// The manifest-based webhook configuration to place in the API server's
+    /// staticManifestsDir: active before the API serves, not deletable through it (Kubernetes
+    /// 1.37: beta, on by default; 1.36: alpha, behind the ManifestBasedAdmissionControlConfig
+    /// feature gate).
     Static(RegistrationArgs),
     /// Prometheus alert rules over the webhook's metrics (a rule file), or with
     /// --prometheus-operator the same groups as a PrometheusRule.
@@ -214,7 +227,8 @@ pub struct ApiServerArgs {
     /// /etc/kubernetes/kube-object-lock].
     #[arg(long, value_name = "DIR")]
     pub apiserver_dir: Option<PathBuf>,
-    /// Also load webhook configurations from this directory (staticManifestsDir, Kubernetes >= 1.37).
+    /// Also load webhook configurations from this directory (staticManifestsDir: Kubernetes
+    /// 1.37, or 1.36 with the ManifestBasedAdmissionControlConfig feature gate).
     #[arg(long, value_name = "DIR")]
     pub static_manifests_dir: Option<PathBuf>,
 }
@@ -270,6 +284,9 @@ impl ServeArgs {
         let mut flags = Vec::new();
         if let Some(listen) = &self.listen {
             flags.push(("server.listen".into(), listen.clone()));
+        }
+        if let Some(listen) = &self.metrics_listen {
+            flags.push(("metrics.listen".into(), listen.clone()));
         }
         push_path(&mut flags, "tls.cert", &self.tls_cert);
         push_path(&mut flags, "tls.key", &self.tls_key);

@@ -5,9 +5,11 @@
 //! service run without a cluster and pins static locks on critical objects.
 //!
 //! The directory is polled and a file is parsed again only when its bytes change. A file that
-//! does not parse is reported by path and line and keeps the locks it had when it last parsed
-//! (a botched edit must not silently unlock anything); the other files are unaffected. A file
-//! that is removed takes its locks with it.
+//! does not read is reported by path, line and field. At start-up that is an error: there are
+//! no last good locks, and starting without the file's would unlock what it names. On a reload
+//! the file keeps the locks it had when it last parsed (a botched edit must not silently
+//! unlock anything); the other files are unaffected. A file that is removed takes its locks
+//! with it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -35,6 +37,27 @@ pub enum FilesError {
         /// The I/O error.
         source: std::io::Error,
     },
+    /// Lock files that do not read, at start-up: starting without their locks would unlock
+    /// what they lock.
+    #[error("{} not read (fix {}, or move {} out of the directory): {}", plural(.0.len()), them(.0.len()), them(.0.len()), join(.0))]
+    Files(Vec<FileProblem>),
+}
+
+fn plural(n: usize) -> &'static str {
+    if n == 1 {
+        "a lock file is"
+    } else {
+        "lock files are"
+    }
+}
+
+fn them(n: usize) -> &'static str {
+    if n == 1 { "it" } else { "them" }
+}
+
+fn join(problems: &[FileProblem]) -> String {
+    let lines: Vec<String> = problems.iter().map(ToString::to_string).collect();
+    lines.join("; ")
 }
 
 /// A file that could not be used, with where and why.
@@ -85,8 +108,8 @@ pub struct FilesSource {
 }
 
 impl FilesSource {
-    /// Reads the directory once. Fails only when the directory cannot be listed; bad files
-    /// are in the report.
+    /// Reads the directory once. Fails when the directory cannot be listed or a lock file in it
+    /// does not read (naming each such file, its line and what is wrong).
     pub fn open(dir: impl Into<PathBuf>) -> Result<(FilesSource, ScanReport), FilesError> {
         let source = FilesSource {
             dir: dir.into(),
@@ -94,7 +117,10 @@ impl FilesSource {
             snapshot: RwLock::new(Arc::default()),
             ready: AtomicBool::new(false),
         };
-        let report = source.rescan()?;
+        let report = source.scan(false)?;
+        if !report.problems.is_empty() {
+            return Err(FilesError::Files(report.problems));
+        }
         source.ready.store(true, Ordering::SeqCst);
         Ok((source, report))
     }
@@ -104,8 +130,13 @@ impl FilesSource {
         &self.dir
     }
 
-    /// Reads the directory again, parsing the files whose bytes changed.
+    /// Reads the directory again, parsing the files whose bytes changed; a file that no longer
+    /// reads is logged once (per change) and keeps its last good locks.
     pub fn rescan(&self) -> Result<ScanReport, FilesError> {
+        self.scan(true)
+    }
+
+    fn scan(&self, log: bool) -> Result<ScanReport, FilesError> {
         let dir_error = |source| FilesError::Dir {
             path: self.dir.clone(),
             source,
@@ -146,7 +177,9 @@ impl FilesSource {
                     }
                 }
                 Err(problem) => {
-                    error!(problem = %problem, "lock file not loaded; its previous locks stay in force");
+                    if log {
+                        error!(problem = %problem, "lock file not loaded; its previous locks stay in force");
+                    }
                     let kept = files
                         .get(&path)
                         .map(|f| f.locks.clone())
@@ -265,6 +298,30 @@ struct Metadata {
     namespace: Option<String>,
 }
 
+/// The line of the field a spec problem names (`spec.expiresAt: ...`): the first line from the
+/// spec's own on that holds its key, else the spec's line.
+fn field_line(text: &str, spec_line: u64, message: &str) -> u64 {
+    let key = message
+        .strip_prefix("spec.")
+        .and_then(|rest| rest.split(':').next())
+        .and_then(|path| path.rsplit('.').next())
+        .map(|last| last.split('[').next().unwrap_or(last))
+        .filter(|key| !key.is_empty());
+    let Some(key) = key else {
+        return spec_line;
+    };
+    let skip = usize::try_from(spec_line.saturating_sub(1)).unwrap_or(0);
+    text.lines()
+        .enumerate()
+        .skip(skip)
+        .find(|(_, line)| {
+            let line = line.trim_start().trim_start_matches("- ");
+            line.strip_prefix(key)
+                .is_some_and(|rest| rest.trim_start().starts_with(':'))
+        })
+        .map_or(spec_line, |(at, _)| at as u64 + 1)
+}
+
 /// Parses one file's documents; any bad document makes the whole file a problem.
 pub fn parse_file(path: &Path, bytes: &[u8]) -> Result<Vec<LockRef>, FileProblem> {
     let problem = |line: Option<u64>, message: String| FileProblem {
@@ -309,8 +366,10 @@ pub fn parse_file(path: &Path, bytes: &[u8]) -> Result<Vec<LockRef>, FileProblem
             return Err(problem(meta_line, "metadata.name is missing".into()));
         }
         let spec = match doc.spec {
-            Some(spec) => parse::file_spec(spec.value)
-                .map_err(|message| problem(Some(spec.referenced.line()), message))?,
+            Some(spec) => parse::file_spec(spec.value).map_err(|message| {
+                let line = field_line(text, spec.referenced.line(), &message);
+                problem(Some(line), message)
+            })?,
             None => LockSpec::default(),
         };
         let lock = match (kind, meta.namespace.filter(|ns| !ns.is_empty())) {
@@ -437,9 +496,14 @@ mod tests {
                 "spec.selector: an empty selector",
             ),
             (
-                "apiVersion: objectlock.dev/v1alpha1\nkind: Lock\nmetadata: {name: b, namespace: p}\nspec:\n  expiresAt: soon\n",
-                5,
-                "spec: ",
+                "apiVersion: objectlock.dev/v1alpha1\nkind: Lock\nmetadata: {name: b, namespace: p}\nspec:\n  reason: r\n  expiresAt: tomorrow\n",
+                6,
+                "spec.expiresAt: ",
+            ),
+            (
+                "apiVersion: objectlock.dev/v1alpha1\nkind: Lock\nmetadata: {name: b, namespace: p}\nspec:\n  reason: r\n  operations:\n  - UPDATE\n  - DELTE\n",
+                6,
+                "spec.operations[1]: unknown variant `DELTE`",
             ),
             (
                 "apiVersion: objectlock.dev/v1alpha1\nkind: Lock\nmetadata:\n  name: [unclosed\n",
@@ -510,6 +574,33 @@ mod tests {
         assert!(source.locks("p").await.expect("lookup").get("a").is_some());
         assert!(source.locks("").await.expect("lookup").get("n").is_some());
         assert!(source.locks("q").await.expect("lookup").is_empty());
+    }
+
+    /// At start-up there are no last good locks to keep: a file that does not read must not
+    /// start the source without its locks (a typo would unlock what it names).
+    #[test]
+    fn a_file_that_does_not_read_at_start_up_is_an_error_naming_file_line_and_field() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("web.yaml");
+        std::fs::write(
+            &path,
+            "apiVersion: objectlock.dev/v1alpha1\nkind: Lock\nmetadata: {name: web, namespace: prod}\nspec:\n  operations: [DELTE]\n",
+        )
+        .expect("write");
+        std::fs::write(
+            dir.path().join("good.yaml"),
+            "apiVersion: objectlock.dev/v1alpha1\nkind: Lock\nmetadata: {name: db, namespace: prod}\n",
+        )
+        .expect("write");
+        let err = FilesSource::open(dir.path()).expect_err("a bad file fails the start");
+        let message = err.to_string();
+        assert!(
+            message.contains(&format!(
+                "{}:5: spec.operations[0]: unknown variant `DELTE`",
+                path.display()
+            )),
+            "{message}"
+        );
     }
 
     #[test]

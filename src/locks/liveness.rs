@@ -8,8 +8,9 @@ use std::time::Duration;
 use http::StatusCode;
 use http_body_util::BodyExt;
 use tokio::sync::watch;
-use tokio::time::MissedTickBehavior;
 use tracing::{debug, info, warn};
+
+use crate::retry::{self, Backoff};
 
 /// How often the API server is asked.
 pub const PERIOD: Duration = Duration::from_millis(500);
@@ -39,49 +40,72 @@ pub enum ProbeError {
 pub(super) struct Probe {
     client: kube::Client,
     silence: watch::Sender<String>,
+    answers: watch::Sender<u64>,
 }
 
-/// What a watch loop hears of the probe: each failure, with its reason.
+/// What a watch loop hears of the probe: each failure, with its reason, and each time the API
+/// server answers again after failures.
 #[derive(Clone, Debug)]
 pub(super) struct Silence {
     reports: watch::Receiver<String>,
+    answers: watch::Receiver<u64>,
 }
 
 /// A probe through `client`, and the handle the watch loops listen on.
 pub(super) fn probe(client: kube::Client) -> (Probe, Silence) {
     let (silence, reports) = watch::channel(String::new());
-    (Probe { client, silence }, Silence { reports })
+    let (answers_tx, answers) = watch::channel(0);
+    (
+        Probe {
+            client,
+            silence,
+            answers: answers_tx,
+        },
+        Silence { reports, answers },
+    )
 }
 
 impl Probe {
-    /// Runs until dropped.
+    /// Runs until dropped. While connections to the API server fail (it is down, not frozen),
+    /// the probe goes on every [`PERIOD`] for [`retry::GRACE`], then backs off to half a minute
+    /// ([`crate::retry`]); the first answer after failures wakes the watch loops.
     pub async fn run(self) {
-        let mut ticks = tokio::time::interval(PERIOD);
-        ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut backoff = retry::probe(PERIOD);
         let mut failing = false;
         loop {
-            ticks.tick().await;
-            match check(&self.client).await {
+            let started = tokio::time::Instant::now();
+            let wait = match check(&self.client).await {
                 Ok(()) => {
                     if failing {
                         info!("the API server answers the liveness probe again");
+                        self.answers.send_modify(|n| *n += 1);
                     }
                     failing = false;
+                    backoff.reset();
+                    PERIOD
                 }
                 Err(error) => {
+                    let described = retry::error_chain(&error);
                     if failing {
-                        debug!(%error, "the API server is still silent");
+                        debug!(error = %described, "the API server is still silent");
                     } else {
                         warn!(
-                            %error,
+                            error = %described,
                             "the API server did not answer the liveness probe: the lock index is stale until a new list and watch"
                         );
                     }
                     failing = true;
+                    let wait = if matches!(error, ProbeError::Request(_)) {
+                        backoff.next().unwrap_or(retry::MAX_WAIT)
+                    } else {
+                        PERIOD
+                    };
                     self.silence
                         .send_replace(format!("liveness probe: {error}"));
+                    wait
                 }
-            }
+            };
+            tokio::time::sleep_until(started + wait).await;
         }
     }
 }
@@ -116,15 +140,25 @@ impl Silence {
     /// A handle that never reports (no probe runs).
     #[cfg(test)]
     pub fn never() -> Silence {
-        let (_, reports) = watch::channel(String::new());
-        Silence { reports }
+        Silence::manual().1
     }
 
     /// A handle and the sender that reports to it, for tests of the watch loop.
     #[cfg(test)]
     pub fn manual() -> (watch::Sender<String>, Silence) {
         let (silence, reports) = watch::channel(String::new());
-        (silence, Silence { reports })
+        let (_, answers) = watch::channel(0);
+        (silence, Silence { reports, answers })
+    }
+
+    /// Sleeps for `wait`, or less if the API server answers the probe again meanwhile (after
+    /// failures): a loop backed off while the server was down retries as soon as it is back.
+    pub async fn back_off(&mut self, wait: Duration) {
+        self.answers.borrow_and_update();
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            Ok(()) = self.answers.changed() => {}
+        }
     }
 
     /// The API server has just answered (a watch was accepted): failures reported until now are

@@ -94,7 +94,8 @@ pub fn file_spec(value: serde_json::Value) -> Result<LockSpec, String> {
         other => return Err(format!("spec must be a mapping, found {other}")),
     };
     let mut unknown = Vec::new();
-    let spec: LockSpec = serde_ignored::deserialize(value, |path| {
+    // The field that does not read is named (`spec.expiresAt: ...`), not only what is wrong.
+    let mut note_unknown = |path: serde_ignored::Path<'_>| {
         // Option layers show as `?` in the path; they mean nothing to the author of the file.
         let path = path.to_string();
         unknown.push(
@@ -103,8 +104,20 @@ pub fn file_spec(value: serde_json::Value) -> Result<LockSpec, String> {
                 .collect::<Vec<_>>()
                 .join("."),
         );
-    })
-    .map_err(|e| format!("spec: {e}"))?;
+    };
+    let spec: LockSpec = serde_path_to_error::deserialize(serde_ignored::Deserializer::new(
+        value,
+        &mut note_unknown,
+    ))
+    .map_err(|e| {
+        let path = e.path().to_string();
+        let error = e.into_inner();
+        if path == "." {
+            format!("spec: {error}")
+        } else {
+            format!("spec.{path}: {error}")
+        }
+    })?;
     if let Some(field) = unknown.first() {
         return Err(format!("spec.{field} is not a field of a lock spec"));
     }

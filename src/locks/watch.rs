@@ -1,7 +1,8 @@
 //! The single writer of the lock index for one kind: list (paged), then watch, forever.
 //!
 //! Invariant: the index is `Live` only once a watch from the list's resourceVersion was answered;
-//! any error makes it `Stale` at once, and every retry lists again before it watches.
+//! any error makes it `Stale` at once, and every retry lists again before it watches. Retries back off, to
+//! at most 30 s while lists fail; a repeated error is logged once.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -16,7 +17,7 @@ use super::liveness::Silence;
 use super::parse;
 use super::{LockKey, LockKind, LockRef};
 use crate::metrics::{KindLabels, LockLabels, ModeLabels, SourceMetrics};
-use crate::retry::{self, Backoff};
+use crate::retry::{self, Backoff, LastError};
 
 /// Objects per LIST page (client-go's default).
 const PAGE_SIZE: u32 = 500;
@@ -29,8 +30,12 @@ const WATCH_TIMEOUT_SECS: u32 = 290;
 /// stream is merely resumed. A silent API server is noticed far sooner, by the liveness probe;
 /// this remains the bound for a connection lost while the server answers the probe.
 const IDLE_LIMIT: Duration = Duration::from_secs(75);
-/// A watch that lived at least this long resets the backoff.
-const HEALTHY_FOR: Duration = Duration::from_secs(1);
+/// The longest wait before trying again once the API server answered (a list, or an error
+/// status): the index, and the narrowed registration that follows it, is never older than one
+/// retry even when no watch can run. Only a list without an answer (the API server is down)
+/// backs off further, to [`retry::MAX_WAIT`].
+const LISTED_RETRY: Duration = Duration::from_secs(1);
+
 /// The watch loop of one kind.
 pub(super) struct Writer {
     pub api: Api<DynamicObject>,
@@ -44,12 +49,16 @@ pub(super) struct Writer {
 /// Why a list or watch ended.
 struct Failure {
     message: String,
+    /// The API server answered (an error status): it is up.
+    answered: bool,
 }
 
 impl Failure {
     fn from_kube(error: &kube::Error) -> Failure {
         Failure {
-            message: error.to_string(),
+            // With its causes: `client error (Connect)` alone does not say "connection refused".
+            message: retry::error_chain(error),
+            answered: matches!(error, kube::Error::Api(_)),
         }
     }
 }
@@ -74,6 +83,7 @@ impl Writer {
         let mut unparseable: HashSet<LockKey> = HashSet::new();
         // The resourceVersion to resume from, and until when the index was known complete.
         let mut resume: Option<(String, Instant)> = None;
+        let mut errors = LastError::default();
         loop {
             let (version, known_at) = match resume.take() {
                 Some((version, known_at)) if known_at.elapsed() <= self.index.stale_after() => {
@@ -82,8 +92,13 @@ impl Writer {
                 _ => match self.list(&mut unparseable).await {
                     Ok(version) => (version, Instant::now()),
                     Err(failure) => {
-                        self.failed("list", &failure);
-                        tokio::time::sleep(backoff.next().unwrap_or(retry::MAX_WAIT)).await;
+                        self.failed("list", &failure, &mut errors);
+                        let mut wait = backoff.next().unwrap_or(retry::MAX_WAIT);
+                        if failure.answered {
+                            // Up, but refusing (RBAC not synced yet after a restart).
+                            wait = wait.min(LISTED_RETRY);
+                        }
+                        self.silence.back_off(wait).await;
                         continue;
                     }
                 },
@@ -91,9 +106,13 @@ impl Writer {
             let stream = match self.start_watch(&version, known_at).await {
                 Ok(stream) => stream,
                 Err(failure) => {
-                    // Listed again on the next try: see the module docs.
-                    self.failed("watch", &failure);
-                    tokio::time::sleep(backoff.next().unwrap_or(retry::MAX_WAIT)).await;
+                    // Listed again on the next try: see the module docs. The list was
+                    // answered, so the API server is up: at most a second, as the index is
+                    // never older than one retry (an identity that may list but not watch).
+                    self.failed("watch", &failure, &mut errors);
+                    self.silence
+                        .back_off(backoff.next().unwrap_or(retry::MAX_WAIT).min(LISTED_RETRY))
+                        .await;
                     continue;
                 }
             };
@@ -103,6 +122,7 @@ impl Writer {
                 continue;
             }
             self.transition(WatchState::Live, None);
+            errors.clear();
             let opened = Instant::now();
             let (version, ended) = self.follow(stream, version, &mut unparseable).await;
             match ended {
@@ -113,10 +133,10 @@ impl Writer {
                         Some("watch ended; resuming".into()),
                     );
                     resume = Some((version, Instant::now()));
-                    if opened.elapsed() >= HEALTHY_FOR {
+                    if opened.elapsed() >= retry::HEALTHY_FOR {
                         backoff.reset();
                     } else {
-                        let wait = backoff.next().unwrap_or(retry::MAX_WAIT);
+                        let wait = backoff.next().unwrap_or(retry::MAX_WAIT).min(LISTED_RETRY);
                         tokio::select! {
                             () = tokio::time::sleep(wait) => {}
                             reason = self.silence.reported() => {
@@ -126,11 +146,13 @@ impl Writer {
                     }
                 }
                 Some(failure) => {
-                    self.failed("watch", &failure);
-                    if opened.elapsed() >= HEALTHY_FOR {
+                    self.failed("watch", &failure, &mut errors);
+                    if opened.elapsed() >= retry::HEALTHY_FOR {
                         backoff.reset();
                     }
-                    tokio::time::sleep(backoff.next().unwrap_or(retry::MAX_WAIT)).await;
+                    self.silence
+                        .back_off(backoff.next().unwrap_or(retry::MAX_WAIT).min(LISTED_RETRY))
+                        .await;
                 }
             }
         }
@@ -160,6 +182,7 @@ impl Writer {
         if version.is_empty() {
             return Err(Failure {
                 message: "the list carries no resourceVersion".into(),
+                answered: true,
             });
         }
         let broken: HashSet<LockKey> = locks
@@ -247,7 +270,7 @@ impl Writer {
             let next = tokio::select! {
                 next = tokio::time::timeout(idle, stream.try_next()) => next,
                 message = self.silence.reported() => {
-                    return (version, Some(Failure { message }));
+                    return (version, Some(Failure { message, answered: false }));
                 }
             };
             let event = match next {
@@ -294,6 +317,7 @@ impl Writer {
                 WatchEvent::Error(status) => {
                     let failure = Failure {
                         message: format!("{} ({}): {}", status.code, status.reason, status.message),
+                        answered: true,
                     };
                     return (version, Some(failure));
                 }
@@ -301,18 +325,18 @@ impl Writer {
         }
     }
 
-    fn failed(&self, what: &str, failure: &Failure) {
+    fn failed(&self, what: &str, failure: &Failure, errors: &mut LastError) {
         self.metrics
             .watch_restarts
             .get_or_create(&KindLabels { kind: self.label() })
             .inc();
         let reason = format!("{what} failed: {}", failure.message);
-        // A failure that repeats (an identity that may not watch) is logged once, not per retry.
-        let health = self.index.health(self.kind);
-        if health.state == WatchState::Stale && health.reason.as_deref() == Some(reason.as_str()) {
-            debug!(kind = self.label(), error = %failure.message, "lock {what} failed again; retrying");
+        // A failure that repeats (an identity that may not watch, an API server that is down)
+        // is logged once, not per retry.
+        if errors.is_new(&reason) {
+            warn!(kind = self.label(), error = %failure.message, "lock {what} failed; retrying with backoff");
         } else {
-            warn!(kind = self.label(), error = %failure.message, "lock {what} failed; retrying");
+            debug!(kind = self.label(), error = %failure.message, "lock {what} failed again; retrying");
         }
         self.transition(WatchState::Stale, Some(reason));
     }

@@ -25,8 +25,8 @@ use super::{
     CONDITIONS_FORMAT, Decision, FORMAT_ANNOTATION, Format, NAMESPACES_FORMAT, NamespaceSelection,
     Registered, RegisteredScope, decide, is_current, webhooks,
 };
-use crate::locks::index::{Change, Follower, LockIndex};
-use crate::locks::{LockKey, LockRef};
+use crate::locks::index::{Change, Follower, LockIndex, WatchState};
+use crate::locks::{LockKey, LockKind, LockRef};
 use crate::metrics::{ConfigurationLabels, OutcomeLabels, RegistrationMetrics};
 use crate::retry::{self, Backoff, LastError};
 
@@ -140,12 +140,17 @@ impl Narrower {
     /// the future is dropped.
     pub async fn run(self, index: Arc<LockIndex>) {
         let api: Api<ValidatingWebhookConfiguration> = Api::all(self.client.clone());
-        let mut configs = watcher(
-            api.clone(),
-            watcher::Config::default().fields(&format!("metadata.name={}", self.config.name)),
-        )
-        .backoff(retry::watch())
-        .boxed();
+        let watch_configs = || {
+            watcher(
+                api.clone(),
+                watcher::Config::default().fields(&format!("metadata.name={}", self.config.name)),
+            )
+            .backoff(retry::watcher())
+            .boxed()
+        };
+        let mut configs = watch_configs();
+        // Whether the configuration's watch is failing (and backing off).
+        let mut configs_failing = false;
         let mut locks = index.subscribe();
         // The first round reads what the index already holds.
         locks.mark_changed();
@@ -224,6 +229,13 @@ impl Narrower {
                     Ok(()) => {
                         locks.borrow_and_update();
                         locks_changed |= view.update(&index);
+                        // The index heard from the API server (its watches are woken as soon
+                        // as it answers again): watch the configuration again now, not at the
+                        // end of a backoff of up to half a minute.
+                        if configs_failing && index.health(LockKind::Lock).state == WatchState::Live {
+                            configs = watch_configs();
+                            configs_failing = false;
+                        }
                     }
                     Err(_) => {
                         warn!("the lock index is gone; the webhook configuration is no longer kept narrowed");
@@ -232,16 +244,24 @@ impl Narrower {
                 },
                 event = configs.next() => match event {
                     Some(Ok(event)) => {
-                        last_config_error.clear();
+                        // `Init` comes before each re-list, before it is tried: not a success.
+                        if !matches!(event, watcher::Event::Init) {
+                            last_config_error.clear();
+                            configs_failing = false;
+                        }
                         config_changed |= config.apply(event);
                     }
-                    // Once per distinct error: the watcher retries several times a second.
+                    // Once per distinct error, its repeats at debug.
                     Some(Err(error)) => {
-                        let error = error.to_string();
-                        if last_config_error.is_new(&error) {
-                            warn!(%error, name = %self.config.name, "watching the webhook configuration failed; retrying with backoff (registered with `manifests cluster --broad`? set registration.narrow = false)");
-                        } else {
+                        configs_failing = true;
+                        let refused = retry::watcher_refusal(&error);
+                        let error = retry::error_chain(&error);
+                        if !last_config_error.is_new(&error) {
                             debug!(%error, "watching the webhook configuration failed again");
+                        } else if refused {
+                            warn!(%error, name = %self.config.name, "watching the webhook configuration failed; retrying with backoff (the webhook's identity may not read it: registered with `manifests cluster --broad`? set registration.narrow = false)");
+                        } else {
+                            warn!(%error, name = %self.config.name, "watching the webhook configuration failed; retrying with backoff");
                         }
                     }
                     None => return,

@@ -61,7 +61,7 @@ pub fn follow(
         // Metadata only: an `Api` of `PartialObjectMeta` asks for nothing else.
         let api: Api<PartialObjectMeta<Namespace>> = Api::all(client);
         let mut events = watcher(api, watcher::Config::default())
-            .backoff(retry::watch())
+            .backoff(retry::watcher())
             .boxed();
         let mut state = Labels::default();
         let mut last_error = LastError::default();
@@ -69,17 +69,23 @@ pub fn follow(
             tokio::select! {
                 event = events.next() => match event {
                     Some(Ok(event)) => {
-                        last_error.clear();
+                        // `Init` comes before each re-list, before it is tried: not a success.
+                        if !matches!(event, watcher::Event::Init) {
+                            last_error.clear();
+                        }
                         if state.apply(event) {
                             tx.send_replace(state.published.clone());
                         }
                     }
                     Some(Err(error)) => {
-                        let error = error.to_string();
-                        if last_error.is_new(&error) {
+                        let refused = retry::watcher_refusal(&error);
+                        let error = retry::error_chain(&error);
+                        if !last_error.is_new(&error) {
+                            debug!(%error, "watching namespaces failed again");
+                        } else if refused {
                             warn!(%error, "watching namespaces failed; retrying with backoff (the webhook's identity needs list and watch on namespaces: apply `manifests cluster` again)");
                         } else {
-                            debug!(%error, "watching namespaces failed again");
+                            warn!(%error, "watching namespaces failed; retrying with backoff");
                         }
                     }
                     None => return,

@@ -18,7 +18,7 @@ use super::{FIELD_MANAGER_PREFIX, KnownLock, LockSnapshot, NamespaceLabels};
 use crate::api::LockKey;
 use crate::metrics::{EnforcementMetrics, OutcomeLabels};
 use crate::registration::Registered;
-use crate::retry;
+use crate::retry::{self, LastError};
 
 /// Writes in flight at once.
 const CONCURRENT_WRITES: usize = 8;
@@ -102,6 +102,7 @@ pub async fn run(
     let manager = format!("{FIELD_MANAGER_PREFIX}{instance}");
     let mut books = Books::default();
     let mut was_healthy = None;
+    let mut errors = LastError::default();
     // A pass looks only at the locks in `todo`: those that changed since the snapshot the last
     // pass saw (a burst of status writes is a burst of passes, each over a few locks), those
     // whose retry or expiry is due. `true` = compute even if
@@ -245,7 +246,9 @@ pub async fn run(
             .collect()
             .await;
         // One line per pass, not per lock: a missing permission fails every lock at once.
-        let (mut failed, mut first_failure) = (0usize, String::new());
+        let (mut failed, mut first_failure, mut refused) = (0usize, String::new(), false);
+        // The error alone, without the lock: the same failure of every lock is one line.
+        let mut first_error = String::new();
         for (lock, want, result) in results {
             let outcome = match &result {
                 Ok(_) => "success",
@@ -260,6 +263,7 @@ pub async fn run(
                 .inc();
             match result {
                 Ok(version) => {
+                    errors.clear();
                     debug!(lock = %lock.key, enforced = want.entry.is_some(), count = want.count, "lock status written");
                     books.retries.remove(&lock.key);
                     books
@@ -273,10 +277,9 @@ pub async fn run(
                     let delay = retry::write_delay(FIRST_RETRY, attempts);
                     failed += 1;
                     if failed == 1 {
-                        first_failure = format!(
-                            "{}: {error} (attempt {attempts}, next in {delay:?})",
-                            lock.key
-                        );
+                        first_error = retry::error_chain(&error);
+                        first_failure = format!("{}: {first_error}", lock.key);
+                        refused = retry::is_refusal(&error);
                     }
                     books.retries.insert(
                         lock.key.clone(),
@@ -288,9 +291,16 @@ pub async fn run(
                 }
             }
         }
+        // Once per distinct error until a write succeeds; its repeats at debug.
         if failed > 0 {
-            warn!(failed, first = %first_failure,
-                "cannot write lock status (the webhook's identity needs patch on locks/status and clusterlocks/status); retrying with backoff");
+            if !errors.is_new(&first_error) {
+                debug!(failed, first = %first_failure, "cannot write lock status, again");
+            } else if refused {
+                warn!(failed, first = %first_failure,
+                    "cannot write lock status (the webhook's identity needs patch on locks/status and clusterlocks/status); retrying with backoff");
+            } else {
+                warn!(failed, first = %first_failure, "cannot write lock status; retrying with backoff");
+            }
         }
         // Sleep until the snapshot changes, a retry is due, or an enforced lock expires.
         let next_retry = books.retries.values().map(|r| r.at).min();
