@@ -6,7 +6,7 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 use kube_object_lock::admission::Outcome;
 use kube_object_lock::cli::{Cli, Command, certs};
 use kube_object_lock::settings::{LogFormat, LogSettings, LogTarget, Settings};
@@ -54,6 +54,26 @@ async fn run(cli: Cli) -> ExitCode {
         Command::Manifests(command) => match manifests(&command) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => fail(1, e),
+        },
+        Command::Completion(args) => {
+            let script = cli::generate::completion(Cli::command(), "kube-object-lock", args.shell);
+            match std::io::Write::write_all(&mut std::io::stdout(), &script) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => fail(
+                    1,
+                    anyhow::Error::new(e).context("cannot print the completion"),
+                ),
+            }
+        }
+        Command::Man(args) => match cli::generate::write_man_pages(Cli::command(), &args.dir) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => fail(
+                1,
+                anyhow::Error::new(e).context(format!(
+                    "cannot write the man pages into {}",
+                    args.dir.display()
+                )),
+            ),
         },
         Command::Check(args) => {
             let settings = match Settings::load(&args.layers()) {

@@ -294,3 +294,79 @@ fn writing_replaces_what_an_earlier_run_wrote() {
         assert!(out.path().join(path).is_file(), "{path}");
     }
 }
+
+/// Runs a binary of the crate; its stdout, after asserting it succeeded.
+fn run_bin(bin: &str, args: &[&str]) -> Vec<u8> {
+    let out = Command::new(bin).args(args).output().expect("run");
+    assert!(out.status.success(), "{bin} {args:?}: {out:?}");
+    out.stdout
+}
+
+#[test]
+fn the_binaries_print_the_packaged_completion_and_write_the_packaged_man_pages() {
+    let server = env!("CARGO_BIN_EXE_kube-object-lock");
+    let plugin = env!("CARGO_BIN_EXE_kubectl-lock");
+    for (shell, path) in [
+        ("bash", "completions/bash/kube-object-lock"),
+        ("zsh", "completions/zsh/_kube-object-lock"),
+        ("fish", "completions/fish/kube-object-lock.fish"),
+    ] {
+        let (bin, cmd) = generate::commands().swap_remove(0);
+        let packaged = text(&generate::completions(cmd, bin))
+            .remove(path)
+            .expect(path);
+        let printed = String::from_utf8(run_bin(server, &["completion", shell])).expect("utf-8");
+        assert_eq!(printed, packaged, "{shell}");
+    }
+    // The plugin: both command names in one script, and kubectl's plugin completion.
+    let bash = String::from_utf8(run_bin(plugin, &["completion", "bash"])).expect("utf-8");
+    assert!(bash.contains("default kubectl-lock\n") && bash.contains("default kubectl-unlock\n"));
+    let kubectl = run_bin(plugin, &["completion", "kubectl"]);
+    let packaged = generate::kubectl_complete(&LockCli::command(), &UnlockCli::command());
+    assert_eq!(String::from_utf8(kubectl).expect("utf-8"), packaged);
+
+    // `man DIR`: the package's pages, each binary its own.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (server_dir, plugin_dir) = (dir.path().join("server"), dir.path().join("plugin"));
+    run_bin(server, &["man", server_dir.to_str().expect("utf-8")]);
+    run_bin(plugin, &["man", plugin_dir.to_str().expect("utf-8")]);
+    let mut packaged = BTreeMap::new();
+    for (_, cmd) in generate::commands() {
+        packaged.extend(text(&generate::man_pages(cmd).expect("man pages")));
+    }
+    let mut written = BTreeMap::new();
+    for d in [&server_dir, &plugin_dir] {
+        for entry in std::fs::read_dir(d).expect("read_dir") {
+            let entry = entry.expect("entry");
+            let name = format!("man/{}", entry.file_name().to_string_lossy());
+            written.insert(name, std::fs::read_to_string(entry.path()).expect("page"));
+        }
+    }
+    assert_eq!(written, packaged);
+
+    // A directory that cannot be made: one error line naming it.
+    let out = Command::new(plugin)
+        .args(["man", "/proc/no/such/dir"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("/proc/no/such/dir"), "{stderr}");
+}
+
+#[test]
+fn both_binaries_print_the_version_with_the_commit() {
+    for (name, bin) in [
+        ("kube-object-lock", env!("CARGO_BIN_EXE_kube-object-lock")),
+        ("kubectl-lock", env!("CARGO_BIN_EXE_kubectl-lock")),
+    ] {
+        let out = String::from_utf8(run_bin(bin, &["--version"])).expect("utf-8");
+        let commit = out
+            .trim_end()
+            .strip_prefix(&format!("{name} {} (commit ", env!("CARGO_PKG_VERSION")))
+            .and_then(|rest| rest.strip_suffix(')'))
+            .unwrap_or_else(|| panic!("{name}: {out}"));
+        assert!(!commit.is_empty() && !commit.contains(' '), "{name}: {out}");
+    }
+}

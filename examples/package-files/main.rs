@@ -1,7 +1,7 @@
 //! Writes what the Debian package installs besides the binaries, generated from the current
 //! command-line definitions so that a new flag reaches the man pages and the completion by
-//! itself: `cargo run --example package-files [-- OUT_DIR]` (default target/package/), then
-//! `cargo deb`. See the `[package.metadata.deb]` assets in Cargo.toml.
+//! itself: `cargo run --example package-files [-- OUT_DIR]` (default target/release/package/),
+//! then `cargo deb`. See the `[package.metadata.deb]` assets in Cargo.toml and `.ci/package`.
 //!
 //! `cargo run --example package-files -- --docs docs/reference` writes the reference pages
 //! instead (commands, settings, metrics, Lock fields), from the same code.
@@ -23,7 +23,7 @@ fn main() -> ExitCode {
     let out = std::env::args_os()
         .nth(1)
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("target/package"));
+        .unwrap_or_else(|| PathBuf::from("target/release/package"));
     let unit = match std::fs::read_to_string("systemd/kube-object-lock.service") {
         Ok(unit) => unit,
         Err(e) => {

@@ -1,10 +1,11 @@
-//! The command line: `serve`, `certs`, `crd` and `check`.
+//! The command line: `serve`, `certs`, `crd`, `manifests`, `check`, `completion` and `man`.
 //!
 //! Flags of `serve` and `check` are the top layer of the settings: each maps to one settings
 //! key, so `--lookup-timeout` and `kube.lookup_timeout` cannot disagree about what they mean.
 
 pub mod certs;
 pub mod check;
+pub mod generate;
 pub mod manifests;
 
 use std::path::PathBuf;
@@ -50,6 +51,32 @@ pub enum Command {
     /// not decide: the locks could not be read (a lock file that does not read, a locks
     /// directory or API server that cannot be read; the source is named on stderr).
     Check(CheckArgs),
+    /// Print the shell completion script of kube-object-lock.
+    ///
+    /// bash: `source <(kube-object-lock completion bash)`, or save it as
+    /// /usr/share/bash-completion/completions/kube-object-lock; zsh: save it as
+    /// `_kube-object-lock` in a directory of $fpath; fish: save it as
+    /// ~/.config/fish/completions/kube-object-lock.fish.
+    Completion(CompletionArgs),
+    /// Write the man pages of kube-object-lock and its subcommands (kube-object-lock.1,
+    /// kube-object-lock-serve.1, ...) into DIR, e.g. /usr/local/share/man/man1.
+    Man(ManArgs),
+}
+
+/// Flags of `completion`.
+#[derive(Debug, Args)]
+pub struct CompletionArgs {
+    /// The shell to complete in.
+    #[arg(value_enum, value_name = "SHELL")]
+    pub shell: generate::Shell,
+}
+
+/// Flags of `man`.
+#[derive(Debug, Args)]
+pub struct ManArgs {
+    /// The directory to write the pages into (created if missing).
+    #[arg(value_name = "DIR")]
+    pub dir: PathBuf,
 }
 
 /// Where settings come from.

@@ -11,6 +11,8 @@ use std::time::Duration;
 use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 use k8s_openapi::jiff::Timestamp;
 
+pub use crate::cli::generate::PluginShell;
+
 /// The file name that makes the binary unlock.
 pub const UNLOCK_BINARY: &str = "kubectl-unlock";
 
@@ -149,6 +151,34 @@ pub enum LockCommand {
     /// what each covers, whether its target exists (exists, missing, or - when it cannot be
     /// told: several resources, a selector), its mode, the time left and the reason.
     List(ListArgs),
+    /// Print the completion of kubectl-lock and kubectl-unlock for a shell, or (kubectl) the
+    /// program kubectl runs to complete `kubectl lock` and `kubectl unlock`.
+    ///
+    /// kubectl: `kubectl lock completion kubectl > DIR/kubectl_complete-lock`, made executable,
+    /// with `kubectl_complete-unlock` a link to it, DIR on PATH (kubectl 1.26+ then completes
+    /// the plugin's flags, resource types and object names). bash: `source <(kubectl lock
+    /// completion bash)`; zsh: save it as `_kubectl-lock` in a directory of $fpath; fish: save
+    /// it in ~/.config/fish/completions/kubectl-lock.fish.
+    Completion(CompletionArgs),
+    /// Write the man pages of kubectl-lock (and its subcommands) and kubectl-unlock into DIR,
+    /// e.g. ~/.local/share/man/man1.
+    Man(ManArgs),
+}
+
+/// Flags of `kubectl lock completion`.
+#[derive(Debug, Args)]
+pub struct CompletionArgs {
+    /// What to print the completion for.
+    #[arg(value_enum, value_name = "SHELL")]
+    pub shell: PluginShell,
+}
+
+/// Flags of `kubectl lock man`.
+#[derive(Debug, Args)]
+pub struct ManArgs {
+    /// The directory to write the pages into (created if missing).
+    #[arg(value_name = "DIR")]
+    pub dir: PathBuf,
 }
 
 /// Flags of `kubectl lock list`.

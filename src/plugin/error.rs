@@ -48,6 +48,14 @@ pub enum PluginError {
     /// A value the command line cannot carry out.
     #[error("{0}")]
     Usage(String),
+    /// `kubectl lock man DIR` could not write a page.
+    #[error("cannot write the man pages into {dir}: {error}")]
+    ManPages {
+        /// The directory given.
+        dir: String,
+        /// Why.
+        error: std::io::Error,
+    },
     /// Discovery knows no such resource.
     #[error("the server doesn't have a resource type \"{resource}\"{hint}")]
     UnknownResource {

@@ -23,6 +23,7 @@ mod owner;
 mod run;
 mod spec;
 
+use clap::CommandFactory;
 use kube::api::{Api, ApiResource, DynamicObject};
 
 use crate::api::{self, LockKey, LockKind};
@@ -86,11 +87,44 @@ pub async fn run(invocation: Invocation) -> Result<Report, PluginError> {
     match invocation {
         Invocation::Lock(cli) => match cli.command {
             Some(LockCommand::List(args)) => list::list(&cli.connection, &args).await,
+            Some(LockCommand::Completion(args)) => Ok(Report {
+                stdout: completion(args.shell),
+                ..Report::default()
+            }),
+            Some(LockCommand::Man(args)) => man_pages(&args.dir),
             None if cli.lock.command.is_empty() => lock::lock(&cli.connection, &cli.lock).await,
             None => run::run(&cli.connection, &cli.lock).await,
         },
         Invocation::Unlock(cli) => lock::unlock(&cli.connection, &cli.target, cli.no_nudge).await,
     }
+}
+
+/// What `kubectl lock completion SHELL` prints: both command names' completion, or kubectl's
+/// plugin completion program.
+fn completion(shell: cli::PluginShell) -> String {
+    use crate::cli::generate::{self, Shell};
+    let (lock, unlock) = (cli::LockCli::command(), cli::UnlockCli::command());
+    let shell = match shell {
+        cli::PluginShell::Kubectl => return generate::kubectl_complete(&lock, &unlock),
+        cli::PluginShell::Bash => Shell::Bash,
+        cli::PluginShell::Zsh => Shell::Zsh,
+        cli::PluginShell::Fish => Shell::Fish,
+    };
+    let mut script = generate::completion(lock, "kubectl-lock", shell);
+    script.extend(generate::completion(unlock, cli::UNLOCK_BINARY, shell));
+    String::from_utf8_lossy(&script).into_owned()
+}
+
+/// `kubectl lock man DIR`: the pages of both command lines.
+fn man_pages(dir: &std::path::Path) -> Result<Report, PluginError> {
+    use crate::cli::generate::write_man_pages;
+    write_man_pages(cli::LockCli::command(), dir)
+        .and_then(|()| write_man_pages(cli::UnlockCli::command(), dir))
+        .map_err(|error| PluginError::ManPages {
+            dir: dir.display().to_string(),
+            error,
+        })?;
+    Ok(Report::default())
 }
 
 /// A client for the cluster named by the flags, the kubeconfig or the in-cluster account.

@@ -791,12 +791,13 @@ fn registration_writes(metrics_port: u16) -> Result<f64> {
 
 /// A rolling upgrade: the previous release's `serve` (`KOL_E2E_PREVIOUS_BIN`, built by
 /// `.ci/previous-release`) and this one keep the same registration. Three phases:
-/// 1. the registration as the previous release installed it (no format annotation): both write
-///    the conditions only, the same text; a minute of Lock churn (new namespaces among them),
-///    every Lock refusing writes once enforced, and few registration writes; the entry of a
-///    Lock asking CREATE, this version's alone, kept throughout;
-/// 2. format 2 asked for while the previous one still runs: it rewrites the conditions, and this
-///    version falls back to the broad selector and format 1 (enforcement kept throughout);
+/// 1. the registration without the format annotation: both write the conditions only, the same
+///    text; a minute of Lock churn (new namespaces among them), every Lock refusing writes once
+///    enforced, and few registration writes; the entry of a Lock asking CREATE kept throughout;
+/// 2. format 2 asked for while the previous one still runs: a previous release that predates
+///    format 2 (its `manifests cluster` has no format annotation) rewrites the conditions, and
+///    this version falls back to the broad selector and format 1 (enforcement kept
+///    throughout); one that knows format 2 narrows with this version;
 /// 3. the previous one replaced by this version, format 2 asked for again: the selector is
 ///    narrowed; the same churn, for comparison.
 pub fn upgrade(ctx: &Ctx) -> Result<()> {
@@ -911,6 +912,22 @@ fn upgrade_phases(ctx: &Ctx, previous: &std::path::Path, ports: (u16, u16)) -> R
     // 2. Format 2 asked for while the previous release still writes.
     let before = writes()?;
     set_format(ctx, Some("2"))?;
+    if knows_format_2(ctx, previous)? {
+        wait_for(
+            ctx,
+            "format 2 with a previous release that knows it",
+            |(names, marked)| *marked && !names.iter().any(|n| n == "*"),
+        )?;
+        let (changes, _) = churn(ctx, "b", Duration::from_secs(15), 2)?;
+        ensure!(
+            format_of(ctx)?.as_deref() == Some("2"),
+            "format 2 with a previous release that knows it: fell back"
+        );
+        ctx.figure(format!(
+            "format 2 asked for with a previous release that knows it: narrowed by both; {changes} Lock changes in 15 s"
+        ));
+        return spare.stop();
+    }
     let start = Instant::now();
     loop {
         let format = format_of(ctx)?;
@@ -964,6 +981,23 @@ fn upgrade_phases(ctx: &Ctx, previous: &std::path::Path, ports: (u16, u16)) -> R
         after.2 - before.2
     ));
     spare.stop()
+}
+
+/// Whether the binary `previous` writes registration format 2: its `manifests cluster` sets the
+/// format annotation (releases before format 2 know nothing of it).
+fn knows_format_2(ctx: &Ctx, previous: &std::path::Path) -> Result<bool> {
+    let out = std::process::Command::new(previous)
+        .args(["manifests", "cluster", "--ca-file"])
+        .arg(ctx.env.files.pki("ca.crt"))
+        .output()
+        .with_context(|| format!("run {} manifests cluster", previous.display()))?;
+    ensure!(
+        out.status.success(),
+        "{} manifests cluster: {}",
+        previous.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).contains(FORMAT))
 }
 
 /// Waits up to 30 s until the registration's selection satisfies `done`.
