@@ -9,10 +9,11 @@
 //! subresource), it resets it before admission, so it arrives unchanged.
 
 use std::cell::OnceCell;
-use std::fmt;
 
 use serde::Deserialize;
 use serde_json::Value;
+
+pub use crate::fieldpath::{FieldPath, PathError};
 
 /// Metadata the API server writes on every change: never counted as one.
 pub const SERVER_MAINTAINED: [&str; 3] = [
@@ -20,137 +21,6 @@ pub const SERVER_MAINTAINED: [&str; 3] = [
     "metadata.managedFields",
     "metadata.generation",
 ];
-
-/// The longest field path the CRD accepts, in characters.
-pub const MAX_PATH_CHARS: usize = 512;
-
-/// A field path that does not parse: the message names it.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "{path:?} is not a field path: {why} (write spec.template or metadata.annotations['example.com/key'])"
-)]
-pub struct PathError {
-    /// The path as written.
-    pub path: String,
-    /// What is wrong with it.
-    pub why: &'static str,
-}
-
-/// A parsed field path: the keys from the object's root.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct FieldPath(Vec<String>);
-
-impl FieldPath {
-    /// Parses `spec.template.spec.volumes` or `metadata.annotations['example.com/key']`
-    /// (`["..."]` too). Field names are letters, digits, `_` and `-`, not starting with a digit
-    /// or `-`; a quoted key is anything but its quote, and not empty. The CRD checks the same
-    /// grammar with [`PATTERN`].
-    pub fn parse(text: &str) -> Result<FieldPath, PathError> {
-        let fail = |why| PathError {
-            path: text.to_owned(),
-            why,
-        };
-        if text.is_empty() {
-            return Err(fail("empty"));
-        }
-        if text.chars().count() > MAX_PATH_CHARS {
-            return Err(fail("longer than 512 characters"));
-        }
-        let mut keys = Vec::new();
-        let mut rest = text;
-        let mut first = true;
-        while !rest.is_empty() {
-            if let Some(quoted) = rest.strip_prefix('[') {
-                let quote = quoted
-                    .chars()
-                    .next()
-                    .filter(|c| matches!(c, '\'' | '"'))
-                    .ok_or_else(|| fail("a key in brackets must be quoted"))?;
-                let inner = &quoted[1..];
-                let end = inner
-                    .find(quote)
-                    .ok_or_else(|| fail("unterminated quoted key"))?;
-                if end == 0 {
-                    return Err(fail("empty quoted key"));
-                }
-                keys.push(inner[..end].to_owned());
-                rest = inner[end + 1..]
-                    .strip_prefix(']')
-                    .ok_or_else(|| fail("a quoted key must end with ]"))?;
-            } else {
-                let name = if first {
-                    rest
-                } else {
-                    rest.strip_prefix('.')
-                        .ok_or_else(|| fail("fields are separated by ."))?
-                };
-                let end = name.find(['.', '[']).unwrap_or(name.len());
-                let field = &name[..end];
-                let valid_start = field
-                    .chars()
-                    .next()
-                    .is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
-                if !valid_start {
-                    return Err(fail("a field name starts with a letter or _"));
-                }
-                if !field
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-                {
-                    return Err(fail("a field name holds letters, digits, _ and -"));
-                }
-                keys.push(field.to_owned());
-                rest = &name[end..];
-            }
-            first = false;
-        }
-        Ok(FieldPath(keys))
-    }
-
-    /// The keys from the root.
-    pub fn keys(&self) -> &[String] {
-        &self.0
-    }
-
-    /// The value at this path; a `null` is absent.
-    pub fn get<'v>(&self, value: &'v Value) -> Option<&'v Value> {
-        self.0
-            .iter()
-            .try_fold(value, |v, key| v.get(key))
-            .filter(|v| !v.is_null())
-    }
-
-    /// True when `self` is `other` or lies inside it.
-    fn within(&self, other: &FieldPath) -> bool {
-        self.0.starts_with(&other.0)
-    }
-}
-
-/// The regular expression of a field path, for the CRD's CEL rules (RE2, as CEL's `matches`).
-/// Quotes are written `\x27` and `\x22` so that the pattern fits in a CEL raw string.
-pub const PATTERN: &str = r"^[A-Za-z_][A-Za-z0-9_-]*(\.[A-Za-z_][A-Za-z0-9_-]*|\[\x27[^\x27]+\x27\]|\[\x22[^\x22]+\x22\])*$";
-
-impl fmt::Display for FieldPath {
-    /// As parsed: dotted names, quoted keys where a key is not a plain name.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, key) in self.0.iter().enumerate() {
-            let plain = key
-                .chars()
-                .next()
-                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-                && key
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
-            match (plain, i) {
-                (true, 0) => f.write_str(key)?,
-                (true, _) => write!(f, ".{key}")?,
-                (false, _) if key.contains('\'') => write!(f, "[\"{key}\"]")?,
-                (false, _) => write!(f, "['{key}']")?,
-            }
-        }
-        Ok(())
-    }
-}
 
 /// True when the value at `path` differs between `old` and `new` (added, removed, or another
 /// value).
@@ -183,7 +53,7 @@ pub fn first_change_outside(old: &Value, new: &Value, kept: &[FieldPath]) -> Opt
         .map(|p| FieldPath::parse(p).expect("the server-maintained paths parse"))
         .collect();
     skipped.extend(kept.iter().cloned());
-    let mut at = FieldPath(Vec::new());
+    let mut at = FieldPath::root();
     walk(Some(old), Some(new), &skipped, &mut at)
 }
 
@@ -201,7 +71,7 @@ fn walk(
     // Only a map with something skipped below it needs a walk key by key.
     let below = skipped
         .iter()
-        .any(|p| p.0.len() > at.0.len() && p.0.starts_with(&at.0));
+        .any(|p| p.keys().len() > at.keys().len() && p.keys().starts_with(at.keys()));
     let (Some(a), Some(b)) = (as_map(old), as_map(new)) else {
         return (!same(old, new)).then(|| at.clone());
     };
@@ -214,14 +84,14 @@ fn walk(
         .flat_map(|m| m.keys())
         .filter(|k| !a.is_some_and(|a| a.contains_key(*k)));
     for key in keys.chain(more) {
-        at.0.push(key.clone());
+        at.push(key);
         let found = walk(
             a.and_then(|m| m.get(key)),
             b.and_then(|m| m.get(key)),
             skipped,
             at,
         );
-        at.0.pop();
+        at.pop();
         if found.is_some() {
             return found;
         }
@@ -241,7 +111,7 @@ fn as_map(value: Option<&Value>) -> Option<Option<&serde_json::Map<String, Value
 /// True when the only change from `old` to `new` (server-maintained metadata aside) is the
 /// removal of finalizers: what a Terminating object's controllers do.
 pub fn only_finalizers_removed(old: &Value, new: &Value) -> bool {
-    let finalizers = FieldPath(vec!["metadata".into(), "finalizers".into()]);
+    let finalizers = FieldPath::parse("metadata.finalizers").expect("a valid path");
     let list = |v: &Value| -> Vec<Value> {
         finalizers
             .get(v)
@@ -252,6 +122,105 @@ pub fn only_finalizers_removed(old: &Value, new: &Value) -> bool {
     let (before, after) = (list(old), list(new));
     let removed = after.len() < before.len() && after.iter().all(|f| before.contains(f));
     removed && first_change_outside(old, new, std::slice::from_ref(&finalizers)).is_none()
+}
+
+/// How an UPDATE reaches the object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Write {
+    /// The object itself, or a subresource whose reviews carry it (`pods/resize`, ...).
+    Object,
+    /// The `status` subresource: it may change the status, and what else it carries counts.
+    Status,
+    /// The `scale` subresource: its reviews carry autoscaling/v1 Scales, whose `spec.replicas`
+    /// is the object's `spec.replicas` for the built-in kinds. For a custom resource the field
+    /// is the CRD's `specReplicasPath`, which the review does not name.
+    Scale {
+        /// True for a custom resource.
+        custom: bool,
+    },
+}
+
+/// The change of an UPDATE that a lock freezes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Frozen {
+    /// The frozen field that changed; `None` when the objects could not be compared.
+    pub path: Option<String>,
+    /// Whether a refusal names the field: always for a lock on fields, a status write or a
+    /// Terminating object, where the refusal would otherwise surprise.
+    pub named: bool,
+}
+
+/// What `fields` / `exceptFields` of a lock, as read from `spec`, make of an UPDATE of `write`
+/// from `objects`: the change it freezes, or `None` when the update changes nothing it
+/// freezes (nothing at all, only server-maintained metadata, a status through `status`, only
+/// fields left free, or, on a `terminating` object, only the removal of finalizers).
+pub fn frozen_change(
+    fields: Option<&[String]>,
+    except_fields: Option<&[String]>,
+    write: Write,
+    terminating: bool,
+    objects: &Objects,
+) -> Option<Frozen> {
+    let named =
+        fields.is_some() || except_fields.is_some() || write == Write::Status || terminating;
+    let Some((old, new)) = objects.pair() else {
+        return Some(Frozen { path: None, named });
+    };
+    let parse = |paths: &[String]| -> Option<Vec<FieldPath>> {
+        paths.iter().map(|p| FieldPath::parse(p).ok()).collect()
+    };
+    // A list that does not parse (the spec reader has already made such a lock whole) locks all.
+    let fields = fields.and_then(parse);
+    let except = except_fields.and_then(parse).unwrap_or_default();
+    let frozen = |path: String| {
+        Some(Frozen {
+            path: Some(path),
+            named,
+        })
+    };
+    if let Write::Scale { custom } = write {
+        let replicas = FieldPath::parse("spec.replicas").expect("a valid path");
+        if !changed(old, new, &replicas) {
+            return None;
+        }
+        if custom {
+            // Which field the CRD scales is not known here: locked by every lock.
+            return frozen("spec.replicas (through the scale subresource)".to_owned());
+        }
+        let touches = |p: &FieldPath| p.within(&replicas) || replicas.within(p);
+        return match &fields {
+            Some(fields) if !fields.iter().any(touches) => None,
+            Some(_) => frozen(replicas.to_string()),
+            None if except.iter().any(|p| replicas.within(p)) => None,
+            None => frozen(replicas.to_string()),
+        };
+    }
+    if terminating && only_finalizers_removed(old, new) {
+        return None;
+    }
+    let status = FieldPath::parse("status").expect("a valid path");
+    let free_status = write == Write::Status;
+    match fields {
+        Some(fields) => fields
+            .into_iter()
+            .filter(|p| !(free_status && p.within(&status)))
+            .find(|p| {
+                if free_status && status.within(p) {
+                    // A lock on the whole object through a status write: what is not status.
+                    first_change_outside(old, new, std::slice::from_ref(&status)).is_some()
+                } else {
+                    changed(old, new, p)
+                }
+            })
+            .and_then(|p| frozen(p.to_string())),
+        None => {
+            let mut kept = except;
+            if free_status {
+                kept.push(status);
+            }
+            first_change_outside(old, new, &kept).and_then(|p| frozen(p.to_string()))
+        }
+    }
 }
 
 /// The `object` and `oldObject` of an UPDATE, read from the review's body only when a decision
@@ -321,76 +290,6 @@ mod tests {
 
     fn path(text: &str) -> FieldPath {
         FieldPath::parse(text).expect(text)
-    }
-
-    #[test]
-    fn paths_parse_as_written_and_print_back() {
-        for (text, keys) in [
-            ("spec", vec!["spec"]),
-            (
-                "spec.template.spec.volumes",
-                vec!["spec", "template", "spec", "volumes"],
-            ),
-            (
-                "metadata.annotations['example.com/key']",
-                vec!["metadata", "annotations", "example.com/key"],
-            ),
-            (
-                r#"metadata.labels["app.kubernetes.io/name"]"#,
-                vec!["metadata", "labels", "app.kubernetes.io/name"],
-            ),
-            ("data['a.b'].c", vec!["data", "a.b", "c"]),
-            ("spec.my-field_2", vec!["spec", "my-field_2"]),
-        ] {
-            let parsed = path(text);
-            assert_eq!(parsed.keys(), keys, "{text}");
-            assert_eq!(path(&parsed.to_string()), parsed, "{text} prints back");
-        }
-        assert_eq!(
-            path(r#"metadata.labels["app.kubernetes.io/name"]"#).to_string(),
-            "metadata.labels['app.kubernetes.io/name']"
-        );
-    }
-
-    #[test]
-    fn bad_paths_are_named_with_what_is_wrong() {
-        let program = cel::Program::compile(&format!("self.matches(r'{PATTERN}')"))
-            .expect("the pattern is a CEL raw string");
-        let matches = |text: &str| {
-            let mut context = cel::Context::default();
-            context.add_variable("self", text).expect("variable");
-            program.execute(&context).expect("runs") == cel::Value::Bool(true)
-        };
-        for (text, why) in [
-            ("", "empty"),
-            (".spec", "a field name starts with a letter or _"),
-            ("spec.", "a field name starts with a letter or _"),
-            ("spec..a", "a field name starts with a letter or _"),
-            ("spec.containers[0]", "a key in brackets must be quoted"),
-            ("spec[name]", "a key in brackets must be quoted"),
-            ("metadata.labels['a", "unterminated quoted key"),
-            ("metadata.labels['']", "empty quoted key"),
-            ("metadata.labels['a']b", "fields are separated by ."),
-            ("metadata.labels['a'", "a quoted key must end with ]"),
-            (
-                "spec/template",
-                "a field name holds letters, digits, _ and -",
-            ),
-            ("9lives", "a field name starts with a letter or _"),
-        ] {
-            let error = FieldPath::parse(text).expect_err(text);
-            assert_eq!(error.why, why, "{text}");
-            assert!(error.to_string().contains(&format!("{text:?}")), "{error}");
-            assert!(!matches(text), "the CRD pattern accepts {text:?}");
-        }
-        for good in [
-            "spec.template",
-            "metadata.annotations['example.com/key']",
-            r#"a["it's"].b"#,
-        ] {
-            assert!(matches(good), "{good}");
-            path(good);
-        }
     }
 
     #[test]

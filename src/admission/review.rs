@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::jiff::Timestamp;
 use tracing::{debug, info, warn};
 
+use super::changes::Objects;
 use super::decide::{self, Outcome, Plan, Verdict};
 use super::labels::{LabelError, LabelReader, Labels, NoCluster, Target};
 use super::refusals::EventSink;
@@ -220,7 +221,8 @@ impl Reviewer {
                     }
                     None => None,
                 };
-                self.verdict(req, &lookup, read, labels.as_ref(), now)
+                let objects = Objects::from_review(body);
+                self.verdict(req, &lookup, read, labels.as_ref(), &objects, now)
             }
         };
         let elapsed = started.elapsed();
@@ -266,23 +268,16 @@ impl Reviewer {
         lookup: &decide::Lookup<'_>,
         read: Result<ReadLocks, LookupError>,
         labels: Option<&Labels>,
+        objects: &Objects,
         now: Timestamp,
     ) -> Verdict {
         match read {
             Ok((scope, contents)) => {
                 let contents = contents.as_deref();
-                let verdict = match labels {
-                    None => decide::decide(req, lookup, &scope, contents, now),
-                    Some(labels) => decide::decide_with_labels(
-                        req,
-                        lookup,
-                        &scope,
-                        contents,
-                        labels,
-                        self.policy.on_lookup_error,
-                        now,
-                    ),
-                };
+                // The objects are read from the body only if a lock covers the update.
+                let labels = labels.map(|labels| (labels, self.policy.on_lookup_error));
+                let verdict =
+                    decide::decide_update(req, lookup, &scope, contents, labels, objects, now);
                 if let Some(events) = &self.events {
                     events.record_verdict(req, &verdict, &scope, contents);
                 }

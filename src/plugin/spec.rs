@@ -52,6 +52,8 @@ impl NewSpec<'_> {
             expires_at: self.expires_at.map(Time),
             mode: self.warn.then_some(LockMode::Warn),
             holder: self.holder.clone(),
+            fields: None,
+            except_fields: None,
         }
     }
 
