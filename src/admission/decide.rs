@@ -700,8 +700,9 @@ pub fn decide_unreadable(
 }
 
 /// What `policy` answers when something the decision needs could not be read: a 503 with
-/// `refusal`, or an allow with `warning`; a Terminating object's update is allowed either way
-/// (refusing it could wedge the object), with nothing to add. The outcome is an error, and
+/// `refusal`, or an allow with `warning`; a Terminating object's update and a status write are
+/// allowed either way (refusing the one could wedge the object, the other stop every
+/// controller's reporting while the locks cannot be read), with nothing to add. The outcome is an error, and
 /// `annotation` the audit annotation `lookup-error`.
 fn by_policy(
     req: &AdmissionRequest,
@@ -710,7 +711,8 @@ fn by_policy(
     warning: String,
     annotation: String,
 ) -> Verdict {
-    let mut verdict = if req.operation == Operation::Update && req.is_terminating() {
+    let keeps_going = req.is_terminating() || req.subresource() == Some("status");
+    let mut verdict = if req.operation == Operation::Update && keeps_going {
         Verdict::allow()
     } else {
         match policy {
