@@ -374,8 +374,12 @@ fn log_verdict(req: &AdmissionRequest, verdict: &Verdict, elapsed: Duration) {
         .collect::<Vec<_>>()
         .join(",");
     if verdict.outcome == Outcome::Denied {
+        let changed = (verdict.changed.iter())
+            .map(|(_, path)| path.as_str())
+            .collect::<Vec<_>>()
+            .join(",");
         info!(uid = %req.uid, operation = req.operation.as_str(), resource = %req.resource_path(),
-            %namespace, %name, user = %req.user_info.username, lock = %locks,
+            %namespace, %name, user = %req.user_info.username, lock = %locks, %changed,
             dry_run = req.dry_run.unwrap_or(false), "denied");
     } else {
         debug!(uid = %req.uid, operation = req.operation.as_str(), resource = %req.resource_path(),

@@ -87,7 +87,9 @@ fn the_webhook_sends_what_the_decision_needs_and_nothing_it_must_not() {
             let resources = rule.resources.as_ref().expect("resources");
             // Status writes are sent: what they carry besides the status counts.
             assert!(
-                !resources.iter().any(|r| r.ends_with("/status") && r != "*/status"),
+                !resources
+                    .iter()
+                    .any(|r| r.ends_with("/status") && r != "*/status"),
                 "status is sent for every resource alike"
             );
             assert!(!ops.iter().any(|o| o == "CONNECT" || o == "*"));
