@@ -358,6 +358,8 @@ struct Applicable<'a> {
     unknown: Vec<&'a LockRef>,
     /// For an UPDATE, what each lock above freezes that it changes.
     changed: Vec<(LockKey, Frozen)>,
+    /// For an UPDATE, the locks that cover it but freeze nothing it changes.
+    unchanged: Vec<&'a LockRef>,
 }
 
 impl<'a> Applicable<'a> {
@@ -403,6 +405,9 @@ impl<'a> Applicable<'a> {
             .filter(|(key, _)| counted(key) || self.warning.iter().any(|l| l.key() == *key))
             .filter_map(|(key, frozen)| Some((key.clone(), frozen.path.clone()?)))
             .collect();
+        if !self.unchanged.is_empty() {
+            verdict = verdict.annotate("unchanged-locks", names(&self.unchanged));
+        }
         if !changed.is_empty() {
             let list = (changed.iter())
                 .map(|(key, path)| format!("{key}: {path}"))
@@ -468,7 +473,10 @@ fn applicable<'a>(
             );
             match frozen {
                 Some(frozen) => found.changed.push((lock.key(), frozen)),
-                None => continue,
+                None => {
+                    found.unchanged.push(lock);
+                    continue;
+                }
             }
         }
         match covers_object {

@@ -1756,6 +1756,12 @@ fn a_lock_on_fields_refuses_only_a_change_of_them_naming_the_field() {
         run_update(&main, &[warn], old.clone(), annotated.clone()).outcome,
         Outcome::Allowed
     );
+    // What `check` and the audit log show of an allowed UPDATE under a lock on fields.
+    let allowed = run_update(&main, &[template.clone()], old.clone(), annotated.clone());
+    assert_eq!(
+        allowed.audit_annotations["unchanged-locks"],
+        "Lock prod/web"
+    );
     // A DELETE is not affected by fields.
     let delete = deployment(json!({"operation": "DELETE"}));
     assert!(
