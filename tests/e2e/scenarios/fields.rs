@@ -45,11 +45,30 @@ pub fn deployment_template(ctx: &Ctx) -> Result<()> {
         &format!("/apis/apps/v1/namespaces/{ns}/deployments"),
         deployment("web", json!({})),
     )?;
-    ctx.lock(
-        n,
-        "web",
-        json!({"fields": ["spec.template"], "reason": REASON}),
-    )?;
+    // Through the plugin, which waits until the lock is in force.
+    let out = ctx
+        .k(&[
+            "lock",
+            "deployment/web",
+            "-n",
+            n,
+            "--fields",
+            "spec.template",
+            "--reason",
+            REASON,
+        ])
+        .check()?;
+    ensure!(
+        out.stdout.contains("fields spec.template"),
+        "kubectl lock says what it froze: {}",
+        out.stdout
+    );
+    let listed = ctx.k(&["lock", "list", "-n", n]).check()?;
+    ensure!(
+        listed.stdout.contains("UPDATE[spec.template],DELETE"),
+        "kubectl lock list shows what is frozen: {}",
+        listed.stdout
+    );
     let message = locked_field("deployments.apps", n, "web", "spec.template", Some(REASON));
     let set_image = [
         "set",
