@@ -128,7 +128,8 @@ pub struct Verdict {
     pub locks: Vec<LockKey>,
     /// The Warn-mode locks that would have refused it.
     pub warned: Vec<LockKey>,
-    /// For an UPDATE, the field each refusing or warning lock freezes that changed.
+    /// For an UPDATE, the field each refusing or warning lock freezes that changed, where the
+    /// refusal names it (a lock on fields, a status write, a Terminating object).
     pub changed: Vec<(LockKey, String)>,
 }
 
@@ -403,6 +404,7 @@ impl<'a> Applicable<'a> {
         let counted = |key: &LockKey| verdict.locks.contains(key) || verdict.warned.contains(key);
         let changed: Vec<(LockKey, String)> = (self.changed.iter())
             .filter(|(key, _)| counted(key) || self.warning.iter().any(|l| l.key() == *key))
+            .filter(|(_, frozen)| frozen.named)
             .filter_map(|(key, frozen)| Some((key.clone(), frozen.path.clone()?)))
             .collect();
         if !self.unchanged.is_empty() {
