@@ -12,7 +12,8 @@
 //! `held-cm`, `web`, `plain-pod`, `evict-me`, `db-creds`, the contents of `lock-doomed` and the
 //! ClusterLock `lock-demo-reader` are locked, so denials, warnings and namespace deletions take
 //! their real paths. `large-configmap-update` is `configmap-update-put.json` with 512 KiB of
-//! data in object and oldObject.
+//! data in object and oldObject. `large-deployment-update` measures what a lock on fields costs:
+//! reading and comparing object and oldObject of a Deployment with a ~100 KiB pod template.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -162,6 +163,82 @@ fn review_path(c: &mut Criterion) {
     }
 }
 
+/// An UPDATE of a Deployment whose pod template is ~100 KiB (400 environment variables in each
+/// of 4 containers), changing only an annotation: what a field comparison costs per review.
+fn deployment_update() -> Vec<u8> {
+    let env: Vec<serde_json::Value> = (0..400)
+        .map(|i| serde_json::json!({"name": format!("SETTING_{i:04}"), "value": format!("value of setting {i:04} for the web tier")}))
+        .collect();
+    let containers: Vec<serde_json::Value> = (0..4)
+        .map(|i| serde_json::json!({"name": format!("c{i}"), "image": "registry.example/web:1.2.3", "env": env}))
+        .collect();
+    let object = |rv: &str, note: &str| {
+        serde_json::json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web", "namespace": "prod", "resourceVersion": rv, "generation": 4,
+                         "annotations": {"example.com/note": note},
+                         "managedFields": [{"manager": "kubectl", "operation": "Update"}]},
+            "spec": {"replicas": 3, "selector": {"matchLabels": {"app": "web"}},
+                     "template": {"metadata": {"labels": {"app": "web"}},
+                                  "spec": {"containers": containers}}},
+            "status": {"replicas": 3, "readyReplicas": 3}
+        })
+    };
+    let review = serde_json::json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {
+            "uid": "b0c1", "kind": {"group": "apps", "version": "v1", "kind": "Deployment"},
+            "resource": {"group": "apps", "version": "v1", "resource": "deployments"},
+            "name": "web", "namespace": "prod", "operation": "UPDATE",
+            "userInfo": {"username": "alice"},
+            "object": object("2", "after"), "oldObject": object("1", "before"),
+        }
+    });
+    serde_json::to_vec(&review).expect("serializes")
+}
+
+/// The decision on a locked Deployment's UPDATE: `whole_object` is the decision without reading
+/// the objects (a lock on the whole object refusing it, as before locks on fields), the
+/// baseline; `fields` reads object and oldObject from the body and compares `spec.template`
+/// (unchanged: allowed); `unchanged_write` compares the whole object outside the annotation a
+/// lock leaves free (`exceptFields`).
+fn field_comparison(c: &mut Criterion) {
+    use kube_object_lock::admission::changes::Objects;
+    let body = deployment_update();
+    let now = Timestamp::now();
+    let set =
+        |spec: LockSpec| -> LockSet { [LockRef::lock("prod", "web", spec)].into_iter().collect() };
+    let whole = set(LockSpec::default());
+    let fields = set(LockSpec {
+        fields: Some(vec!["spec.template".to_owned()]),
+        ..LockSpec::default()
+    });
+    let except = set(LockSpec {
+        except_fields: Some(vec!["metadata.annotations".to_owned()]),
+        ..LockSpec::default()
+    });
+    let decide = |locks: &LockSet, objects: bool| {
+        let parsed = review::parse(&body).expect("parses");
+        let Plan::Lookup(lookup) = decide::plan(&parsed.request) else {
+            panic!("a locked name is looked up")
+        };
+        let objects = match objects {
+            true => Objects::from_review(&body),
+            false => Objects::unknown(),
+        };
+        decide::decide_update(&parsed.request, &lookup, locks, None, None, &objects, now)
+    };
+    assert!(!decide(&whole, false).allowed());
+    assert!(decide(&fields, true).allowed());
+    assert!(decide(&except, true).allowed());
+    let mut group = c.benchmark_group("large-deployment-update");
+    group.throughput(Throughput::Bytes(body.len() as u64));
+    group.bench_function("whole_object", |b| b.iter(|| decide(&whole, false)));
+    group.bench_function("fields", |b| b.iter(|| decide(&fields, true)));
+    group.bench_function("unchanged_write", |b| b.iter(|| decide(&except, true)));
+    group.finish();
+}
+
 criterion_group! {
     name = benches;
     // Short: 31 groups x 2 functions in well under a minute. The functions take microseconds,
@@ -170,6 +247,6 @@ criterion_group! {
         .warm_up_time(Duration::from_millis(100))
         .measurement_time(Duration::from_millis(300))
         .sample_size(10);
-    targets = review_path
+    targets = review_path, field_comparison
 }
 criterion_main!(benches);

@@ -13,6 +13,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
 use k8s_openapi::jiff::Timestamp;
+use kube::core::{Message, Rule};
 use kube::{CustomResource, CustomResourceExt, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -209,6 +210,7 @@ pub fn escape(text: &str) -> std::borrow::Cow<'_, str> {
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.fields) || !has(self.exceptFields)").message("give fields or exceptFields, not both"))]
 pub struct LockSpec {
     /// Why the object is locked, for whoever is refused: it is shown in the denial message,
     /// e.g. "VM snapshot in progress". One line of text: control characters (newlines, tabs,
@@ -269,6 +271,34 @@ pub struct LockSpec {
     /// groups. kubectl lock sets it to the caller.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub holder: Option<Holder>,
+
+    /// Lock only these fields: an UPDATE is refused only when it changes one of them (added,
+    /// removed or another value), e.g. ["spec.template"] or
+    /// ["metadata.annotations['example.com/key']"]. Paths are written as in kubectl explain;
+    /// quote map keys with dots or slashes; a list is compared whole. DELETE, CREATE and
+    /// CONNECT are not affected. At most one of fields and exceptFields.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 64), inner(length(min = 1, max = 512)))]
+    #[x_kube(validation = field_paths_rule("fields"))]
+    pub fields: Option<Vec<String>>,
+
+    /// Lock everything but these fields, e.g. ["metadata.annotations", "spec.replicas"]: an
+    /// UPDATE that changes only them is allowed. Same paths as fields; at most one of the two.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 64), inner(length(min = 1, max = 512)))]
+    #[x_kube(validation = field_paths_rule("exceptFields"))]
+    pub except_fields: Option<Vec<String>>,
+}
+
+/// The CRD's check of a list of field paths: every one parses, and the message names the
+/// first that does not.
+fn field_paths_rule(field: &str) -> Rule {
+    let pattern = crate::fieldpath::PATTERN;
+    Rule::new(format!("self.all(p, p.matches(r'{pattern}'))")).message(Message::Expression(
+        format!(
+            "'{field}: ' + self.filter(p, !p.matches(r'{pattern}'))[0] + ' is not a field path (write spec.template or metadata.annotations[\\'example.com/key\\'])'"
+        ),
+    ))
 }
 
 impl LockSpec {
@@ -338,6 +368,23 @@ impl LockSpec {
             }
             kube::core::Selector::try_from(selector.clone())
                 .map_err(|e| format!("selector: {e}"))?;
+        }
+        if self.fields.is_some() && self.except_fields.is_some() {
+            return Err("fields: give fields or exceptFields, not both".into());
+        }
+        for (name, paths) in [
+            ("fields", &self.fields),
+            ("exceptFields", &self.except_fields),
+        ] {
+            let Some(paths) = paths else { continue };
+            if paths.is_empty() || paths.len() > 64 {
+                return Err(format!(
+                    "{name}: give 1 to 64 field paths (or leave it out)"
+                ));
+            }
+            for path in paths {
+                crate::fieldpath::FieldPath::parse(path).map_err(|e| format!("{name}: {e}"))?;
+            }
         }
         if let Some(holder) = &self.holder {
             let named = [&holder.user, &holder.group, &holder.service_account]
@@ -829,7 +876,7 @@ mod tests {
         let schema = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
         let mut rules = Vec::new();
         cel_rules(schema, &[], &mut rules);
-        assert_eq!(rules.len(), 7, "{rules:?}");
+        assert_eq!(rules.len(), 10, "{rules:?}");
         rules.iter().all(|(path, rule)| {
             let Some(value) = path.iter().try_fold(spec, |v, key| v.get(key)) else {
                 return true; // rules apply to fields that are present
@@ -932,6 +979,24 @@ mod tests {
             (
                 serde_json::json!({"expiresAt": "2030-01-01T00:00:00.123456789+05:30"}),
                 true,
+            ),
+            (serde_json::json!({"fields": ["spec.template"]}), true),
+            (
+                serde_json::json!({"fields": ["metadata.annotations['example.com/key']"]}),
+                true,
+            ),
+            (
+                serde_json::json!({"exceptFields": ["metadata.annotations", "spec.replicas"]}),
+                true,
+            ),
+            (
+                serde_json::json!({"fields": ["spec"], "exceptFields": ["status"]}),
+                false,
+            ),
+            (serde_json::json!({"fields": ["spec..template"]}), false),
+            (
+                serde_json::json!({"exceptFields": ["metadata.annotations[example.com]"]}),
+                false,
             ),
         ];
         for (spec, valid) in cases {

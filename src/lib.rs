@@ -21,6 +21,7 @@ pub mod api;
 pub mod app;
 pub mod cli;
 pub mod events;
+pub mod fieldpath;
 pub mod http;
 pub mod kubeconfig;
 pub mod locks;

@@ -869,7 +869,7 @@ async fn api_outage_gives_the_configured_decision_within_the_lookup_timeout() {
                 "kube_object_lock_admission_requests_total{operation=\"DELETE\",decision=\"error\"}"
             ) >= 1.0
         );
-        // A status write never depends on the API server; a CREATE is looked up (a Lock may
+        // A status write is allowed when the locks cannot be read; a CREATE is looked up (a Lock may
         // reserve the name), so it follows on_lookup_error like the others.
         assert!(setup.allowed("pod-status-update.json").await);
         assert!(!setup.allowed("configmap-create.json").await);

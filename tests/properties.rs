@@ -16,7 +16,9 @@
 //! - (e) the response carries the request's `uid` and is in the request's `apiVersion`;
 //! - (f) and, so that the ones above are not vacuous: an UPDATE or DELETE (or an eviction) of
 //!   an object whose `request.name` has a lock in its scope is refused with 403, unless it is
-//!   on a lock resource, on `status`, or an UPDATE of a Terminating object.
+//!   on a lock resource, or an UPDATE that changes nothing (server-maintained metadata aside;
+//!   the status through `status`; only the replicas count of a scale; only the removal of
+//!   finalizers of a Terminating object).
 //! - (g) `review::parse` (its one-pass reader first) gives the same request, or the same error, as
 //!   parsing with serde_json alone. Random bytes hardly ever get past the reader's first byte,
 //!   so (g) is checked above all on captured reviews mutated to stay near valid, most of which
@@ -29,6 +31,7 @@ mod mutate;
 use std::sync::Arc;
 
 use kube_object_lock::admission::Reviewer;
+use kube_object_lock::admission::changes::{self, FieldPath};
 use kube_object_lock::admission::review;
 use kube_object_lock::locks::files::FilesSource;
 use kube_object_lock::settings::Settings;
@@ -596,6 +599,24 @@ impl<'a> Facts<'a> {
     }
 }
 
+/// Whether an UPDATE changes something a whole-object lock freezes; unknown (objects that are
+/// not both JSON objects) counts as a change.
+fn update_changes(request: &Value, facts: &Facts) -> bool {
+    let (old, new) = (&request["oldObject"], &request["object"]);
+    if !(old.is_object() && new.is_object()) {
+        return true;
+    }
+    let path = |p: &str| FieldPath::parse(p).expect("a valid path");
+    match facts.subresource {
+        Some("scale") => changes::changed(old, new, &path("spec.replicas")),
+        Some("status") => changes::first_change_outside(old, new, &[path("status")]).is_some(),
+        _ => {
+            changes::first_change_outside(old, new, &[]).is_some()
+                && !(facts.terminating && changes::only_finalizers_removed(old, new))
+        }
+    }
+}
+
 fn allowed(response: &Value) -> bool {
     response["response"]["allowed"]
         .as_bool()
@@ -623,13 +644,12 @@ fn check_properties(request_json: &Value, response: &Value) -> Result<(), TestCa
         prop_assert!(allowed(response), "refused without a lock: {response}");
     }
     // (f)
-    let changes = matches!(facts.operation, "UPDATE" | "DELETE") || facts.is_eviction();
-    if changes
-        && facts.name.is_some_and(|n| facts.locked(n))
-        && !facts.is_lock_resource()
-        && facts.subresource != Some("status")
-        && !(facts.operation == "UPDATE" && facts.terminating)
-    {
+    let changes = match facts.operation {
+        "DELETE" => true,
+        "UPDATE" => update_changes(request, &facts),
+        _ => facts.is_eviction(),
+    };
+    if changes && facts.name.is_some_and(|n| facts.locked(n)) && !facts.is_lock_resource() {
         prop_assert!(!allowed(response), "locked object let through: {response}");
         prop_assert_eq!(&response["response"]["status"]["code"], 403);
     }

@@ -19,6 +19,7 @@ mod crd;
 
 pub use crd::{crd_deletion, deleted_resource, names_resource_of};
 
+use super::changes::{self, Frozen, Objects, Write};
 use super::labels::{LabelError, Labels, Target};
 use super::request::{AdmissionRequest, Operation, UserInfo};
 use super::subresources;
@@ -43,8 +44,6 @@ pub enum Exempt {
     Connect,
     /// A Lock or ClusterLock: unlocking is deleting the lock, so it must always work.
     LockResource,
-    /// A `status` write: controllers and kubelets must keep reporting.
-    Status,
     /// No name anywhere in the request: no lock can name it.
     Unnamed,
 }
@@ -56,7 +55,6 @@ impl Exempt {
             Exempt::Create => "create",
             Exempt::Connect => "connect",
             Exempt::LockResource => "lock resource",
-            Exempt::Status => "status subresource",
             Exempt::Unnamed => "no object name",
         }
     }
@@ -134,6 +132,9 @@ pub struct Verdict {
     pub locks: Vec<LockKey>,
     /// The Warn-mode locks that would have refused it.
     pub warned: Vec<LockKey>,
+    /// For an UPDATE, the field each refusing or warning lock freezes that changed, where the
+    /// refusal names it (a lock on fields, a status write, a Terminating object).
+    pub changed: Vec<(LockKey, String)>,
 }
 
 impl Verdict {
@@ -146,6 +147,7 @@ impl Verdict {
             outcome: Outcome::Allowed,
             locks: Vec::new(),
             warned: Vec::new(),
+            changed: Vec::new(),
         }
     }
 
@@ -198,9 +200,6 @@ pub fn plan<'a>(req: &'a AdmissionRequest<'_>) -> Plan<'a> {
     {
         return Plan::Allow(Exempt::LockResource);
     }
-    if sub == Some("status") {
-        return Plan::Allow(Exempt::Status);
-    }
     let Some(name) = req.object_name() else {
         return Plan::Allow(Exempt::Unnamed);
     };
@@ -229,7 +228,31 @@ pub fn decide(
     contents: Option<&LockSet>,
     now: Timestamp,
 ) -> Verdict {
-    decide_reading(req, lookup, scope_locks, contents, None, now)
+    decide_reading(
+        req,
+        lookup,
+        scope_locks,
+        contents,
+        None,
+        &Objects::unknown(),
+        now,
+    )
+}
+
+/// [`decide`] or [`decide_with_labels`] (when `labels` holds what was read, with the policy
+/// for what could not be), for an UPDATE with its `objects`: a lock refuses only a change of
+/// what it freezes (its `fields`, all but its `exceptFields`, or the whole object), so a write
+/// that changes nothing passes. Without objects every UPDATE counts as a change.
+pub fn decide_update(
+    req: &AdmissionRequest,
+    lookup: &Lookup<'_>,
+    scope_locks: &LockSet,
+    contents: Option<&LockSet>,
+    labels: Option<(&Labels, OnLookupError)>,
+    objects: &Objects,
+    now: Timestamp,
+) -> Verdict {
+    decide_reading(req, lookup, scope_locks, contents, labels, objects, now)
 }
 
 /// Step one and a half, after reading the locks: the object whose labels a selector Lock of
@@ -272,6 +295,7 @@ pub fn decide_with_labels(
         scope_locks,
         contents,
         Some((labels, policy)),
+        &Objects::unknown(),
         now,
     )
 }
@@ -282,32 +306,26 @@ fn decide_reading(
     scope_locks: &LockSet,
     contents: Option<&LockSet>,
     read: Option<(&Labels, OnLookupError)>,
+    objects: &Objects,
     now: Timestamp,
 ) -> Verdict {
     let read_labels = read.and_then(|(labels, _)| match labels {
         Labels::Read(labels) => Some(labels),
         Labels::Gone | Labels::Unreadable(_) => None,
     });
-    let found = applicable(req, lookup.name, scope_locks, read_labels, now);
+    let found = applicable(req, lookup.name, scope_locks, read_labels, objects, now);
     let unreadable = read.and_then(|(labels, policy)| match labels {
         Labels::Unreadable(error) => Some((error, policy)),
         Labels::Read(_) | Labels::Gone => None,
     });
     let unknown = unreadable.filter(|_| !found.unknown.is_empty());
     let mut verdict = if !found.enforcing.is_empty() {
-        if req.operation == Operation::Update && req.is_terminating() {
-            // Refusing this would wedge the object in Terminating: finalizer removal is an UPDATE.
-            let names = names(&found.enforcing);
-            Verdict::allow()
-                .warn(format!(
-                    "{} \"{}\" is being deleted: update allowed despite {names}",
-                    req.resource.qualified(),
-                    lookup.name
-                ))
-                .annotate("terminating-object-update", names)
-        } else {
-            deny_locked(req, &describe_object(req, lookup.name), &found.enforcing)
-        }
+        deny_locked(
+            req,
+            &describe_object(req, lookup.name),
+            &found.enforcing,
+            &found.changed,
+        )
     } else if let Some((error, policy)) = unknown {
         labels_unreadable(req, lookup.name, &found.unknown, error, policy)
     } else if let Some(contents) = contents.filter(|set| !set.is_empty()) {
@@ -322,7 +340,10 @@ fn decide_reading(
             .as_deref()
             .map(|r| format!(": {}", api::escape(r.trim())))
             .unwrap_or_default();
-        verdict = verdict.warn(format!("{lock} (mode Warn) would refuse this{reason}"));
+        let changed = found.changed_text(lock, " ");
+        verdict = verdict.warn(format!(
+            "{lock}{changed} (mode Warn) would refuse this{reason}"
+        ));
     }
     for (lock, how) in &found.exempted {
         verdict = verdict.warn(format!("allowed by exemption: {how} is exempt from {lock}"));
@@ -340,6 +361,10 @@ struct Applicable<'a> {
     /// Selector locks that would apply (not expired, not exempting the user) if they selected
     /// the object, whose labels could not be read.
     unknown: Vec<&'a LockRef>,
+    /// For an UPDATE, what each lock above freezes that it changes.
+    changed: Vec<(LockKey, Frozen)>,
+    /// For an UPDATE, the locks that cover it but freeze nothing it changes.
+    unchanged: Vec<&'a LockRef>,
 }
 
 impl<'a> Applicable<'a> {
@@ -366,9 +391,37 @@ impl<'a> Applicable<'a> {
         }
     }
 
+    /// ` (spec.template changed)` for a lock whose refusal names the field, after `before`
+    /// (`" "` or `""`), or nothing.
+    fn changed_text(&self, lock: &LockRef, before: &str) -> String {
+        let key = lock.key();
+        (self.changed.iter())
+            .find(|(k, frozen)| *k == key && frozen.named)
+            .and_then(|(_, frozen)| frozen.path.as_deref())
+            .map(|path| format!("{before}({path} changed)"))
+            .unwrap_or_default()
+    }
+
     /// The audit annotations (and the Warn-mode keys) every verdict carries about the locks
     /// that did not refuse it.
     fn annotate(&self, mut verdict: Verdict) -> Verdict {
+        let counted = |key: &LockKey| verdict.locks.contains(key) || verdict.warned.contains(key);
+        let changed: Vec<(LockKey, String)> = (self.changed.iter())
+            .filter(|(key, _)| counted(key) || self.warning.iter().any(|l| l.key() == *key))
+            .filter(|(_, frozen)| frozen.named)
+            .filter_map(|(key, frozen)| Some((key.clone(), frozen.path.clone()?)))
+            .collect();
+        if !self.unchanged.is_empty() {
+            verdict = verdict.annotate("unchanged-locks", names(&self.unchanged));
+        }
+        if !changed.is_empty() {
+            let list = (changed.iter())
+                .map(|(key, path)| format!("{key}: {path}"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            verdict = verdict.annotate("changed-fields", list);
+            verdict.changed = changed;
+        }
         if !self.warning.is_empty() {
             verdict = verdict.annotate("warn-locks", names(&self.warning));
             verdict.warned = self.warning.iter().map(|l| l.key()).collect();
@@ -397,6 +450,7 @@ fn applicable<'a>(
     name: &str,
     locks: &'a LockSet,
     read: Option<&BTreeMap<String, String>>,
+    objects: &Objects,
     now: Timestamp,
 ) -> Applicable<'a> {
     let operation = lock_operation(req);
@@ -405,6 +459,7 @@ fn applicable<'a>(
     // selector, whatever it says.
     let labels = req.labels().or(read);
     let mut found = Applicable::default();
+    let write = write(req);
     for lock in locks.iter() {
         let spec = &lock.spec;
         let covers_object = match &spec.selector {
@@ -414,12 +469,42 @@ fn applicable<'a>(
         if covers_object == Some(false) || !covers_request(spec, req, operation) {
             continue;
         }
+        if let Some(write) = write {
+            let frozen = changes::frozen_change(
+                spec.fields.as_deref(),
+                spec.except_fields.as_deref(),
+                write,
+                req.is_terminating(),
+                objects,
+            );
+            match frozen {
+                Some(frozen) => found.changed.push((lock.key(), frozen)),
+                None => {
+                    found.unchanged.push(lock);
+                    continue;
+                }
+            }
+        }
         match covers_object {
             Some(_) => found.sort(lock, &req.user_info, now),
             None => found.sort_unknown(lock, &req.user_info, now),
         }
     }
     found
+}
+
+/// How an UPDATE writes its object; `None` for every other operation.
+fn write(req: &AdmissionRequest) -> Option<Write> {
+    if req.operation != Operation::Update {
+        return None;
+    }
+    Some(match req.subresource() {
+        Some("status") => Write::Status,
+        Some("scale") => Write::Scale {
+            custom: !matches!(&*req.resource.group, "" | "apps" | "extensions"),
+        },
+        _ => Write::Object,
+    })
 }
 
 /// The lock operation a request is: an eviction deletes the pod.
@@ -538,7 +623,12 @@ fn names(locks: &[&LockRef]) -> String {
         .join(", ")
 }
 
-fn deny_locked(req: &AdmissionRequest, what: &str, locks: &[&LockRef]) -> Verdict {
+fn deny_locked(
+    req: &AdmissionRequest,
+    what: &str,
+    locks: &[&LockRef],
+    changed: &[(LockKey, Frozen)],
+) -> Verdict {
     let mut message = String::new();
     match lock_operation(req) {
         _ if is_eviction(req) => message.push_str("cannot evict: "),
@@ -553,6 +643,12 @@ fn deny_locked(req: &AdmissionRequest, what: &str, locks: &[&LockRef]) -> Verdic
     let described: Vec<String> = locks
         .iter()
         .map(|lock| {
+            let key = lock.key();
+            let field = (changed.iter())
+                .find(|(k, frozen)| *k == key && frozen.named)
+                .and_then(|(_, frozen)| frozen.path.as_deref())
+                .map(|path| format!(" ({path} changed)"))
+                .unwrap_or_default();
             match lock
                 .spec
                 .reason
@@ -560,8 +656,8 @@ fn deny_locked(req: &AdmissionRequest, what: &str, locks: &[&LockRef]) -> Verdic
                 .map(str::trim)
                 .filter(|r| !r.is_empty())
             {
-                Some(reason) => format!("{lock}: {}", api::escape(reason)),
-                None => lock.to_string(),
+                Some(reason) => format!("{lock}{field}: {}", api::escape(reason)),
+                None => format!("{lock}{field}"),
             }
         })
         .collect();
@@ -619,8 +715,9 @@ pub fn decide_unreadable(
 }
 
 /// What `policy` answers when something the decision needs could not be read: a 503 with
-/// `refusal`, or an allow with `warning`; a Terminating object's update is allowed either way
-/// (refusing it could wedge the object), with nothing to add. The outcome is an error, and
+/// `refusal`, or an allow with `warning`; a Terminating object's update and a status write are
+/// allowed either way (refusing the one could wedge the object, the other stop every
+/// controller's reporting while the locks cannot be read), with nothing to add. The outcome is an error, and
 /// `annotation` the audit annotation `lookup-error`.
 fn by_policy(
     req: &AdmissionRequest,
@@ -629,7 +726,8 @@ fn by_policy(
     warning: String,
     annotation: String,
 ) -> Verdict {
-    let mut verdict = if req.operation == Operation::Update && req.is_terminating() {
+    let keeps_going = req.is_terminating() || req.subresource() == Some("status");
+    let mut verdict = if req.operation == Operation::Update && keeps_going {
         Verdict::allow()
     } else {
         match policy {

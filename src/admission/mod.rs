@@ -6,6 +6,7 @@
 //! eviction or a scale does not carry, and `review` joins them to a lock source: bytes in,
 //! AdmissionReview out.
 
+pub mod changes;
 pub mod decide;
 pub mod labels;
 pub mod refusals;

@@ -106,7 +106,11 @@ impl EventSink {
             return;
         }
         for (lock, reason) in refusing_locks(verdict, scope, contents) {
-            self.record(refusal(req, lock, reason));
+            let key = lock.key();
+            let changed = (verdict.changed.iter())
+                .find(|(k, _)| *k == key)
+                .map(|(_, path)| path.as_str());
+            self.record(refusal(req, lock, reason, changed));
         }
     }
 }
@@ -139,13 +143,22 @@ pub fn refusing_locks<'a>(
     found
 }
 
-fn refusal(req: &AdmissionRequest, lock: &LockRef, reason: Reason) -> Refusal {
+/// The record of `req` refused (or warned) by `lock`, naming the field that `changed`, if known.
+fn refusal(
+    req: &AdmissionRequest,
+    lock: &LockRef,
+    reason: Reason,
+    changed: Option<&str>,
+) -> Refusal {
     let operation = req.operation.as_str();
     let mut what = format!("{operation} of {}", req.resource_path());
     let name = req.object_name().unwrap_or_default();
     what.push_str(&format!(" \"{}\"", crate::api::escape(name)));
     if let Some(ns) = req.object_namespace() {
         what.push_str(&format!(" in namespace \"{ns}\""));
+    }
+    if let Some(path) = changed {
+        what.push_str(&format!(" ({path} changed)"));
     }
     let user = crate::api::escape(&req.user_info.username);
     let note = match reason {

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::jiff::Timestamp;
 use tracing::{debug, info, warn};
 
+use super::changes::Objects;
 use super::decide::{self, Outcome, Plan, Verdict};
 use super::labels::{LabelError, LabelReader, Labels, NoCluster, Target};
 use super::refusals::EventSink;
@@ -220,7 +221,8 @@ impl Reviewer {
                     }
                     None => None,
                 };
-                let verdict = self.verdict(req, &lookup, read, labels.as_ref(), now);
+                let objects = Objects::from_review(body);
+                let verdict = self.verdict(req, &lookup, read, labels.as_ref(), &objects, now);
                 // Deleting a CRD deletes its objects, in every namespace, without admission.
                 match decide::deleted_resource(req) {
                     Some(_) => decide::crd_deletion(
@@ -277,23 +279,16 @@ impl Reviewer {
         lookup: &decide::Lookup<'_>,
         read: Result<ReadLocks, LookupError>,
         labels: Option<&Labels>,
+        objects: &Objects,
         now: Timestamp,
     ) -> Verdict {
         match read {
             Ok((scope, contents)) => {
                 let contents = contents.as_deref();
-                let verdict = match labels {
-                    None => decide::decide(req, lookup, &scope, contents, now),
-                    Some(labels) => decide::decide_with_labels(
-                        req,
-                        lookup,
-                        &scope,
-                        contents,
-                        labels,
-                        self.policy.on_lookup_error,
-                        now,
-                    ),
-                };
+                // The objects are read from the body only if a lock covers the update.
+                let labels = labels.map(|labels| (labels, self.policy.on_lookup_error));
+                let verdict =
+                    decide::decide_update(req, lookup, &scope, contents, labels, objects, now);
                 if let Some(events) = &self.events {
                     events.record_verdict(req, &verdict, &scope, contents);
                 }
@@ -390,8 +385,12 @@ fn log_verdict(req: &AdmissionRequest, verdict: &Verdict, elapsed: Duration) {
         .collect::<Vec<_>>()
         .join(",");
     if verdict.outcome == Outcome::Denied {
+        let changed = (verdict.changed.iter())
+            .map(|(_, path)| path.as_str())
+            .collect::<Vec<_>>()
+            .join(",");
         info!(uid = %req.uid, operation = req.operation.as_str(), resource = %req.resource_path(),
-            %namespace, %name, user = %req.user_info.username, lock = %locks,
+            %namespace, %name, user = %req.user_info.username, lock = %locks, %changed,
             dry_run = req.dry_run.unwrap_or(false), "denied");
     } else {
         debug!(uid = %req.uid, operation = req.operation.as_str(), resource = %req.resource_path(),

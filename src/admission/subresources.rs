@@ -1,7 +1,7 @@
 //! The subresources of the Kubernetes API server (1.33–1.36) whose writes change the object
 //! they belong to, and what their admission reviews carry.
 //!
-//! The decision locks every subresource but `status`; the registration can only send what it
+//! The decision locks every subresource (of `status`, what is not status); the registration can only send what it
 //! names, so it names these ([`rule_resources`], used by `cli::manifests`), and a test compares
 //! the two over every subresource the API server serves. Selector locks need to know whether a review carries the
 //! object itself (its labels) or an object of another kind: a `scale` review carries an
@@ -44,11 +44,18 @@ impl Subresource {
     }
 }
 
-/// Every subresource of the API server (1.33–1.36) whose UPDATE changes the object, `status`
-/// excepted (controllers and kubelets must keep reporting). Others are CREATEs of other objects
+/// Every subresource of the API server (1.33–1.36) whose UPDATE changes the object. Others are CREATEs of other objects
 /// (`pods/eviction`, `pods/binding`, `serviceaccounts/token`), CONNECTs (`exec`, `attach`,
 /// `portforward`, `proxy`) or reads (`log`).
 pub const CHANGING: &[Subresource] = &[
+    // Status: it may change the status, but what else a status write carries (a pod's labels,
+    // annotations and finalizers) counts like an UPDATE of the object.
+    Subresource {
+        resource: "*",
+        name: "status",
+        scope: Scope::Any,
+        carries_object: true,
+    },
     // autoscaling/v1 Scale: spec.replicas of Deployments, ReplicaSets, StatefulSets,
     // ReplicationControllers and custom resources (kubectl scale, HPA).
     Subresource {
@@ -253,15 +260,23 @@ mod tests {
         assert!(changing("widgets", "scale").is_some());
         assert!(changing("pods", "resize").is_some_and(|s| s.carries_object));
         assert!(changing("services", "resize").is_none());
-        assert!(changing("pods", "status").is_none());
+        assert!(changing("pods", "status").is_some_and(|s| s.carries_object));
+        assert!(changing("pods", "log").is_none());
         assert_eq!(
             rule_resources(true),
-            ["*", "*/scale", "pods/ephemeralcontainers", "pods/resize"]
+            [
+                "*",
+                "*/status",
+                "*/scale",
+                "pods/ephemeralcontainers",
+                "pods/resize"
+            ]
         );
         assert_eq!(
             rule_resources(false),
             [
                 "*",
+                "*/status",
                 "*/scale",
                 "namespaces/finalize",
                 "certificatesigningrequests/approval"

@@ -245,6 +245,20 @@ mod tests {
                 None,
                 None,
             ),
+            // A fields list that does not read locks the whole object.
+            (
+                json!({"fields": ["spec..template"], "reason": "freeze"}),
+                "spec.fields",
+                None,
+                None,
+            ),
+            (
+                json!({"fields": ["spec"], "exceptFields": ["status"], "resources": cm,
+                       "reason": "freeze"}),
+                "spec.fields",
+                configmaps(),
+                None,
+            ),
         ] {
             let lock = lock_ref(LockKind::Lock, &object(Some("prod"), "web", spec.clone()))
                 .expect("named");

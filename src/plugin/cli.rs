@@ -217,6 +217,14 @@ pub struct LockArgs {
     /// Let this user change the object anyway; repeat for more users.
     #[arg(long = "exempt-user", value_name = "USER")]
     pub exempt_users: Vec<String>,
+    /// Lock only this field: UPDATEs that change other fields pass (spec.template,
+    /// metadata.annotations['example.com/key']; a list is compared whole). Repeat for more.
+    #[arg(long = "fields", value_name = "PATH", value_parser = parse_field_path,
+        conflicts_with = "except_fields")]
+    pub fields: Vec<String>,
+    /// Lock everything but this field (metadata.annotations, spec.replicas). Repeat for more.
+    #[arg(long = "except-fields", value_name = "PATH", value_parser = parse_field_path)]
+    pub except_fields: Vec<String>,
     /// Warn instead of refusing: changes go through with a warning (mode Warn).
     #[arg(long)]
     pub warn: bool,
@@ -377,6 +385,12 @@ fn parse_lease(text: &str) -> Result<Duration, String> {
     Ok(lease)
 }
 
+fn parse_field_path(text: &str) -> Result<String, String> {
+    crate::fieldpath::FieldPath::parse(text)
+        .map(|_| text.to_owned())
+        .map_err(|e| e.to_string())
+}
+
 fn parse_time(text: &str) -> Result<Timestamp, String> {
     text.parse::<Timestamp>()
         .map_err(|e| format!("{e} (expected an RFC 3339 time such as 2026-11-22T05:00:00Z)"))
@@ -447,6 +461,38 @@ mod tests {
         assert!(lock(&["deploy/web", "--wait"]).expect("parses").lock.wait);
         let err = lock(&["deploy/web", "--timeout", "soon"]).expect_err("bad timeout");
         assert!(one_line(&err).contains("--timeout"), "{err}");
+    }
+
+    #[test]
+    fn field_flags_take_field_paths_one_kind_at_a_time() {
+        let cli = lock(&[
+            "deploy/web",
+            "--fields",
+            "spec.template",
+            "--fields",
+            "metadata.annotations['example.com/key']",
+        ])
+        .expect("valid");
+        assert_eq!(
+            cli.lock.fields,
+            ["spec.template", "metadata.annotations['example.com/key']"]
+        );
+        let cli = lock(&["deploy/web", "--except-fields", "metadata.annotations"]).expect("valid");
+        assert_eq!(cli.lock.except_fields, ["metadata.annotations"]);
+        let bad = lock(&["deploy/web", "--fields", "spec..template"]).expect_err("bad path");
+        let line = one_line(&bad);
+        assert!(
+            line.contains("--fields") && line.contains("\"spec..template\" is not a field path"),
+            "{line}"
+        );
+        let both = lock(&[
+            "deploy/web",
+            "--fields",
+            "spec",
+            "--except-fields",
+            "status",
+        ]);
+        assert!(both.is_err());
     }
 
     #[test]

@@ -106,6 +106,8 @@ pub(super) async fn take(
         expires_at,
         warn: args.warn,
         holder,
+        fields: &args.fields,
+        except_fields: &args.except_fields,
     };
     let lock = target.lock();
     let namespaced = lock.namespace.is_some();
@@ -155,7 +157,11 @@ pub(super) async fn take(
                 Probe::None
             } else if asks(Operation::Delete) {
                 Probe::Delete
-            } else if asks(Operation::Update) {
+            } else if asks(Operation::Update)
+                && args.fields.is_empty()
+                && args.except_fields.is_empty()
+            {
+                // A lock on fields may let the probe's annotation through: its status says.
                 Probe::Update
             } else {
                 Probe::Status

@@ -22,6 +22,10 @@ pub(super) struct NewSpec<'a> {
     pub expires_at: Option<Timestamp>,
     pub warn: bool,
     pub holder: Option<Holder>,
+    /// `--fields`; empty: the whole object.
+    pub fields: &'a [String],
+    /// `--except-fields`.
+    pub except_fields: &'a [String],
 }
 
 impl NewSpec<'_> {
@@ -52,6 +56,8 @@ impl NewSpec<'_> {
             expires_at: self.expires_at.map(Time),
             mode: self.warn.then_some(LockMode::Warn),
             holder: self.holder.clone(),
+            fields: (!self.fields.is_empty()).then(|| self.fields.to_vec()),
+            except_fields: (!self.except_fields.is_empty()).then(|| self.except_fields.to_vec()),
         }
     }
 
@@ -66,6 +72,12 @@ impl NewSpec<'_> {
                 .join(", "),
         };
         let mut parts = vec![operations];
+        if !self.fields.is_empty() {
+            parts.push(format!("fields {}", self.fields.join(", ")));
+        }
+        if !self.except_fields.is_empty() {
+            parts.push(format!("all but {}", self.except_fields.join(", ")));
+        }
         if self.warn {
             parts.push("warn only".into());
         }
@@ -152,9 +164,19 @@ pub(super) fn describe_covers(name: &str, spec: &LockSpec) -> String {
 }
 
 /// The OPERATIONS column: `UPDATE,DELETE`, `CREATE,CONNECT`.
+/// `UPDATE,DELETE`; what an UPDATE lock on fields freezes follows it in brackets:
+/// `UPDATE[spec.template],DELETE`, `UPDATE[all-but:metadata.annotations]`.
 pub(super) fn operations(spec: &LockSpec) -> String {
+    let frozen = match (&spec.fields, &spec.except_fields) {
+        (Some(fields), _) => format!("[{}]", fields.join(",")),
+        (None, Some(except)) => format!("[all-but:{}]", except.join(",")),
+        (None, None) => String::new(),
+    };
     (spec.operations().iter())
-        .map(|op| op.as_str())
+        .map(|op| match op {
+            LockOperation::Update => format!("UPDATE{frozen}"),
+            other => other.as_str().to_owned(),
+        })
         .collect::<Vec<_>>()
         .join(",")
 }
@@ -239,9 +261,31 @@ mod tests {
     }
 
     #[test]
+    fn operations_show_what_an_update_lock_freezes() {
+        for (value, shown) in [
+            (json!({}), "UPDATE,DELETE"),
+            (
+                json!({"fields": ["spec.template"]}),
+                "UPDATE[spec.template],DELETE",
+            ),
+            (
+                json!({"exceptFields": ["metadata.annotations", "spec.replicas"], "operations": ["UPDATE"]}),
+                "UPDATE[all-but:metadata.annotations,spec.replicas]",
+            ),
+            (
+                json!({"fields": ["spec"], "operations": ["DELETE"]}),
+                "DELETE",
+            ),
+        ] {
+            assert_eq!(operations(&spec(value.clone())), shown, "{value}");
+        }
+    }
+
+    #[test]
     fn a_new_spec_has_only_what_was_asked() {
         let at: Timestamp = "2026-11-22T05:00:00Z".parse().expect("time");
         let users = vec!["alice".to_owned()];
+        let fields = vec!["spec.template".to_owned()];
         let full = NewSpec {
             group: "apps",
             plural: "deployments",
@@ -251,6 +295,8 @@ mod tests {
             expires_at: Some(at),
             warn: true,
             holder: Some(Holder::for_user("system:serviceaccount:backup:snapshotter")),
+            fields: &fields,
+            except_fields: &[],
         };
         let written = full.to_spec();
         assert_eq!(written.validate(), Ok(()));
@@ -264,11 +310,12 @@ mod tests {
                 "expiresAt": "2026-11-22T05:00:00Z",
                 "mode": "Warn",
                 "holder": { "serviceAccount": "backup/snapshotter" },
+                "fields": ["spec.template"],
             })
         );
         assert_eq!(
             full.summary(),
-            "DELETE; warn only; exempt alice; until 2026-11-22T05:00:00Z; held by service account \"backup/snapshotter\""
+            "DELETE; fields spec.template; warn only; exempt alice; until 2026-11-22T05:00:00Z; held by service account \"backup/snapshotter\""
         );
         let bare = NewSpec {
             group: "",
@@ -279,6 +326,8 @@ mod tests {
             expires_at: None,
             warn: false,
             holder: None,
+            fields: &[],
+            except_fields: &[],
         };
         assert_eq!(
             serde_json::to_value(bare.to_spec()).expect("json"),

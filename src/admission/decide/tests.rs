@@ -78,6 +78,23 @@ fn run(
     Ok(decide(req, &lookup, &scope_set, contents.as_ref(), now()))
 }
 
+/// Plans and decides an UPDATE whose objects are `old` and `new`, in the locks of `prod`.
+fn run_update(req: &AdmissionRequest, namespaced: &[LockRef], old: Value, new: Value) -> Verdict {
+    let Plan::Lookup(lookup) = plan(req) else {
+        panic!("needs a lookup")
+    };
+    let objects = Objects::from_values(old, new);
+    decide_update(
+        req,
+        &lookup,
+        &locks(namespaced),
+        None,
+        None,
+        &objects,
+        now(),
+    )
+}
+
 fn prod_lock() -> LockRef {
     LockRef::lock("prod", "app-config", reason("VM snapshot in progress"))
 }
@@ -514,9 +531,67 @@ fn rule_4_only_pod_eviction_creates_are_looked_up() {
 }
 
 #[test]
-fn rule_5_status_writes_are_allowed_other_subresources_are_locked() {
-    let status = request(json!({"operation": "UPDATE", "subResource": "status"}));
-    assert_eq!(plan(&status), Plan::Allow(Exempt::Status));
+fn rule_5_status_writes_may_change_the_status_only_other_subresources_are_locked() {
+    let status = request(json!({"operation": "UPDATE", "subResource": "status",
+        "resource": {"group": "", "version": "v1", "resource": "pods"}}));
+    assert!(matches!(plan(&status), Plan::Lookup(_)));
+    let old = json!({"metadata": {"name": "app-config", "resourceVersion": "1"},
+                     "status": {"phase": "Running"}});
+    let with = |f: &dyn Fn(&mut Value)| {
+        let mut new = old.clone();
+        new["metadata"]["resourceVersion"] = json!("2");
+        f(&mut new);
+        new
+    };
+    // (new object, the field named, or None when allowed)
+    let cases = [
+        (with(&|v| v["status"]["phase"] = json!("Failed")), None),
+        (with(&|_| {}), None),
+        (
+            with(&|v| v["metadata"]["labels"] = json!({"a": "b"})),
+            Some("metadata.labels"),
+        ),
+        (
+            with(&|v| v["metadata"]["annotations"] = json!({"a": "b"})),
+            Some("metadata.annotations"),
+        ),
+        (
+            with(&|v| v["metadata"]["finalizers"] = json!(["x"])),
+            Some("metadata.finalizers"),
+        ),
+        (
+            with(&|v| v["metadata"]["ownerReferences"] = json!([{"name": "o"}])),
+            Some("metadata.ownerReferences"),
+        ),
+    ];
+    for (new, named) in cases {
+        let verdict = run_update(&status, &[prod_lock()], old.clone(), new.clone());
+        match named {
+            None => assert_eq!(verdict.outcome, Outcome::Allowed, "{new}"),
+            Some(field) => assert_eq!(
+                verdict.refusal.expect("refused").message,
+                format!(
+                    "pods \"app-config\" in namespace \"prod\" is locked by Lock prod/app-config ({field} changed): VM snapshot in progress (to unlock: kubectl delete lock app-config -n prod)"
+                ),
+                "{new}"
+            ),
+        }
+    }
+    // A selector lock: relabelling a pod out of it through status is refused (labels from
+    // before the change select it).
+    let selected = lock(
+        "freeze",
+        json!({"selector": {"matchLabels": {"app": "web"}}}),
+    );
+    let labelled = json!({"metadata": {"name": "app-config", "labels": {"app": "web"}}});
+    let relabel = request(json!({"operation": "UPDATE", "subResource": "status",
+        "resource": {"group": "", "version": "v1", "resource": "pods"},
+        "oldObject": labelled.clone()}));
+    let away = json!({"metadata": {"name": "app-config", "labels": {"app": "gone"}}});
+    assert!(!run_update(&relabel, &[selected.clone()], labelled.clone(), away).allowed());
+    let reported = json!({"metadata": {"name": "app-config", "labels": {"app": "web"}},
+                          "status": {"phase": "Running"}});
+    assert!(run_update(&relabel, &[selected], labelled, reported).allowed());
     for sub in ["scale", "ephemeralcontainers", "resize"] {
         let req = request(json!({
             "operation": "UPDATE", "subResource": sub,
@@ -548,25 +623,61 @@ fn rule_6_locks_themselves_are_never_locked() {
 }
 
 #[test]
-fn rule_7_updates_of_terminating_objects_are_allowed_with_a_warning() {
+fn rule_7_a_terminating_object_may_only_lose_finalizers() {
+    let gone = "2026-11-22T02:00:09Z";
     let req = request(json!({
         "operation": "UPDATE",
-        "object": {"metadata": {"name": "app-config", "deletionTimestamp": "2026-11-22T02:00:09Z"}},
-        "oldObject": {"metadata": {"name": "app-config", "deletionTimestamp": "2026-11-22T02:00:09Z", }},
+        "object": {"metadata": {"name": "app-config", "deletionTimestamp": gone}},
+        "oldObject": {"metadata": {"name": "app-config", "deletionTimestamp": gone}},
     }));
-    let verdict = run(&req, &[prod_lock()], &[]).expect("lookup");
-    assert!(verdict.allowed());
-    assert_eq!(verdict.outcome, Outcome::Warned);
-    assert_eq!(verdict.warnings.len(), 1);
-    assert!(verdict.warnings[0].contains("being deleted"));
-    assert!(verdict.warnings[0].chars().count() <= MAX_WARNING_CHARS);
-    // Not locked: nothing to warn about.
-    let free = run(&req, &[], &[]).expect("lookup");
-    assert_eq!(free.outcome, Outcome::Allowed);
-    assert!(free.warnings.is_empty());
+    let old = json!({"metadata": {"name": "app-config", "deletionTimestamp": gone,
+                                  "finalizers": ["a", "b"], "resourceVersion": "1"},
+                     "data": {"k": "v"}});
+    let with = |f: &dyn Fn(&mut Value)| {
+        let mut new = old.clone();
+        new["metadata"]["resourceVersion"] = json!("2");
+        f(&mut new);
+        new
+    };
+    let update_only = lock(
+        "app-config",
+        json!({"operations": ["UPDATE"], "reason": "freeze"}),
+    );
+    for locks in [vec![prod_lock()], vec![update_only]] {
+        // Finalizer removal: allowed, nothing to warn about.
+        for new in [
+            with(&|v| v["metadata"]["finalizers"] = json!(["b"])),
+            with(&|v| v["metadata"]["finalizers"] = json!(null)),
+        ] {
+            let verdict = run_update(&req, &locks, old.clone(), new);
+            assert_eq!(verdict.outcome, Outcome::Allowed);
+        }
+        // Anything else is refused, the field named.
+        for (new, field) in [
+            (with(&|v| v["data"]["k"] = json!("w")), "data"),
+            (
+                with(&|v| {
+                    v["metadata"]["finalizers"] = json!(["a"]);
+                    v["metadata"]["labels"] = json!({"x": "y"});
+                }),
+                "metadata.finalizers",
+            ),
+        ] {
+            let verdict = run_update(&req, &locks, old.clone(), new);
+            let message = verdict.refusal.expect("refused").message;
+            assert!(message.contains(&format!("({field} changed)")), "{message}");
+        }
+    }
+    // Without the objects the change is unknown: refused.
+    assert!(!run(&req, &[prod_lock()], &[]).expect("lookup").allowed());
+    // Not locked: allowed.
+    assert_eq!(
+        run(&req, &[], &[]).expect("lookup").outcome,
+        Outcome::Allowed
+    );
     // A DELETE of a terminating object is still a DELETE.
     let delete = request(json!({
-        "oldObject": {"metadata": {"name": "app-config", "deletionTimestamp": "2026-11-22T02:00:09Z"}},
+        "oldObject": {"metadata": {"name": "app-config", "deletionTimestamp": gone}},
     }));
     assert!(!run(&delete, &[prod_lock()], &[]).expect("lookup").allowed());
 }
@@ -1648,5 +1759,163 @@ fn labels_that_cannot_be_read_follow_on_lookup_error() {
         verdict.refusal.expect("denied").message.contains(
             "cannot read the labels of deployments.apps \"web\" in namespace \"prod\" to apply selector Lock prod/dbs: locks are read from files"
         )
+    );
+}
+
+// ---- Locks on fields ------------------------------------------------------------------
+
+#[test]
+fn a_lock_on_fields_refuses_only_a_change_of_them_naming_the_field() {
+    let deployment = |patch: Value| {
+        let mut base = json!({"operation": "UPDATE", "name": "web",
+            "resource": {"group": "apps", "version": "v1", "resource": "deployments"},
+            "oldObject": {"metadata": {"name": "web"}}});
+        for (k, v) in patch.as_object().expect("object") {
+            base[k] = v.clone();
+        }
+        request(base)
+    };
+    let old = json!({"metadata": {"name": "web", "resourceVersion": "1", "generation": 1,
+                                  "annotations": {"a": "1"}},
+                     "spec": {"replicas": 1, "template": {"spec": {"containers": [{"image": "v1"}]}}}});
+    let with = |f: &dyn Fn(&mut Value)| {
+        let mut new = old.clone();
+        new["metadata"]["resourceVersion"] = json!("2");
+        new["metadata"]["generation"] = json!(2);
+        f(&mut new);
+        new
+    };
+    let annotated = with(&|v| v["metadata"]["annotations"]["a"] = json!("2"));
+    let labelled = with(&|v| v["metadata"]["labels"] = json!({"l": "1"}));
+    let scaled = with(&|v| v["spec"]["replicas"] = json!(3));
+    let image = with(&|v| v["spec"]["template"]["spec"]["containers"][0]["image"] = json!("v2"));
+    let unchanged = with(&|_| {});
+    let template = lock(
+        "web",
+        json!({"fields": ["spec.template"], "reason": "VM snapshot in progress"}),
+    );
+    let annotations = lock("web", json!({"exceptFields": ["metadata.annotations"]}));
+    let whole = lock("web", json!({"reason": "freeze"}));
+    let main = deployment(json!({}));
+    // (lock, new object, the field named, or None when allowed)
+    let cases = [
+        (&template, &annotated, None),
+        (&template, &labelled, None),
+        (&template, &scaled, None),
+        (&template, &unchanged, None),
+        (&template, &image, Some("spec.template")),
+        (&annotations, &annotated, None),
+        (&annotations, &unchanged, None),
+        (&annotations, &labelled, Some("metadata.labels")),
+        (&annotations, &image, Some("spec")),
+        // A write that changes nothing passes a whole-object lock too.
+        (&whole, &unchanged, None),
+    ];
+    for (lock, new, named) in cases {
+        let verdict = run_update(&main, &[lock.clone()], old.clone(), new.clone());
+        match named {
+            None => assert_eq!(verdict.outcome, Outcome::Allowed, "{:?} {new}", lock.spec),
+            Some(field) => {
+                let message = verdict.refusal.clone().expect("refused").message;
+                assert!(
+                    message.contains(&format!("is locked by Lock prod/web ({field} changed)")),
+                    "{message}"
+                );
+                assert_eq!(
+                    verdict.audit_annotations["changed-fields"],
+                    format!("Lock prod/web: {field}")
+                );
+                assert_eq!(verdict.changed, [(lock.key(), field.to_owned())]);
+            }
+        }
+    }
+    assert_eq!(
+        run_update(&main, &[template.clone()], old.clone(), image.clone())
+            .refusal
+            .expect("refused")
+            .message,
+        "deployments.apps \"web\" in namespace \"prod\" is locked by Lock prod/web (spec.template changed): VM snapshot in progress (to unlock: kubectl delete lock web -n prod)"
+    );
+    // A whole-object lock refuses a change without naming the field, as it always did.
+    assert_eq!(
+        run_update(&main, &[whole], old.clone(), scaled.clone())
+            .refusal
+            .expect("refused")
+            .message,
+        "deployments.apps \"web\" in namespace \"prod\" is locked by Lock prod/web: freeze (to unlock: kubectl delete lock web -n prod)"
+    );
+    // Warn names the field too.
+    let warn = lock("web", json!({"fields": ["spec.template"], "mode": "Warn"}));
+    let verdict = run_update(&main, &[warn.clone()], old.clone(), image.clone());
+    assert_eq!(
+        verdict.warnings,
+        ["Lock prod/web (spec.template changed) (mode Warn) would refuse this"]
+    );
+    assert_eq!(
+        run_update(&main, &[warn], old.clone(), annotated.clone()).outcome,
+        Outcome::Allowed
+    );
+    // What `check` and the audit log show of an allowed UPDATE under a lock on fields.
+    let allowed = run_update(&main, &[template.clone()], old.clone(), annotated.clone());
+    assert_eq!(
+        allowed.audit_annotations["unchanged-locks"],
+        "Lock prod/web"
+    );
+    // A DELETE is not affected by fields.
+    let delete = deployment(json!({"operation": "DELETE"}));
+    assert!(
+        !run(&delete, &[template.clone()], &[])
+            .expect("lookup")
+            .allowed()
+    );
+}
+
+#[test]
+fn a_scale_changes_spec_replicas() {
+    let scale = |group: &str, resource: &str| {
+        request(
+            json!({"operation": "UPDATE", "name": "web", "subResource": "scale",
+            "resource": {"group": group, "version": "v1", "resource": resource},
+            "oldObject": {"metadata": {"name": "web"}}}),
+        )
+    };
+    let old = json!({"kind": "Scale", "metadata": {"name": "web", "resourceVersion": "1"},
+                     "spec": {"replicas": 1}, "status": {"replicas": 1}});
+    let mut new = old.clone();
+    new["spec"]["replicas"] = json!(3);
+    let deployments = scale("apps", "deployments");
+    let widgets = scale("example.com", "widgets");
+    // (request, lock spec, allowed)
+    let cases = [
+        (&deployments, json!({"fields": ["spec.template"]}), true),
+        (&deployments, json!({"fields": ["spec.replicas"]}), false),
+        (&deployments, json!({"fields": ["spec"]}), false),
+        (
+            &deployments,
+            json!({"exceptFields": ["spec.replicas"]}),
+            true,
+        ),
+        (
+            &deployments,
+            json!({"exceptFields": ["metadata.annotations"]}),
+            false,
+        ),
+        (&deployments, json!({}), false),
+        // Which field a custom resource scales is the CRD's: refused by every lock.
+        (&widgets, json!({"fields": ["spec.template"]}), false),
+    ];
+    for (req, spec, allowed) in cases {
+        let verdict = run_update(req, &[lock("web", spec.clone())], old.clone(), new.clone());
+        assert_eq!(verdict.allowed(), allowed, "{spec}");
+    }
+    // A scale to the same count changes nothing.
+    assert!(
+        run_update(
+            &widgets,
+            &[lock("web", json!({}))],
+            old.clone(),
+            old.clone()
+        )
+        .allowed()
     );
 }

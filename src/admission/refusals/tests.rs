@@ -172,3 +172,33 @@ fn notes_fit_an_event() {
     assert!(long.ends_with('…'));
     assert_eq!(clip("short".into()), "short");
 }
+
+#[test]
+fn the_note_names_the_field_that_changed() {
+    let set: LockSet = [LockRef::lock(
+        "prod",
+        "app-config",
+        spec(json!({"fields": ["data"]})),
+    )]
+    .into_iter()
+    .collect();
+    let (sink, mut rx) = EventSink::channel(8, EnforcementMetrics::default());
+    let req = request(json!({"operation": "UPDATE"}));
+    let Plan::Lookup(lookup) = decide::plan(&req) else {
+        panic!("needs a lookup")
+    };
+    let objects = crate::admission::changes::Objects::from_values(
+        json!({"data": {"k": "1"}}),
+        json!({"data": {"k": "2"}}),
+    );
+    let refused =
+        decide::decide_update(&req, &lookup, &set, None, None, &objects, Timestamp::now());
+    sink.record_verdict(&req, &refused, &set, None);
+    let notes: Vec<String> = drain(&mut rx).into_iter().map(|r| r.note).collect();
+    assert_eq!(
+        notes,
+        [
+            "UPDATE of configmaps \"app-config\" in namespace \"prod\" (data changed) by alice refused"
+        ]
+    );
+}

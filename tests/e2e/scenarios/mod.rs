@@ -9,6 +9,7 @@ mod create_connect;
 mod enforcement;
 mod excluded;
 mod fake_parity;
+mod fields;
 mod latency;
 mod lookup_allow;
 mod lookup_error;
@@ -59,6 +60,12 @@ pub fn all() -> Vec<Scenario> {
         parallel("pods", pods::run),
         parallel("scale", scale::run),
         parallel("terminating", terminating::run),
+        parallel("path-status-write", fields::status_write),
+        parallel("fields-deployment", fields::deployment_template),
+        parallel("fields-custom-resource", fields::virtual_machine),
+        parallel("fields-unchanged-writes", fields::unchanged_writes),
+        parallel("fields-except", fields::except_annotations),
+        parallel("fields-validation", fields::validation),
         parallel("namespace-deletion", namespaces::run),
         parallel("cluster-locks", cluster_locks::run),
         parallel("collector", collector::run),

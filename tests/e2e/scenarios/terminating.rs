@@ -1,13 +1,11 @@
-//! Rule 7: a locked object that is already Terminating may still be updated (finalizer
-//! removal), with a warning; otherwise it would be stuck forever.
+//! Rule 7: a locked object that is Terminating may only lose its finalizers (otherwise it would
+//! be stuck forever); its content stays locked, so deleting first is no way around an
+//! UPDATE-only lock.
 
-use std::time::{Duration, Instant};
-
-use anyhow::{Result, bail, ensure};
+use anyhow::{Result, ensure};
 use serde_json::json;
 
-use crate::kubectl::warning_matches;
-use crate::suite::{Ctx, ENFORCE_WITHIN};
+use crate::suite::Ctx;
 
 pub fn run(ctx: &Ctx) -> Result<()> {
     let ns = ctx.namespace("")?;
@@ -35,36 +33,39 @@ fn check(ctx: &Ctx, ns: &str) -> Result<()> {
     ctx.create(
         &format!("/api/v1/namespaces/{ns}/configmaps"),
         json!({"apiVersion": "v1", "kind": "ConfigMap",
-               "metadata": {"name": "held", "finalizers": ["example.com/e2e-hold"]}}),
+               "metadata": {"name": "held", "finalizers": ["example.com/e2e-hold"]},
+               "data": {"state": "original"}}),
     )?;
     let path = format!("/api/v1/namespaces/{ns}/configmaps/held");
-    // Deleted before the lock: it stays Terminating on its finalizer.
+    // An UPDATE-only lock: the DELETE goes through, and the object stays Terminating on its
+    // finalizer.
+    ctx.lock(
+        ns,
+        "held",
+        json!({"operations": ["UPDATE"], "reason": "snapshot"}),
+    )?;
+    ctx.update_enforced(&path)?;
     rest.delete(&path)?.allowed("delete held")?;
     ensure!(
         rest.get(&path)?.body["metadata"]["deletionTimestamp"].is_string(),
         "held is not Terminating"
     );
-    ctx.lock(ns, "held", json!({"reason": "snapshot"}))?;
 
-    // The warning shows the webhook sees the lock (an update of a Terminating object is never
-    // refused, so a refusal cannot show it).
-    let warning =
-        format!("configmaps \"held\" is being deleted: update allowed despite Lock {ns}/held");
-    let start = Instant::now();
-    loop {
-        let reply = rest.probe_update(&path)?;
-        reply.allowed("dry-run update of the Terminating object")?;
-        if reply.warnings.iter().any(|w| warning_matches(w, &warning)) {
-            break;
-        }
-        if start.elapsed() > ENFORCE_WITHIN {
-            bail!(
-                "no warning `{warning}` after {ENFORCE_WITHIN:?}: {:?}",
-                reply.warnings
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    // Terminating is no way around the lock: its content may not change.
+    let data = format!(
+        "configmaps \"held\" in namespace \"{ns}\" is locked by Lock {ns}/held (data changed): snapshot"
+    );
+    rest.merge_patch(&path, &json!({"data": {"state": "changed"}}))?
+        .refused("a data change of the Terminating object", &data)?;
+    let annotations = format!(
+        "configmaps \"held\" in namespace \"{ns}\" is locked by Lock {ns}/held (metadata.annotations changed): snapshot"
+    );
+    rest.probe_update(&path)?
+        .refused("an annotation of the Terminating object", &annotations)?;
+    ensure!(
+        rest.get(&path)?.body["data"]["state"] == "original",
+        "the content of held changed"
+    );
 
     // The finalizer's owner removes it, as a controller would: allowed, and the object goes.
     ctx.k(&[
@@ -77,7 +78,7 @@ fn check(ctx: &Ctx, ns: &str) -> Result<()> {
         "-p",
         r#"[{"op":"remove","path":"/metadata/finalizers"}]"#,
     ])
-    .allowed_warning(&warning)?;
+    .allowed()?;
     ensure!(
         rest.get(&path)?.code == 404,
         "held still exists after its finalizer was removed"
