@@ -123,7 +123,7 @@ const NEVER_SENT: &[(&str, &str)] = &[
 /// Whether a lock rule's `group` and `resource` (either may be `*`; `resource` may name a
 /// subresource, `pods/exec`) can name something the webhook is sent: an object of a resource
 /// the registration sends, or a subresource it sends (the [`CHANGING`] ones, `pods/eviction`
-/// and the CONNECT ones of pods). `status` and every other subresource are never sent.
+/// and the CONNECT ones of pods, `status` among them). Every other subresource is never sent.
 pub fn may_be_sent(group: &str, resource: &str) -> bool {
     if let Some((resource, sub)) = resource.split_once('/') {
         let core = group == "*" || group.is_empty();
@@ -143,7 +143,7 @@ pub fn may_be_sent(group: &str, resource: &str) -> bool {
 
 /// Whether a lock's `resources` can name anything the webhook is sent ([`may_be_sent`]): no
 /// `resources` names everything; an empty list, or rules naming only what is never sent (the
-/// lock kinds, events, leases, reviews, `status`), lock nothing.
+/// lock kinds, events, leases, reviews, read-only subresources), lock nothing.
 pub fn locks_anything(spec: &crate::api::LockSpec) -> bool {
     let Some(rules) = &spec.resources else {
         return true;
@@ -239,8 +239,9 @@ mod tests {
             ("*", "events", false),
             ("authentication.k8s.io", "tokenreviews", false),
             ("authorization.k8s.io", "subjectaccessreviews", false),
-            ("", "pods/status", false),
-            ("*", "*/status", false),
+            ("", "pods/status", true),
+            ("*", "*/status", true),
+            ("", "pods/binding", false),
             ("", "pods/exec", true),
             ("", "pods/eviction", true),
             ("", "pods/log", false),

@@ -546,7 +546,7 @@ fn locks_of_nothing_sent_are_not_counted() {
         ),
         nothing(
             "e",
-            serde_json::json!([{"apiGroups": [""], "resources": ["pods/status"]}]),
+            serde_json::json!([{"apiGroups": [""], "resources": ["pods/log"]}]),
         ),
     ];
     let plan = plan(
