@@ -27,6 +27,11 @@ const WATCH_MAX: Duration = Duration::from_millis(500);
 /// [`MAX_WAIT`] with it).
 const SLOW_MIN: Duration = Duration::from_secs(1);
 pub(crate) const SLOW_MAX: Duration = Duration::from_secs(15);
+/// The liveness probe's cap past [`GRACE`], before jitter (at most 5 s with it): the probe is
+/// what notices that an API server is back and wakes every other loop, so it stays within
+/// seconds while they back off to [`MAX_WAIT`]; against a port that refuses, each try is one
+/// refused connection and no log line.
+const PROBE_MAX: Duration = Duration::from_millis(2500);
 /// How long a loop keeps retrying fast (a restarted API server is back within a second of
 /// answering; a restart on a loaded host can take 20 s) before it backs off to half a minute
 /// (an API server that is down, or not up yet at boot, is not hammered).
@@ -55,16 +60,20 @@ pub fn watch() -> Patient<ExponentialBackoff> {
     Patient::new(exponential(WATCH_MIN, WATCH_MAX))
 }
 
-/// The delays of a probe sent every `period`: `period` for [`GRACE`], then growing to
-/// [`MAX_WAIT`].
+/// The delays of a probe sent every `period`: `period` for [`GRACE`], then from a second
+/// doubling to at most 5 s ([`PROBE_MAX`]).
 pub fn probe(period: Duration) -> Patient<ExponentialBackoff> {
-    Patient::new(ExponentialBackoff::from(
-        backon::ExponentialBuilder::default()
-            .with_min_delay(period)
-            .with_max_delay(period)
-            .with_factor(1.0)
-            .without_max_times(),
-    ))
+    Patient {
+        fast: ExponentialBackoff::from(
+            backon::ExponentialBuilder::default()
+                .with_min_delay(period)
+                .with_max_delay(period)
+                .with_factor(1.0)
+                .without_max_times(),
+        ),
+        slow: exponential(SLOW_MIN, PROBE_MAX),
+        failing_since: None,
+    }
 }
 
 /// Delays that are `fast` for [`GRACE`] after the first failure, then from a second doubling
@@ -271,6 +280,28 @@ mod tests {
             backoff.reset();
             assert!(backoff.next().expect("forever") < Duration::from_millis(101));
         }
+    }
+
+    /// The probe notices a returning API server within seconds however long it was away, and
+    /// still tries at most 20 times a minute once past the grace.
+    #[tokio::test(start_paused = true)]
+    async fn the_probe_backs_off_to_seconds_not_half_a_minute() {
+        let period = Duration::from_millis(500);
+        let mut backoff = probe(period);
+        let mut waited = Duration::ZERO;
+        while waited < GRACE {
+            let wait = backoff.next().expect("forever");
+            assert_eq!(wait, period);
+            tokio::time::advance(wait).await;
+            waited += wait;
+        }
+        let slow: Vec<Duration> = (&mut backoff).take(30).collect();
+        assert!(slow.iter().all(|w| *w <= 2 * PROBE_MAX), "{slow:?}");
+        assert!(
+            slow[3..].iter().all(|w| *w >= Duration::from_secs(2)),
+            "{slow:?}"
+        );
+        assert!(slow.iter().all(|w| *w < SLOW_MAX), "{slow:?}");
     }
 
     /// kube-runtime's watcher resets the backoff on its `Init` event, which comes right before

@@ -67,7 +67,7 @@ pub(super) fn probe(client: kube::Client) -> (Probe, Silence) {
 
 impl Probe {
     /// Runs until dropped. While connections to the API server fail (it is down, not frozen),
-    /// the probe goes on every [`PERIOD`] for [`retry::GRACE`], then backs off to half a minute
+    /// the probe goes on every [`PERIOD`] for [`retry::GRACE`], then backs off to at most 5 s
     /// ([`crate::retry`]); the first answer after failures wakes the watch loops.
     pub async fn run(self) {
         let mut backoff = retry::probe(PERIOD);

@@ -93,7 +93,8 @@ impl Harness {
     }
 
     /// Stops the control plane (etcd's data is kept) and starts it again, the API server with
-    /// `apiserver_args`; returns when `/readyz` is ok, with the time the start took.
+    /// `apiserver_args`, after `KOL_E2E_OUTAGE_SECONDS` (default 0) down; returns when
+    /// `/readyz` is ok, with the time the start took.
     pub fn restart(&self, apiserver_args: &str) -> Result<Duration> {
         let down = Command::new(self.dir.join("down.sh")).output()?;
         ensure!(
@@ -101,6 +102,13 @@ impl Harness {
             "down.sh failed: {}",
             String::from_utf8_lossy(&down.stderr)
         );
+        let outage = std::env::var("KOL_E2E_OUTAGE_SECONDS").unwrap_or_default();
+        if !outage.is_empty() {
+            let seconds: u64 = outage
+                .parse()
+                .with_context(|| format!("KOL_E2E_OUTAGE_SECONDS={outage}: not a whole number"))?;
+            std::thread::sleep(Duration::from_secs(seconds));
+        }
         let start = Instant::now();
         let up = Command::new(self.dir.join("up.sh"))
             .env("KCM", if self.kcm { "1" } else { "0" })

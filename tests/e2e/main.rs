@@ -19,6 +19,8 @@
 //!   only the lock checks run.
 //! - `KOL_E2E_REQUIRE=1`: a cluster is known to be there (`.ci/run` sets it after building the
 //!   local control plane): a suite that cannot run fails instead of skipping.
+//! - `KOL_E2E_OUTAGE_SECONDS`: how long a restarted API server stays down (default 0), e.g. 60
+//!   to see how `apiserver-restart` holds after a long outage.
 //! - `KOL_E2E_TRIES`: lock-to-enforcement samples (default 20). `KOL_E2E_JOBS`: scenarios run at
 //!   once (default 4).
 //!
