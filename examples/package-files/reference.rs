@@ -423,8 +423,13 @@ fn metrics_page(metrics_source: &str) -> Result<String, String> {
                         .collect()
                 })
                 .unwrap_or_default();
+            // The series sample_series() made (its label values name the label struct) wins
+            // over series the registry holds from the start, whatever order it prints them in.
+            let names_struct = labels
+                .iter()
+                .any(|(_, value)| docs.fields.keys().any(|(s, _)| s == value));
             let entry = found.get_mut(family).expect("family seen");
-            if entry.2.is_none() {
+            if entry.2.is_none() || names_struct {
                 entry.2 = Some(labels);
             }
         }
