@@ -179,20 +179,25 @@ pub fn frozen_change(
         })
     };
     if let Write::Scale { custom } = write {
+        // The Scales' spec.replicas; the object's field it writes: spec.replicas, or for a
+        // custom resource its CRD's specReplicasPath, when it was read.
         let replicas = FieldPath::parse("spec.replicas").expect("a valid path");
         if !changed(old, new, &replicas) {
             return None;
         }
-        if custom {
-            // Which field the CRD scales is not known here: locked by every lock.
-            return frozen("spec.replicas (through the scale subresource)".to_owned());
-        }
-        let touches = |p: &FieldPath| p.within(&replicas) || replicas.within(p);
+        let field = match (custom, objects.scaled_field()) {
+            (false, _) => &replicas,
+            (true, Some(field)) => field,
+            (true, None) => {
+                return frozen("spec.replicas (through the scale subresource)".to_owned());
+            }
+        };
+        let touches = |p: &FieldPath| p.within(field) || field.within(p);
         return match &fields {
             Some(fields) if !fields.iter().any(touches) => None,
-            Some(_) => frozen(replicas.to_string()),
-            None if except.iter().any(|p| replicas.within(p)) => None,
-            None => frozen(replicas.to_string()),
+            Some(_) => frozen(field.to_string()),
+            None if except.iter().any(|p| field.within(p)) => None,
+            None => frozen(field.to_string()),
         };
     }
     if terminating && only_finalizers_removed(old, new) {
@@ -229,6 +234,7 @@ pub fn frozen_change(
 pub struct Objects<'b> {
     body: Option<&'b [u8]>,
     pair: OnceCell<Option<(Value, Value)>>,
+    scaled: Option<FieldPath>,
 }
 
 #[derive(Deserialize)]
@@ -251,6 +257,7 @@ impl<'b> Objects<'b> {
         Objects {
             body: Some(body),
             pair: OnceCell::new(),
+            scaled: None,
         }
     }
 
@@ -259,6 +266,7 @@ impl<'b> Objects<'b> {
         Objects {
             body: None,
             pair: OnceCell::from(Some((old, new))),
+            scaled: None,
         }
     }
 
@@ -267,7 +275,20 @@ impl<'b> Objects<'b> {
         Objects {
             body: None,
             pair: OnceCell::from(None),
+            scaled: None,
         }
+    }
+
+    /// With the field of a custom resource its `scale` subresource writes (its CRD's
+    /// `specReplicasPath`, `.spec.size`); unknown, every lock covering a scale freezes it.
+    pub fn with_scaled_field(mut self, field: Option<FieldPath>) -> Self {
+        self.scaled = field;
+        self
+    }
+
+    /// The field a custom resource's scale writes, when known.
+    pub fn scaled_field(&self) -> Option<&FieldPath> {
+        self.scaled.as_ref()
     }
 
     /// `(oldObject, object)`, when both are JSON objects.
@@ -414,6 +435,92 @@ mod tests {
         for (new, kept, expected) in cases {
             let found = first_change_outside(&old, new, kept).map(|p| p.to_string());
             assert_eq!(found.as_deref(), expected, "{new} keeping {kept:?}");
+        }
+    }
+
+    #[test]
+    fn a_scale_writes_spec_replicas_or_the_field_its_crd_names() {
+        let scale = |n: u32| json!({"kind": "Scale", "spec": {"replicas": n}});
+        let strings = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        let builtin = Write::Scale { custom: false };
+        let custom = Write::Scale { custom: true };
+        let size = Some(path("spec.size"));
+        // (write, the CRD's field, fields, exceptFields, replicas after, frozen path)
+        type Case = (
+            Write,
+            Option<FieldPath>,
+            Option<&'static [&'static str]>,
+            Option<&'static [&'static str]>,
+            u32,
+            Option<&'static str>,
+        );
+        let cases: Vec<Case> = vec![
+            (builtin, None, None, None, 2, None),
+            (builtin, None, None, None, 3, Some("spec.replicas")),
+            (builtin, None, Some(&["spec.template"]), None, 3, None),
+            (
+                builtin,
+                None,
+                Some(&["spec"]),
+                None,
+                3,
+                Some("spec.replicas"),
+            ),
+            (builtin, None, None, Some(&["spec.replicas"]), 3, None),
+            (custom, None, None, None, 2, None),
+            (
+                custom,
+                None,
+                Some(&["spec.other"]),
+                None,
+                3,
+                Some("spec.replicas (through the scale subresource)"),
+            ),
+            (custom, size.clone(), None, None, 3, Some("spec.size")),
+            (
+                custom,
+                size.clone(),
+                Some(&["spec.size"]),
+                None,
+                3,
+                Some("spec.size"),
+            ),
+            (
+                custom,
+                size.clone(),
+                Some(&["spec.replicas"]),
+                None,
+                3,
+                None,
+            ),
+            (
+                custom,
+                size.clone(),
+                Some(&["spec"]),
+                None,
+                3,
+                Some("spec.size"),
+            ),
+            (custom, size.clone(), None, Some(&["spec.size"]), 3, None),
+            (
+                custom,
+                size.clone(),
+                None,
+                Some(&["spec.replicas"]),
+                3,
+                Some("spec.size"),
+            ),
+        ];
+        for (write, field, fields, except, after, expected) in cases {
+            let objects =
+                Objects::from_values(scale(2), scale(after)).with_scaled_field(field.clone());
+            let (fields, except) = (fields.map(strings), except.map(strings));
+            let found = frozen_change(fields.as_deref(), except.as_deref(), write, false, &objects);
+            assert_eq!(
+                found.and_then(|f| f.path).as_deref(),
+                expected,
+                "{write:?} {field:?} fields {fields:?} except {except:?} to {after}"
+            );
         }
     }
 

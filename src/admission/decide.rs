@@ -21,7 +21,7 @@ pub use crd::{crd_deletion, deleted_resource, names_resource_of};
 
 use super::changes::{self, Frozen, Objects, Write};
 use super::labels::{LabelError, Labels, Target};
-use super::request::{AdmissionRequest, Operation, UserInfo};
+use super::request::{AdmissionRequest, Operation, Resource, UserInfo};
 use super::subresources;
 use crate::api::{self, LockKey, LockMode, LockOperation, LockSpec};
 use crate::locks::{LockRef, LockSet, LookupError};
@@ -275,6 +275,29 @@ pub fn labels_needed<'a>(
             && exemption(spec, &req.user_info).is_none()
     });
     needed.then_some(target)
+}
+
+/// Step one and a half, for a scale of a custom resource: the resource whose CRD's
+/// `specReplicasPath` a lock on fields covering it needs (its review carries a Scale, which
+/// does not say which field of the object it writes). `None` for every other request, and
+/// when no such lock covers it.
+pub fn scaled_field_needed<'a>(
+    req: &'a AdmissionRequest<'_>,
+    locks: &LockSet,
+    now: Timestamp,
+) -> Option<&'a Resource<'a>> {
+    if !matches!(write(req), Some(Write::Scale { custom: true })) {
+        return None;
+    }
+    let operation = lock_operation(req);
+    let needed = locks.iter().any(|lock| {
+        let spec = &lock.spec;
+        (spec.fields.is_some() || spec.except_fields.is_some())
+            && covers_request(spec, req, operation)
+            && !spec.is_expired(now)
+            && exemption(spec, &req.user_info).is_none()
+    });
+    needed.then_some(&req.resource)
 }
 
 /// Step two, when [`labels_needed`] named an object: the verdict with its `labels` as read. The

@@ -96,13 +96,21 @@ impl LabelError {
     }
 }
 
-/// A place to read an object's labels from. The caller bounds the wait.
+/// A place to read an object's labels from, and a custom resource's scaled field. The caller
+/// bounds the wait.
 pub trait LabelReader: Send + Sync + 'static {
     /// The labels of `target`; `Ok(None)` when it does not exist.
     fn labels(
         &self,
         target: &Target<'_>,
     ) -> BoxFuture<'static, Result<Option<BTreeMap<String, String>>, LabelError>>;
+
+    /// The `specReplicasPath` (`.spec.size`) of `resource`'s CRD at its version; `Ok(None)` when
+    /// the CRD or its scale subresource does not exist.
+    fn scaled_field(
+        &self,
+        resource: &Resource<'_>,
+    ) -> BoxFuture<'static, Result<Option<String>, LabelError>>;
 }
 
 /// The reader without a cluster (locks from files): every read fails with
@@ -115,6 +123,13 @@ impl LabelReader for NoCluster {
         &self,
         _target: &Target<'_>,
     ) -> BoxFuture<'static, Result<Option<BTreeMap<String, String>>, LabelError>> {
+        Box::pin(async { Err(LabelError::NoCluster) })
+    }
+
+    fn scaled_field(
+        &self,
+        _resource: &Resource<'_>,
+    ) -> BoxFuture<'static, Result<Option<String>, LabelError>> {
         Box::pin(async { Err(LabelError::NoCluster) })
     }
 }

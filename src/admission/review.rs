@@ -17,9 +17,10 @@ use super::decide::{self, Outcome, Plan, Verdict};
 use super::labels::{LabelError, LabelReader, Labels, NoCluster, Target};
 use super::refusals::EventSink;
 use super::request::{
-    ADMISSION_V1, ADMISSION_V1BETA1, AdmissionRequest, IncomingReview, ParsedReview,
+    ADMISSION_V1, ADMISSION_V1BETA1, AdmissionRequest, IncomingReview, ParsedReview, Resource,
 };
 use super::response::{ReviewAnswer, respond};
+use crate::fieldpath::FieldPath;
 use crate::locks::{LockSet, LockSource, LookupError};
 use crate::metrics::{AdmissionMetrics, Decision, LabelReadLabels, LookupErrorLabels};
 use crate::settings::ReviewPolicy;
@@ -221,7 +222,19 @@ impl Reviewer {
                     }
                     None => None,
                 };
-                let objects = Objects::from_review(body);
+                // Only a custom resource's scale that a lock on fields covers reads its CRD.
+                let scaled = (read.as_ref().ok())
+                    .and_then(|(scope, _)| decide::scaled_field_needed(req, scope, now));
+                let scaled = match scaled {
+                    Some(resource) => {
+                        let timeout = self
+                            .lookup_timeout(deadline)
+                            .saturating_sub(started.elapsed());
+                        Box::pin(self.read_scaled_field(req, resource, timeout)).await
+                    }
+                    None => None,
+                };
+                let objects = Objects::from_review(body).with_scaled_field(scaled);
                 let verdict = self.verdict(req, &lookup, read, labels.as_ref(), &objects, now);
                 // Deleting a CRD deletes its objects, in every namespace, without admission.
                 match decide::deleted_resource(req) {
@@ -345,6 +358,29 @@ impl Reviewer {
             }
         }
         labels
+    }
+
+    /// The field `resource`'s scale writes, from its CRD, read within `timeout`; `None` when it
+    /// cannot be read (every lock covering the scale then freezes it), said in a warning.
+    async fn read_scaled_field(
+        &self,
+        req: &AdmissionRequest<'_>,
+        resource: &Resource<'_>,
+        timeout: Duration,
+    ) -> Option<FieldPath> {
+        let read = tokio::time::timeout(timeout, self.labels.scaled_field(resource)).await;
+        let error = match read {
+            Ok(Ok(Some(path))) => match FieldPath::parse(path.trim_start_matches('.')) {
+                Ok(field) => return Some(field),
+                Err(e) => format!("its specReplicasPath {path:?} does not read: {e}"),
+            },
+            Ok(Ok(None)) => "it has no scale subresource at this version".to_owned(),
+            Ok(Err(error)) => error.to_string(),
+            Err(_) => LabelError::Timeout(timeout).to_string(),
+        };
+        warn!(uid = %req.uid, resource = %req.resource_path(), %error,
+            "cannot read which field the scale writes from the CRD: every lock covering the scale refuses a change of replicas");
+        None
     }
 
     async fn read(

@@ -370,6 +370,14 @@ pub fn rbac(identity: &Identity) -> (ClusterRole, ClusterRoleBinding) {
                 verbs: vec!["get".to_owned()],
                 ..PolicyRule::default()
             },
+            // A lock on fields covering a custom resource's scale needs the field the scale
+            // writes, which only the CRD says (specReplicasPath).
+            PolicyRule {
+                api_groups: Some(vec!["apiextensions.k8s.io".to_owned()]),
+                resources: Some(vec!["customresourcedefinitions".to_owned()]),
+                verbs: vec!["get".to_owned()],
+                ..PolicyRule::default()
+            },
         ]),
         aggregation_rule: None,
     };

@@ -12,7 +12,9 @@ use futures::future::BoxFuture;
 use kube::Client;
 use kube::api::{Api, ApiResource, DynamicObject};
 
-use super::{LabelError, LabelReader, Target};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+
+use super::{LabelError, LabelReader, Resource, Target};
 
 /// Reads labels with a metadata-only GET.
 #[derive(Clone)]
@@ -64,6 +66,33 @@ impl LabelReader for KubeLabels {
                         message: format!("{} ({})", status.message, status.reason),
                     }),
                 },
+                Err(e) => Err(LabelError::Connection(e.to_string())),
+            }
+        })
+    }
+
+    fn scaled_field(
+        &self,
+        resource: &Resource<'_>,
+    ) -> BoxFuture<'static, Result<Option<String>, LabelError>> {
+        let api: Api<CustomResourceDefinition> = Api::all(self.client.clone());
+        let (name, version) = (resource.qualified(), resource.version.to_string());
+        Box::pin(async move {
+            match api.get_opt(&name).await {
+                Ok(crd) => Ok(crd.and_then(|crd| {
+                    let version = crd.spec.versions.into_iter().find(|v| v.name == version)?;
+                    Some(version.subresources?.scale?.spec_replicas_path)
+                })),
+                Err(kube::Error::Api(status)) => Err(match status.code {
+                    403 => LabelError::Forbidden {
+                        resource: "customresourcedefinitions.apiextensions.k8s.io".to_owned(),
+                        message: status.message,
+                    },
+                    code => LabelError::Api {
+                        code,
+                        message: format!("{} ({})", status.message, status.reason),
+                    },
+                }),
                 Err(e) => Err(LabelError::Connection(e.to_string())),
             }
         })

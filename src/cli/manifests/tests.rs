@@ -115,14 +115,20 @@ fn the_webhook_sends_what_the_decision_needs_and_nothing_it_must_not() {
 fn rbac_reads_locks_writes_their_status_and_events_and_nothing_else() {
     let (role, binding) = rbac(&Identity::service_account("kol/webhook").expect("sa"));
     let rules = role.rules.expect("rules");
-    assert_eq!(rules.len(), 5);
-    // Labels for selector locks: get (no list, no watch) of pods and the built-in scalables.
+    assert_eq!(rules.len(), 6);
+    // Labels for selector locks: get (no list, no watch) of pods and the built-in scalables;
+    // the field a custom resource's scale writes: get of CRDs.
     for (rule, group, resources) in [
         (&rules[3], "", &["pods", "replicationcontrollers"][..]),
         (
             &rules[4],
             "apps",
             &["deployments", "replicasets", "statefulsets"][..],
+        ),
+        (
+            &rules[5],
+            "apiextensions.k8s.io",
+            &["customresourcedefinitions"][..],
         ),
     ] {
         assert_eq!(rule.verbs, ["get"]);

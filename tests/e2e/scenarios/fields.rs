@@ -112,8 +112,9 @@ pub fn deployment_template(ctx: &Ctx) -> Result<()> {
     Ok(())
 }
 
-/// A custom resource shaped like a virtual machine, locked on its volumes: it may be started
-/// and stopped, its volumes may not change.
+/// A custom resource shaped like a virtual machine, locked on its volumes: it may be started,
+/// stopped and scaled, its volumes may not change. Its scale writes `spec.size` (the CRD's
+/// specReplicasPath): a lock on that field refuses a scale, naming it.
 pub fn virtual_machine(ctx: &Ctx) -> Result<()> {
     let ns = ctx.namespace("")?;
     let n = ns.as_str();
@@ -131,6 +132,8 @@ pub fn virtual_machine(ctx: &Ctx) -> Result<()> {
                     "names": {"plural": "virtualmachines", "singular": "virtualmachine",
                               "kind": "VirtualMachine"},
                     "versions": [{"name": "v1", "served": true, "storage": true,
+                        "subresources": {"scale": {"specReplicasPath": ".spec.size",
+                                                   "statusReplicasPath": ".status.size"}},
                         "schema": {"openAPIV3Schema": {"type": "object",
                             "x-kubernetes-preserve-unknown-fields": true}}}]
                 }
@@ -140,7 +143,7 @@ pub fn virtual_machine(ctx: &Ctx) -> Result<()> {
         let vm = json!({
             "apiVersion": format!("{group}/v1"), "kind": "VirtualMachine",
             "metadata": {"name": "vm1"},
-            "spec": {"running": false, "template": {"spec": {
+            "spec": {"running": false, "size": 1, "template": {"spec": {
                 "domain": {"cpu": {"cores": 1}},
                 "volumes": [{"name": "root", "persistentVolumeClaim": {"claimName": "root"}}]
             }}}
@@ -200,6 +203,39 @@ pub fn virtual_machine(ctx: &Ctx) -> Result<()> {
             &json!({"spec": {"template": {"spec": {"volumes": null}}}}),
         )?
         .refused("volume removal", &message)?;
+        // The scale writes spec.size, which this lock leaves free.
+        rest.merge_patch(&format!("{path}/scale"), &json!({"spec": {"replicas": 2}}))?
+            .allowed("a scale")?;
+        // A lock on spec.size refuses it, naming the field.
+        let mut vm2 = vm.clone();
+        vm2["metadata"]["name"] = json!("vm2");
+        rest.post(&collection, &vm2)?.allowed("vm2")?;
+        ctx.lock(n, "vm2", json!({"fields": ["spec.size"]}))?;
+        let size = locked_field(&resource, n, "vm2", "spec.size", None);
+        let scale2 = format!("{collection}/vm2/scale");
+        let start = Instant::now();
+        loop {
+            let reply = rest.merge_patch(
+                &format!("{scale2}?dryRun=All"),
+                &json!({"spec": {"replicas": 3}}),
+            )?;
+            if reply.code == 403 {
+                reply.refused("dry-run scale", &size)?;
+                break;
+            }
+            ensure!(
+                start.elapsed() < ENFORCE_WITHIN,
+                "a scale of vm2 allowed after {ENFORCE_WITHIN:?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        rest.merge_patch(&scale2, &json!({"spec": {"replicas": 3}}))?
+            .refused("a scale", &size)?;
+        rest.merge_patch(
+            &format!("{collection}/vm2"),
+            &json!({"spec": {"running": true}}),
+        )?
+        .allowed("vm2 running")?;
         Ok(())
     })();
     rest.delete(&format!(
