@@ -144,45 +144,6 @@ async fn a_client_retrying_in_a_loop_makes_one_series_and_at_most_two_writes() {
 }
 
 #[tokio::test]
-async fn warn_mode_locks_record_would_block() {
-    support::init();
-    let api = FakeApiServer::start().await;
-    api.create_lock(NS, "locked-a", json!({"mode": "Warn"}));
-    let metrics = EnforcementMetrics::default();
-    let (reviewer, queue) = reviewer(&api, 16, &metrics).await;
-    let writer = tokio::spawn(events::run(
-        api.client(),
-        WriterConfig::new("cp-1".into()),
-        queue,
-        snapshots(&api),
-        metrics,
-    ));
-    assert!(allowed(&reviewer, &fixture("configmap-update-put.json")).await);
-    drop(reviewer);
-    tokio::time::timeout(Duration::from_secs(10), writer)
-        .await
-        .expect("the writer finished")
-        .expect("writer task");
-    let events = api.events();
-    assert_eq!(events.len(), 1);
-    assert_eq!(
-        (events[0]["reason"].as_str(), events[0]["type"].as_str()),
-        (Some("WouldBlock"), Some("Normal"))
-    );
-    assert!(
-        events[0]["note"]
-            .as_str()
-            .is_some_and(|n| n.starts_with("UPDATE of configmaps")),
-        "{}",
-        events[0]
-    );
-    assert!(
-        events[0].get("series").is_none_or(Value::is_null),
-        "one occurrence, no series"
-    );
-}
-
-#[tokio::test]
 async fn answers_never_wait_for_events_and_failed_writes_are_counted_not_retried_forever() {
     support::init();
     let api = FakeApiServer::start().await;

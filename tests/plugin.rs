@@ -86,8 +86,8 @@ impl Cluster {
         self.dir.path().join("kubeconfig")
     }
 
-    /// `kubectl lock ARGS`, not waiting for a webhook (there is none here; `tests/confirm.rs`
-    /// runs one) unless the arguments say how to wait.
+    /// `kubectl lock ARGS`, not waiting for a webhook (there is none here; the end-to-end
+    /// scenario `plugin-confirm` runs one) unless the arguments say how to wait.
     async fn lock(&self, args: &[&str]) -> Run {
         let mut args = args.to_vec();
         let says = |flag: &str| args.iter().any(|a| a.starts_with(flag));
@@ -402,39 +402,6 @@ async fn cluster_scoped_targets_get_a_cluster_lock() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn missing_targets_are_refused_unless_allowed() {
-    let c = Cluster::start().await;
-    let run = c.lock(&["cm/tls-cert"]).await;
-    assert_eq!(
-        run.error(1),
-        "error: configmaps \"tls-cert\" in namespace \"prod\" does not exist \
-         (lock it anyway with --allow-missing)"
-    );
-    assert!(c.api.lock("prod", "tls-cert").is_none());
-    assert!(c.requests("POST").is_empty());
-
-    let until = "2099-01-01T00:00:00Z";
-    let run = c
-        .lock(&["cm/tls-cert", "--allow-missing", "--until", until])
-        .await;
-    assert_eq!(
-        run.ok(),
-        format!(
-            "locked configmaps \"tls-cert\" in namespace \"prod\" with Lock prod/tls-cert \
-             (UPDATE, DELETE; until {until}; held by user \"{USER}\")\n"
-        )
-    );
-    let lock = c.api.lock("prod", "tls-cert").expect("Lock prod/tls-cert");
-    assert_eq!(lock["spec"]["expiresAt"], until);
-    // Only the first run looked the ConfigMap up: --allow-missing does not.
-    assert_eq!(
-        c.requests("GET /api/v1/namespaces/prod/configmaps/tls-cert")
-            .len(),
-        1
-    );
-}
-
-#[tokio::test(flavor = "multi_thread")]
 async fn expiry_flags_are_checked() {
     let c = Cluster::start().await;
     let run = c.lock(&["cm/app-config", "--for", "30m"]).await;
@@ -675,44 +642,6 @@ async fn list_shows_coverage_targets_and_time_left() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn unlock_deletes_the_covering_lock() {
-    let c = Cluster::start().await;
-    c.lock(&["deploy/web"]).await.ok();
-    c.lock(&["namespace", "prod"]).await.ok();
-
-    let run = c.unlock(&["svc/web"]).await;
-    assert_eq!(
-        run.error(1),
-        "error: no lock on services \"web\" in namespace \"prod\" \
-         (Lock prod/web covers deployments.apps only)"
-    );
-    assert!(c.api.lock("prod", "web").is_some());
-
-    let run = c.unlock(&["deployments.apps/web"]).await;
-    assert_eq!(
-        run.ok(),
-        "unlocked deployments.apps \"web\" in namespace \"prod\" (deleted Lock prod/web)\n"
-    );
-    assert!(c.api.lock("prod", "web").is_none());
-    let run = c.unlock(&["deploy", "web"]).await;
-    assert_eq!(
-        run.error(1),
-        "error: no lock on deployments.apps \"web\" in namespace \"prod\""
-    );
-
-    let run = c.unlock(&["ns/prod"]).await;
-    assert_eq!(
-        run.ok(),
-        "unlocked namespaces \"prod\" (deleted ClusterLock prod)\n"
-    );
-    assert!(c.api.cluster_lock("prod").is_none());
-    assert_eq!(
-        c.unlock(&["ns/prod"]).await.error(1),
-        "error: no lock on namespaces \"prod\""
-    );
-}
-
-#[tokio::test(flavor = "multi_thread")]
 async fn bad_input_is_one_line() {
     let c = Cluster::start().await;
     assert_eq!(
@@ -817,48 +746,6 @@ async fn help_explains_the_commands() {
     let help = c.unlock(&["--help"]).await;
     assert!(help.ok().contains("kubectl unlock"), "{help:?}");
     assert!(c.api.request_log().is_empty());
-}
-
-/// The fake's discovery documents parse as kube's own discovery reads a real server's.
-#[tokio::test(flavor = "multi_thread")]
-async fn the_fake_serves_discovery_as_kube_reads_it() {
-    let c = Cluster::start().await;
-    let discovery = kube::discovery::Discovery::new(c.api.client())
-        .run()
-        .await
-        .expect("discovery runs");
-    let (deployments, caps) = discovery
-        .get("apps")
-        .and_then(|g| g.recommended_kind("Deployment"))
-        .expect("apps/v1 Deployment");
-    assert_eq!(deployments.plural, "deployments");
-    assert_eq!(caps.scope, kube::discovery::Scope::Namespaced);
-    assert!(caps.subresources.iter().any(|(r, _)| r.plural == "scale"));
-    let (namespaces, caps) = discovery
-        .get("")
-        .and_then(|g| g.recommended_kind("Namespace"))
-        .expect("v1 Namespace");
-    assert_eq!(namespaces.plural, "namespaces");
-    assert_eq!(caps.scope, kube::discovery::Scope::Cluster);
-    let (locks, _) = discovery
-        .get("objectlock.dev")
-        .and_then(|g| g.recommended_kind("Lock"))
-        .expect("Lock");
-    assert_eq!(locks.api_version, "objectlock.dev/v1alpha1");
-
-    // Objects of discovered resources: the object, or a NotFound naming it.
-    let ar = deployments;
-    let api: kube::Api<kube::api::DynamicObject> =
-        kube::Api::namespaced_with(c.api.client(), "prod", &ar);
-    let web = api.get("web").await.expect("Deployment web");
-    assert_eq!(web.metadata.namespace.as_deref(), Some("prod"));
-    let Err(kube::Error::Api(status)) = api.get("nope").await else {
-        panic!("404 expected")
-    };
-    assert_eq!(
-        (status.code, status.reason.as_str(), status.message.as_str()),
-        (404, "NotFound", "deployments.apps \"nope\" not found")
-    );
 }
 
 /// A lock means to the plugin what it means to the webhook. A spec the webhook cannot read fails
