@@ -1,5 +1,7 @@
-//! Refusals recorded as Kubernetes Events, against the fake API server's events.k8s.io/v1
-//! (validated as kube-apiserver validates them), and the whole wiring through the webhook.
+//! Refusals recorded as Kubernetes Events, against the fake API server, where writes can be
+//! counted and made to fail: one series per client retrying in a loop, a full queue and a gone
+//! API server. That kube-apiserver accepts the Events is checked end to end (`warn-events`,
+//! `enforcement-visible`).
 
 mod support;
 

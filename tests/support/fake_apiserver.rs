@@ -296,12 +296,6 @@ impl FakeApiServer {
             .is_some()
     }
 
-    /// Deletes a `ClusterLock` (event `DELETED`); false if there was none.
-    pub fn delete_cluster_lock(&self, name: &str) -> bool {
-        self.remove((Res::ClusterLock, String::new(), name.into()))
-            .is_some()
-    }
-
     /// Adds an object of a resource in [`DISCOVERY`] to the collection at `collection`, e.g.
     /// `add_object("/apis/apps/v1/namespaces/prod/deployments", json!({"metadata": {"name": "web"}}))`.
     /// `apiVersion`, `kind`, the namespace, a uid and a creationTimestamp are filled in.
