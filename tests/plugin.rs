@@ -86,8 +86,8 @@ impl Cluster {
         self.dir.path().join("kubeconfig")
     }
 
-    /// `kubectl lock ARGS`, not waiting for a webhook (there is none here; `tests/confirm.rs`
-    /// runs one) unless the arguments say how to wait.
+    /// `kubectl lock ARGS`, not waiting for a webhook (there is none here; the end-to-end
+    /// scenario `plugin-confirm` runs one) unless the arguments say how to wait.
     async fn lock(&self, args: &[&str]) -> Run {
         let mut args = args.to_vec();
         let says = |flag: &str| args.iter().any(|a| a.starts_with(flag));
@@ -402,39 +402,6 @@ async fn cluster_scoped_targets_get_a_cluster_lock() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn missing_targets_are_refused_unless_allowed() {
-    let c = Cluster::start().await;
-    let run = c.lock(&["cm/tls-cert"]).await;
-    assert_eq!(
-        run.error(1),
-        "error: configmaps \"tls-cert\" in namespace \"prod\" does not exist \
-         (lock it anyway with --allow-missing)"
-    );
-    assert!(c.api.lock("prod", "tls-cert").is_none());
-    assert!(c.requests("POST").is_empty());
-
-    let until = "2099-01-01T00:00:00Z";
-    let run = c
-        .lock(&["cm/tls-cert", "--allow-missing", "--until", until])
-        .await;
-    assert_eq!(
-        run.ok(),
-        format!(
-            "locked configmaps \"tls-cert\" in namespace \"prod\" with Lock prod/tls-cert \
-             (UPDATE, DELETE; until {until}; held by user \"{USER}\")\n"
-        )
-    );
-    let lock = c.api.lock("prod", "tls-cert").expect("Lock prod/tls-cert");
-    assert_eq!(lock["spec"]["expiresAt"], until);
-    // Only the first run looked the ConfigMap up: --allow-missing does not.
-    assert_eq!(
-        c.requests("GET /api/v1/namespaces/prod/configmaps/tls-cert")
-            .len(),
-        1
-    );
-}
-
-#[tokio::test(flavor = "multi_thread")]
 async fn expiry_flags_are_checked() {
     let c = Cluster::start().await;
     let run = c.lock(&["cm/app-config", "--for", "30m"]).await;
@@ -675,44 +642,6 @@ async fn list_shows_coverage_targets_and_time_left() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn unlock_deletes_the_covering_lock() {
-    let c = Cluster::start().await;
-    c.lock(&["deploy/web"]).await.ok();
-    c.lock(&["namespace", "prod"]).await.ok();
-
-    let run = c.unlock(&["svc/web"]).await;
-    assert_eq!(
-        run.error(1),
-        "error: no lock on services \"web\" in namespace \"prod\" \
-         (Lock prod/web covers deployments.apps only)"
-    );
-    assert!(c.api.lock("prod", "web").is_some());
-
-    let run = c.unlock(&["deployments.apps/web"]).await;
-    assert_eq!(
-        run.ok(),
-        "unlocked deployments.apps \"web\" in namespace \"prod\" (deleted Lock prod/web)\n"
-    );
-    assert!(c.api.lock("prod", "web").is_none());
-    let run = c.unlock(&["deploy", "web"]).await;
-    assert_eq!(
-        run.error(1),
-        "error: no lock on deployments.apps \"web\" in namespace \"prod\""
-    );
-
-    let run = c.unlock(&["ns/prod"]).await;
-    assert_eq!(
-        run.ok(),
-        "unlocked namespaces \"prod\" (deleted ClusterLock prod)\n"
-    );
-    assert!(c.api.cluster_lock("prod").is_none());
-    assert_eq!(
-        c.unlock(&["ns/prod"]).await.error(1),
-        "error: no lock on namespaces \"prod\""
-    );
-}
-
-#[tokio::test(flavor = "multi_thread")]
 async fn bad_input_is_one_line() {
     let c = Cluster::start().await;
     assert_eq!(
@@ -817,187 +746,6 @@ async fn help_explains_the_commands() {
     let help = c.unlock(&["--help"]).await;
     assert!(help.ok().contains("kubectl unlock"), "{help:?}");
     assert!(c.api.request_log().is_empty());
-}
-
-/// The fake's discovery documents parse as kube's own discovery reads a real server's.
-#[tokio::test(flavor = "multi_thread")]
-async fn the_fake_serves_discovery_as_kube_reads_it() {
-    let c = Cluster::start().await;
-    let discovery = kube::discovery::Discovery::new(c.api.client())
-        .run()
-        .await
-        .expect("discovery runs");
-    let (deployments, caps) = discovery
-        .get("apps")
-        .and_then(|g| g.recommended_kind("Deployment"))
-        .expect("apps/v1 Deployment");
-    assert_eq!(deployments.plural, "deployments");
-    assert_eq!(caps.scope, kube::discovery::Scope::Namespaced);
-    assert!(caps.subresources.iter().any(|(r, _)| r.plural == "scale"));
-    let (namespaces, caps) = discovery
-        .get("")
-        .and_then(|g| g.recommended_kind("Namespace"))
-        .expect("v1 Namespace");
-    assert_eq!(namespaces.plural, "namespaces");
-    assert_eq!(caps.scope, kube::discovery::Scope::Cluster);
-    let (locks, _) = discovery
-        .get("objectlock.dev")
-        .and_then(|g| g.recommended_kind("Lock"))
-        .expect("Lock");
-    assert_eq!(locks.api_version, "objectlock.dev/v1alpha1");
-
-    // Objects of discovered resources: the object, or a NotFound naming it.
-    let ar = deployments;
-    let api: kube::Api<kube::api::DynamicObject> =
-        kube::Api::namespaced_with(c.api.client(), "prod", &ar);
-    let web = api.get("web").await.expect("Deployment web");
-    assert_eq!(web.metadata.namespace.as_deref(), Some("prod"));
-    let Err(kube::Error::Api(status)) = api.get("nope").await else {
-        panic!("404 expected")
-    };
-    assert_eq!(
-        (status.code, status.reason.as_str(), status.message.as_str()),
-        (404, "NotFound", "deployments.apps \"nope\" not found")
-    );
-}
-
-/// A lock means to the plugin what it means to the webhook. A spec the webhook cannot read fails
-/// closed on its own name, with its `resources` and `operations` where each reads alone: listed
-/// as that, with a note, and lifted by kubectl unlock where it covers the object.
-#[tokio::test(flavor = "multi_thread")]
-async fn specs_are_read_as_the_webhook_reads_them() {
-    let c = Cluster::start().await;
-    let configmaps = json!([{ "apiGroups": [""], "resources": ["configmaps"] }]);
-    c.api.create_lock(
-        "prod",
-        "odd",
-        json!({ "mode": "Audit", "resources": configmaps }),
-    );
-    // An empty rule does not read: every resource, as the webhook refuses.
-    c.api.create_lock(
-        "prod",
-        "app-config",
-        json!({ "resources": [{ "apiGroups": [], "resources": ["configmaps"] }] }),
-    );
-    let run = c.lock(&["list"]).await;
-    let row = |name: &str| run.row(&[name]).join(" ");
-    assert_eq!(
-        row("odd"),
-        "odd Lock configmaps UPDATE,DELETE missing - Enforce - 0 never -",
-        "{run:?}"
-    );
-    assert_eq!(
-        row("app-config"),
-        "app-config Lock any resource named app-config UPDATE,DELETE - - Enforce - 0 never -",
-        "{run:?}"
-    );
-    let unreadable = |lock: &str, problem: &str| {
-        format!("note: Lock prod/{lock}: unreadable spec, fails closed until fixed: {problem}")
-    };
-    let mode = unreadable("odd", "spec.mode: unknown variant `Audit`");
-    let rule = unreadable(
-        "app-config",
-        "spec.resources[0]: apiGroups and resources must not be empty",
-    );
-    assert!(
-        run.stderr.contains(&mode) && run.stderr.contains(&rule),
-        "{run:?}"
-    );
-
-    // Not a lock on a Deployment of its name...
-    let run = c.unlock(&["deploy/odd"]).await;
-    assert_eq!(
-        run.error(1),
-        "error: no lock on deployments.apps \"odd\" in namespace \"prod\" \
-         (Lock prod/odd covers configmaps only)"
-    );
-    assert!(c.api.lock("prod", "odd").is_some());
-    // ...but on the ConfigMap, and on anything of the other's name.
-    for (target, lock) in [("cm/odd", "odd"), ("deploy/app-config", "app-config")] {
-        let run = c.unlock(&[target]).await;
-        assert_eq!(run.code, 0, "{run:?}");
-        assert!(run.stderr.starts_with(&unreadable(lock, "")), "{run:?}");
-        assert!(c.api.lock("prod", lock).is_none());
-    }
-}
-
-/// The registration leaves kube-system and kube-node-lease out: a lock there would never be
-/// enforced, so it is refused unless asked for, and listed as unenforced.
-#[tokio::test(flavor = "multi_thread")]
-async fn locks_the_webhook_never_sees_are_refused_or_marked() {
-    let c = Cluster::start().await;
-    let why = "the webhook registration leaves out namespace \"kube-system\" (nothing in \
-               kube-system or kube-node-lease is sent to the webhook)";
-    let run = c
-        .lock(&["cm/coredns", "-n", "kube-system", "--allow-missing"])
-        .await;
-    assert_eq!(
-        run.error(1),
-        format!(
-            "error: Lock kube-system/coredns would never be enforced: {why} (pass \
-             --force-unenforced to create it anyway)"
-        )
-    );
-    let run = c.lock(&["ns/kube-node-lease", "--allow-missing"]).await;
-    assert!(
-        run.error(1)
-            .starts_with("error: ClusterLock kube-node-lease would never be enforced: "),
-        "{run:?}"
-    );
-    assert!(c.requests("POST").is_empty() && c.requests("GET /api/v1/namespaces/kube").is_empty());
-
-    let run = c
-        .lock(&[
-            "cm/coredns",
-            "-n",
-            "kube-system",
-            "--allow-missing",
-            "--force-unenforced",
-        ])
-        .await;
-    assert_eq!(
-        run.ok(),
-        format!(
-            "locked configmaps \"coredns\" in namespace \"kube-system\" with Lock \
-             kube-system/coredns (UPDATE, DELETE; held by user \"{USER}\")\n"
-        )
-    );
-    assert_eq!(
-        run.stderr,
-        format!("note: Lock kube-system/coredns is not enforced: {why}\n")
-    );
-    assert!(c.api.lock("kube-system", "coredns").is_some());
-    c.lock(&["ns/kube-system", "--allow-missing", "--force-unenforced"])
-        .await
-        .ok();
-    c.lock(&["deploy/web"]).await.ok();
-
-    let run = c.lock(&["list", "-A"]).await;
-    assert_eq!(
-        run.row(&["kube-system", "coredns"]),
-        [
-            "kube-system",
-            "coredns",
-            "Lock",
-            "configmaps",
-            "UPDATE,DELETE",
-            "missing",
-            "-",
-            "unenforced",
-            "-",
-            "0",
-            "never",
-            USER
-        ]
-    );
-    assert_eq!(run.row(&["-", "kube-system"])[7], "unenforced", "{run:?}");
-    assert_eq!(run.row(&["prod", "web"])[7], "Enforce");
-    assert_eq!(
-        run.stderr,
-        "note: locks marked unenforced are not enforced: the webhook registration leaves out \
-         kube-system and kube-node-lease, and the namespaces its namespaceSelector does not select \
-         (status reason NamespaceNotSelected)\n"
-    );
 }
 
 /// `kubectl-lock ARGS` started in the background, as a shell starts a command.

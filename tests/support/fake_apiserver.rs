@@ -35,21 +35,17 @@
 //!   ownership, list-map merging, conflicts and `force` (module `ssa`), and merge PATCH (which
 //!   takes the fields it removes from every manager); writes to the main
 //!   resource keep the status and a create drops it, as for a CRD with a status subresource.
-//! - `events.k8s.io/v1` Events: create, merge patch, get, list with field selectors, validated
-//!   as kube-apiserver validates them (module `ext`).
-//! - Dry-run DELETE and merge PATCH of the seeded objects, sent through a registered validating
-//!   webhook over HTTPS as real AdmissionReviews (module `admission`).
+//! - `events.k8s.io/v1` Events: create, merge patch, get, list with field selectors, stored as
+//!   sent (module `ext`).
 //!
-//! What it does not fake: TLS, authentication, aggregated discovery, LIST or real writes of
-//! other objects, PUT, other PATCH types, `dryRun` elsewhere (answered 400), admission of the
-//! lock resources, schema validation, managedFields of the main resource, `generateName`,
+//! What it does not fake: TLS, authentication, aggregated discovery, LIST or writes of other
+//! objects, PUT, other PATCH types, `dryRun` (answered 400), admission, schema validation,
+//! managedFields of the main resource, `generateName`,
 //! periodic watch bookmarks, protobuf, HTTP/2, and the few seconds a real server waits before
 //! answering "Too large resource version".
 #![allow(dead_code)] // each test binary uses a different part of this module
 
 // Explicit paths: this file is also included by the load benchmark through `#[path]`.
-#[path = "fake_apiserver/admission.rs"]
-mod admission;
 #[path = "fake_apiserver/ext.rs"]
 mod ext;
 #[path = "fake_apiserver/ssa.rs"]
@@ -184,8 +180,6 @@ struct State {
     watches: usize,
     /// Status field managers and events.
     ext: ext::ExtState,
-    /// The webhook dry-run writes are sent to.
-    admission: admission::AdmissionState,
 }
 
 impl State {
@@ -299,12 +293,6 @@ impl FakeApiServer {
     /// Deletes a `Lock` (event `DELETED`); false if there was none.
     pub fn delete_lock(&self, namespace: &str, name: &str) -> bool {
         self.remove((Res::Lock, namespace.into(), name.into()))
-            .is_some()
-    }
-
-    /// Deletes a `ClusterLock` (event `DELETED`); false if there was none.
-    pub fn delete_cluster_lock(&self, name: &str) -> bool {
-        self.remove((Res::ClusterLock, String::new(), name.into()))
             .is_some()
     }
 
@@ -559,7 +547,7 @@ impl FakeApiServer {
             .map(|kv| kv.split_once('=').unwrap_or((kv, "")))
             .map(|(k, v)| (decode(&k.replace('+', " ")), decode(&v.replace('+', " "))))
             .collect();
-        if ext::handles(&method, uri.path(), &query) {
+        if ext::handles(uri.path()) {
             return Ok(self.handle_ext(req, &query).await);
         }
         if method == Method::GET && uri.path() == "/livez" {

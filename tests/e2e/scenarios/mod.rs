@@ -5,6 +5,7 @@ mod cluster_locks;
 mod collections;
 mod collector;
 mod command;
+mod confirm;
 mod create_connect;
 mod enforcement;
 mod excluded;
@@ -81,6 +82,7 @@ pub fn all() -> Vec<Scenario> {
         parallel("plugin", plugin::run),
         parallel("plugin-owned", owned::run),
         parallel("plugin-command", command::run),
+        parallel("plugin-confirm", confirm::run),
         parallel("excluded-namespaces", excluded::run),
         parallel("fake-parity", fake_parity::run),
         parallel("enforcement-visible", enforcement::run),
