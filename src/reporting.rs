@@ -21,9 +21,8 @@ pub struct Reporting {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     status: tokio::task::JoinHandle<()>,
     writer: tokio::task::JoinHandle<()>,
-    feed: tokio::task::JoinHandle<()>,
-    /// The namespace watch, when this instance keeps the configuration.
-    labels: Option<tokio::task::JoinHandle<()>>,
+    /// The lock feed and the namespace watch: aborted when dropped.
+    _background: tokio::task::JoinSet<()>,
 }
 
 impl Reporting {
@@ -37,16 +36,16 @@ impl Reporting {
         index: Arc<LockIndex>,
         registered: Option<watch::Receiver<Registered>>,
     ) -> Reporting {
+        let mut background = tokio::task::JoinSet::new();
         let (snapshots, feed) = status::view::follow(index);
+        background.spawn(feed);
         // The namespaces' labels matter only under a configuration this instance keeps: only
         // there can it read the operator's requirements.
-        let (namespaces, labels) = match &registered {
-            Some(registered) => {
-                let (rx, run) = status::namespaces::follow(client.clone(), registered.clone());
-                (Some(rx), Some(tokio::spawn(run)))
-            }
-            None => (None, None),
-        };
+        let namespaces = registered.as_ref().map(|registered| {
+            let (rx, run) = status::namespaces::follow(client.clone(), registered.clone());
+            background.spawn(run);
+            rx
+        });
         let inputs = DecisionInputs {
             registered,
             namespaces,
@@ -75,8 +74,7 @@ impl Reporting {
             stop: Some(stop),
             status,
             writer,
-            feed: tokio::spawn(feed),
-            labels,
+            _background: background,
         }
     }
 
@@ -98,12 +96,8 @@ impl Reporting {
                 "lock status and events not fully written at shutdown"
             );
         }
-        for task in [&self.status, &self.writer, &self.feed] {
-            task.abort();
-        }
-        if let Some(task) = &self.labels {
-            task.abort();
-        }
+        self.status.abort();
+        self.writer.abort();
     }
 }
 

@@ -55,20 +55,14 @@ pub fn is_extra_entry(name: &str, base: &str) -> bool {
 pub struct MissingEntry(pub String);
 
 /// The annotation of the configuration saying which format the instances write:
-/// [`NAMESPACES_FORMAT`] narrows the namespaced entries' `namespaceSelector` too; absent (a
-/// configuration an earlier version installed) or anything else, only the conditions are
-/// narrowed, as every earlier version does.
+/// [`NAMESPACES_FORMAT`] (which `manifests cluster` sets) narrows the namespaced entries'
+/// `namespaceSelector` too; absent or anything else, only the conditions are narrowed.
 pub const FORMAT_ANNOTATION: &str = "objectlock.dev/registration-format";
-/// The format narrowing the `namespaceSelector` too (`manifests cluster` sets it; after a
-/// rolling upgrade, the operator does once every instance runs this version).
+/// The format narrowing the `namespaceSelector` too.
 pub const NAMESPACES_FORMAT: &str = "2";
-/// What an instance writes into [`FORMAT_ANNOTATION`] when it finds an earlier version writing
-/// the configuration: the conditions only, until the operator sets [`NAMESPACES_FORMAT`] again.
-pub const CONDITIONS_FORMAT: &str = "1";
-/// Ends every `may-be-locked` expression written in [`NAMESPACES_FORMAT`]. An earlier version
-/// computes the same expressions without it, so it rewrites them as soon as it sees them (at its
-/// start, or at the next write it watches): its write removes the marker, and the instances of
-/// this version see that an earlier one is still writing.
+/// Ends every `may-be-locked` expression written in [`NAMESPACES_FORMAT`]. Nothing here reads
+/// it; release 0.1.0 does, and falls back to the conditions only where it is missing next to a
+/// narrowed selector, so it is written exactly as 0.1.0 writes it.
 pub const FORMAT_MARKER: &str = " // registration-format 2: namespaceSelector narrowed too";
 /// The label the API server gives every namespace, with the namespace's name.
 pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
@@ -77,52 +71,21 @@ pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
     /// The `may-be-locked` conditions only; the namespaced entries keep the broad
-    /// `namespaceSelector` (every namespace but the excluded ones), as earlier versions write.
+    /// `namespaceSelector` (every namespace but the excluded ones).
     Conditions,
     /// The conditions, and a `namespaceSelector` naming the namespaces of each entry's keys.
     Namespaces,
 }
 
-/// How to write the configuration, read from what it says now.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Decision {
-    /// In this format.
-    Write(Format),
-    /// An instance of an earlier version has written the conditions since the namespaces were
-    /// narrowed (it keeps whatever `namespaceSelector` it last saw, and confirms locks by the
-    /// conditions alone): go back to [`Format::Conditions`] and write [`CONDITIONS_FORMAT`] into
-    /// the annotation, so that every instance of this version does the same.
-    FallBack,
-}
-
-/// How to write `config`, from its annotation and its entries; every instance decides the same
-/// from the same object.
-///
-/// In [`NAMESPACES_FORMAT`], `may-be-locked` expressions without [`FORMAT_MARKER`] were written
-/// by an instance that writes the conditions only. With the broad `namespaceSelector` still in
-/// place, that is the configuration before the first write in this format (the annotation was
-/// just set, or an instance of this version had not seen it yet): switch. With a narrowed
-/// selector, only an earlier version writes like that (it copies the selector it last saw): fall
-/// back.
-pub fn decide(config: &ValidatingWebhookConfiguration) -> Decision {
-    let annotation = (config.metadata.annotations.as_ref()).and_then(|a| a.get(FORMAT_ANNOTATION));
-    if annotation.map(String::as_str) != Some(NAMESPACES_FORMAT) {
-        return Decision::Write(Format::Conditions);
-    }
-    let entries = config.webhooks.as_deref().unwrap_or_default();
-    let ours = |base: &'static str| {
-        entries
-            .iter()
-            .filter(move |w| w.name == base || is_extra_entry(&w.name, base))
-    };
-    let marked = ours(NAMESPACED_ENTRY).chain(ours(CLUSTER_ENTRY)).all(|w| {
-        (w.match_conditions.iter().flatten())
-            .any(|c| c.name == CONDITION_NAME && c.expression.ends_with(FORMAT_MARKER))
-    });
-    if marked || ours(NAMESPACED_ENTRY).all(|w| !is_narrowed(w.namespace_selector.as_ref())) {
-        Decision::Write(Format::Namespaces)
-    } else {
-        Decision::FallBack
+impl Format {
+    /// The format `config` asks for, from its annotation: every instance, of this version or of
+    /// 0.1.0, reads the same from the same object.
+    pub fn of(config: &ValidatingWebhookConfiguration) -> Format {
+        let annotations = config.metadata.annotations.as_ref();
+        match annotations.and_then(|a| a.get(FORMAT_ANNOTATION)) {
+            Some(format) if format == NAMESPACES_FORMAT => Format::Namespaces,
+            _ => Format::Conditions,
+        }
     }
 }
 
@@ -139,8 +102,8 @@ pub enum Narrowing<'a> {
     /// Not at all: every namespace but the excluded ones ([`Format::Conditions`], and the
     /// starting point of [`Format::Namespaces`]).
     Broad,
-    /// Every namespace, written so that it differs from [`Narrowing::Broad`], which [`decide`]
-    /// takes for "not narrowed yet" (a broad plan in [`Format::Namespaces`]).
+    /// Every namespace, written so that it differs from [`Narrowing::Broad`], which 0.1.0 takes
+    /// for "not narrowed yet" (a broad plan in [`Format::Namespaces`]).
     Every,
     /// The namespaces of the entry's keys (none: no namespace at all).
     To(&'a [String]),
@@ -205,16 +168,6 @@ pub fn namespaced_selector(
         match_labels: operator.match_labels,
         match_expressions: Some(expressions),
     }
-}
-
-/// Whether a stored selector narrows the namespaces (anything but [`Narrowing::Broad`]),
-/// whatever the operator's requirements beside.
-fn is_narrowed(selector: Option<&LabelSelector>) -> bool {
-    (selector
-        .and_then(|s| s.match_expressions.as_ref())
-        .into_iter()
-        .flatten())
-    .any(|r| is_ours(r) && r.operator != "NotIn")
 }
 
 /// The webhook entries the plan asks for in `format`, made from the configuration's current
@@ -314,8 +267,7 @@ fn selected(plan: &Plan, index: usize) -> Narrowing<'_> {
 ///
 /// The `namespaceSelector` starts broad: the first instance narrows it. Applied over a running
 /// registration (which the README advises against, but an upgrade may do), a selector matching
-/// no namespace would stop every lock in force until an instance of this version rewrote it,
-/// and an instance of an earlier version never would (it keeps the selector it finds).
+/// no namespace would stop every lock in force until an instance rewrote it.
 pub fn starting_point(
     entries: &[ValidatingWebhook],
 ) -> Result<Vec<ValidatingWebhook>, MissingEntry> {
@@ -656,20 +608,6 @@ mod tests {
         config
     }
 
-    /// What the previous release writes: the entries as it last saw them (selector included),
-    /// with its own `may-be-locked` (no marker).
-    fn earlier_version(seen: &[ValidatingWebhook], plan: &Plan) -> Vec<ValidatingWebhook> {
-        let mut out = webhooks(seen, plan, Format::Conditions).expect("entries");
-        for entry in &mut out {
-            entry.namespace_selector = seen
-                .iter()
-                .find(|w| w.name == entry.name)
-                .or_else(|| seen.iter().find(|w| w.name == NAMESPACED_ENTRY))
-                .and_then(|w| w.namespace_selector.clone());
-        }
-        out
-    }
-
     fn with_broad_selector(mut entries: Vec<ValidatingWebhook>) -> Vec<ValidatingWebhook> {
         for entry in &mut entries {
             entry.namespace_selector = Some(broad_selector());
@@ -785,114 +723,16 @@ mod tests {
     }
 
     #[test]
-    fn the_format_is_read_from_the_configuration() {
-        let now = "2026-11-22T12:00:00Z".parse().expect("time");
-        let locks = [LockRef::lock("prod", "web", LockSpec::default())];
-        let plan = conditions::plan(&locks, now, &Limits::default());
-        // The same, with requirements of the operator's in the selectors.
-        for installed in [
-            with_broad_selector(base_entries()),
-            installed_with_requirements(),
+    fn the_format_is_read_from_the_annotation() {
+        for (annotation, expected) in [
+            (None, Format::Conditions),
+            (Some("1"), Format::Conditions),
+            (Some("3"), Format::Conditions),
+            (Some(NAMESPACES_FORMAT), Format::Namespaces),
         ] {
-            the_format_is_read_from(&installed, &plan);
+            let config = config(annotation, base_entries());
+            assert_eq!(Format::of(&config), expected, "{annotation:?}");
         }
-    }
-
-    fn the_format_is_read_from(installed: &[ValidatingWebhook], plan: &Plan) {
-        let narrowed = webhooks(installed, plan, Format::Namespaces).expect("entries");
-        let conditions_only = webhooks(installed, plan, Format::Conditions).expect("entries");
-        let rows: [(Option<&str>, &[ValidatingWebhook], Decision); 7] = [
-            // Installed by an earlier version, or kept by one: conditions only.
-            (None, installed, Decision::Write(Format::Conditions)),
-            (None, &narrowed, Decision::Write(Format::Conditions)),
-            (
-                Some(CONDITIONS_FORMAT),
-                &narrowed,
-                Decision::Write(Format::Conditions),
-            ),
-            // Asked for, not written yet (or written by an instance that had not seen it yet).
-            (
-                Some(NAMESPACES_FORMAT),
-                installed,
-                Decision::Write(Format::Namespaces),
-            ),
-            (
-                Some(NAMESPACES_FORMAT),
-                &conditions_only,
-                Decision::Write(Format::Namespaces),
-            ),
-            // Written.
-            (
-                Some(NAMESPACES_FORMAT),
-                &narrowed,
-                Decision::Write(Format::Namespaces),
-            ),
-            // Rewritten since by an earlier version, which kept the narrowed selector.
-            (
-                Some(NAMESPACES_FORMAT),
-                &earlier_version(&narrowed, plan),
-                Decision::FallBack,
-            ),
-        ];
-        for (annotation, entries, expected) in rows {
-            assert_eq!(
-                decide(&config(annotation, entries.to_vec())),
-                expected,
-                "{annotation:?} {entries:?}"
-            );
-        }
-    }
-
-    /// The plans of one Lock (`prod/web`), then of a second one in another namespace.
-    fn one_lock_then_two() -> (Plan, Plan) {
-        let now = "2026-11-22T12:00:00Z".parse().expect("time");
-        let one = [LockRef::lock("prod", "web", LockSpec::default())];
-        let two = [
-            one[0].clone(),
-            LockRef::lock("staging", "db", LockSpec::default()),
-        ];
-        (
-            conditions::plan(&one, now, &Limits::default()),
-            conditions::plan(&two, now, &Limits::default()),
-        )
-    }
-
-    #[test]
-    fn an_earlier_version_and_this_one_settle_on_the_conditions() {
-        let (plan_one, plan_two) = one_lock_then_two();
-        // A rolling upgrade from a registration an earlier version installed: both write the
-        // same, so neither rewrites what the other wrote.
-        let installed = with_broad_selector(base_entries());
-        let earlier = earlier_version(&installed, &plan_one);
-        let stored = config(None, earlier.clone());
-        let Decision::Write(format) = decide(&stored) else {
-            panic!("no annotation")
-        };
-        let this = webhooks(&earlier, &plan_one, format).expect("entries");
-        assert!(
-            is_current(&earlier, &this),
-            "this version rewrites what the earlier wrote"
-        );
-        assert!(is_current(&this, &earlier_version(&this, &plan_one)));
-        // The narrowing asked for while an earlier version still runs: it rewrites the
-        // conditions (the marker is not its own) and keeps the selector it saw, possibly older
-        // than the lock it writes ("staging" not selected yet).
-        let narrowed = webhooks(&installed, &plan_one, Format::Namespaces).expect("entries");
-        let reverted = earlier_version(&narrowed, &plan_two);
-        let stored = config(Some(NAMESPACES_FORMAT), reverted.clone());
-        assert_eq!(decide(&stored), Decision::FallBack);
-        // This version falls back: the broad selector, which sends at least what the earlier
-        // version's conditions ask for, in every namespace.
-        let fallen = webhooks(&reverted, &plan_two, Format::Conditions).expect("entries");
-        assert_eq!(fallen[0].namespace_selector, Some(broad_selector()));
-        let stored = config(Some(CONDITIONS_FORMAT), fallen.clone());
-        assert_eq!(decide(&stored), Decision::Write(Format::Conditions));
-        // From then on, both write the same again.
-        assert!(is_current(&fallen, &earlier_version(&fallen, &plan_two)));
-        assert!(is_current(
-            &fallen,
-            &webhooks(&fallen, &plan_two, Format::Conditions).expect("e")
-        ));
     }
 
     /// The operator's requirements as `manifests cluster --namespace-selector
@@ -970,8 +810,7 @@ mod tests {
                     .filter(|r| is_ours(r) && r.operator != "NotIn")
                     .collect();
                 match format {
-                    // As installed: what an earlier version, which copies the selector it
-                    // finds, writes too.
+                    // As installed.
                     Format::Conditions => {
                         assert!(narrowing.is_empty());
                         assert_eq!(entry.namespace_selector, installed[0].namespace_selector);
@@ -1022,36 +861,12 @@ mod tests {
     }
 
     #[test]
-    fn the_operators_requirements_survive_an_earlier_version_and_a_fall_back() {
-        let (plan_one, plan_two) = one_lock_then_two();
+    fn the_starting_point_keeps_the_operators_requirements_with_the_broad_selector() {
         let installed = installed_with_requirements();
-        let narrowed = webhooks(&installed, &plan_one, Format::Namespaces).expect("entries");
-        let earlier = earlier_version(&narrowed, &plan_two);
-        assert_eq!(
-            decide(&config(Some(NAMESPACES_FORMAT), earlier.clone())),
-            Decision::FallBack
-        );
-        // The fall-back selector is the installed one, requirements kept; from then on the
-        // earlier version and this one write the same.
-        let fallen = webhooks(&earlier, &plan_two, Format::Conditions).expect("entries");
-        assert_eq!(
-            fallen[0].namespace_selector,
-            installed[0].namespace_selector
-        );
-        assert!(fallen.iter().all(carries_requirements));
-        assert!(is_current(&fallen, &earlier_version(&fallen, &plan_two)));
-        // An earlier version keeping a registration installed with requirements: both write the
-        // same, requirements included, so neither undoes the other.
-        let stored = earlier_version(&installed, &plan_one);
-        assert!(stored.iter().all(carries_requirements));
-        assert!(is_current(
-            &stored,
-            &webhooks(&stored, &plan_one, Format::Conditions).expect("e")
-        ));
-        // The starting point keeps them too, with the broad selector.
         let start = starting_point(&installed).expect("entries");
         assert_eq!(start[0].namespace_selector, installed[0].namespace_selector);
         assert_eq!(start[1].namespace_selector, installed[1].namespace_selector);
+        assert!(start.iter().all(carries_requirements));
     }
 
     #[test]
@@ -1082,10 +897,6 @@ mod tests {
         assert_eq!(operator.match_labels, stored.match_labels);
         assert_eq!(operator.match_expressions.as_deref(), Some(&theirs[..]));
         assert_eq!(operator_requirements(None), LabelSelector::default());
-        assert!(is_narrowed(Some(&stored)));
-        let mut broad = stored.clone();
-        broad.match_expressions = Some([&ours[0]].into_iter().chain(&theirs).cloned().collect());
-        assert!(!is_narrowed(Some(&broad)));
         // Matched as the API server matches; described as kubectl writes it.
         let lockable = |v: &str| BTreeMap::from([("lockable".to_owned(), v.to_owned())]);
         let selector = LabelSelector {

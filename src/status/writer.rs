@@ -48,35 +48,17 @@ struct Retry {
     attempts: u32,
 }
 
-/// What the status writer remembers per lock, dropped together when the lock goes.
+/// What the status writer remembers of one lock, dropped when the lock goes.
 #[derive(Default)]
-struct Books {
+struct Book {
     /// The last status this instance wrote, and whether its echo came back.
-    applied: HashMap<LockKey, Applied>,
-    /// Failed writes, and when to try again.
-    retries: HashMap<LockKey, Retry>,
-    /// The resourceVersion and health each lock's status was last computed from.
-    computed: HashMap<LockKey, (String, bool)>,
-    /// Locks with an `expiresAt`, to wake up when the next one passes.
-    expiring: HashMap<LockKey, Timestamp>,
-}
-
-impl Books {
-    /// Forgets a lock that is gone.
-    fn forget(&mut self, key: &LockKey) {
-        self.applied.remove(key);
-        self.retries.remove(key);
-        self.computed.remove(key);
-        self.expiring.remove(key);
-    }
-
-    /// Keeps only the locks for which `exists` holds.
-    fn keep(&mut self, exists: impl Fn(&LockKey) -> bool) {
-        self.applied.retain(|key, _| exists(key));
-        self.retries.retain(|key, _| exists(key));
-        self.computed.retain(|key, _| exists(key));
-        self.expiring.retain(|key, _| exists(key));
-    }
+    applied: Option<Applied>,
+    /// A failed write, and when to try again.
+    retry: Option<Retry>,
+    /// The resourceVersion and health its status was last computed from.
+    computed: Option<(String, bool)>,
+    /// Its `expiresAt`, to wake up when it passes.
+    expires: Option<Timestamp>,
 }
 
 /// Keeps this instance's part of every lock's status in line with `snapshots` and `inputs`
@@ -100,7 +82,7 @@ pub async fn run(
     let mut stop = std::pin::pin!(stop);
     let mut stopping = false;
     let manager = format!("{FIELD_MANAGER_PREFIX}{instance}");
-    let mut books = Books::default();
+    let mut books: HashMap<LockKey, Book> = HashMap::new();
     let mut was_healthy = None;
     let mut errors = LastError::default();
     // A pass looks only at the locks in `todo`: those that changed since the snapshot the last
@@ -153,7 +135,7 @@ pub async fn run(
         // Every pass consumes the wake-ups; a pass over every lock covers them.
         let due_now = std::mem::take(&mut due);
         if std::mem::replace(&mut every_lock, false) {
-            books.keep(|key| snapshot.locks.contains_key(key));
+            books.retain(|key, _| snapshot.locks.contains_key(key));
             todo = snapshot
                 .locks
                 .keys()
@@ -167,7 +149,7 @@ pub async fn run(
                         todo.entry(key.clone()).or_insert(false);
                     }
                     imbl::ordmap::DiffItem::Remove(key, _) => {
-                        books.forget(key);
+                        books.remove(key);
                         todo.remove(key);
                     }
                 }
@@ -180,9 +162,11 @@ pub async fn run(
                 }
             }
             if due_now {
-                let retry_due = books.retries.iter().filter(|(_, r)| r.at <= clock);
-                let expired = books.expiring.iter().filter(|(_, at)| **at <= now);
-                for key in retry_due.map(|(k, _)| k).chain(expired.map(|(k, _)| k)) {
+                let due = books.iter().filter(|(_, book)| {
+                    book.retry.as_ref().is_some_and(|r| r.at <= clock)
+                        || book.expires.is_some_and(|at| at <= now)
+                });
+                for (key, _) in due {
                     todo.insert(key.clone(), true);
                 }
             }
@@ -196,37 +180,31 @@ pub async fn run(
             let Some(lock) = snapshot.locks.get(&key) else {
                 continue;
             };
-            if let Some(write) = books.applied.get_mut(&key)
+            let book = books.entry(key).or_default();
+            if let Some(write) = &mut book.applied
                 && lock.meta.resource_version == write.version
             {
                 write.echoed = true;
             }
             // Not due yet: the retry's wake-up brings it back.
-            if books.retries.get(&key).is_some_and(|r| r.at > clock) {
+            if book.retry.as_ref().is_some_and(|r| r.at > clock) {
                 continue;
             }
-            match lock.spec.expires_at.as_ref() {
-                Some(at) => books.expiring.insert(key.clone(), at.0),
-                None => books.expiring.remove(&key),
-            };
-            let unchanged = books.computed.get(&key).is_some_and(|(version, healthy)| {
-                *version == lock.meta.resource_version && *healthy == snapshot.healthy
-            });
-            if unchanged && !force && !books.retries.contains_key(&key) {
+            book.expires = lock.spec.expires_at.as_ref().map(|at| at.0);
+            let computed = (lock.meta.resource_version.clone(), snapshot.healthy);
+            let unchanged = book.computed.as_ref() == Some(&computed);
+            if unchanged && !force && book.retry.is_none() {
                 continue;
             }
-            books.computed.insert(
-                key.clone(),
-                (lock.meta.resource_version.clone(), snapshot.healthy),
-            );
+            book.computed = Some(computed);
             let coverage = Coverage::of(registration, &labels, lock);
             let want = desired(lock, snapshot.healthy, &coverage, &instance, now);
-            if needs_write(lock, &want, &instance, books.applied.get(&key)) {
+            if needs_write(lock, &want, &instance, book.applied.as_ref()) {
                 picked.push((lock.clone(), want));
             } else {
                 // What failed is no longer wanted (a withdrawal, healthy again): a retry left
                 // due would wake every pass at once.
-                books.retries.remove(&key);
+                book.retry = None;
             }
         }
         let writes: Vec<_> = picked
@@ -265,15 +243,15 @@ pub async fn run(
                 Ok(version) => {
                     errors.clear();
                     debug!(lock = %lock.key, enforced = want.entry.is_some(), count = want.count, "lock status written");
-                    books.retries.remove(&lock.key);
-                    books
-                        .applied
-                        .insert(lock.key.clone(), Applied::new(want, version));
+                    let book = books.entry(lock.key.clone()).or_default();
+                    book.retry = None;
+                    book.applied = Some(Applied::new(want, version));
                 }
                 // Deleted meanwhile: the watch will drop it.
                 Err(kube::Error::Api(s)) if s.code == 404 => {}
                 Err(error) => {
-                    let attempts = books.retries.get(&lock.key).map_or(1, |r| r.attempts + 1);
+                    let book = books.entry(lock.key.clone()).or_default();
+                    let attempts = book.retry.as_ref().map_or(1, |r| r.attempts + 1);
                     let delay = retry::write_delay(FIRST_RETRY, attempts);
                     failed += 1;
                     if failed == 1 {
@@ -281,13 +259,10 @@ pub async fn run(
                         first_failure = format!("{}: {first_error}", lock.key);
                         refused = retry::is_refusal(&error);
                     }
-                    books.retries.insert(
-                        lock.key.clone(),
-                        Retry {
-                            at: Instant::now() + delay,
-                            attempts,
-                        },
-                    );
+                    book.retry = Some(Retry {
+                        at: Instant::now() + delay,
+                        attempts,
+                    });
                 }
             }
         }
@@ -303,9 +278,13 @@ pub async fn run(
             }
         }
         // Sleep until the snapshot changes, a retry is due, or an enforced lock expires.
-        let next_retry = books.retries.values().map(|r| r.at).min();
-        let next_expiry = (books.expiring.values())
-            .filter(|at| **at > now)
+        let next_retry = (books.values())
+            .filter_map(|b| b.retry.as_ref())
+            .map(|r| r.at)
+            .min();
+        let next_expiry = (books.values())
+            .filter_map(|b| b.expires)
+            .filter(|at| *at > now)
             .min()
             .map(|at| {
                 let wait = at.duration_since(Timestamp::now()).unsigned_abs();
@@ -338,7 +317,7 @@ pub async fn run(
                 info!(%instance, "stopping: withdrawing this instance from lock status");
                 stopping = true;
                 every_lock = true;
-                books.retries.clear();
+                books.values_mut().for_each(|book| book.retry = None);
             }
         }
     }

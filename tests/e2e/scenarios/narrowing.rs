@@ -790,16 +790,14 @@ fn registration_writes(metrics_port: u16) -> Result<f64> {
 }
 
 /// A rolling upgrade: the previous release's `serve` (`KOL_E2E_PREVIOUS_BIN`, built by
-/// `.ci/previous-release`) and this one keep the same registration. Three phases:
+/// `.ci/previous-release`) and this one keep the same registration, and compute the same
+/// entries from the same Locks, so neither undoes the other. Two phases:
 /// 1. the registration without the format annotation: both write the conditions only, the same
 ///    text; a minute of Lock churn (new namespaces among them), every Lock refusing writes once
 ///    enforced, and few registration writes; the entry of a Lock asking CREATE kept throughout;
-/// 2. format 2 asked for while the previous one still runs: a previous release that predates
-///    format 2 (its `manifests cluster` has no format annotation) rewrites the conditions, and
-///    this version falls back to the broad selector and format 1 (enforcement kept
-///    throughout); one that knows format 2 narrows with this version;
-/// 3. the previous one replaced by this version, format 2 asked for again: the selector is
-///    narrowed; the same churn, for comparison.
+/// 2. format 2 asked for while the previous release still writes: both narrow the selector too,
+///    and the previous release never falls back to the conditions only (every condition this
+///    version writes carries the marker it looks for).
 pub fn upgrade(ctx: &Ctx) -> Result<()> {
     if ctx.env.cfg.mode != WebhookMode::Own {
         return skip("KOL_E2E_WEBHOOK=external: the registration is not the suite's to change");
@@ -885,119 +883,55 @@ fn upgrade_phases(ctx: &Ctx, previous: &std::path::Path, ports: (u16, u16)) -> R
         "side by side without the format annotation, the registration left the conditions-only format"
     );
 
-    // Where the versions compute different entries (this one registers a ClusterLock with a
-    // selector broadly, the previous release names it), each answers the other's write: after
-    // three answers, this version's wait, doubling up to 30 s.
+    // A ClusterLock with a selector: both register it the same way.
     let lock = ctx.cluster_name("undoing");
     let before = writes()?;
     ctx.cluster_lock(
         &lock,
         json!({"selector": {"matchLabels": {RUN_LABEL: "none"}}}),
     )?;
-    std::thread::sleep(Duration::from_secs(10));
+    std::thread::sleep(Duration::from_secs(5));
     let during = writes()?;
     let path = format!("/apis/objectlock.dev/v1alpha1/clusterlocks/{lock}");
     let reply = ctx.rest().delete(&path)?;
     reply.allowed("delete the selector ClusterLock")?;
     let (theirs, ours) = (during.0 - before.0, during.1 - before.1);
     ctx.figure(format!(
-        "a ClusterLock with a selector beside the previous release (which names it, where this version registers it broadly): in 10 s, registration writes: {theirs:.0} by the previous, {ours:.0} by this one, {} of them changed it",
+        "a ClusterLock with a selector beside the previous release: in 5 s, registration writes: {theirs:.0} by the previous, {ours:.0} by this one, {} of them changed it",
         during.2 - before.2
     ));
     ensure!(
-        ours <= 12.0,
-        "{ours} registration writes in 10 s by this version beside the previous release: the versions undo each other's writes at once"
+        theirs + ours <= 6.0,
+        "{theirs} + {ours} registration writes in 5 s for one ClusterLock: the versions undo each other's writes"
     );
 
     // 2. Format 2 asked for while the previous release still writes.
-    let before = writes()?;
     set_format(ctx, Some("2"))?;
-    if knows_format_2(ctx, previous)? {
-        wait_for(
-            ctx,
-            "format 2 with a previous release that knows it",
-            |(names, marked)| *marked && !names.iter().any(|n| n == "*"),
-        )?;
-        let (changes, _) = churn(ctx, "b", Duration::from_secs(15), 2)?;
-        ensure!(
-            format_of(ctx)?.as_deref() == Some("2"),
-            "format 2 with a previous release that knows it: fell back"
-        );
-        ctx.figure(format!(
-            "format 2 asked for with a previous release that knows it: narrowed by both; {changes} Lock changes in 15 s"
-        ));
-        return spare.stop();
-    }
-    let start = Instant::now();
-    loop {
-        let format = format_of(ctx)?;
-        let (names, marked) = selection(ctx)?;
-        if format.as_deref() != Some("2") && !marked && names.iter().all(|n| n == "*") {
-            break;
-        }
-        ensure!(
-            start.elapsed() < Duration::from_secs(30),
-            "format 2 with the previous release running: never fell back (format {format:?}, selected {names:?})"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let fell_back = start.elapsed();
+    wait_for(
+        ctx,
+        "format 2 beside the previous release",
+        |(names, marked)| *marked && !names.iter().any(|n| n == "*"),
+    )?;
+    let before = writes()?;
     let (changes, _) = churn(ctx, "b", Duration::from_secs(15), 2)?;
     let after = writes()?;
+    let (names, marked) = selection(ctx)?;
+    ensure!(
+        format_of(ctx)?.as_deref() == Some("2") && marked && !names.iter().any(|n| n == "*"),
+        "format 2 beside the previous release: fell back (format {:?}, selected {names:?}, marked {marked})",
+        format_of(ctx)?
+    );
+    let changed = after.2 - before.2;
     ctx.figure(format!(
-        "format 2 asked for with the previous release running: back to the conditions only after {} ms; from the annotation on, {changes} Lock changes in 15 s -> registration writes: {:.0} by the previous, {:.0} by this one, {} of them changed it",
-        fell_back.as_millis(),
+        "format 2 beside the previous release: narrowed by both; {changes} Lock changes in 15 s -> registration writes: {:.0} by the previous, {:.0} by this one, {changed} of them changed it",
         after.0 - before.0,
-        after.1 - before.1,
-        after.2 - before.2
+        after.1 - before.1
     ));
     ensure!(
-        format_of(ctx)?.as_deref() != Some("2"),
-        "the fallback did not hold"
+        changed * 2 < changes as i64 * 3,
+        "format 2: {changed} changes of the registration for {changes} Lock changes: the versions undo each other's writes"
     );
-
-    // 3. The previous release replaced by this version: format 2 narrows; the same churn for
-    // comparison, two instances of this version.
-    spare.stop()?;
-    let spare = Spare::start(
-        &ctx.env.cfg.server_bin,
-        files,
-        &files.kubeconfig(),
-        &files.dir.join("previous-release.log"),
-        ports,
-        &[("KUBE_OBJECT_LOCK__INSTANCE__NAME", instance)],
-    )?;
-    set_format(ctx, Some("2"))?;
-    wait_for(ctx, "format 2", |(names, marked)| {
-        *marked && !names.iter().any(|n| n == "*")
-    })?;
-    let before = writes()?;
-    let (changes, _) = churn(ctx, "c", Duration::from_secs(20), 2)?;
-    let after = writes()?;
-    ctx.figure(format!(
-        "the previous release replaced by this version, format 2 set again: narrowed; {changes} Lock changes in 20 s -> registration writes: {:.0} and {:.0} by the two instances, {} of them changed it",
-        after.0 - before.0,
-        after.1 - before.1,
-        after.2 - before.2
-    ));
     spare.stop()
-}
-
-/// Whether the binary `previous` writes registration format 2: its `manifests cluster` sets the
-/// format annotation (releases before format 2 know nothing of it).
-fn knows_format_2(ctx: &Ctx, previous: &std::path::Path) -> Result<bool> {
-    let out = std::process::Command::new(previous)
-        .args(["manifests", "cluster", "--ca-file"])
-        .arg(ctx.env.files.pki("ca.crt"))
-        .output()
-        .with_context(|| format!("run {} manifests cluster", previous.display()))?;
-    ensure!(
-        out.status.success(),
-        "{} manifests cluster: {}",
-        previous.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(String::from_utf8_lossy(&out.stdout).contains(FORMAT))
 }
 
 /// Waits up to 30 s until the registration's selection satisfies `done`.
