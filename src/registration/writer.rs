@@ -170,6 +170,8 @@ pub struct Narrower {
     /// The base entries of this instance's last write: a write of the same again puts back
     /// what another writer changed (counted as undone).
     last_written: Option<Vec<ValidatingWebhook>>,
+    /// Whether an undone write was logged (once at warning; the counter counts them all).
+    undone_said: bool,
 }
 
 impl Narrower {
@@ -181,6 +183,7 @@ impl Narrower {
             metrics,
             registered: watch::Sender::new(Registered::default()),
             last_written: None,
+            undone_said: false,
         };
         narrower.current().set(0);
         narrower
@@ -337,6 +340,9 @@ impl Narrower {
         self.count("written");
         if self.last_written.as_ref() == Some(&desired) {
             self.metrics.undone.inc();
+            if !std::mem::replace(&mut self.undone_said, true) {
+                warn!(name = %self.config.name, "another writer keeps changing what this instance writes to the webhook configuration (an instance with other registration settings, or a tool re-applying `manifests cluster`); writing it back (kube_object_lock_registration_undone_total counts each time)");
+            }
         }
         let entries = desired.len();
         let was_narrow = match &self.registered.borrow().scope {
