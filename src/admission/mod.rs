@@ -1,7 +1,7 @@
 //! Admission: what arrives, what is decided, what is answered.
 //!
-//! `request` holds the slice of an AdmissionReview the decision reads, `scan` reads it from the
-//! body fast, `decide` is the pure decision, `refusals` what it hands on to the event writer,
+//! `request` holds the slice of an AdmissionReview the decision reads (borrowed from the body by
+//! serde_json), `decide` is the pure decision, `refusals` what it hands on to the event writer,
 //! `subresources` says which subresources change their object, `labels` reads the labels an
 //! eviction or a scale does not carry, and `review` joins them to a lock source: bytes in,
 //! AdmissionReview out.
@@ -13,7 +13,6 @@ pub mod refusals;
 pub mod request;
 pub mod response;
 pub mod review;
-mod scan;
 pub mod subresources;
 
 /// The review path's settings, defined with the other settings.

@@ -48,40 +48,15 @@ pub enum ReviewError {
     NoUid,
 }
 
-/// Parses an AdmissionReview, reading only what the decision needs.
+/// Parses an AdmissionReview, reading only what the decision needs (borrowed from `body`).
 pub fn parse(body: &[u8]) -> Result<ParsedReview<'_>, ReviewError> {
-    parse_with(body, true)
-}
-
-/// [`parse`] with serde_json alone: the reference the fast path is held to (the same request or
-/// the same error for every body), for tests.
-#[doc(hidden)]
-pub fn parse_with_serde_json(body: &[u8]) -> Result<ParsedReview<'_>, ReviewError> {
-    parse_with(body, false)
-}
-
-/// Whether [`parse`]'s one-pass reader reads `body` itself rather than leaving it to
-/// serde_json: for tests, to count the bodies on which comparing the two says something.
-#[doc(hidden)]
-pub fn read_in_one_pass(body: &[u8]) -> bool {
-    super::scan::review(body).is_some()
-}
-
-fn parse_with(body: &[u8], fast: bool) -> Result<ParsedReview<'_>, ReviewError> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Err(ReviewError::Empty);
     }
-    // The fast path reads the fields in one pass; what it leaves is read by serde_json, and
-    // only a body that fails that too is parsed again to name the field (tracking the path
-    // costs a third of a parse).
-    let read = fast.then(|| super::scan::review(body)).flatten();
-    let review = match read {
-        Some(review) => review,
-        None => match serde_json::from_slice::<IncomingReview>(body) {
-            Ok(review) => review,
-            Err(_) => return Err(describe_parse_error(body)),
-        },
-    };
+    // Only a body that fails is parsed again, to name the field (tracking the path costs a
+    // third of a parse).
+    let review: IncomingReview =
+        serde_json::from_slice(body).map_err(|_| describe_parse_error(body))?;
     if review.kind != "AdmissionReview" {
         return Err(ReviewError::WrongKind(review.kind.into_owned()));
     }
@@ -438,62 +413,6 @@ fn log_verdict(req: &AdmissionRequest, verdict: &Verdict, elapsed: Duration) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::admission::response::{ReviewResponse, ReviewStatus};
-    use std::collections::BTreeMap;
-
-    /// The written plain allow is byte for byte what serde writes, whatever the uid holds; other
-    /// answers are serde's own.
-    #[test]
-    fn answers_are_written_as_serde_writes_them() {
-        let uids = [
-            "",
-            "5fca7edf-b7d1-4f64-a583-95cf5caa0d8e",
-            "q\"b\\s/\u{1}\u{7f}é✓😀\n",
-        ];
-        for api_version in [ADMISSION_V1, ADMISSION_V1BETA1] {
-            for uid in uids {
-                let allow = ReviewAnswer {
-                    api_version,
-                    kind: "AdmissionReview",
-                    response: ReviewResponse {
-                        uid: uid.to_owned(),
-                        allowed: true,
-                        status: ReviewStatus::default(),
-                        audit_annotations: BTreeMap::new(),
-                        warnings: Vec::new(),
-                    },
-                };
-                let mut warned = allow.clone();
-                warned.response.warnings.push("locked \"x\"".to_owned());
-                let mut annotated = allow.clone();
-                annotated
-                    .response
-                    .audit_annotations
-                    .insert("lock".to_owned(), "x".to_owned());
-                let mut denied = allow.clone();
-                denied.response.allowed = false;
-                denied.response.status = ReviewStatus {
-                    status: Some("Failure"),
-                    code: 403,
-                    message: "locked".to_owned(),
-                    reason: "Forbidden",
-                };
-                let plain = allow.to_json().expect("written");
-                if !uid.contains(['"', '\\', '\u{1}']) {
-                    assert_eq!(plain.len(), plain.capacity(), "{uid:?}: sized exactly");
-                }
-                for answer in [allow, warned, annotated, denied] {
-                    let written = answer.to_json().expect("written");
-                    let serde = serde_json::to_vec(&answer).expect("serialized");
-                    assert_eq!(
-                        String::from_utf8_lossy(&written),
-                        String::from_utf8_lossy(&serde),
-                        "{answer:?}"
-                    );
-                }
-            }
-        }
-    }
 
     #[test]
     fn parse_rejects_what_cannot_be_answered() {
@@ -626,69 +545,5 @@ mod tests {
                 assert_eq!(serde_json::to_value(&answer).expect("serializes"), expected);
             }
         }
-    }
-
-    /// The one-pass reader gives what serde_json gives, or leaves the body to it: on every
-    /// captured review (all of which it reads itself) and on the shapes it must leave alone.
-    #[test]
-    fn scanning_agrees_with_serde_json() {
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
-        let mut fixtures: Vec<Vec<u8>> = std::fs::read_dir(dir)
-            .expect("fixtures")
-            .map(|entry| entry.expect("entry").path())
-            .filter(|path| path.extension().is_some_and(|e| e == "json"))
-            .map(|path| std::fs::read(path).expect("readable"))
-            .collect();
-        let captured = fixtures.len();
-        assert!(captured > 20, "{captured} fixtures");
-        let envelope = |request: &str| {
-            format!(r#"{{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{request}}}"#)
-                .into_bytes()
-        };
-        let base = r#""uid":"u","resource":{"group":"","version":"v1","resource":"configmaps"},"operation":"UPDATE","userInfo":{"username":"me","groups":["g"]}"#;
-        let edges = [
-            format!(r#"{{{base},"uid":"again"}}"#),
-            format!(r#"{{{base},"name":null,"namespace":"ns","subResource":null,"dryRun":null}}"#),
-            format!(r#"{{{base},"name":5}}"#),
-            format!(r#"{{{base},"dryRun":"yes"}}"#),
-            format!(r#"{{{base},"object":null,"oldObject":{{"metadata":{{"name":"a","labels":{{"k":"1","k":"2"}}}}}}}}"#),
-            format!(r#"{{{base},"oldObject":{{"metadata":{{"labels":{{"k":null}}}}}}}}"#),
-            format!(r#"{{{base},"oldObject":{{"metadata":null}}}}"#),
-            format!(r#"{{{base},"oldObject":{{"metadata":{{}},"metadata":{{}}}}}}"#),
-            format!(r#"{{{base},"oldObject":{{"metadata":{{"deletionTimestamp":"2026-01-01T00:00:00Z","finalizers":["f"]}}}}}}"#),
-            format!(r#"{{{base},"oldObject":[]}}"#),
-            format!(r#"{{{base},"oldObject":{{"spec":{{"a":[1,2.5,-3,true,null,"\u00e9"]}}}}}}"#),
-            r#"{"uid":"u","resource":["","v1","pods"],"operation":"DELETE","userInfo":{}}"#.to_owned(),
-            r#"{"uid":"u","resource":{"resource":"pods","group":null},"operation":"DELETE","userInfo":{}}"#.to_owned(),
-            r#"{"uid":"u","resource":{"resource":"pods"},"operation":{"DELETE":null},"userInfo":{}}"#.to_owned(),
-            r#"{"uid":"u","resource":{"resource":"pods"},"operation":"PATCH","userInfo":{}}"#.to_owned(),
-            r#"{"uid":"u","resource":{"resource":"pods"},"operation":"DELETE","userInfo":{"groups":null}}"#.to_owned(),
-            r#"{"uid":"u","resource":{"resource":"pods"},"operation":"DELETE"}"#.to_owned(),
-            r#"{"uid":"u","resource":{"resource":"p\u006fds"},"operation":"DEL\u0045TE","userInfo":{}}"#.to_owned(),
-            "null".to_owned(),
-        ];
-        fixtures.extend(edges.iter().map(|request| envelope(request)));
-        fixtures.push(br#"["admission.k8s.io/v1","AdmissionReview",null]"#.to_vec());
-        fixtures.push(br#"{"apiVersion":null,"kind":"AdmissionReview"}"#.to_vec());
-        fixtures.push(br#"{"kind":"AdmissionReview","kind":"AdmissionReview"}"#.to_vec());
-        let mut read_fast = 0;
-        for body in &fixtures {
-            let text = String::from_utf8_lossy(body);
-            let fast = super::super::scan::review(body);
-            match (fast, serde_json::from_slice::<IncomingReview>(body)) {
-                (Some(fast), Ok(serde)) => {
-                    read_fast += 1;
-                    assert_eq!(fast.api_version, serde.api_version, "{text}");
-                    assert_eq!(fast.kind, serde.kind, "{text}");
-                    assert_eq!(fast.request, serde.request, "{text}");
-                }
-                (Some(_), Err(e)) => {
-                    panic!("the one-pass reader accepted what serde_json refuses ({e}): {text}")
-                }
-                (None, _) => {}
-            }
-        }
-        // Every fixture, and the six plainly valid edges, take the fast path.
-        assert_eq!(read_fast, captured + 6, "of {}", fixtures.len());
     }
 }
