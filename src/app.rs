@@ -1,9 +1,6 @@
-//! Wiring for `serve` and `check`: settings in, a running webhook out.
-//!
-//! The lock source is chosen once at start: a locks directory when one is configured,
-//! otherwise the cluster from the kubeconfig (or the in-cluster account). A configured but
-//! unreachable cluster is not a reason to fall back to files: that would silently unlock
-//! everything. Start-up never waits for the API server; readiness reports the watch's sync.
+//! Wiring for `serve` and `check`: settings in, a running webhook out. Invariant: the lock
+//! source is chosen once (a locks directory if set, else the cluster; a configured but unreachable
+//! cluster never falls back to files), and start-up never waits for the API server.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -490,28 +487,29 @@ pub fn reload_signal() -> mpsc::Receiver<()> {
 /// future is first polled: a SIGTERM right after READY=1 must drain, not kill.
 pub fn shutdown_signal() -> impl Future<Output = ()> {
     use tokio::signal::unix::{SignalKind, signal};
-    let term = signal(SignalKind::terminate());
-    let int = signal(SignalKind::interrupt());
+    let received = |kind, name: &'static str| {
+        let handler = signal(kind);
+        async move {
+            match handler {
+                Ok(mut handler) => {
+                    handler.recv().await;
+                    info!("{name} received");
+                }
+                Err(e) => {
+                    warn!(error = %e, "cannot listen for {name}; only the other signal stops the server");
+                    std::future::pending::<()>().await;
+                }
+            }
+        }
+    };
+    let (term, int) = (
+        received(SignalKind::terminate(), "SIGTERM"),
+        received(SignalKind::interrupt(), "SIGINT"),
+    );
     async move {
-        match (term, int) {
-            (Ok(mut term), Ok(mut int)) => tokio::select! {
-                _ = term.recv() => info!("SIGTERM received"),
-                _ = int.recv() => info!("SIGINT received"),
-            },
-            (Ok(mut term), Err(e)) => {
-                warn!(error = %e, "cannot listen for SIGINT; only SIGTERM will stop the server");
-                term.recv().await;
-                info!("SIGTERM received");
-            }
-            (Err(e), Ok(mut int)) => {
-                warn!(error = %e, "cannot listen for SIGTERM; only SIGINT will stop the server");
-                int.recv().await;
-                info!("SIGINT received");
-            }
-            (Err(e), Err(_)) => {
-                warn!(error = %e, "cannot listen for SIGTERM or SIGINT");
-                std::future::pending::<()>().await;
-            }
+        tokio::select! {
+            () = term => {}
+            () = int => {}
         }
     }
 }
