@@ -1,12 +1,7 @@
-//! The HTTP routes: `POST /validate`, `GET /healthz`, `GET /readyz`, and `GET /metrics` on
-//! its own listener.
-//!
-//! Anything the webhook cannot answer with an AdmissionReview (wrong method or path, wrong
-//! content type, a body too large, too slow, empty or not an AdmissionReview) gets a 4xx with a
-//! Kubernetes `Status` JSON body saying what is wrong, never a panic or a hang. The routes know
-//! nothing of TLS or sockets; [`crate::server`] serves them. The probes are also served on the
-//! metrics listener ([`probes`]): with client certificates required on the webhook port, a
-//! plain health check could not reach them there.
+//! The warp routes: `POST /validate`, `GET /healthz`, `GET /readyz`, and `GET /metrics` (with the
+//! probes) on the metrics listener. Invariant: whatever cannot be answered with an AdmissionReview
+//! gets a 4xx with a Kubernetes `Status` body saying why, once its body is in; the routes know
+//! nothing of TLS or sockets ([`crate::server`] serves them).
 
 use std::convert::Infallible;
 use std::sync::Arc;

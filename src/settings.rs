@@ -1,9 +1,7 @@
-//! The service's settings: defaults < TOML file < environment < command-line flags.
-//!
-//! Every key is documented in `deploy/kube-object-lock.toml`. Unknown keys are refused rather
-//! than ignored (a misspelt `lookup_timout` would otherwise leave the default silently in
-//! force), and every error names the key and where its value came from: the file, the
-//! environment variable, or the flag.
+//! The service's settings: defaults < TOML file < environment < command-line flags, every key
+//! documented in `deploy/kube-object-lock.toml`. Invariant: unknown keys are refused (a misspelt
+//! key would leave its default silently in force), and every error names the key and where its
+//! value came from: the file, the environment variable, or the flag.
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
