@@ -1,9 +1,6 @@
-//! Wiring for `serve` and `check`: settings in, a running webhook out.
-//!
-//! The lock source is chosen once at start: a locks directory when one is configured,
-//! otherwise the cluster from the kubeconfig (or the in-cluster account). A configured but
-//! unreachable cluster is not a reason to fall back to files: that would silently unlock
-//! everything. Start-up never waits for the API server; readiness reports the watch's sync.
+//! Wiring for `serve` and `check`: settings in, a running webhook out. Invariant: the lock
+//! source is chosen once (a locks directory if set, else the cluster; a configured but unreachable
+//! cluster never falls back to files), and start-up never waits for the API server.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -12,6 +9,8 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::{AbortOnDropHandle, TaskTracker};
 use tracing::{info, warn};
 
 use crate::admission::Reviewer;
@@ -220,33 +219,21 @@ pub struct Webhook {
 }
 
 impl Webhook {
-    /// Loads and checks the certificate, builds the lock source and binds the listener. Fails
-    /// fast on every configuration problem, before any request is served.
+    /// Loads and checks the certificate, builds the lock source (with, for a cluster, the
+    /// registration writer and lock status and events) and binds the listeners. Fails fast on
+    /// every configuration problem, before any request is served.
     pub async fn bind(settings: Settings) -> Result<Webhook, StartError> {
-        let (Some(cert), Some(key)) = (&settings.tls.cert, &settings.tls.key) else {
-            return Err(StartError::NoCertificate);
-        };
-        // Check the certificate before building the source: it fails faster and more often.
-        let pair = tls::load_pair(cert, key)?;
-        tls::check_covers_url(&pair, &settings.webhook.url)?;
-        let metrics = Arc::new(Metrics::new());
-        let source = lock_source_with_metrics(&settings, true, metrics.source.clone()).await?;
-        let cluster = source.client.clone().zip(source.source.index());
-        let mut webhook =
-            Webhook::bind_with_pair(settings.clone(), pair, source, metrics.clone()).await?;
-        // The registration, lock status and events exist only in a cluster, and follow the
-        // lock index.
-        if let Some((client, index)) = cluster {
-            webhook.narrower = narrower(&settings, &metrics, client.clone());
-            let registered = webhook.narrower.as_ref().map(Narrower::registered);
-            webhook.reporting =
-                Some(reporting(&settings, &metrics, index, registered, client).await?);
-        } else {
-            info!(
-                "the webhook configuration is not narrowed, and no lock status or events are written (a locks directory)"
-            );
-        }
-        Ok(webhook)
+        Webhook::bind_with(settings, None, Arc::new(Metrics::new())).await
+    }
+
+    /// Like [`Webhook::bind`], with a lock source built by the caller (counting, if it counts,
+    /// into `metrics.source`) and nothing written to the cluster.
+    pub async fn bind_with_source(
+        settings: Settings,
+        source: Source,
+        metrics: Arc<Metrics>,
+    ) -> Result<Webhook, StartError> {
+        Webhook::bind_with(settings, Some(source), metrics).await
     }
 
     /// Writes lock status and refusal events through `reporting` (see [`crate::status`]).
@@ -255,30 +242,16 @@ impl Webhook {
         self
     }
 
-    /// Like [`Webhook::bind`], with a lock source built by the caller (counting, if it counts,
-    /// into `metrics.source`).
-    pub async fn bind_with_source(
+    async fn bind_with(
         settings: Settings,
-        source: Source,
+        given: Option<Source>,
         metrics: Arc<Metrics>,
     ) -> Result<Webhook, StartError> {
         let (Some(cert), Some(key)) = (&settings.tls.cert, &settings.tls.key) else {
             return Err(StartError::NoCertificate);
         };
+        // The certificate first: it fails faster and more often than the source.
         let pair = tls::load_pair(cert, key)?;
-        Webhook::bind_with_pair(settings, pair, source, metrics).await
-    }
-
-    /// Like [`Webhook::bind_with_source`], with the certificate already loaded.
-    async fn bind_with_pair(
-        settings: Settings,
-        pair: rustls::sign::CertifiedKey,
-        source: Source,
-        metrics: Arc<Metrics>,
-    ) -> Result<Webhook, StartError> {
-        let (Some(cert), Some(key)) = (&settings.tls.cert, &settings.tls.key) else {
-            return Err(StartError::NoCertificate);
-        };
         let info = tls::check_covers_url(&pair, &settings.webhook.url)?;
         let days_left =
             (info.not_after - time::OffsetDateTime::now_utc().unix_timestamp()) / 86_400;
@@ -293,6 +266,11 @@ impl Webhook {
             certs.clone(),
             settings.tls.max_reload_failures,
         ));
+        let built = given.is_none();
+        let source = match given {
+            Some(source) => source,
+            None => lock_source_with_metrics(&settings, true, metrics.source.clone()).await?,
+        };
         let addr = settings.server.listen;
         let listener = match systemd::passed_listener(addr)? {
             Some(passed) => TcpListener::from_std(passed),
@@ -317,6 +295,21 @@ impl Webhook {
             }
             None => None,
         };
+        // The registration, lock status and events exist only in a cluster, and follow the
+        // lock index.
+        let (mut narrowing, mut reporting) = (None, None);
+        match source.client.clone().zip(source.source.index()) {
+            Some((client, index)) if built => {
+                narrowing = narrower(&settings, &metrics, client.clone());
+                let registered = narrowing.as_ref().map(Narrower::registered);
+                reporting =
+                    Some(self::reporting(&settings, &metrics, index, registered, client).await?);
+            }
+            _ if built => info!(
+                "the webhook configuration is not narrowed, and no lock status or events are written (a locks directory)"
+            ),
+            _ => {}
+        }
         Ok(Webhook {
             listener,
             tls,
@@ -326,8 +319,8 @@ impl Webhook {
             settings,
             metrics,
             metrics_listener,
-            reporting: None,
-            narrower: None,
+            reporting,
+            narrower: narrowing,
         })
     }
 
@@ -338,25 +331,6 @@ impl Webhook {
             .unwrap_or(self.settings.server.listen)
     }
 
-    /// The lock source.
-    pub fn source(&self) -> Arc<dyn LockSource> {
-        self.source.source.clone()
-    }
-
-    /// What the narrowed registration says once written and read back, when this instance keeps
-    /// it (`None`: broad or files source). A Lock is enforced through the API server only once
-    /// [`crate::registration::Registered::covers`] it.
-    pub fn registered(
-        &self,
-    ) -> Option<tokio::sync::watch::Receiver<crate::registration::Registered>> {
-        self.narrower.as_ref().map(Narrower::registered)
-    }
-
-    /// The served certificate store.
-    pub fn certs(&self) -> Arc<CertStore> {
-        self.certs.clone()
-    }
-
     /// The address metrics are served on, if any.
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
         self.metrics_listener
@@ -364,8 +338,9 @@ impl Webhook {
             .and_then(|l| l.local_addr().ok())
     }
 
-    /// Serves until `shutdown` completes, then drains. Reloads the certificate on its interval
-    /// and whenever `reload` receives (SIGHUP in the binary); tells systemd how it is doing.
+    /// Serves until `shutdown` completes, then drains both listeners at once and stops the
+    /// background tasks. Reloads the certificate on its interval and whenever `reload` receives
+    /// (SIGHUP in the binary); tells systemd how it is doing.
     pub async fn run(
         self,
         shutdown: impl Future<Output = ()>,
@@ -384,10 +359,25 @@ impl Webhook {
             reporting,
             narrower,
         } = self;
-        // Built only for a cluster source, which has an index.
-        let narrowing = narrower
-            .zip(source.source.index())
-            .map(|(n, index)| tokio::spawn(n.run(index)));
+        // Background tasks run until serving ends; `serving` ends both listeners at once.
+        let (tasks, stop, serving) = (
+            TaskTracker::new(),
+            CancellationToken::new(),
+            CancellationToken::new(),
+        );
+        let spawn = |task: futures::future::BoxFuture<'static, ()>| {
+            tasks.spawn(stop.clone().run_until_cancelled_owned(task));
+        };
+        if let Some(refresh) = source.refresh {
+            // Dropped when cancelled, which aborts it.
+            let refresh = AbortOnDropHandle::new(refresh);
+            spawn(Box::pin(async move {
+                let _ = refresh.await;
+            }));
+        }
+        if let Some((narrower, index)) = narrower.zip(source.source.index()) {
+            spawn(Box::pin(narrower.run(index)));
+        }
         let mut reviewer = Reviewer::with_metrics(
             source.source.clone(),
             settings.review_policy(),
@@ -401,17 +391,23 @@ impl Webhook {
         }
         let checked = reloader.clone();
         let health: crate::http::HealthCheck = Arc::new(move || checked.health());
+        let probes = crate::http::Probes {
+            health: vec![health],
+            source: source.source.clone(),
+        };
         let state = Arc::new(crate::http::State {
             reviewer,
             max_body_bytes: settings.server.max_body_bytes,
             body_timeout: settings.server.body_timeout,
-            health: vec![health.clone()],
+            probes: probes.clone(),
             invalid: metrics.invalid.clone(),
         });
         let limits = Limits::from_settings(&settings.server);
-        let (metrics_stop, metrics_stopped) = tokio::sync::oneshot::channel::<()>();
-        let metrics_task = metrics_listener.map(|listener| {
-            let (lock_source, certs) = (source.source.clone(), certs.clone());
+        let metrics_served = async {
+            let Some(listener) = metrics_listener else {
+                return Drain::Complete;
+            };
+            let lock_source = source.source.clone();
             let render: Arc<dyn Fn() -> String + Send + Sync> = Arc::new(move || {
                 let counts = lock_source.lock_counts();
                 for (scope, count) in [
@@ -424,19 +420,12 @@ impl Webhook {
                 metrics.certificate_expiry.set(certs.not_after());
                 metrics.encode()
             });
-            let probes = crate::http::Probes {
-                health: vec![health.clone()],
-                source: source.source.clone(),
-            };
             let service = warp::service(crate::http::metrics_routes(render, probes));
-            tokio::spawn(server::serve(listener, None, service, limits, async {
-                let _ = metrics_stopped.await;
-            }))
-        });
-        let service = warp::service(crate::http::routes(state));
+            server::serve(listener, None, service, limits, serving.cancelled()).await
+        };
         let status = Arc::new(systemd::Status::default());
         let reported = status.clone();
-        let reloading = tokio::spawn(reloader.run(
+        spawn(Box::pin(reloader.run(
             settings.tls.reload_interval,
             reload,
             move |outcome| match outcome {
@@ -445,33 +434,30 @@ impl Webhook {
                 ))),
                 Reload::Replaced | Reload::Unchanged => reported.problem(None),
             },
-        ));
-        let watchdog = tokio::spawn(systemd::watchdog());
+        )));
+        spawn(Box::pin(systemd::watchdog()));
+        let service = warp::service(crate::http::routes(state));
+        let served = server::serve(listener, Some(tls), service, limits, serving.cancelled());
         let described = source.source.describe();
         info!(listen = %addr, source = %described, "serving");
         status.ready(&format!("serving on {addr}, locks from {described}"));
-        let shutdown = async {
+        let signalled = async {
             shutdown.await;
             systemd::stopping();
-            // Both listeners drain at once: stopping takes the longer drain, not their sum.
-            let _ = metrics_stop.send(());
+            serving.cancel();
         };
-        let mut drain = server::serve(listener, Some(tls), service, limits, shutdown).await;
-        if let Some(task) = metrics_task
-            && !matches!(task.await, Ok(Drain::Complete))
-        {
-            drain = Drain::TimedOut;
-        }
+        let ((), served, metrics_served) = tokio::join!(signalled, served, metrics_served);
         if let Some(reporting) = reporting {
             reporting.stop(REPORTING_GRACE).await;
         }
-        for task in [Some(reloading), Some(watchdog), source.refresh, narrowing]
-            .into_iter()
-            .flatten()
-        {
-            task.abort();
+        stop.cancel();
+        tasks.close();
+        tasks.wait().await;
+        if served == Drain::Complete && metrics_served == Drain::Complete {
+            Drain::Complete
+        } else {
+            Drain::TimedOut
         }
-        drain
     }
 }
 
@@ -501,28 +487,29 @@ pub fn reload_signal() -> mpsc::Receiver<()> {
 /// future is first polled: a SIGTERM right after READY=1 must drain, not kill.
 pub fn shutdown_signal() -> impl Future<Output = ()> {
     use tokio::signal::unix::{SignalKind, signal};
-    let term = signal(SignalKind::terminate());
-    let int = signal(SignalKind::interrupt());
+    let received = |kind, name: &'static str| {
+        let handler = signal(kind);
+        async move {
+            match handler {
+                Ok(mut handler) => {
+                    handler.recv().await;
+                    info!("{name} received");
+                }
+                Err(e) => {
+                    warn!(error = %e, "cannot listen for {name}; only the other signal stops the server");
+                    std::future::pending::<()>().await;
+                }
+            }
+        }
+    };
+    let (term, int) = (
+        received(SignalKind::terminate(), "SIGTERM"),
+        received(SignalKind::interrupt(), "SIGINT"),
+    );
     async move {
-        match (term, int) {
-            (Ok(mut term), Ok(mut int)) => tokio::select! {
-                _ = term.recv() => info!("SIGTERM received"),
-                _ = int.recv() => info!("SIGINT received"),
-            },
-            (Ok(mut term), Err(e)) => {
-                warn!(error = %e, "cannot listen for SIGINT; only SIGTERM will stop the server");
-                term.recv().await;
-                info!("SIGTERM received");
-            }
-            (Err(e), Ok(mut int)) => {
-                warn!(error = %e, "cannot listen for SIGTERM; only SIGINT will stop the server");
-                int.recv().await;
-                info!("SIGINT received");
-            }
-            (Err(e), Err(_)) => {
-                warn!(error = %e, "cannot listen for SIGTERM or SIGINT");
-                std::future::pending::<()>().await;
-            }
+        tokio::select! {
+            () = term => {}
+            () = int => {}
         }
     }
 }

@@ -1,20 +1,16 @@
-//! The HTTP routes: `POST /validate`, `GET /healthz`, `GET /readyz`, and `GET /metrics` on
-//! its own listener.
-//!
-//! Anything the webhook cannot answer with an AdmissionReview (wrong method or path, wrong
-//! content type, a body too large, too slow, empty or not an AdmissionReview) gets a 4xx with a
-//! Kubernetes `Status` JSON body saying what is wrong, never a panic or a hang. The routes know
-//! nothing of TLS or sockets; [`crate::server`] serves them. The probes are also served on the
-//! metrics listener ([`probes`]): with client certificates required on the webhook port, a
-//! plain health check could not reach them there.
+//! The warp routes: `POST /validate`, `GET /healthz`, `GET /readyz`, and `GET /metrics` (with the
+//! probes) on the metrics listener. Invariant: whatever cannot be answered with an AdmissionReview
+//! gets a 4xx with a Kubernetes `Status` body saying why, once its body is in; the routes know
+//! nothing of TLS or sockets ([`crate::server`] serves them).
 
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Buf, Bytes};
 use futures::{Stream, StreamExt};
 use http::{HeaderValue, Method, StatusCode, header};
+use http_body::Frame;
 use warp::Filter;
 use warp::reply::Response;
 
@@ -35,8 +31,8 @@ pub struct Probes {
 
 /// What the routes need.
 pub struct State {
-    /// Liveness checks behind `/healthz`.
-    pub health: Vec<HealthCheck>,
+    /// What the probes look at.
+    pub probes: Probes,
     /// Answers reviews.
     pub reviewer: Reviewer,
     /// Largest body accepted.
@@ -51,10 +47,7 @@ pub struct State {
 pub fn routes(
     state: Arc<State>,
 ) -> impl Filter<Extract = (Response,), Error = Infallible> + Clone + Send + Sync + 'static {
-    let probes = probes(Probes {
-        health: state.health.clone(),
-        source: state.reviewer.source().clone(),
-    });
+    let probes = probes(state.probes.clone());
     let with_state = warp::any().map(move || state.clone());
     let query = warp::query::raw().or(warp::any().map(String::new)).unify();
     let validate = warp::path!("validate")
@@ -65,7 +58,18 @@ pub fn routes(
         .and(warp::body::stream())
         .and(with_state)
         .then(validate);
-    validate.or(probes).unify().recover(rejection).unify()
+    // Any other path: 404, once the body is in (see [`refuse_early`]).
+    let elsewhere = warp::body::stream().then(|mut body| async move {
+        let message =
+            "no such path; the webhook serves POST /validate, GET /healthz and GET /readyz";
+        refuse_early(
+            &mut body,
+            failure(StatusCode::NOT_FOUND, message.to_owned()),
+        )
+        .await
+    });
+    let routes = validate.or(probes).unify().or(elsewhere).unify();
+    routes.recover(rejection).unify()
 }
 
 /// `GET /healthz` (the process is healthy) and `GET /readyz` (the lock source has synced);
@@ -184,7 +188,7 @@ async fn answer(
     }
     let body = match tokio::time::timeout(
         state.body_timeout,
-        collect(&mut *body, state.max_body_bytes, declared_length),
+        collect(&mut *body, state.max_body_bytes),
     )
     .await
     {
@@ -235,7 +239,7 @@ enum BodyError {
 }
 
 /// How much of a refused request's body is read and thrown away before the answer, and for how
-/// long at most.
+/// long at most: the one drain of refused bodies.
 const DISCARD_BYTES: usize = 16 * 1024 * 1024;
 const DISCARD_TIME: Duration = Duration::from_secs(2);
 
@@ -244,8 +248,7 @@ const DISCARD_TIME: Duration = Duration::from_secs(2);
 /// usable: a body the service lets go of unread cannot be drained afterwards, and hyper closes
 /// the connection instead. Over HTTP/2, an answer that ends the stream while the client is still
 /// sending races the client's last DATA frames (curl shows `(92) ... PROTOCOL_ERROR` instead of
-/// the 4xx); the server's own drain ([`crate::server::RequestBody`]) covers HTTP/2 bodies let go
-/// of anywhere else (a rejected route). A body beyond the bounds is answered anyway.
+/// the 4xx). A body beyond the bounds is answered anyway.
 async fn refuse_early(
     body: &mut (impl Stream<Item = Result<impl Buf, warp::Error>> + Unpin),
     response: Response,
@@ -263,46 +266,20 @@ async fn refuse_early(
     response
 }
 
+/// The whole body, at most `limit` bytes: a body in one chunk, as a review usually comes, is
+/// hyper's own bytes, neither copied nor allocated again.
 async fn collect(
-    mut body: impl Stream<Item = Result<impl Buf, warp::Error>> + Unpin,
+    body: impl Stream<Item = Result<impl Buf, warp::Error>> + Unpin,
     limit: u64,
-    declared_length: Option<u64>,
 ) -> Result<Bytes, BodyError> {
-    let read = |chunk: Result<_, warp::Error>| chunk.map_err(|e| BodyError::Read(e.to_string()));
-    let Some(first) = body.next().await else {
-        return Ok(Bytes::new());
-    };
-    let mut first = read(first)?;
-    if first.remaining() as u64 > limit {
-        return Err(BodyError::TooLarge);
+    use http_body_util::{BodyExt, LengthLimitError, Limited, StreamBody};
+    let frames = body.map(|chunk| chunk.map(|mut c| Frame::data(c.copy_to_bytes(c.remaining()))));
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+    match Limited::new(StreamBody::new(frames), limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.is::<LengthLimitError>() => Err(BodyError::TooLarge),
+        Err(e) => Err(BodyError::Read(e.to_string())),
     }
-    let Some(second) = body.next().await else {
-        // The whole body in one chunk, as a review usually comes: hyper's own bytes, neither
-        // copied nor allocated again.
-        return Ok(first.copy_to_bytes(first.remaining()));
-    };
-    // Sized once from Content-Length (already checked against the limit), not grown in steps.
-    let capacity = declared_length.unwrap_or(0).min(limit);
-    let mut buf = BytesMut::with_capacity(usize::try_from(capacity).unwrap_or(0));
-    append(&mut buf, &mut first, limit)?;
-    append(&mut buf, &mut read(second)?, limit)?;
-    while let Some(chunk) = body.next().await {
-        append(&mut buf, &mut read(chunk)?, limit)?;
-    }
-    Ok(buf.freeze())
-}
-
-fn append(buf: &mut BytesMut, chunk: &mut impl Buf, limit: u64) -> Result<(), BodyError> {
-    if (buf.len() + chunk.remaining()) as u64 > limit {
-        return Err(BodyError::TooLarge);
-    }
-    while chunk.has_remaining() {
-        let part = chunk.chunk();
-        buf.extend_from_slice(part);
-        let n = part.len();
-        chunk.advance(n);
-    }
-    Ok(())
 }
 
 fn probe(method: &Method, state: Result<(), String>) -> Response {
@@ -343,20 +320,10 @@ fn too_large(limit: u64) -> Response {
     )
 }
 
+/// What no route answered: every path has one, so only a request warp could not read.
 async fn rejection(rejection: warp::Rejection) -> Result<Response, Infallible> {
-    let (status, message) = if rejection.is_not_found() {
-        (
-            StatusCode::NOT_FOUND,
-            "no such path; the webhook serves POST /validate, GET /healthz and GET /readyz"
-                .to_owned(),
-        )
-    } else {
-        (
-            StatusCode::BAD_REQUEST,
-            format!("bad request: {rejection:?}"),
-        )
-    };
-    Ok(failure(status, message))
+    let message = format!("bad request: {rejection:?}");
+    Ok(failure(StatusCode::BAD_REQUEST, message))
 }
 
 /// A Kubernetes `Status` body, the error shape API clients expect.
@@ -409,32 +376,25 @@ mod tests {
     #[tokio::test]
     async fn bodies_are_collected_whole() {
         static WHOLE: &[u8] = br#"{"kind":"AdmissionReview"}"#;
-        let one = collect(chunks(&[WHOLE]), 100, None)
+        let one = collect(chunks(&[WHOLE]), 100)
             .await
             .ok()
             .expect("collected");
         assert_eq!(&one[..], WHOLE);
         assert_eq!(one.as_ptr(), WHOLE.as_ptr(), "one chunk is not copied");
-        let three = collect(
-            chunks(&[b"{\"kind\":", b"\"Admission", b"Review\"}"]),
-            100,
-            Some(26),
-        )
-        .await
-        .ok()
-        .expect("collected");
-        assert_eq!(&three[..], WHOLE);
-        let empty = collect(chunks(&[]), 100, None)
+        let three = collect(chunks(&[b"{\"kind\":", b"\"Admission", b"Review\"}"]), 100)
             .await
             .ok()
             .expect("collected");
+        assert_eq!(&three[..], WHOLE);
+        let empty = collect(chunks(&[]), 100).await.ok().expect("collected");
         assert!(empty.is_empty());
         for parts in [&[WHOLE][..], &[&WHOLE[..20], &WHOLE[20..]]] {
             assert!(matches!(
-                collect(chunks(parts), 25, None).await,
+                collect(chunks(parts), 25).await,
                 Err(BodyError::TooLarge)
             ));
-            assert!(collect(chunks(parts), 26, None).await.is_ok());
+            assert!(collect(chunks(parts), 26).await.is_ok());
         }
     }
 

@@ -10,7 +10,7 @@ use clap::{CommandFactory, Parser};
 use kube_object_lock::admission::Outcome;
 use kube_object_lock::cli::{Cli, Command, certs};
 use kube_object_lock::settings::{LogFormat, LogSettings, LogTarget, Settings};
-use kube_object_lock::{api, app, cli, server, systemd, telemetry};
+use kube_object_lock::{api, app, cli, systemd, telemetry};
 
 fn main() -> ExitCode {
     // One crypto provider for the server and the kube client alike.
@@ -113,14 +113,11 @@ async fn serve(args: &cli::ServeArgs) -> anyhow::Result<ExitCode> {
     let webhook = app::Webhook::bind(settings)
         .await
         .context("cannot start the webhook")?;
-    match webhook
+    // Connections left after the grace period were cut; the stop itself was still orderly.
+    webhook
         .run(app::shutdown_signal(), app::reload_signal())
-        .await
-    {
-        server::Drain::Complete => Ok(ExitCode::SUCCESS),
-        // The connections left were cut; the stop itself was still orderly.
-        server::Drain::TimedOut => Ok(ExitCode::SUCCESS),
-    }
+        .await;
+    Ok(ExitCode::SUCCESS)
 }
 
 fn manifests(command: &cli::ManifestsCommand) -> anyhow::Result<()> {

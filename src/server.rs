@@ -1,28 +1,30 @@
-//! The accept loop: TCP, a TLS handshake with a deadline, then HTTP/1.1 or HTTP/2.
+//! The accept loop: TCP, a TLS handshake with a deadline, then HTTP/1.1 or HTTP/2 (chosen by
+//! ALPN) through hyper-util, drained with hyper-util's graceful shutdown.
 //!
-//! Invariant: every wait is bounded (handshake, headers, idle keep-alive, idle connections, drain),
-//! and an idle connection is never closed before the API server gives it up.
+//! Invariant: every wait is bounded (handshake, headers, idle keep-alive, drain), and an idle
+//! connection is kept for `server.idle_timeout`, longer than the API server keeps it (90 s).
+//! Why the deadlines are kept here rather than by hyper: `docs/design/serving.md`.
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use bytes::Bytes;
 use http::{Request, Response};
-use http_body::{Body, Frame, SizeHint};
+use http_body::Body;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
-use tokio::sync::{Notify, oneshot, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 use tokio_rustls::TlsAcceptor;
 use tracing::{Instrument, debug, info, info_span, warn};
 
@@ -76,7 +78,7 @@ pub async fn serve<S, B>(
     shutdown: impl Future<Output = ()>,
 ) -> Drain
 where
-    S: tower_service::Service<Request<RequestBody>, Response = Response<B>, Error = Infallible>
+    S: tower_service::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
         + Clone
         + Send
         + 'static,
@@ -86,16 +88,13 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let acceptor = tls.map(TlsAcceptor::from);
-    let (stop, stopping) = watch::channel(false);
+    let graceful = GracefulShutdown::new();
     let draining = Arc::new(AtomicBool::new(false));
-    let idle = Arc::new(IdleSlots {
-        count: AtomicUsize::new(0),
-        max: limits.max_idle_connections,
-    });
+    let idle = Arc::new(Semaphore::new(limits.max_idle_connections));
+    // Dropped at the end: aborts what the grace period did not see finish.
     let mut connections = JoinSet::new();
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
-        // Reap finished connections so the set holds only live ones.
         while connections.try_join_next().is_some() {}
         let (tcp, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -110,54 +109,47 @@ where
                 break;
             }
         };
+        let watcher = graceful.watcher();
         let acceptor = acceptor.clone();
+        let (draining, idle) = (draining.clone(), idle.clone());
         let service = service.clone();
-        let draining = draining.clone();
-        let idle = idle.clone();
-        let stopping = stopping.clone();
-        let span = info_span!("conn", %peer);
-        connections.spawn(
-            async move {
-                let _ = tcp.set_nodelay(true);
-                let builder = builder();
-                let Some(acceptor) = acceptor else {
-                    let tracker = Arc::new(Tracker::new(limits, idle, false));
+        let connection = async move {
+            let _ = tcp.set_nodelay(true);
+            let connection = |h2: bool| Arc::new(Tracker::new(limits, idle, h2));
+            let ended = match acceptor {
+                None => {
+                    let tracker = connection(false);
                     let service = ConnService::new(service, draining, tracker.clone());
-                    let io = TokioIo::new(Tracked::new(tcp, tracker.clone()));
-                    let builder = builder.http1_only();
-                    let conn = builder.serve_connection(io, TowerToHyperService::new(service));
-                    drive(conn, |c| c.graceful_shutdown(), &tracker, stopping).await;
-                    return;
-                };
-                let tls = match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp))
-                    .await
-                {
-                    Ok(Ok(tls)) => tls,
-                    Ok(Err(error)) => {
-                        debug!(%error, "TLS handshake failed");
-                        return;
-                    }
-                    Err(_) => {
-                        debug!(timeout = ?limits.handshake_timeout, "TLS handshake timed out");
-                        return;
-                    }
-                };
-                // ALPN already chose the protocol: no sniffing read, which has no deadline.
-                let h2 = tls.get_ref().1.alpn_protocol() == Some(&b"h2"[..]);
-                let tracker = Arc::new(Tracker::new(limits, idle, h2));
-                let service =
-                    TowerToHyperService::new(ConnService::new(service, draining, tracker.clone()));
-                let io = TokioIo::new(Tracked::new(tls, tracker.clone()));
-                let builder = if h2 {
-                    builder.http2_only()
-                } else {
-                    builder.http1_only()
-                };
-                let conn = builder.serve_connection(io, service);
-                drive(conn, |c| c.graceful_shutdown(), &tracker, stopping).await;
+                    let io = TokioIo::new(Tracked::new(tcp, tracker));
+                    let builder = builder().http1_only();
+                    watcher.watch(builder.serve_connection(io, service)).await
+                }
+                Some(acceptor) => {
+                    let handshake = acceptor.accept(tcp);
+                    let tls = match tokio::time::timeout(limits.handshake_timeout, handshake).await
+                    {
+                        Ok(Ok(tls)) => tls,
+                        Ok(Err(error)) => return debug!(%error, "TLS handshake failed"),
+                        Err(_) => return debug!("TLS handshake timed out"),
+                    };
+                    // ALPN already chose the protocol: no sniffing read, which has no deadline.
+                    let h2 = tls.get_ref().1.alpn_protocol() == Some(&b"h2"[..]);
+                    let tracker = connection(h2);
+                    let service = ConnService::new(service, draining, tracker.clone());
+                    let io = TokioIo::new(Tracked::new(tls, tracker));
+                    let builder = if h2 {
+                        builder().http2_only()
+                    } else {
+                        builder().http1_only()
+                    };
+                    watcher.watch(builder.serve_connection(io, service)).await
+                }
+            };
+            if let Err(error) = ended {
+                debug!(%error, "connection ended with an error");
             }
-            .instrument(span),
-        );
+        };
+        connections.spawn(connection.instrument(info_span!("conn", %peer)));
     }
     drop(listener);
     // A client may have just written a request on an idle keep-alive connection: closing it
@@ -167,73 +159,16 @@ where
     draining.store(true, Ordering::SeqCst);
     let delay = drain_delay(limits.shutdown_grace);
     tokio::time::sleep(delay).await;
-    let _ = stop.send(true);
     let grace = limits.shutdown_grace.saturating_sub(delay);
-    let finished = async { while connections.join_next().await.is_some() {} };
-    match tokio::time::timeout(grace, finished).await {
+    match tokio::time::timeout(grace, graceful.shutdown()).await {
         Ok(()) => {
             info!("all connections drained");
             Drain::Complete
         }
         Err(_) => {
             warn!(grace = ?limits.shutdown_grace, "connections still open after the grace period; closing them");
-            // Dropping the set aborts the connections left.
             Drain::TimedOut
         }
-    }
-}
-
-/// Runs one connection until it ends: closes it gracefully (HTTP/1.1: at once if idle, after
-/// the answer otherwise; HTTP/2: GOAWAY) on the shutdown signal or when idle too long, and
-/// drops it when a request's headers are late.
-async fn drive<C, E>(
-    conn: C,
-    graceful: impl Fn(Pin<&mut C>),
-    tracker: &Tracker,
-    mut stopping: watch::Receiver<bool>,
-) where
-    C: Future<Output = Result<(), E>>,
-    E: std::fmt::Display,
-{
-    let mut conn = std::pin::pin!(conn);
-    let mut closing = false;
-    // A graceful close that the client does not complete (an HTTP/2 client that never answers
-    // the GOAWAY's ping) is cut off after this.
-    let mut cut_off = None::<Instant>;
-    let result = loop {
-        tokio::select! {
-            result = conn.as_mut() => break result,
-            _ = stopping.wait_for(|stop| *stop), if !closing => {
-                closing = true;
-                graceful(conn.as_mut());
-            }
-            expiry = tracker.expired(), if !closing => match expiry {
-                Expiry::Idle => {
-                    debug!("closing an idle keep-alive connection");
-                    closing = true;
-                    cut_off = Some(Instant::now() + tracker.limits.header_timeout);
-                    graceful(conn.as_mut());
-                }
-                Expiry::Headers => {
-                    debug!(timeout = ?tracker.limits.header_timeout, "no complete request headers in time; closing");
-                    return;
-                }
-            },
-            () = sleep_until(cut_off), if cut_off.is_some() => {
-                debug!("the client did not finish closing; connection dropped");
-                return;
-            }
-        }
-    };
-    if let Err(error) = result {
-        debug!(%error, "connection ended with an error");
-    }
-}
-
-async fn sleep_until(deadline: Option<Instant>) {
-    match deadline {
-        Some(deadline) => tokio::time::sleep_until(deadline).await,
-        None => std::future::pending().await,
     }
 }
 
@@ -245,176 +180,124 @@ fn drain_delay(grace: Duration) -> Duration {
         .min(grace)
 }
 
-/// The server-wide count of idle keep-alive connections, bounded by `max`.
-struct IdleSlots {
-    count: AtomicUsize,
-    max: usize,
-}
-
-impl IdleSlots {
-    fn try_take(&self) -> bool {
-        self.count
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
-                (n < self.max).then_some(n + 1)
-            })
-            .is_ok()
-    }
-
-    fn release(&self) {
-        self.count.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
 /// Where a connection is in its life, and so which deadline applies.
-#[derive(Debug, Clone, Copy)]
 enum Phase {
     /// Waiting for a request's headers since then (`header_timeout`).
     Headers(Instant),
-    /// This many requests are being answered (no deadline here: `body_timeout` and the
-    /// service bound them).
+    /// This many requests are being answered (bounded by `body_timeout` and the service).
     Busy(usize),
-    /// Idle since then (`idle_timeout`); `slot` when it holds one of the idle slots (otherwise
-    /// it closes at once).
-    Idle { since: Instant, slot: bool },
+    /// Idle since then: for `idle_timeout` with one of the server's idle slots, without one
+    /// only until the client has read its answer (`Connection: close`, or `header_timeout`).
+    Idle {
+        since: Instant,
+        slot: Option<OwnedSemaphorePermit>,
+    },
 }
 
 /// Which deadline passed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy)]
 enum Expiry {
-    /// A request's headers did not arrive in time.
+    /// A request's headers did not arrive in time: the connection is dropped.
     Headers,
-    /// The connection was idle too long, or there was no idle slot for it.
+    /// The connection was idle too long: it is closed as the client would close it.
     Idle,
 }
 
-/// The phase of one connection, moved by its reads and by the requests it serves.
+/// The phase of one connection, moved by its reads ([`Tracked`]) and its requests
+/// ([`ConnService`]).
 struct Tracker {
-    phase: Mutex<Phase>,
-    changed: Notify,
+    state: Mutex<(Phase, Option<Waker>)>,
     limits: Limits,
-    idle: Arc<IdleSlots>,
+    idle: Arc<Semaphore>,
     /// HTTP/2 reads frames (pings, window updates) while idle, so reads do not start requests.
     h2: bool,
 }
 
 impl Tracker {
-    fn new(limits: Limits, idle: Arc<IdleSlots>, h2: bool) -> Tracker {
+    fn new(limits: Limits, idle: Arc<Semaphore>, h2: bool) -> Tracker {
         Tracker {
-            phase: Mutex::new(Phase::Headers(Instant::now())),
-            changed: Notify::new(),
+            state: Mutex::new((Phase::Headers(Instant::now()), None)),
             limits,
             idle,
             h2,
         }
     }
 
-    fn update(&self, change: impl FnOnce(Phase) -> Phase) {
-        let mut phase = self.phase.lock().unwrap_or_else(|e| e.into_inner());
-        let before = *phase;
-        let after = change(before);
-        if let Phase::Idle { slot: true, .. } = before
-            && !matches!(after, Phase::Idle { .. })
-        {
-            self.idle.release();
-        }
-        *phase = after;
-        drop(phase);
-        self.changed.notify_waiters();
+    fn lock(&self) -> std::sync::MutexGuard<'_, (Phase, Option<Waker>)> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Bytes arrived: on an idle HTTP/1.1 connection, a request has started.
     fn read(&self) {
-        if self.h2 {
-            return;
-        }
-        let idle = matches!(
-            *self.phase.lock().unwrap_or_else(|e| e.into_inner()),
-            Phase::Idle { .. }
-        );
-        if idle {
-            self.update(|phase| match phase {
-                Phase::Idle { .. } => Phase::Headers(Instant::now()),
-                other => other,
-            });
+        let mut state = self.lock();
+        if !self.h2 && matches!(state.0, Phase::Idle { .. }) {
+            state.0 = Phase::Headers(Instant::now());
         }
     }
 
     /// A request's headers are in: the service is called.
     fn request(&self) {
-        self.update(|phase| match phase {
+        let mut state = self.lock();
+        state.0 = match state.0 {
             Phase::Busy(n) => Phase::Busy(n + 1),
             Phase::Headers(_) | Phase::Idle { .. } => Phase::Busy(1),
-        });
+        };
     }
 
     /// A request was answered (or abandoned). Returns false when the connection goes idle
-    /// without an idle slot: it is closed instead of kept.
+    /// without an idle slot: it is to be closed instead of kept.
     fn answered(&self) -> bool {
-        let mut kept = true;
-        self.update(|phase| match phase {
-            Phase::Busy(n) if n > 1 => Phase::Busy(n - 1),
+        let mut state = self.lock();
+        match state.0 {
+            Phase::Busy(n) if n > 1 => state.0 = Phase::Busy(n - 1),
             Phase::Busy(_) => {
-                kept = self.idle.try_take();
-                Phase::Idle {
-                    since: Instant::now(),
-                    slot: kept,
+                let slot = self.idle.clone().try_acquire_owned().ok();
+                let kept = slot.is_some();
+                let since = Instant::now();
+                state.0 = Phase::Idle { since, slot };
+                // The reader waits with no deadline while busy: let it take the idle one.
+                if let Some(reader) = state.1.take() {
+                    reader.wake();
                 }
+                return kept;
             }
-            other => other,
-        });
-        kept
+            _ => {}
+        }
+        true
     }
 
-    /// The current deadline and what passing it means.
-    fn deadline(&self) -> Option<(Instant, Expiry)> {
-        match *self.phase.lock().unwrap_or_else(|e| e.into_inner()) {
-            Phase::Headers(since) => Some((since + self.limits.header_timeout, Expiry::Headers)),
+    /// The current deadline and what passing it means; `reader` is woken when it changes.
+    fn deadline(&self, reader: &Waker) -> Option<(Instant, Expiry)> {
+        let mut state = self.lock();
+        state.1 = Some(reader.clone());
+        let limits = &self.limits;
+        match &state.0 {
+            Phase::Headers(since) => Some((*since + limits.header_timeout, Expiry::Headers)),
             Phase::Busy(_) => None,
-            Phase::Idle { since, slot: true } => {
-                Some((since + self.limits.idle_timeout, Expiry::Idle))
-            }
-            Phase::Idle { since, slot: false } => Some((since, Expiry::Idle)),
-        }
-    }
-
-    /// Completes when the deadline of the current phase passes.
-    async fn expired(&self) -> Expiry {
-        loop {
-            // Created before the phase is read, so no change in between is missed.
-            let changed = self.changed.notified();
-            match self.deadline() {
-                Some((deadline, expiry)) if deadline <= Instant::now() => return expiry,
-                Some((deadline, _)) => {
-                    tokio::select! {
-                        () = tokio::time::sleep_until(deadline) => {}
-                        () = changed => {}
-                    }
-                }
-                None => changed.await,
+            Phase::Idle { since, slot } => {
+                let wait = match slot {
+                    Some(_) => limits.idle_timeout,
+                    None => limits.header_timeout,
+                };
+                Some((*since + wait, Expiry::Idle))
             }
         }
     }
 }
 
-impl Drop for Tracker {
-    fn drop(&mut self) {
-        if let Phase::Idle { slot: true, .. } =
-            *self.phase.lock().unwrap_or_else(|e| e.into_inner())
-        {
-            self.idle.release();
-        }
-    }
-}
-
-/// An I/O stream that tells its [`Tracker`] when bytes arrive.
+/// An I/O stream that tells its [`Tracker`] when bytes arrive and ends reading when the
+/// tracker's deadline passes: end of stream when idle (hyper closes the connection as cleanly
+/// as if the client had), an error when a request's headers are late (dropped).
 struct Tracked<T> {
     io: T,
     tracker: Arc<Tracker>,
+    timer: Pin<Box<Sleep>>,
 }
 
 impl<T> Tracked<T> {
     fn new(io: T, tracker: Arc<Tracker>) -> Tracked<T> {
-        Tracked { io, tracker }
+        let timer = Box::pin(tokio::time::sleep(Duration::ZERO));
+        Tracked { io, tracker, timer }
     }
 }
 
@@ -424,12 +307,34 @@ impl<T: AsyncRead + Unpin> AsyncRead for Tracked<T> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
+        let this = &mut *self;
         let before = buf.filled().len();
-        let polled = Pin::new(&mut self.io).poll_read(cx, buf);
+        let polled = Pin::new(&mut this.io).poll_read(cx, buf);
         if buf.filled().len() > before {
-            self.tracker.read();
+            this.tracker.read();
         }
-        polled
+        if polled.is_ready() {
+            return polled;
+        }
+        let Some((deadline, expiry)) = this.tracker.deadline(cx.waker()) else {
+            return polled;
+        };
+        if this.timer.deadline() != deadline {
+            this.timer.as_mut().reset(deadline);
+        }
+        if this.timer.as_mut().poll(cx).is_pending() {
+            return polled;
+        }
+        match expiry {
+            Expiry::Idle => {
+                debug!("closing an idle keep-alive connection");
+                Poll::Ready(Ok(()))
+            }
+            Expiry::Headers => {
+                debug!(timeout = ?this.tracker.limits.header_timeout, "no complete request headers in time; closing");
+                Poll::Ready(Err(std::io::ErrorKind::TimedOut.into()))
+            }
+        }
     }
 }
 
@@ -463,121 +368,9 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Tracked<T> {
     }
 }
 
-/// How much of a request body the service gave up on is still read (and thrown away) on
-/// HTTP/2, and for how long, so that the stream can end without a reset.
-const DRAIN_BYTES: usize = 16 * 1024 * 1024;
-const DRAIN_TIME: Duration = Duration::from_secs(10);
-
-/// The body of a request as the service sees it.
-///
-/// On HTTP/2, a body the service drops before reading it to the end (a request refused early:
-/// wrong content type, too large) is read on and thrown away, up to [`DRAIN_BYTES`] within
-/// [`DRAIN_TIME`], and kept at least until the answer has been sent. Dropping it at once makes
-/// hyper reset the stream with `CANCEL`, racing the answer; even a reset with `NO_ERROR` after
-/// the answer (RFC 9113, 8.1) is reported by some clients (curl 7.x) as a stream error instead
-/// of the 4xx. Drained, the stream ends as any other; only a body beyond the bound is reset,
-/// with `NO_ERROR`.
-pub struct RequestBody {
-    inner: Option<Incoming>,
-    /// Resolves (with an error) once the answer has been sent; set on HTTP/2 only.
-    answered: Option<oneshot::Receiver<()>>,
-}
-
-impl RequestBody {
-    fn new(inner: Incoming, answered: Option<oneshot::Receiver<()>>) -> RequestBody {
-        RequestBody {
-            inner: Some(inner),
-            answered,
-        }
-    }
-}
-
-impl Body for RequestBody {
-    type Data = Bytes;
-    type Error = hyper::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        match self.inner.as_mut() {
-            Some(inner) => Pin::new(inner).poll_frame(cx),
-            None => Poll::Ready(None),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.as_ref().is_none_or(Body::is_end_stream)
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner
-            .as_ref()
-            .map_or_else(|| SizeHint::with_exact(0), Body::size_hint)
-    }
-}
-
-impl Drop for RequestBody {
-    fn drop(&mut self) {
-        let (Some(body), Some(answered)) = (self.inner.take(), self.answered.take()) else {
-            return;
-        };
-        if body.is_end_stream() {
-            return;
-        }
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(drain(body, answered));
-        }
-    }
-}
-
-/// Reads and discards what is left of `body` (bounded), then drops it once the answer is sent.
-async fn drain(mut body: Incoming, answered: oneshot::Receiver<()>) {
-    use http_body_util::BodyExt;
-    let discard = async {
-        let mut read = 0;
-        while let Some(Ok(frame)) = body.frame().await {
-            read += frame.data_ref().map_or(0, Bytes::len);
-            if read > DRAIN_BYTES {
-                break;
-            }
-        }
-    };
-    let _ = tokio::time::timeout(DRAIN_TIME, discard).await;
-    let _ = answered.await;
-}
-
-/// A response body that, when dropped (after it has been sent), tells a request body the
-/// service gave up on that the answer is out.
-pub struct AnswerBody<B> {
-    inner: Pin<Box<B>>,
-    _sent: Option<oneshot::Sender<()>>,
-}
-
-impl<B: Body> Body for AnswerBody<B> {
-    type Data = B::Data;
-    type Error = B::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
-        self.inner.as_mut().poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-/// The service of one connection: tracks requests in the connection's [`Tracker`], drains
-/// refused HTTP/2 request bodies, and adds `Connection: close` to HTTP/1.1 answers while the
-/// server drains or when no idle slot is left, so the client stops reusing the connection
-/// instead of sending a request into one about to close.
+/// The service of one connection: tracks requests in the connection's [`Tracker`], and adds
+/// `Connection: close` to HTTP/1.1 answers while the server drains or when no idle slot is
+/// left, so the client stops reusing the connection instead of sending into one about to close.
 #[derive(Clone)]
 struct ConnService<S> {
     inner: S,
@@ -586,45 +379,45 @@ struct ConnService<S> {
 }
 
 impl<S> ConnService<S> {
-    fn new(inner: S, draining: Arc<AtomicBool>, tracker: Arc<Tracker>) -> ConnService<S> {
-        ConnService {
+    fn new(
+        inner: S,
+        draining: Arc<AtomicBool>,
+        tracker: Arc<Tracker>,
+    ) -> TowerToHyperService<ConnService<S>> {
+        TowerToHyperService::new(ConnService {
             inner,
             draining,
             tracker,
-        }
+        })
     }
 }
 
 /// Marks its request answered when dropped, also when the request is abandoned midway.
-struct Answering {
-    tracker: Arc<Tracker>,
-    done: bool,
-}
+struct Answering(Option<Arc<Tracker>>);
 
 impl Answering {
     fn answered(mut self) -> bool {
-        self.done = true;
-        self.tracker.answered()
+        self.0.take().is_none_or(|tracker| tracker.answered())
     }
 }
 
 impl Drop for Answering {
     fn drop(&mut self) {
-        if !self.done {
-            self.tracker.answered();
+        if let Some(tracker) = self.0.take() {
+            tracker.answered();
         }
     }
 }
 
 impl<S, B> tower_service::Service<Request<Incoming>> for ConnService<S>
 where
-    S: tower_service::Service<Request<RequestBody>, Response = Response<B>, Error = Infallible>,
+    S: tower_service::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>,
     S::Future: Send + 'static,
     B: Send + 'static,
 {
-    type Response = Response<AnswerBody<B>>;
+    type Response = Response<B>;
     type Error = Infallible;
-    type Future = futures::future::BoxFuture<'static, Result<Response<AnswerBody<B>>, Infallible>>;
+    type Future = futures::future::BoxFuture<'static, Result<Response<B>, Infallible>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         self.inner.poll_ready(cx)
@@ -632,27 +425,13 @@ where
 
     fn call(&mut self, request: Request<Incoming>) -> Self::Future {
         self.tracker.request();
-        let answering = Answering {
-            tracker: self.tracker.clone(),
-            done: false,
-        };
+        let answering = Answering(Some(self.tracker.clone()));
         let http1 = request.version() < http::Version::HTTP_2;
-        let (sent, answered) = if http1 {
-            (None, None)
-        } else {
-            let (sent, answered) = oneshot::channel();
-            (Some(sent), Some(answered))
-        };
-        let request = request.map(|body| RequestBody::new(body, answered));
         let draining = self.draining.clone();
         let answer = self.inner.call(request);
         Box::pin(async move {
-            let response = answer.await?;
+            let mut response = answer.await?;
             let kept_open = answering.answered();
-            let mut response = response.map(|body| AnswerBody {
-                inner: Box::pin(body),
-                _sent: sent,
-            });
             if http1 && (!kept_open || draining.load(Ordering::SeqCst)) {
                 response.headers_mut().insert(
                     http::header::CONNECTION,

@@ -1,23 +1,21 @@
-//! The service's settings: defaults < TOML file < environment < command-line flags.
-//!
-//! Every key is documented in `deploy/kube-object-lock.toml`. Unknown keys are refused rather
-//! than ignored (a misspelt `lookup_timout` would otherwise leave the default silently in
-//! force), and every error names the key and where its value came from: the file, the
-//! environment variable, or the flag.
+//! The service's settings: defaults < TOML file < environment < command-line flags, every key
+//! documented in `deploy/kube-object-lock.toml`. Invariant: unknown keys are refused (a misspelt
+//! key would leave its default silently in force), and every error names the key and where its
+//! value came from: the file, the environment variable, or the flag.
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use config::{Config, Environment, File, FileFormat, Map, Source, Value, ValueKind};
+use config::{Config, ConfigError, Environment, File, FileFormat, Map, Source, Value, ValueKind};
 use serde::{Deserialize, Serialize};
 
 /// Prefix of the environment variables: `KUBE_OBJECT_LOCK__SECTION__KEY`.
 pub const ENV_PREFIX: &str = "KUBE_OBJECT_LOCK";
 
 /// All settings.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Settings {
     /// What to answer when the locks cannot be read: `deny` or `allow`.
@@ -231,24 +229,6 @@ pub struct LogSettings {
     pub target: LogTarget,
 }
 
-impl Default for Settings {
-    fn default() -> Self {
-        Settings {
-            on_lookup_error: OnLookupError::Deny,
-            server: ServerSettings::default(),
-            tls: TlsSettings::default(),
-            webhook: WebhookSettings::default(),
-            kube: KubeSettings::default(),
-            cache: CacheSettings::default(),
-            locks: LocksSettings::default(),
-            log: LogSettings::default(),
-            metrics: MetricsSettings::default(),
-            instance: InstanceSettings::default(),
-            registration: RegistrationSettings::default(),
-        }
-    }
-}
-
 impl Default for ServerSettings {
     fn default() -> Self {
         ServerSettings {
@@ -397,23 +377,24 @@ impl Settings {
             .collect()
             .map_err(|e| file_error(layers.file.as_deref(), e))?;
         check_known_keys(&given, layers.file.as_deref())?;
-        let settings: Settings = config.try_deserialize().map_err(|e| {
-            let text = e.to_string();
-            let key = match &e {
-                config::ConfigError::Type { key: Some(k), .. } => k.clone(),
-                // Deserialization errors carry the key only in their text.
-                _ => text
-                    .split_once("for key `")
-                    .and_then(|(_, rest)| rest.split_once('`'))
-                    .map(|(key, _)| key.to_owned())
-                    .unwrap_or_default(),
+        let settings: Settings = config.try_deserialize().map_err(|error| {
+            let (key, message) = match error {
+                ConfigError::Type {
+                    key,
+                    unexpected,
+                    expected,
+                    ..
+                } => (
+                    key,
+                    format!("invalid type: {unexpected}, expected {expected}"),
+                ),
+                ConfigError::At { key, error, .. } => (key, error.to_string()),
+                ConfigError::NotFound(key) => (Some(key), "is required".to_owned()),
+                other => (None, other.to_string()),
             };
-            let message = text
-                .split_once(" for key `")
-                .map_or(text.as_str(), |(message, _)| message);
-            let message = explain(&key, message);
+            let key = key.unwrap_or_default();
             let origin = origin_of(&given, &key, layers.file.as_deref());
-            invalid(&key, &origin, message)
+            invalid(&key, &origin, explain(&key, &message))
         })?;
         settings.validate(&given, layers.file.as_deref())?;
         Ok(settings)
@@ -540,10 +521,15 @@ fn invalid(key: &str, origin: &str, message: String) -> SettingsError {
     }
 }
 
-fn file_error(file: Option<&Path>, error: config::ConfigError) -> SettingsError {
+/// A file that does not parse; the path is the one given, not the library's relative one.
+fn file_error(file: Option<&Path>, error: ConfigError) -> SettingsError {
+    let message = match error {
+        ConfigError::FileParse { cause, .. } => cause.to_string(),
+        other => other.to_string(),
+    };
     SettingsError::File {
         path: file.map(Path::to_owned).unwrap_or_default(),
-        message: error.to_string(),
+        message,
     }
 }
 

@@ -1,5 +1,4 @@
 //! Talking to systemd (`Type=notify`): READY, STATUS, STOPPING, watchdog pings, and the socket
-//!
 //! handed over by `kube-object-lock.socket`. Invariant: READY is sent once the listener serves,
 //! never waiting for the API server; outside systemd every call is a no-op.
 

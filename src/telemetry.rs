@@ -1,12 +1,5 @@
-//! Logging: to the journal under systemd, else to stderr as text or JSON.
-//!
-//! Lines written to stderr reach the journal too, but all at one priority (info), so
-//! `journalctl -p warning` would never show a failing certificate reload. When stderr is the
-//! journal (systemd sets `JOURNAL_STREAM` to its device and inode) or `log.target = "journald"`,
-//! events go through the journal's native protocol instead: each level becomes the entry's
-//! `PRIORITY`, each field a journal field (`F_` + upper case: `F_ERROR`, `F_NAMESPACE`). Anywhere else
-//! (a terminal, a container, a pipe) the output is the lines it always was. `RUST_LOG` overrides
-//! the configured level so an operator can turn on debug for one run without editing the file.
+//! Logging: to the journal under systemd (levels become priorities, fields journal fields), else
+//! to stderr as text or JSON. Invariant: `RUST_LOG` overrides `log.level`.
 
 use std::os::unix::fs::MetadataExt;
 

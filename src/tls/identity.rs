@@ -1,10 +1,5 @@
-//! Why a certificate cannot be used, in words that name the certificate.
-//!
-//! rustls (through webpki) accepts only X.509 version 3 certificates, and kube's client reports
-//! every refusal of a kubeconfig's client certificate as `invalid private key: ...`: an
-//! `openssl x509 -req` certificate without extensions (version 1) comes out as `invalid private
-//! key: invalid peer certificate: UnsupportedCertVersion`, which blames the key and calls our
-//! own certificate a peer's. This names the file or field that is wrong and what to do.
+//! Why a certificate cannot be used, in words that name the file or field to fix (a version 1
+//! certificate, which rustls refuses and kube's client reports as `invalid private key`).
 
 use base64::Engine;
 use kube::config::AuthInfo;

@@ -1,12 +1,6 @@
-//! The serving certificate and the rustls configuration.
-//!
-//! The certificate is loaded and checked (PEM parses, key matches certificate) before the
-//! listener binds, so a bad pair fails the start instead of every handshake. Handshakes read it
-//! from memory through [`CertStore`], a resolver holding the current pair behind a lock, so a
-//! later reload swaps it without touching connections in flight.
-//!
-//! ALPN offers `h2` and `http/1.1`: the API server only speaks HTTP/1.1 to webhooks and fails
-//! the handshake if its protocol is missing from our list. Exactly one crypto provider, ring.
+//! The serving certificate and the rustls configuration (ring, ALPN `h2` and `http/1.1`).
+//! Invariant: a pair is checked (PEM parses, key matches) before the listener binds, and
+//! handshakes read it from memory ([`CertStore`]), never from disk.
 
 pub mod identity;
 pub mod reload;

@@ -1,10 +1,6 @@
-//! Certificate rotation without a restart.
-//!
-//! The files are polled (and re-read at once on SIGHUP); a pair is parsed only when its bytes
-//! changed, checked (key matches certificate) before it is swapped in, and on failure the last
-//! good pair keeps serving. After `max_failures` failed reloads in a row the reloader reports
-//! unhealthy, so a broken rotation shows on `/healthz` and in the logs before the old
-//! certificate expires. Handshakes never touch the disk: they read [`CertStore`].
+//! Certificate rotation without a restart: poll the files (and re-read on SIGHUP), swap in a pair
+//! only when its bytes changed and it checks. Invariant: on failure the last good pair keeps
+//! serving; `max_failures` failures in a row make `/healthz` unhealthy.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
