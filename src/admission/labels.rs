@@ -5,9 +5,9 @@
 //! has the labels of the object it acts on, which a selector Lock needs. The decision says whose
 //! labels it needs ([`crate::admission::decide::labels_needed`]), only when a selector Lock of the
 //! namespace could cover the request; the review reads them through a [`LabelReader`] (the API
-//! server, metadata only, `kube.rs`) and decides with them. Every other request reads nothing.
+//! server, metadata only, [`apiserver`]) and decides with them. Every other request reads nothing.
 
-pub mod kube;
+pub mod apiserver;
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -39,7 +39,7 @@ impl Reason {
 
 /// One refused (or Warn-mode) request, as the event writer needs it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Refusal {
+pub struct RefusalEvent {
     /// The lock that refused it.
     pub lock: LockKey,
     /// Blocked or WouldBlock.
@@ -53,7 +53,7 @@ pub struct Refusal {
 /// The admission path's end of the event queue. Cloning shares the queue.
 #[derive(Clone, Debug)]
 pub struct EventSink {
-    tx: mpsc::Sender<Refusal>,
+    tx: mpsc::Sender<RefusalEvent>,
     metrics: EnforcementMetrics,
 }
 
@@ -62,13 +62,13 @@ impl EventSink {
     pub fn channel(
         capacity: usize,
         metrics: EnforcementMetrics,
-    ) -> (EventSink, mpsc::Receiver<Refusal>) {
+    ) -> (EventSink, mpsc::Receiver<RefusalEvent>) {
         let (tx, rx) = mpsc::channel(capacity.max(1));
         (EventSink { tx, metrics }, rx)
     }
 
     /// Queues `refusal` without waiting; a full queue drops it and counts the drop.
-    pub fn record(&self, refusal: Refusal) {
+    pub fn record(&self, refusal: RefusalEvent) {
         let reason = refusal.reason.as_str();
         let lock = RefusalLabels {
             reason,
@@ -149,7 +149,7 @@ fn refusal(
     lock: &LockRef,
     reason: Reason,
     changed: Option<&str>,
-) -> Refusal {
+) -> RefusalEvent {
     let operation = req.operation.as_str();
     let mut what = format!("{operation} of {}", req.resource_path());
     let name = req.object_name().unwrap_or_default();
@@ -165,7 +165,7 @@ fn refusal(
         Reason::Blocked => format!("{what} by {user} refused"),
         Reason::WouldBlock => format!("{what} by {user} allowed with a warning (mode Warn)"),
     };
-    Refusal {
+    RefusalEvent {
         lock: lock.key(),
         reason,
         operation,

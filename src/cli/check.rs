@@ -8,7 +8,7 @@ use std::io::Read;
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::admission::labels::kube::KubeLabels;
+use crate::admission::labels::apiserver::KubeLabels;
 use crate::admission::{Outcome, ReviewError, Reviewer};
 use crate::app::{self, StartError};
 use crate::settings::Settings;

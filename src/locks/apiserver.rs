@@ -15,7 +15,7 @@ use tracing::debug;
 
 use super::index::LockIndex;
 use super::liveness;
-use super::watch::Writer;
+use super::watch::KindWatch;
 use super::{LockCounts, LockKind, LockSet, LockSource, LookupError, parse};
 use crate::api::{CLUSTER_LOCKS, LOCKS};
 use crate::metrics::{ApiLabels, CacheLabels, SourceMetrics};
@@ -101,15 +101,15 @@ impl KubeSource {
     /// index stale when it goes silent ([`super::liveness`]).
     pub fn watch(&self) -> impl Future<Output = ()> + Send + 'static + use<> {
         let (probe, silence) = liveness::probe(self.shared.client.clone());
-        let writer = |kind| Writer {
-            api: Writer::api(self.shared.client.clone(), kind),
+        let watch = |kind| KindWatch {
+            api: KindWatch::api(self.shared.client.clone(), kind),
             kind,
             index: self.shared.index.clone(),
             metrics: self.shared.metrics.clone(),
             silence: silence.clone(),
         };
-        let locks = writer(LockKind::Lock).run();
-        let cluster_locks = writer(LockKind::ClusterLock).run();
+        let locks = watch(LockKind::Lock).run();
+        let cluster_locks = watch(LockKind::ClusterLock).run();
         async move {
             futures::future::join3(locks, cluster_locks, probe.run()).await;
         }

@@ -4,14 +4,14 @@
 //! ClusterLocks). Answering per namespace, not per object, lets one LIST (or one file scan)
 //! serve every object in that namespace, and it is all the namespace-deletion rule needs too.
 //!
-//! Two sources answer it: [`kube::KubeSource`] (production: an in-memory [`index`] fed by a
+//! Two sources answer it: [`apiserver::KubeSource`] (production: an in-memory [`index`] fed by a
 //! watch, with LISTs through a short-lived cache as the fallback while the watch is not healthy)
 //! and [`files::FilesSource`] (a directory of YAML documents, for trying the service without a
 //! cluster and for static locks). Neither knows anything of HTTP or of the admission decision.
 
+pub mod apiserver;
 pub mod files;
 pub mod index;
-pub mod kube;
 pub mod liveness;
 pub mod parse;
 pub mod watch;
