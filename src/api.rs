@@ -91,7 +91,6 @@ pub struct LockKey {
 }
 
 impl LockKey {
-    /// A namespaced Lock.
     pub fn lock(namespace: &str, name: &str) -> LockKey {
         LockKey {
             namespace: Some(namespace.to_owned()),
@@ -99,7 +98,6 @@ impl LockKey {
         }
     }
 
-    /// A ClusterLock.
     pub fn cluster_lock(name: &str) -> LockKey {
         LockKey {
             namespace: None,
@@ -462,7 +460,6 @@ impl LockOperation {
 /// annotation, to try a new lock before it blocks anyone.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
 pub enum LockMode {
-    /// Refuse the change.
     #[default]
     Enforce,
     /// Allow the change with a warning and an audit annotation.

@@ -116,7 +116,6 @@ pub struct Refusal {
     pub message: String,
 }
 
-/// The decision.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Verdict {
     /// Present when the request is refused.
@@ -138,7 +137,6 @@ pub struct Verdict {
 }
 
 impl Verdict {
-    /// A plain allow.
     pub fn allow() -> Self {
         Verdict {
             refusal: None,

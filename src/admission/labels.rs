@@ -24,7 +24,6 @@ pub struct Target<'a> {
     pub resource: &'a Resource<'a>,
     /// The object's namespace; `None` when cluster-scoped.
     pub namespace: Option<&'a str>,
-    /// The object's name.
     pub name: &'a str,
 }
 
@@ -70,7 +69,6 @@ pub enum LabelError {
     /// The API server answered with another error (5xx, 4xx other than 403 and 404).
     #[error("the API server answered {code}: {message}")]
     Api {
-        /// The HTTP code.
         code: u16,
         /// The API server's message.
         message: String,

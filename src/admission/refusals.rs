@@ -42,7 +42,6 @@ impl Reason {
 pub struct RefusalEvent {
     /// The lock that refused it.
     pub lock: LockKey,
-    /// Blocked or WouldBlock.
     pub reason: Reason,
     /// `UPDATE`, `DELETE`, or `CREATE` (of `pods/eviction`).
     pub operation: &'static str,

@@ -1,5 +1,4 @@
 //! Lock lookups from the API server: from the watch-fed index while it is trusted, else a LIST of
-//!
 //! the namespace through a moka cache. Invariant: a fallback answer is reused only by lookups that
 //! arrived at most `cache.ttl` after its LIST started, and never across a return of the index to
 //! fresh.
@@ -85,7 +84,6 @@ impl KubeSource {
         }
     }
 
-    /// The source's metrics.
     pub fn metrics(&self) -> &SourceMetrics {
         &self.shared.metrics
     }
