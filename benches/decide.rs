@@ -23,7 +23,7 @@ use std::time::Duration;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use k8s_openapi::jiff::Timestamp;
 use kube_object_lock::admission::Verdict;
-use kube_object_lock::admission::decide::{self, Plan};
+use kube_object_lock::admission::decide::{self, Triage};
 use kube_object_lock::admission::review;
 use kube_object_lock::api::LockSpec;
 use kube_object_lock::locks::{LockRef, LockSet};
@@ -69,9 +69,9 @@ impl Locks {
 /// Body in, response bytes out: what the webhook does between reading the body and writing it.
 fn ours(body: &[u8], locks: &Locks, now: Timestamp) -> Vec<u8> {
     let parsed = review::parse(body).expect("fixtures parse");
-    let verdict = match decide::plan(&parsed.request) {
-        Plan::Allow(_) => Verdict::allow(),
-        Plan::Lookup(lookup) => {
+    let verdict = match decide::triage(&parsed.request) {
+        Triage::Allow(_) => Verdict::allow(),
+        Triage::Lookup(lookup) => {
             let scope = locks.get(lookup.scope);
             let contents = lookup.contents_of.map(|ns| locks.get(ns));
             // As the review asks it of every lookup; no lock here has a selector.
@@ -219,7 +219,7 @@ fn field_comparison(c: &mut Criterion) {
     });
     let decide = |locks: &LockSet, objects: bool| {
         let parsed = review::parse(&body).expect("parses");
-        let Plan::Lookup(lookup) = decide::plan(&parsed.request) else {
+        let Triage::Lookup(lookup) = decide::triage(&parsed.request) else {
             panic!("a locked name is looked up")
         };
         let objects = match objects {

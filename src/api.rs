@@ -91,7 +91,6 @@ pub struct LockKey {
 }
 
 impl LockKey {
-    /// A namespaced Lock.
     pub fn lock(namespace: &str, name: &str) -> LockKey {
         LockKey {
             namespace: Some(namespace.to_owned()),
@@ -99,7 +98,6 @@ impl LockKey {
         }
     }
 
-    /// A ClusterLock.
     pub fn cluster_lock(name: &str) -> LockKey {
         LockKey {
             namespace: None,
@@ -334,8 +332,13 @@ impl LockSpec {
             if ops.is_empty() {
                 return Err("operations: give UPDATE, DELETE or both (or leave it out)".into());
             }
-            if ops.len() == 2 && ops[0] == ops[1] {
-                return Err("operations: duplicate entry".into());
+            // The CRD's `x-kubernetes-list-type: set`: no entry twice.
+            if let Some((i, op)) = ops
+                .iter()
+                .enumerate()
+                .find(|(i, op)| ops[..*i].contains(op))
+            {
+                return Err(format!("operations[{i}]: {} is given twice", op.as_str()));
             }
         }
         if let Some(rules) = &self.resources {
@@ -457,7 +460,6 @@ impl LockOperation {
 /// annotation, to try a new lock before it blocks anyone.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
 pub enum LockMode {
-    /// Refuse the change.
     #[default]
     Enforce,
     /// Allow the change with a warning and an audit annotation.
@@ -1019,6 +1021,35 @@ mod tests {
         ] {
             let parsed: LockSpec = serde_json::from_value(spec.clone()).expect("parses");
             assert!(parsed.validate().is_err(), "{spec}");
+        }
+    }
+
+    /// The CRD declares operations a set (`x-kubernetes-list-type: set`): the API server refuses
+    /// any entry given twice, wherever it is in the list.
+    #[test]
+    fn operations_are_a_set() {
+        let crd = serde_json::to_value(&crds()[0]).expect("json");
+        let schema = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+            ["properties"]["operations"];
+        assert_eq!(schema["x-kubernetes-list-type"], "set");
+        let cases: &[(&[&str], bool)] = &[
+            (&["UPDATE"], true),
+            (&["UPDATE", "DELETE"], true),
+            (&["UPDATE", "DELETE", "CREATE", "CONNECT"], true),
+            (&["DELETE", "DELETE"], false),
+            (&["UPDATE", "DELETE", "UPDATE"], false),
+            (&["UPDATE", "DELETE", "DELETE"], false),
+            (&["CREATE", "UPDATE", "DELETE", "CONNECT", "CREATE"], false),
+        ];
+        for (ops, valid) in cases {
+            let spec: LockSpec =
+                serde_json::from_value(serde_json::json!({ "operations": ops })).expect("parses");
+            assert_eq!(
+                spec.validate().is_ok(),
+                *valid,
+                "{ops:?}: {:?}",
+                spec.validate()
+            );
         }
     }
 

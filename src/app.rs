@@ -14,11 +14,11 @@ use tokio_util::task::{AbortOnDropHandle, TaskTracker};
 use tracing::{info, warn};
 
 use crate::admission::Reviewer;
-use crate::admission::labels::kube::KubeLabels;
+use crate::admission::labels::apiserver::KubeLabels;
 use crate::kubeconfig::{self, KubeconfigError};
 use crate::locks::LockSource;
+use crate::locks::apiserver::{CacheConfig, KubeSource};
 use crate::locks::files::{FilesError, FilesSource};
-use crate::locks::kube::{CacheConfig, KubeSource};
 use crate::metrics::{Metrics, ScopeLabels, SourceMetrics};
 use crate::registration::conditions::Limits as NarrowLimits;
 use crate::registration::writer::{Narrower, NarrowerConfig};

@@ -16,7 +16,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-pub use crate::admission::refusals::{BLOCKED, EventSink, Reason, Refusal, WOULD_BLOCK};
+pub use crate::admission::refusals::{BLOCKED, EventSink, Reason, RefusalEvent, WOULD_BLOCK};
 use crate::api::{self, LockKey};
 use crate::metrics::{DropLabels, EnforcementMetrics, EventWriteLabels};
 use crate::status::LockSnapshot;
@@ -76,7 +76,7 @@ struct Series {
 pub async fn run(
     client: kube::Client,
     config: WriterConfig,
-    mut queue: mpsc::Receiver<Refusal>,
+    mut queue: mpsc::Receiver<RefusalEvent>,
     locks: watch::Receiver<LockSnapshot>,
     metrics: EnforcementMetrics,
 ) {
@@ -100,7 +100,7 @@ pub async fn run(
 
 fn add(
     series: &mut BTreeMap<SeriesKey, Series>,
-    refusal: Refusal,
+    refusal: RefusalEvent,
     max_series: usize,
     metrics: &EnforcementMetrics,
 ) {
@@ -289,7 +289,7 @@ mod tests {
     fn repeats_grow_one_series_and_new_series_are_bounded() {
         let metrics = EnforcementMetrics::default();
         let mut series = BTreeMap::new();
-        let refusal = |note: &str| Refusal {
+        let refusal = |note: &str| RefusalEvent {
             lock: LockKey {
                 namespace: Some("prod".into()),
                 name: "web".into(),

@@ -14,7 +14,6 @@ pub enum KubeconfigError {
     /// The named file cannot be read or used.
     #[error("{}: {message}", path.display())]
     File {
-        /// The file.
         path: PathBuf,
         /// What is wrong with it.
         message: String,

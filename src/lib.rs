@@ -3,9 +3,12 @@
 //! An object is locked while a `Lock` with the same name exists in its namespace (a
 //! `ClusterLock` for cluster-scoped objects); UPDATE and DELETE of a locked object are refused.
 //!
-//! The crate is split so that each part can be tested alone: [`admission`] decides without
-//! I/O, [`locks`] knows where locks come from, [`http`] and [`server`] speak HTTPS and know
-//! nothing of locks, and [`app`] wires them together for the binary.
+//! The crate is split so that each part can be tested alone: [`admission::decide`] decides
+//! without I/O, and the rest of [`admission`] reads what it needs (locks, labels) through the
+//! traits [`locks::LockSource`] and [`admission::labels::LabelReader`]; [`locks`] knows where
+//! locks come from; [`server`] speaks TLS and knows nothing of locks; [`http`] routes reviews
+//! and asks the lock source only whether it is ready (`/readyz`); [`app`] wires them together
+//! for the binary.
 #![forbid(unsafe_code)]
 
 /// `--version` of both binaries: the crate version and the commit built from (build.rs).

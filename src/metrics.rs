@@ -188,7 +188,6 @@ pub struct SourceMetrics {
     pub api_requests: Family<ApiLabels, Counter>,
     /// Watch failures (each one restarts the watch with backoff) and re-lists.
     pub watch_restarts: Family<KindLabels, Counter>,
-    /// Watch events received.
     pub watch_events: Family<KindLabels, Counter>,
     /// 1 for the mode each kind's lookups are in (`watch` or `fallback`), 0 for the other.
     pub mode: Family<ModeLabels, Gauge>,
@@ -365,7 +364,6 @@ impl RegistrationMetrics {
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
-    /// The admission path.
     pub admission: AdmissionMetrics,
     /// The Kubernetes lock source.
     pub source: SourceMetrics,
@@ -377,7 +375,6 @@ pub struct Metrics {
     pub invalid: Counter,
     /// Lock status writes and refusal events.
     pub enforcement: EnforcementMetrics,
-    /// The narrowed registration.
     pub registration: RegistrationMetrics,
 }
 
@@ -388,7 +385,6 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// Registers every metric.
     pub fn new() -> Metrics {
         let mut registry = Registry::with_prefix("kube_object_lock");
         let admission = AdmissionMetrics::default();
@@ -495,7 +491,6 @@ impl Metrics {
         }
     }
 
-    /// The text exposition.
     pub fn encode(&self) -> String {
         let mut out = String::new();
         // Writing into a String cannot fail.

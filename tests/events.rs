@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use kube_object_lock::admission::{OnLookupError, ReviewPolicy, Reviewer};
 use kube_object_lock::events::{self, EventSink, WriterConfig};
 use kube_object_lock::locks::LockSource;
-use kube_object_lock::locks::kube::KubeSource;
+use kube_object_lock::locks::apiserver::KubeSource;
 use kube_object_lock::metrics::{DropLabels, EnforcementMetrics, EventWriteLabels};
 use serde_json::{Value, json};
 use support::fake_apiserver::FakeApiServer;
@@ -24,7 +24,7 @@ async fn reviewer(
     api: &FakeApiServer,
     capacity: usize,
     metrics: &EnforcementMetrics,
-) -> (Reviewer, tokio::sync::mpsc::Receiver<events::Refusal>) {
+) -> (Reviewer, tokio::sync::mpsc::Receiver<events::RefusalEvent>) {
     let source = KubeSource::new(api.client(), support::cache_config());
     tokio::spawn(source.watch());
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -177,7 +177,7 @@ async fn answers_never_wait_for_events_and_failed_writes_are_counted_not_retried
         snapshots(&api),
         metrics.clone(),
     ));
-    let refusal = events::Refusal {
+    let refusal = events::RefusalEvent {
         lock: kube_object_lock::api::LockKey {
             namespace: Some(NS.into()),
             name: "locked-a".into(),

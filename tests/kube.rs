@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use kube_object_lock::app::Source;
 use kube_object_lock::locks::LockSource;
+use kube_object_lock::locks::apiserver::{CacheConfig, KubeSource};
 use kube_object_lock::locks::index::WatchState;
-use kube_object_lock::locks::kube::{CacheConfig, KubeSource};
 use kube_object_lock::metrics::Metrics;
 use kube_object_lock::settings::Settings;
 use serde_json::{Value, json};

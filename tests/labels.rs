@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use kube_object_lock::admission::OnLookupError;
 use kube_object_lock::app::Source;
 use kube_object_lock::locks::LockSource;
-use kube_object_lock::locks::kube::KubeSource;
+use kube_object_lock::locks::apiserver::KubeSource;
 use kube_object_lock::metrics::Metrics;
 use kube_object_lock::settings::Settings;
 use serde_json::{Value, json};

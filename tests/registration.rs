@@ -8,7 +8,7 @@ use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use kube::api::{Api, Patch, PatchParams};
 use kube_object_lock::api::LockKey;
 use kube_object_lock::cli::manifests;
-use kube_object_lock::locks::kube::KubeSource;
+use kube_object_lock::locks::apiserver::KubeSource;
 use kube_object_lock::metrics::{ConfigurationLabels, OutcomeLabels, RegistrationMetrics};
 use kube_object_lock::registration::operations::{CLUSTER_CREATE_ENTRY, CREATE_ENTRY};
 use kube_object_lock::registration::writer::{

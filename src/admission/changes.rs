@@ -261,7 +261,6 @@ impl<'b> Objects<'b> {
         }
     }
 
-    /// Objects already read.
     pub fn from_values(old: Value, new: Value) -> Objects<'static> {
         Objects {
             body: None,

@@ -3,7 +3,7 @@
 //! Pure and synchronous on purpose: every rule (and every trap from the API server's side, such
 //! as evictions arriving as CREATE or DELETECOLLECTION items without a name) is a row in a
 //! table test, without a server or a cluster. It runs in steps so the caller knows what to
-//! fetch: [`plan`] says whether locks are needed at all and which; [`decide`] reads them. For an
+//! fetch: [`triage`] says whether locks are needed at all and which; [`decide`] reads them. For an
 //! eviction or a scale, whose reviews do not carry the labels of the pod or scaled object,
 //! [`labels_needed`] says between the two whether a selector Lock makes those labels worth
 //! reading, and [`decide_with_labels`] decides with what reading them gave.
@@ -73,7 +73,7 @@ pub struct Lookup<'a> {
 
 /// The first step's answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Plan<'a> {
+pub enum Triage<'a> {
     /// Decided already; no lock needs reading.
     Allow(Exempt),
     /// Read these locks, then call [`decide`].
@@ -116,7 +116,6 @@ pub struct Refusal {
     pub message: String,
 }
 
-/// The decision.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Verdict {
     /// Present when the request is refused.
@@ -138,7 +137,6 @@ pub struct Verdict {
 }
 
 impl Verdict {
-    /// A plain allow.
     pub fn allow() -> Self {
         Verdict {
             refusal: None,
@@ -183,29 +181,29 @@ impl Verdict {
 }
 
 /// Step one: decide what can be decided without locks, or say what to read.
-pub fn plan<'a>(req: &'a AdmissionRequest<'_>) -> Plan<'a> {
+pub fn triage<'a>(req: &'a AdmissionRequest<'_>) -> Triage<'a> {
     let sub = req.subresource();
     let pods = req.resource.group.is_empty() && req.resource.resource == "pods";
     match req.operation {
         Operation::Create if sub.is_some() && !(pods && sub == Some("eviction")) => {
-            return Plan::Allow(Exempt::Create);
+            return Triage::Allow(Exempt::Create);
         }
         Operation::Connect if !(pods && connect_verb(sub).is_some()) => {
-            return Plan::Allow(Exempt::Connect);
+            return Triage::Allow(Exempt::Connect);
         }
         _ => {}
     }
     if req.resource.group == api::GROUP
         && matches!(&*req.resource.resource, api::LOCKS | api::CLUSTER_LOCKS)
     {
-        return Plan::Allow(Exempt::LockResource);
+        return Triage::Allow(Exempt::LockResource);
     }
     let Some(name) = req.object_name() else {
-        return Plan::Allow(Exempt::Unnamed);
+        return Triage::Allow(Exempt::Unnamed);
     };
     let contents_of =
         (req.operation == Operation::Delete && req.is_namespace() && sub.is_none()).then_some(name);
-    Plan::Lookup(Lookup {
+    Triage::Lookup(Lookup {
         scope: req.object_namespace().unwrap_or_default(),
         name,
         contents_of,

@@ -5,9 +5,9 @@
 //! has the labels of the object it acts on, which a selector Lock needs. The decision says whose
 //! labels it needs ([`crate::admission::decide::labels_needed`]), only when a selector Lock of the
 //! namespace could cover the request; the review reads them through a [`LabelReader`] (the API
-//! server, metadata only, `kube.rs`) and decides with them. Every other request reads nothing.
+//! server, metadata only, [`apiserver`]) and decides with them. Every other request reads nothing.
 
-pub mod kube;
+pub mod apiserver;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -24,7 +24,6 @@ pub struct Target<'a> {
     pub resource: &'a Resource<'a>,
     /// The object's namespace; `None` when cluster-scoped.
     pub namespace: Option<&'a str>,
-    /// The object's name.
     pub name: &'a str,
 }
 
@@ -70,7 +69,6 @@ pub enum LabelError {
     /// The API server answered with another error (5xx, 4xx other than 403 and 404).
     #[error("the API server answered {code}: {message}")]
     Api {
-        /// The HTTP code.
         code: u16,
         /// The API server's message.
         message: String,

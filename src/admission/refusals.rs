@@ -39,10 +39,9 @@ impl Reason {
 
 /// One refused (or Warn-mode) request, as the event writer needs it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Refusal {
+pub struct RefusalEvent {
     /// The lock that refused it.
     pub lock: LockKey,
-    /// Blocked or WouldBlock.
     pub reason: Reason,
     /// `UPDATE`, `DELETE`, or `CREATE` (of `pods/eviction`).
     pub operation: &'static str,
@@ -53,7 +52,7 @@ pub struct Refusal {
 /// The admission path's end of the event queue. Cloning shares the queue.
 #[derive(Clone, Debug)]
 pub struct EventSink {
-    tx: mpsc::Sender<Refusal>,
+    tx: mpsc::Sender<RefusalEvent>,
     metrics: EnforcementMetrics,
 }
 
@@ -62,13 +61,13 @@ impl EventSink {
     pub fn channel(
         capacity: usize,
         metrics: EnforcementMetrics,
-    ) -> (EventSink, mpsc::Receiver<Refusal>) {
+    ) -> (EventSink, mpsc::Receiver<RefusalEvent>) {
         let (tx, rx) = mpsc::channel(capacity.max(1));
         (EventSink { tx, metrics }, rx)
     }
 
     /// Queues `refusal` without waiting; a full queue drops it and counts the drop.
-    pub fn record(&self, refusal: Refusal) {
+    pub fn record(&self, refusal: RefusalEvent) {
         let reason = refusal.reason.as_str();
         let lock = RefusalLabels {
             reason,
@@ -149,7 +148,7 @@ fn refusal(
     lock: &LockRef,
     reason: Reason,
     changed: Option<&str>,
-) -> Refusal {
+) -> RefusalEvent {
     let operation = req.operation.as_str();
     let mut what = format!("{operation} of {}", req.resource_path());
     let name = req.object_name().unwrap_or_default();
@@ -165,7 +164,7 @@ fn refusal(
         Reason::Blocked => format!("{what} by {user} refused"),
         Reason::WouldBlock => format!("{what} by {user} allowed with a warning (mode Warn)"),
     };
-    Refusal {
+    RefusalEvent {
         lock: lock.key(),
         reason,
         operation,

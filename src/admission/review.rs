@@ -13,7 +13,7 @@ use k8s_openapi::jiff::Timestamp;
 use tracing::{debug, info, warn};
 
 use super::changes::Objects;
-use super::decide::{self, Outcome, Plan, Verdict};
+use super::decide::{self, Outcome, Triage, Verdict};
 use super::labels::{LabelError, LabelReader, Labels, NoCluster, Target};
 use super::refusals::EventSink;
 use super::request::{
@@ -166,8 +166,8 @@ impl Reviewer {
         let started = Instant::now();
         let parsed = parse(body)?;
         let req = &parsed.request;
-        let verdict = match decide::plan(req) {
-            Plan::Allow(why) => {
+        let verdict = match decide::triage(req) {
+            Triage::Allow(why) => {
                 debug!(uid = %req.uid, operation = req.operation.as_str(), resource = %req.resource_path(),
                     namespace = req.object_namespace().unwrap_or(""), name = req.object_name().unwrap_or(""),
                     exempt = why.as_str(), "allowed without lookup");
@@ -178,7 +178,7 @@ impl Reviewer {
                     outcome: Outcome::Allowed,
                 });
             }
-            Plan::Lookup(lookup) => {
+            Triage::Lookup(lookup) => {
                 let read = match self.locks_at_hand(&lookup) {
                     Some(locks) => Ok(locks),
                     // Boxed: the review's future stays small for the answers that never wait.

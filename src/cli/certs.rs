@@ -18,7 +18,6 @@ use time::{Duration, OffsetDateTime};
 /// SANs used when none are given.
 pub const DEFAULT_SANS: [&str; 3] = ["127.0.0.1", "::1", "localhost"];
 
-/// What to generate.
 #[derive(Debug, Clone)]
 pub struct CertsRequest {
     /// Output directory (created if missing).
@@ -41,7 +40,6 @@ pub enum CertsError {
     /// A SAN is neither an IP address nor a DNS name.
     #[error("--san {san:?} is neither an IP address nor a DNS name: {message}")]
     BadSan {
-        /// The SAN given.
         san: String,
         /// Why it was refused.
         message: String,
@@ -52,12 +50,9 @@ pub enum CertsError {
     /// A file exists already.
     #[error("{0} exists; pass --force to overwrite it")]
     Exists(PathBuf),
-    /// Writing failed.
     #[error("cannot write {path}: {source}")]
     Io {
-        /// The file.
         path: PathBuf,
-        /// The I/O error.
         source: std::io::Error,
     },
     /// Generating or signing failed.
@@ -65,7 +60,6 @@ pub enum CertsError {
     Generate(#[from] rcgen::Error),
 }
 
-/// The files written.
 pub const FILES: [&str; 4] = ["ca.crt", "ca.key", "tls.crt", "tls.key"];
 /// The files written with `--client`.
 pub const CLIENT_FILES: [&str; 4] = [

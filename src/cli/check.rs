@@ -8,12 +8,11 @@ use std::io::Read;
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::admission::labels::kube::KubeLabels;
+use crate::admission::labels::apiserver::KubeLabels;
 use crate::admission::{Outcome, ReviewError, Reviewer};
 use crate::app::{self, StartError};
 use crate::settings::Settings;
 
-/// What `check` found.
 #[derive(Debug)]
 pub struct CheckResult {
     /// The response AdmissionReview, pretty-printed.
@@ -49,17 +48,11 @@ pub enum CheckError {
     Read {
         /// The file (`-` for stdin).
         path: String,
-        /// The I/O error.
         source: std::io::Error,
     },
     /// The input is not an AdmissionReview.
     #[error("{path}: {source}")]
-    Review {
-        /// The file.
-        path: String,
-        /// What is wrong.
-        source: ReviewError,
-    },
+    Review { path: String, source: ReviewError },
     /// The lock source cannot be used.
     #[error(transparent)]
     Source(#[from] StartError),

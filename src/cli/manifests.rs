@@ -47,23 +47,13 @@ pub const DEFAULT_APISERVER_DIR: &str = "/etc/kubernetes/kube-object-lock";
 pub enum ManifestsError {
     /// The CA file cannot be used as a caBundle.
     #[error("--ca-file {path}: {message}")]
-    CaFile {
-        /// The file.
-        path: PathBuf,
-        /// What is wrong.
-        message: String,
-    },
+    CaFile { path: PathBuf, message: String },
     /// The URL is not an https URL with a host.
     #[error("--url {0:?} must be an https:// URL with a host, e.g. {DEFAULT_URL}")]
     Url(String),
     /// The namespace selector cannot be used.
     #[error("--namespace-selector {selector:?}: {message}")]
-    NamespaceSelector {
-        /// The text given.
-        selector: String,
-        /// What is wrong.
-        message: String,
-    },
+    NamespaceSelector { selector: String, message: String },
     /// timeoutSeconds outside what the API server accepts.
     #[error("--timeout-seconds {0} must be between 1 and 30")]
     Timeout(i32),
@@ -75,20 +65,14 @@ pub enum ManifestsError {
     ClientFile {
         /// `--client-cert` or `--client-key`.
         flag: &'static str,
-        /// The file.
         path: PathBuf,
-        /// What is wrong.
         message: String,
     },
-    /// Writing failed.
     #[error("cannot write {path}: {source}")]
     Write {
-        /// The file.
         path: PathBuf,
-        /// The I/O error.
         source: std::io::Error,
     },
-    /// YAML rendering failed.
     #[error("cannot render YAML: {0}")]
     Yaml(String),
 }
@@ -119,12 +103,7 @@ pub enum Identity {
     /// A user (client certificate CN or token user).
     User(String),
     /// A ServiceAccount.
-    ServiceAccount {
-        /// Its namespace.
-        namespace: String,
-        /// Its name.
-        name: String,
-    },
+    ServiceAccount { namespace: String, name: String },
 }
 
 impl Identity {

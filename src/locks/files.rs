@@ -32,9 +32,7 @@ pub enum FilesError {
     /// The directory cannot be listed.
     #[error("cannot read locks directory {path}: {source}")]
     Dir {
-        /// The directory.
         path: PathBuf,
-        /// The I/O error.
         source: std::io::Error,
     },
     /// Lock files that do not read, at start-up: starting without their locks would unlock
@@ -63,11 +61,9 @@ fn join(problems: &[FileProblem]) -> String {
 /// A file that could not be used, with where and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FileProblem {
-    /// The file.
     pub path: PathBuf,
     /// 1-based line, when known.
     pub line: Option<u64>,
-    /// What is wrong.
     pub message: String,
 }
 
@@ -125,7 +121,6 @@ impl FilesSource {
         Ok((source, report))
     }
 
-    /// The directory read.
     pub fn dir(&self) -> &Path {
         &self.dir
     }

@@ -1,5 +1,4 @@
 //! The lock index: every Lock and ClusterLock by namespace, as immutable `Arc` sets, with each
-//!
 //! kind's watch health published under the same lock. Invariant: readers never wait on I/O; a
 //! namespace absent from a synced index has no Locks.
 
@@ -40,7 +39,6 @@ impl WatchState {
 /// The health of one kind's watch.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Health {
-    /// The state.
     pub state: WatchState,
     /// When the state began (monotonic, for the staleness bound).
     pub since: Instant,
@@ -181,7 +179,6 @@ impl LockIndex {
         }
     }
 
-    /// The staleness bound.
     pub fn stale_after(&self) -> Duration {
         self.stale_after
     }

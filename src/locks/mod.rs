@@ -4,14 +4,14 @@
 //! ClusterLocks). Answering per namespace, not per object, lets one LIST (or one file scan)
 //! serve every object in that namespace, and it is all the namespace-deletion rule needs too.
 //!
-//! Two sources answer it: [`kube::KubeSource`] (production: an in-memory [`index`] fed by a
+//! Two sources answer it: [`apiserver::KubeSource`] (production: an in-memory [`index`] fed by a
 //! watch, with LISTs through a short-lived cache as the fallback while the watch is not healthy)
 //! and [`files::FilesSource`] (a directory of YAML documents, for trying the service without a
 //! cluster and for static locks). Neither knows anything of HTTP or of the admission decision.
 
+pub mod apiserver;
 pub mod files;
 pub mod index;
-pub mod kube;
 pub mod liveness;
 pub mod parse;
 pub mod watch;
@@ -27,7 +27,6 @@ use crate::api::{LockSpec, LockStatus, escape};
 /// One lock, as the decision needs it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LockRef {
-    /// Lock or ClusterLock.
     pub kind: LockKind,
     /// The Lock's namespace; `None` for a ClusterLock.
     pub namespace: Option<String>,
@@ -61,7 +60,6 @@ pub struct LockMeta {
 }
 
 impl LockRef {
-    /// A namespaced Lock.
     pub fn lock(namespace: &str, name: &str, spec: LockSpec) -> Self {
         LockRef {
             kind: LockKind::Lock,
@@ -74,7 +72,6 @@ impl LockRef {
         }
     }
 
-    /// A ClusterLock.
     pub fn cluster_lock(name: &str, spec: LockSpec) -> Self {
         LockRef {
             kind: LockKind::ClusterLock,
@@ -163,7 +160,6 @@ impl LockSet {
         self.by_name.iter()
     }
 
-    /// Number of locks.
     pub fn len(&self) -> usize {
         self.by_name.len()
     }
@@ -220,7 +216,6 @@ pub enum LookupError {
         resource: &'static str,
         /// ` in namespace "x"` or empty.
         scope: String,
-        /// What went wrong.
         message: String,
     },
 }
@@ -277,9 +272,7 @@ pub trait LockSource: Send + Sync + 'static {
 /// Locks known by scope.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LockCounts {
-    /// Namespaced Locks.
     pub namespaced: u64,
-    /// ClusterLocks.
     pub cluster: u64,
 }
 

@@ -36,8 +36,8 @@ const IDLE_LIMIT: Duration = Duration::from_secs(75);
 /// backs off further, to [`retry::MAX_WAIT`].
 const LISTED_RETRY: Duration = Duration::from_secs(1);
 
-/// The watch loop of one kind.
-pub(super) struct Writer {
+/// The list-and-watch of one lock kind, feeding the index (its single writer).
+pub(super) struct KindWatch {
     pub api: Api<DynamicObject>,
     pub kind: LockKind,
     pub index: Arc<LockIndex>,
@@ -63,7 +63,7 @@ impl Failure {
     }
 }
 
-impl Writer {
+impl KindWatch {
     /// The API of one lock kind, read as raw objects.
     pub fn api(client: kube::Client, kind: LockKind) -> Api<DynamicObject> {
         let resource = kind.api_resource();
@@ -422,8 +422,8 @@ mod tests {
     async fn a_silent_watch_is_dropped_after_the_idle_limit() {
         let config = kube::Config::new("http://127.0.0.1:9".parse().expect("url"));
         let client = kube::Client::try_from(config).expect("client");
-        let mut writer = Writer {
-            api: Writer::api(client, LockKind::Lock),
+        let mut watch = KindWatch {
+            api: KindWatch::api(client, LockKind::Lock),
             kind: LockKind::Lock,
             index: Arc::new(LockIndex::new(Duration::from_secs(3))),
             metrics: SourceMetrics::default(),
@@ -431,9 +431,7 @@ mod tests {
         };
         let started = tokio::time::Instant::now();
         let silent = futures::stream::pending().boxed();
-        let (version, ended) = writer
-            .follow(silent, "42".into(), &mut HashSet::new())
-            .await;
+        let (version, ended) = watch.follow(silent, "42".into(), &mut HashSet::new()).await;
         assert_eq!(version, "42");
         assert!(ended.is_none(), "a clean end: resumed at once");
         let waited = started.elapsed();
@@ -448,8 +446,8 @@ mod tests {
         let config = kube::Config::new("http://127.0.0.1:9".parse().expect("url"));
         let client = kube::Client::try_from(config).expect("client");
         let (report, silence) = Silence::manual();
-        let mut writer = Writer {
-            api: Writer::api(client, LockKind::Lock),
+        let mut watch = KindWatch {
+            api: KindWatch::api(client, LockKind::Lock),
             kind: LockKind::Lock,
             index: Arc::new(LockIndex::new(Duration::from_secs(3))),
             metrics: SourceMetrics::default(),
@@ -463,9 +461,7 @@ mod tests {
             std::future::pending::<()>().await;
         });
         let silent = futures::stream::pending().boxed();
-        let (version, ended) = writer
-            .follow(silent, "42".into(), &mut HashSet::new())
-            .await;
+        let (version, ended) = watch.follow(silent, "42".into(), &mut HashSet::new()).await;
         assert_eq!(version, "42");
         let failure = ended.expect("a failure: listed again");
         assert_eq!(failure.message, "liveness probe: no answer");

@@ -1,5 +1,4 @@
 //! Objects the garbage collector is waiting to delete: `kubectl lock` says so, and `kubectl
-//!
 //! unlock` prompts the collector with an owner reference to an owner that does not exist.
 //! Invariant: the prompt only makes the collector do now what its next retry would have done.
 

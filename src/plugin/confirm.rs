@@ -1,9 +1,7 @@
 //! `kubectl lock` waits until the new lock is in force: an instance reports it in the lock's
-//! status,
-//!
-//! and a server-side dry run of the guarded operation is refused by it. Invariant: `locked` is
-//! printed only once both hold (status alone for Warn, missing objects, and CREATE or CONNECT
-//! only).
+//! status, and a server-side dry run of the guarded operation is refused by it. Invariant:
+//! `locked` is printed only once both hold (status alone for Warn, missing objects, and CREATE
+//! or CONNECT only).
 
 use std::time::Duration;
 

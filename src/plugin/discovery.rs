@@ -21,13 +21,9 @@ pub struct ResourceType {
     pub preferred: bool,
     /// Plural resource name (`deployments`).
     pub plural: String,
-    /// Singular name (`deployment`).
     pub singular: String,
-    /// Kind (`Deployment`).
     pub kind: String,
-    /// Short names (`deploy`).
     pub short_names: Vec<String>,
-    /// Namespaced, or cluster-scoped.
     pub namespaced: bool,
 }
 
@@ -166,7 +162,6 @@ fn looks_like_version(text: &str) -> bool {
 /// Why a resource could not be resolved.
 #[derive(Debug, PartialEq, Eq)]
 pub enum ResolveError {
-    /// Nothing matches.
     Unknown,
     /// Several resources match equally well: their qualified names.
     Ambiguous(Vec<String>),

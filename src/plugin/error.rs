@@ -42,7 +42,6 @@ pub enum PluginError {
     Api {
         /// What was attempted ("cannot create Lock prod/web").
         action: String,
-        /// The server's message.
         detail: String,
     },
     /// A value the command line cannot carry out.
@@ -50,12 +49,7 @@ pub enum PluginError {
     Usage(String),
     /// `kubectl lock man DIR` could not write a page.
     #[error("cannot write the man pages into {dir}: {error}")]
-    ManPages {
-        /// The directory given.
-        dir: String,
-        /// Why.
-        error: std::io::Error,
-    },
+    ManPages { dir: String, error: std::io::Error },
     /// Discovery knows no such resource.
     #[error("the server doesn't have a resource type \"{resource}\"{hint}")]
     UnknownResource {
@@ -106,7 +100,6 @@ pub enum PluginError {
     /// says why.
     #[error("{error}; the command was not run")]
     NotRun {
-        /// The exit status.
         code: u8,
         /// Why (not a `source`: the message says it already).
         error: Box<PluginError>,

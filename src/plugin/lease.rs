@@ -70,14 +70,10 @@ pub enum Notice {
     Failing {
         /// Time left on the lease.
         left: Duration,
-        /// The error.
         why: String,
     },
     /// The lease ran out: the lock no longer applies until a renewal succeeds.
-    Lapsed {
-        /// The last error.
-        why: String,
-    },
+    Lapsed { why: String },
     /// Renewed again after a [`Notice::Failing`] or [`Notice::Lapsed`].
     Recovered,
     /// The lock is gone: renewals stop.

@@ -24,7 +24,6 @@ pub(super) async fn lock(
 
 /// A lock held for as long as a command runs, on a lease (`kubectl lock ... -- COMMAND`).
 pub(super) struct Held<'a> {
-    /// The lease.
     pub lease: Duration,
     /// The first `expiresAt`: one lease from now.
     pub expires_at: Timestamp,
@@ -37,7 +36,6 @@ pub(super) struct Held<'a> {
 pub(super) struct Created {
     /// Its `Api`, through the plugin's client.
     pub api: Api<DynamicObject>,
-    /// Which lock.
     pub key: LockKey,
     /// Its uid, a precondition of every later write.
     pub uid: String,

@@ -36,7 +36,6 @@ pub use error::PluginError;
 /// What a successful command prints.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Report {
-    /// For stdout.
     pub stdout: String,
     /// Remarks for stderr, each one line (a `--namespace` that was ignored, an empty list).
     pub notes: Vec<String>,

@@ -1,5 +1,4 @@
 //! `--owner KIND/NAME`: the `ownerReference` that makes the garbage collector delete the lock
-//!
 //! with that object. Invariant: the owner's uid is read from the API; `controller` and
 //! `blockOwnerDeletion` are never set.
 

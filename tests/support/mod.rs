@@ -111,7 +111,7 @@ impl TestServer {
     /// The production wiring on `api`: the watch-fed lock source, and lock status and events
     /// written as instance `cp-1`, decided from that source's index.
     pub async fn start_reporting_on(api: &fake_apiserver::FakeApiServer) -> TestServer {
-        use kube_object_lock::locks::kube::KubeSource;
+        use kube_object_lock::locks::apiserver::KubeSource;
         use kube_object_lock::reporting::Reporting;
         let metrics = Arc::new(Metrics::new());
         let source = KubeSource::with_metrics(api.client(), cache_config(), metrics.source.clone());
@@ -419,8 +419,8 @@ pub fn lock_yaml(namespace: Option<&str>, name: &str, reason: Option<&str>) -> S
 
 /// The lock source's settings for tests that only need it to work: a long fallback TTL, the
 /// default staleness bound.
-pub fn cache_config() -> kube_object_lock::locks::kube::CacheConfig {
-    kube_object_lock::locks::kube::CacheConfig {
+pub fn cache_config() -> kube_object_lock::locks::apiserver::CacheConfig {
+    kube_object_lock::locks::apiserver::CacheConfig {
         ttl: Duration::from_secs(60),
         max_namespaces: 100,
         stale_after: Duration::from_secs(3),
@@ -436,7 +436,7 @@ pub fn lock_view(
     tokio::sync::watch::Receiver<kube_object_lock::status::LockSnapshot>,
     impl Future<Output = ()> + Send + 'static,
 ) {
-    let source = kube_object_lock::locks::kube::KubeSource::new(client, cache_config());
+    let source = kube_object_lock::locks::apiserver::KubeSource::new(client, cache_config());
     let (view, follow) = kube_object_lock::status::view::follow(source.index().clone());
     let watch = source.watch();
     (view, async move {

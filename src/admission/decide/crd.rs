@@ -16,7 +16,6 @@ use k8s_openapi::jiff::Timestamp;
 
 /// The CustomResourceDefinitions' API group.
 pub const CRD_GROUP: &str = "apiextensions.k8s.io";
-/// Their resource.
 pub const CRD_RESOURCE: &str = "customresourcedefinitions";
 /// How many Locks a refusal names.
 const NAMED: usize = 5;

@@ -54,9 +54,9 @@ fn run(
     namespaced: &[LockRef],
     cluster: &[LockRef],
 ) -> Result<Verdict, Exempt> {
-    let lookup = match plan(req) {
-        Plan::Allow(why) => return Err(why),
-        Plan::Lookup(lookup) => lookup,
+    let lookup = match triage(req) {
+        Triage::Allow(why) => return Err(why),
+        Triage::Lookup(lookup) => lookup,
     };
     let ns_set: LockSet = namespaced
         .iter()
@@ -80,7 +80,7 @@ fn run(
 
 /// Plans and decides an UPDATE whose objects are `old` and `new`, in the locks of `prod`.
 fn run_update(req: &AdmissionRequest, namespaced: &[LockRef], old: Value, new: Value) -> Verdict {
-    let Plan::Lookup(lookup) = plan(req) else {
+    let Triage::Lookup(lookup) = triage(req) else {
         panic!("needs a lookup")
     };
     let objects = Objects::from_values(old, new);
@@ -157,8 +157,8 @@ fn rule_1_cluster_scoped_objects_are_locked_by_cluster_locks() {
     }));
     // Looked up among ClusterLocks: a Lock of the same name in a namespace does not count.
     assert_eq!(
-        plan(&req),
-        Plan::Lookup(Lookup {
+        triage(&req),
+        Triage::Lookup(Lookup {
             scope: "",
             name: "reader",
             contents_of: None
@@ -232,13 +232,13 @@ fn rule_2_create_is_refused_by_a_lock_asking_for_it() {
         "operation": "CREATE", "name": null, "oldObject": null,
         "object": {"metadata": {"generateName": "app-config-", "namespace": "prod"}},
     }));
-    assert_eq!(plan(&generated), Plan::Allow(Exempt::Unnamed));
+    assert_eq!(triage(&generated), Triage::Allow(Exempt::Unnamed));
     // Other subresource creates (a token request) create nothing of a lock's name.
     let token = request(json!({
         "operation": "CREATE", "subResource": "token", "name": "app-config",
         "resource": {"group": "", "version": "v1", "resource": "serviceaccounts"},
     }));
-    assert_eq!(plan(&token), Plan::Allow(Exempt::Create));
+    assert_eq!(triage(&token), Triage::Allow(Exempt::Create));
     // Warn mode warns; the resources still decide.
     let warn = lock(
         "app-config",
@@ -349,7 +349,7 @@ fn rule_2_connect_to_a_pod_is_refused_by_a_lock_asking_for_it() {
             "operation": "CONNECT", "name": "db-0", "subResource": "proxy",
             "resource": {"group": "", "version": "v1", "resource": resource},
         }));
-        assert_eq!(plan(&proxy), Plan::Allow(Exempt::Connect), "{resource}");
+        assert_eq!(triage(&proxy), Triage::Allow(Exempt::Connect), "{resource}");
     }
 }
 
@@ -481,8 +481,8 @@ fn text_a_lock_supplies_is_escaped_in_refusals_and_warnings() {
 fn rule_3_deletecollection_items_take_the_name_from_old_object() {
     let req = request(json!({"name": null, "oldObject": {"metadata": {"name": "app-config"}}}));
     assert_eq!(
-        plan(&req),
-        Plan::Lookup(Lookup {
+        triage(&req),
+        Triage::Lookup(Lookup {
             scope: "prod",
             name: "app-config",
             contents_of: None
@@ -501,7 +501,7 @@ fn rule_3_deletecollection_items_take_the_name_from_old_object() {
 #[test]
 fn rule_3_a_request_naming_nothing_is_allowed_without_lookup() {
     let req = request(json!({"name": null, "oldObject": {"metadata": {}}}));
-    assert_eq!(plan(&req), Plan::Allow(Exempt::Unnamed));
+    assert_eq!(triage(&req), Triage::Allow(Exempt::Unnamed));
 }
 
 #[test]
@@ -527,14 +527,14 @@ fn rule_4_only_pod_eviction_creates_are_looked_up() {
         "operation": "CREATE", "subResource": "token",
         "resource": {"group": "", "version": "v1", "resource": "serviceaccounts"},
     }));
-    assert_eq!(plan(&req), Plan::Allow(Exempt::Create));
+    assert_eq!(triage(&req), Triage::Allow(Exempt::Create));
 }
 
 #[test]
 fn rule_5_status_writes_may_change_the_status_only_other_subresources_are_locked() {
     let status = request(json!({"operation": "UPDATE", "subResource": "status",
         "resource": {"group": "", "version": "v1", "resource": "pods"}}));
-    assert!(matches!(plan(&status), Plan::Lookup(_)));
+    assert!(matches!(triage(&status), Triage::Lookup(_)));
     let old = json!({"metadata": {"name": "app-config", "resourceVersion": "1"},
                      "status": {"phase": "Running"}});
     let with = |f: &dyn Fn(&mut Value)| {
@@ -612,14 +612,14 @@ fn rule_6_locks_themselves_are_never_locked() {
                 "operation": op,
                 "resource": {"group": "objectlock.dev", "version": "v1alpha1", "resource": resource},
             }));
-            assert_eq!(plan(&req), Plan::Allow(Exempt::LockResource));
+            assert_eq!(triage(&req), Triage::Allow(Exempt::LockResource));
         }
     }
     // Same plural in another group is an ordinary resource.
     let other = request(json!({
         "resource": {"group": "example.com", "version": "v1", "resource": "locks"},
     }));
-    assert!(matches!(plan(&other), Plan::Lookup(_)));
+    assert!(matches!(triage(&other), Triage::Lookup(_)));
 }
 
 #[test]
@@ -690,8 +690,8 @@ fn rule_8_namespace_deletion_is_denied_while_it_holds_locks() {
         "oldObject": {"metadata": {"name": "doomed"}},
     }));
     assert_eq!(
-        plan(&req),
-        Plan::Lookup(Lookup {
+        triage(&req),
+        Triage::Lookup(Lookup {
             scope: "",
             name: "doomed",
             contents_of: Some("doomed")
@@ -754,7 +754,7 @@ fn rule_9_dry_run_is_decided_the_same() {
 #[test]
 fn lookup_failure_follows_the_policy() {
     let req = request(json!({}));
-    let Plan::Lookup(lookup) = plan(&req) else {
+    let Triage::Lookup(lookup) = triage(&req) else {
         panic!("needs lookup")
     };
     let error = LookupError::Timeout(std::time::Duration::from_secs(2));
@@ -777,7 +777,7 @@ fn lookup_failure_never_blocks_a_terminating_object() {
         "operation": "UPDATE",
         "object": {"metadata": {"deletionTimestamp": "2026-11-22T02:00:09Z"}},
     }));
-    let Plan::Lookup(lookup) = plan(&req) else {
+    let Triage::Lookup(lookup) = triage(&req) else {
         panic!("needs lookup")
     };
     let error = LookupError::Timeout(std::time::Duration::from_secs(2));
@@ -1479,7 +1479,7 @@ fn run_reading(
     labels: Labels,
     policy: OnLookupError,
 ) -> (Option<String>, Verdict) {
-    let Plan::Lookup(lookup) = plan(req) else {
+    let Triage::Lookup(lookup) = triage(req) else {
         panic!("needs a lookup")
     };
     let set = locks(namespaced);

@@ -1,5 +1,5 @@
 use super::*;
-use crate::admission::decide::{self, Plan};
+use crate::admission::decide::{self, Triage};
 use crate::api::LockSpec;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::json;
@@ -21,7 +21,7 @@ fn request(patch: serde_json::Value) -> AdmissionRequest<'static> {
 }
 
 fn verdict(req: &AdmissionRequest, set: &LockSet) -> Verdict {
-    let Plan::Lookup(lookup) = decide::plan(req) else {
+    let Triage::Lookup(lookup) = decide::triage(req) else {
         panic!("needs a lookup")
     };
     decide::decide(req, &lookup, set, None, Timestamp::now())
@@ -31,7 +31,7 @@ fn spec(value: serde_json::Value) -> LockSpec {
     serde_json::from_value(value).expect("spec")
 }
 
-fn drain(rx: &mut mpsc::Receiver<Refusal>) -> Vec<Refusal> {
+fn drain(rx: &mut mpsc::Receiver<RefusalEvent>) -> Vec<RefusalEvent> {
     let mut out = vec![];
     while let Ok(r) = rx.try_recv() {
         out.push(r);
@@ -54,7 +54,7 @@ fn a_refusal_is_recorded_against_the_lock_that_refused() {
     let recorded = drain(&mut rx);
     assert_eq!(
         recorded,
-        [Refusal {
+        [RefusalEvent {
             lock: LockKey {
                 namespace: Some("prod".into()),
                 name: "app-config".into()
@@ -119,7 +119,7 @@ fn namespace_deletion_is_recorded_on_the_locks_inside() {
         "name": "prod", "namespace": "prod",
         "oldObject": {"metadata": {"name": "prod"}},
     }));
-    let Plan::Lookup(lookup) = decide::plan(&req) else {
+    let Triage::Lookup(lookup) = decide::triage(&req) else {
         panic!("lookup")
     };
     let cluster = LockSet::default();
@@ -136,7 +136,7 @@ fn namespace_deletion_is_recorded_on_the_locks_inside() {
 fn a_full_queue_drops_and_counts_without_waiting() {
     let metrics = EnforcementMetrics::default();
     let (sink, mut rx) = EventSink::channel(2, metrics.clone());
-    let refusal = Refusal {
+    let refusal = RefusalEvent {
         lock: LockKey {
             namespace: None,
             name: "n".into(),
@@ -184,7 +184,7 @@ fn the_note_names_the_field_that_changed() {
     .collect();
     let (sink, mut rx) = EventSink::channel(8, EnforcementMetrics::default());
     let req = request(json!({"operation": "UPDATE"}));
-    let Plan::Lookup(lookup) = decide::plan(&req) else {
+    let Triage::Lookup(lookup) = decide::triage(&req) else {
         panic!("needs a lookup")
     };
     let objects = crate::admission::changes::Objects::from_values(

@@ -45,7 +45,6 @@ impl AlertOptions {
     }
 }
 
-/// One alert.
 struct Alert {
     name: &'static str,
     expr: String,
@@ -189,7 +188,6 @@ struct PrometheusRule {
     spec: Groups,
 }
 
-/// The rule groups.
 fn groups(options: &AlertOptions) -> Groups {
     let rules: Vec<Rule> = alerts(options)
         .into_iter()

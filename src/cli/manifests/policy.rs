@@ -1,5 +1,4 @@
 //! Who may lock and who may unlock: the ValidatingAdmissionPolicy on the lock resources (no
-//!
 //! escalation; changing a lock is unlocking it; held locks), checked by the API server in-process.
 //! Invariant: it never matches the status subresource, so the webhook's status writes pass.
 
@@ -257,7 +256,6 @@ fn escalation_checks() -> Vec<Value> {
     out
 }
 
-/// The ValidatingAdmissionPolicy.
 pub fn policy() -> Value {
     let mut validations = escalation_checks();
     validations.push(json!({

@@ -461,7 +461,7 @@ fn rule_matches(
 #[test]
 fn the_registration_sends_every_subresource_the_decision_locks() {
     use crate::admission::AdmissionRequest;
-    use crate::admission::decide::{Plan, plan};
+    use crate::admission::decide::{Triage, triage};
     let vwc = webhook_configuration(&registration(), NAME);
     let mut hooks = vwc.webhooks.expect("webhooks");
     // CREATE and CONNECT are sent by the entries the instances add while Locks ask for them.
@@ -493,7 +493,7 @@ fn the_registration_sends_every_subresource_the_decision_locks() {
                 "oldObject": (operation != "CREATE").then(|| serde_json::json!({"metadata": {"name": name}})),
             }))
             .expect("request");
-            let locked = matches!(plan(&request), Plan::Lookup(_));
+            let locked = matches!(triage(&request), Triage::Lookup(_));
             let registered = hooks.iter().any(|hook| {
                 hook.rules.iter().flatten().any(|rule| {
                     rule_matches(rule, operation, group, resource, subresource, namespaced)

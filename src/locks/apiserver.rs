@@ -1,5 +1,4 @@
 //! Lock lookups from the API server: from the watch-fed index while it is trusted, else a LIST of
-//!
 //! the namespace through a moka cache. Invariant: a fallback answer is reused only by lookups that
 //! arrived at most `cache.ttl` after its LIST started, and never across a return of the index to
 //! fresh.
@@ -15,7 +14,7 @@ use tracing::debug;
 
 use super::index::LockIndex;
 use super::liveness;
-use super::watch::Writer;
+use super::watch::KindWatch;
 use super::{LockCounts, LockKind, LockSet, LockSource, LookupError, parse};
 use crate::api::{CLUSTER_LOCKS, LOCKS};
 use crate::metrics::{ApiLabels, CacheLabels, SourceMetrics};
@@ -85,7 +84,6 @@ impl KubeSource {
         }
     }
 
-    /// The source's metrics.
     pub fn metrics(&self) -> &SourceMetrics {
         &self.shared.metrics
     }
@@ -101,15 +99,15 @@ impl KubeSource {
     /// index stale when it goes silent ([`super::liveness`]).
     pub fn watch(&self) -> impl Future<Output = ()> + Send + 'static + use<> {
         let (probe, silence) = liveness::probe(self.shared.client.clone());
-        let writer = |kind| Writer {
-            api: Writer::api(self.shared.client.clone(), kind),
+        let watch = |kind| KindWatch {
+            api: KindWatch::api(self.shared.client.clone(), kind),
             kind,
             index: self.shared.index.clone(),
             metrics: self.shared.metrics.clone(),
             silence: silence.clone(),
         };
-        let locks = writer(LockKind::Lock).run();
-        let cluster_locks = writer(LockKind::ClusterLock).run();
+        let locks = watch(LockKind::Lock).run();
+        let cluster_locks = watch(LockKind::ClusterLock).run();
         async move {
             futures::future::join3(locks, cluster_locks, probe.run()).await;
         }
