@@ -429,18 +429,41 @@ impl LockSpec {
 }
 
 /// An operation a lock refuses.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
+#[derive(
+    Serialize,
+    Deserialize,
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    JsonSchema,
+    clap::ValueEnum,
+)]
 #[serde(rename_all = "UPPERCASE")]
 pub enum LockOperation {
     /// UPDATE, PATCH and apply; and writes to subresources other than status.
+    #[value(name = "UPDATE", help = "Changes to the object")]
     Update,
     /// DELETE, and evictions.
+    #[value(name = "DELETE", help = "Deletion of the object")]
     Delete,
     /// CREATE of an object of the lock's name: the lock reserves the name. A request with
     /// `generateName` has no name yet and is never refused.
+    #[value(
+        name = "CREATE",
+        help = "Creation of an object of the name (the lock reserves it)"
+    )]
     Create,
     /// `exec`, `attach`, `port-forward` and `proxy` into the locked pod: nothing reaches the
     /// pod through the API server.
+    #[value(
+        name = "CONNECT",
+        help = "exec, attach, port-forward and proxy into the pod"
+    )]
     Connect,
 }
 

@@ -8,9 +8,10 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 use k8s_openapi::jiff::Timestamp;
 
+use crate::api::LockOperation;
 pub use crate::cli::generate::PluginShell;
 
 /// The file name that makes the binary unlock.
@@ -213,7 +214,7 @@ pub struct LockArgs {
         value_delimiter = ',',
         ignore_case = true
     )]
-    pub operations: Vec<Operation>,
+    pub operations: Vec<LockOperation>,
     /// Let this user change the object anyway; repeat for more users.
     #[arg(long = "exempt-user", value_name = "USER")]
     pub exempt_users: Vec<String>,
@@ -262,35 +263,6 @@ pub struct LockArgs {
     /// The command to run while the lock is held, after `--`.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<OsString>,
-}
-
-/// An operation a lock can refuse.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, ValueEnum)]
-pub enum Operation {
-    /// Changes to the object.
-    #[value(name = "UPDATE")]
-    Update,
-    /// Deletion of the object.
-    #[value(name = "DELETE")]
-    Delete,
-    /// Creation of an object of the name (the lock reserves it).
-    #[value(name = "CREATE")]
-    Create,
-    /// exec, attach, port-forward and proxy into the pod.
-    #[value(name = "CONNECT")]
-    Connect,
-}
-
-impl Operation {
-    /// The name in a Lock's `spec.operations`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Operation::Update => "UPDATE",
-            Operation::Delete => "DELETE",
-            Operation::Create => "CREATE",
-            Operation::Connect => "CONNECT",
-        }
-    }
 }
 
 /// `kubectl unlock`.
@@ -449,7 +421,11 @@ mod tests {
         assert_eq!(cli.lock.duration, Some(Duration::from_secs(5400)));
         assert_eq!(
             cli.lock.operations,
-            [Operation::Delete, Operation::Update, Operation::Delete]
+            [
+                LockOperation::Delete,
+                LockOperation::Update,
+                LockOperation::Delete
+            ]
         );
         assert_eq!(cli.lock.exempt_users, ["alice", "bob"]);
         assert!(cli.lock.warn && !cli.lock.allow_missing);

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{DynamicObject, Patch, PatchParams};
+use kube::core::GroupVersion;
 
 use super::error::status_code;
 use super::{Cluster, Target};
@@ -55,13 +56,17 @@ pub(super) async fn waiting(
     if owners.is_empty() {
         return None;
     }
-    let groups: BTreeSet<String> = owners.iter().map(|o| group_of(o).to_owned()).collect();
+    let groups: BTreeSet<String> = (owners.iter())
+        .filter_map(|o| o.api_version.parse::<GroupVersion>().ok())
+        .map(|gv| gv.group)
+        .collect();
     let discovered = cluster.discover(Some(&groups), true).await.ok()?;
     let mut gone = None;
     for owner in owners {
-        let resource = discovered.types.iter().find(|t| {
-            t.group == group_of(owner) && version_of(owner) == t.version && t.kind == owner.kind
-        })?;
+        let resource = discovered
+            .types
+            .iter()
+            .find(|t| t.api_resource().api_version == owner.api_version && t.kind == owner.kind)?;
         let namespace = resource
             .namespaced
             .then_some(target.namespace.as_deref())
@@ -152,35 +157,9 @@ fn absent_uid(uid: &str) -> String {
     }
 }
 
-fn group_of(owner: &OwnerReference) -> &str {
-    owner
-        .api_version
-        .split_once('/')
-        .map_or("", |(group, _)| group)
-}
-
-fn version_of(owner: &OwnerReference) -> &str {
-    owner
-        .api_version
-        .split_once('/')
-        .map_or(owner.api_version.as_str(), |(_, version)| version)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn owners_split_into_group_and_version() {
-        let owner = |api_version: &str| OwnerReference {
-            api_version: api_version.to_owned(),
-            ..OwnerReference::default()
-        };
-        assert_eq!(group_of(&owner("apps/v1")), "apps");
-        assert_eq!(version_of(&owner("apps/v1")), "v1");
-        assert_eq!(group_of(&owner("v1")), "");
-        assert_eq!(version_of(&owner("v1")), "v1");
-    }
 
     #[test]
     fn the_absent_owner_is_not_the_object_and_is_stable() {

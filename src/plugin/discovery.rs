@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 
 use futures::future::join_all;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::APIResourceList;
-use kube::api::ApiResource;
+use kube::api::{ApiResource, GroupVersionKind};
 
 use crate::api;
 
@@ -30,17 +30,8 @@ pub struct ResourceType {
 impl ResourceType {
     /// What `Api::<DynamicObject>` needs to talk about it.
     pub fn api_resource(&self) -> ApiResource {
-        let api_version = match self.group.as_str() {
-            "" => self.version.clone(),
-            group => format!("{group}/{}", self.version),
-        };
-        ApiResource {
-            group: self.group.clone(),
-            version: self.version.clone(),
-            api_version,
-            kind: self.kind.clone(),
-            plural: self.plural.clone(),
-        }
+        let gvk = GroupVersionKind::gvk(&self.group, &self.version, &self.kind);
+        ApiResource::from_gvk_with_plural(&gvk, &self.plural)
     }
 
     /// `Lock` or `ClusterLock` themselves.
@@ -56,7 +47,7 @@ impl ResourceType {
     /// The resource types of one discovery document, subresources left out.
     pub fn from_list(list: &APIResourceList, preferred: bool) -> Vec<ResourceType> {
         let (group, version) = match list.group_version.split_once('/') {
-            Some((group, version)) => (group, version),
+            Some(split) => split,
             None => ("", list.group_version.as_str()),
         };
         list.resources

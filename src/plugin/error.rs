@@ -183,19 +183,7 @@ pub fn detail(error: &kube::Error) -> String {
             (message, _) => one_line(message),
         };
     }
-    let mut line = String::new();
-    let mut cause: Option<&dyn std::error::Error> = Some(error);
-    while let Some(e) = cause {
-        let text = one_line(&e.to_string());
-        if !line.contains(&text) {
-            if !line.is_empty() {
-                line.push_str(": ");
-            }
-            line.push_str(&text);
-        }
-        cause = e.source();
-    }
-    line
+    one_line(&crate::retry::error_chain(error))
 }
 
 /// The deepest cause: "Connection refused (os error 111)" rather than "client error (Connect)".

@@ -6,13 +6,14 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, DynamicObject, PostParams, Preconditions};
 use tokio::sync::watch;
 
-use super::cli::{ConnectionArgs, LockArgs, Operation};
+use super::cli::{ConnectionArgs, LockArgs};
 use super::confirm::{self, Probe};
 use super::error::status_code;
 use super::owner;
 use super::spec::{self, NewSpec};
 use super::{Cluster, PluginError, Report, Target, collector, lock_resource};
 use crate::api::LockKey;
+use crate::api::LockOperation;
 
 /// Creates the lock of the object `args.target` names.
 pub(super) async fn lock(
@@ -67,7 +68,7 @@ pub(super) async fn take(
         notes.push(format!("{lock} is not enforced: {why}"));
     }
     // A lock reserving the name is mostly taken before the object exists.
-    if !args.allow_missing && !operations.contains(&Operation::Create) {
+    if !args.allow_missing && !operations.contains(&LockOperation::Create) {
         let api = cluster.api(&target.resource.api_resource(), target.namespace.as_deref());
         let object = api
             .get(&target.name)
@@ -147,15 +148,15 @@ pub(super) async fn take(
         false => String::new(),
         true => {
             let asks = |op| match operations.as_slice() {
-                [] => matches!(op, Operation::Update | Operation::Delete),
+                [] => matches!(op, LockOperation::Update | LockOperation::Delete),
                 ops => ops.contains(&op),
             };
             // Missing objects are found out by the dry run (404).
             let probe = if args.warn {
                 Probe::None
-            } else if asks(Operation::Delete) {
+            } else if asks(LockOperation::Delete) {
                 Probe::Delete
-            } else if asks(Operation::Update)
+            } else if asks(LockOperation::Update)
                 && args.fields.is_empty()
                 && args.except_fields.is_empty()
             {

@@ -5,10 +5,10 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::DynamicObject;
 
-use super::cli::Operation;
 use super::discovery::{ResourceArg, ResourceType};
 use super::error::status_code;
 use super::{Cluster, PluginError, Target};
+use crate::api::LockOperation;
 
 /// The ownerReference to the object `text` (`KIND/NAME`) names, for the lock of `target`: in
 /// the target's namespace, or cluster-scoped; a ClusterLock takes cluster-scoped owners only.
@@ -16,7 +16,7 @@ pub(super) async fn resolve(
     cluster: &Cluster,
     text: &str,
     target: &Target,
-    operations: &[Operation],
+    operations: &[LockOperation],
 ) -> Result<OwnerReference, PluginError> {
     let (arg, name) = parse(text)?;
     let resource = cluster
@@ -78,13 +78,13 @@ fn refuses_own_deletion(
     name: &str,
     namespace: Option<&str>,
     target: &Target,
-    operations: &[Operation],
+    operations: &[LockOperation],
 ) -> bool {
     let same = resource.group == target.resource.group
         && resource.plural == target.resource.plural
         && name == target.name
         && namespace == target.namespace.as_deref();
-    same && (operations.is_empty() || operations.contains(&Operation::Delete))
+    same && (operations.is_empty() || operations.contains(&LockOperation::Delete))
 }
 
 /// The reference to `object`, of the type `resource`; `None` without a uid.
@@ -185,11 +185,12 @@ mod tests {
     fn the_locked_object_cannot_own_a_lock_refusing_its_deletion() {
         let deployments = resource("apps", "deployments", "Deployment", true);
         let t = target(Some("prod"));
-        let own =
-            |ops: &[Operation]| refuses_own_deletion(&deployments, "web", Some("prod"), &t, ops);
+        let own = |ops: &[LockOperation]| {
+            refuses_own_deletion(&deployments, "web", Some("prod"), &t, ops)
+        };
         assert!(own(&[]));
-        assert!(own(&[Operation::Delete]));
-        assert!(!own(&[Operation::Update]), "UPDATE only: ends with it");
+        assert!(own(&[LockOperation::Delete]));
+        assert!(!own(&[LockOperation::Update]), "UPDATE only: ends with it");
         let jobs = resource("batch", "jobs", "Job", true);
         assert!(!refuses_own_deletion(&jobs, "web", Some("prod"), &t, &[]));
         assert!(!refuses_own_deletion(

@@ -6,7 +6,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::DynamicObject;
 
-use super::cli::Operation;
 use super::discovery::qualified;
 use crate::admission::decide;
 use crate::api::{Exemptions, Holder, LockMode, LockOperation, LockSpec, ResourceRule};
@@ -17,7 +16,7 @@ pub(super) struct NewSpec<'a> {
     pub plural: &'a str,
     pub reason: Option<&'a str>,
     /// Sorted, without repeats; empty: every operation.
-    pub operations: &'a [Operation],
+    pub operations: &'a [LockOperation],
     pub exempt_users: &'a [String],
     pub expires_at: Option<Timestamp>,
     pub warn: bool,
@@ -33,17 +32,7 @@ impl NewSpec<'_> {
     pub fn to_spec(&self) -> LockSpec {
         LockSpec {
             reason: self.reason.map(str::to_owned),
-            operations: (!self.operations.is_empty()).then(|| {
-                self.operations
-                    .iter()
-                    .map(|o| match o {
-                        Operation::Update => LockOperation::Update,
-                        Operation::Delete => LockOperation::Delete,
-                        Operation::Create => LockOperation::Create,
-                        Operation::Connect => LockOperation::Connect,
-                    })
-                    .collect()
-            }),
+            operations: (!self.operations.is_empty()).then(|| self.operations.to_vec()),
             resources: Some(vec![ResourceRule {
                 api_groups: vec![self.group.to_owned()],
                 resources: vec![self.plural.to_owned()],
@@ -290,7 +279,7 @@ mod tests {
             group: "apps",
             plural: "deployments",
             reason: Some("release freeze"),
-            operations: &[Operation::Delete],
+            operations: &[LockOperation::Delete],
             exempt_users: &users,
             expires_at: Some(at),
             warn: true,
