@@ -24,6 +24,11 @@
 //! (`KOL_E2E_COST=create`: the CREATE comparison alone, about a minute; `KOL_E2E_COST=goal`:
 //! namespaces without a Lock alone, no registration against format 2, with 20 and 2,000 Locks;
 //! `KOL_E2E_COST_CYCLES=N`: N cycles per comparison), and prints figures only.
+//!
+//! `KOL_E2E_COST=binaries` compares two builds instead, with the broad registration (every
+//! write sent to the webhook): the binary under test against `KOL_E2E_COST_BASELINE` (another
+//! build's `kube-object-lock`), one instance at a time on the suite's port, A B B A, about three
+//! minutes.
 
 use std::time::{Duration, Instant};
 
@@ -48,6 +53,10 @@ enum Variant {
     Namespaces,
     /// Format 2, and no Lock asks for CREATE: no entry sends CREATE.
     NoCreateLock,
+    /// The broad registration, served by the `KOL_E2E_COST_BASELINE` build.
+    BaselineBinary,
+    /// The broad registration, served by the binary under test.
+    TestedBinary,
     /// A Lock asking for CREATE in the namespace written to: its entry's condition is evaluated
     /// for every CREATE there.
     CreateLockHere,
@@ -64,6 +73,8 @@ impl Variant {
             Variant::NoCreateLock => "no Lock asks CREATE",
             Variant::CreateLockHere => "a Lock asking CREATE in the namespace",
             Variant::CreateLockElsewhere => "a Lock asking CREATE in another namespace",
+            Variant::BaselineBinary => "broad, baseline binary",
+            Variant::TestedBinary => "broad, binary under test",
         }
     }
 }
@@ -81,6 +92,7 @@ pub fn run(ctx: &Ctx) -> Result<()> {
         Ok("create") => measure_creates(ctx, &saved),
         // The goals alone: namespaces without a Lock, no registration against format 2.
         Ok("goal") => measure(ctx, &saved, Scope::Goal),
+        Ok("binaries") => measure_binaries(ctx),
         _ => measure(ctx, &saved, Scope::All).and_then(|()| measure_creates(ctx, &saved)),
     };
     // Whatever happened: the registration back, in format 2, and no bulk Locks left.
@@ -269,6 +281,103 @@ fn measure_creates(ctx: &Ctx, saved: &Value) -> Result<()> {
         ));
     }
     cleared
+}
+
+/// Writes/s of unlocked ConfigMaps with the broad registration (`registration.max_names` 1, two
+/// Locks), served by the baseline build and by the binary under test in turn, each started
+/// afresh in place of the suite's instance (which is back afterwards).
+fn measure_binaries(ctx: &Ctx) -> Result<()> {
+    let baseline = std::env::var_os("KOL_E2E_COST_BASELINE")
+        .map(std::path::PathBuf::from)
+        .filter(|p| p.is_file())
+        .context("KOL_E2E_COST=binaries: set KOL_E2E_COST_BASELINE to a kube-object-lock binary")?;
+    let namespaces: Vec<String> = (0..20)
+        .map(|i| ctx.namespace(&format!("b{i:02}")))
+        .collect::<Result<_>>()?;
+    for ns in &namespaces {
+        ctx.configmap(ns, "free", json!({}))?;
+    }
+    for ns in &namespaces[..2] {
+        ctx.lock(ns, "held", json!({}))?;
+    }
+    let paths: Vec<String> = (namespaces.iter())
+        .map(|ns| format!("/api/v1/namespaces/{ns}/configmaps/free"))
+        .collect();
+    let requests = Requests::Updates(&paths);
+    let client_ca = (ctx.env.serve.lock().ok())
+        .and_then(|s| s.as_ref().map(crate::webhook::Serve::client_ca))
+        .unwrap_or(false);
+    let running = std::cell::RefCell::new(None::<(Variant, crate::webhook::Serve)>);
+    let set = |variant: Variant| -> Result<()> {
+        if matches!(&*running.borrow(), Some((v, _)) if *v == variant) {
+            return Ok(());
+        }
+        if let Some((_, serve)) = running.borrow_mut().take() {
+            serve.stop()?;
+        }
+        let bin = match variant {
+            Variant::BaselineBinary => baseline.as_path(),
+            _ => ctx.env.cfg.server_bin.as_path(),
+        };
+        let settings = [("KUBE_OBJECT_LOCK__REGISTRATION__MAX_NAMES", "1")];
+        let serve = crate::webhook::Serve::start_with(bin, &ctx.env.files, client_ca, &settings)?;
+        running.replace(Some((variant, serve)));
+        wait_broad(ctx)?;
+        // The API server's connections to the new instance, and the instance's index, warm up.
+        write(ctx, Duration::from_secs(2), &requests).map(|_| ())
+    };
+    let plan = Plan {
+        length: Duration::from_secs(6),
+        cycles: 5,
+    };
+    let measured = ctx.with_webhook_stopped(|| {
+        let measured = alternate(
+            ctx,
+            plan,
+            &[Variant::BaselineBinary, Variant::TestedBinary],
+            &set,
+            &requests,
+        );
+        let stopped = match running.borrow_mut().take() {
+            Some((_, serve)) => serve.stop(),
+            None => Ok(()),
+        };
+        measured.and_then(|m| stopped.map(|()| m))
+    })?;
+    for line in summary(&measured) {
+        ctx.figure(format!(
+            "registration cost, two builds, broad registration: {line}"
+        ));
+    }
+    Ok(())
+}
+
+/// Waits until every entry's `may-be-locked` condition is `true`: the broad registration.
+fn wait_broad(ctx: &Ctx) -> Result<()> {
+    let start = Instant::now();
+    loop {
+        let config = stored(ctx)?;
+        let entries = config["webhooks"].as_array().into_iter().flatten();
+        let broad = entries.clone().count() > 0
+            && entries
+                .flat_map(|w| w["matchConditions"].as_array().into_iter().flatten())
+                .filter(|c| c["name"] == "may-be-locked")
+                .all(|c| {
+                    (c["expression"].as_str())
+                        .is_some_and(|e| e.split("//").next().is_some_and(|e| e.trim() == "true"))
+                });
+        if broad {
+            break;
+        }
+        ensure!(
+            start.elapsed() < Duration::from_secs(30),
+            "the registration never became broad"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The API server's view of webhook configurations follows its own watch.
+    std::thread::sleep(Duration::from_millis(1500));
+    Ok(())
 }
 
 /// Puts the Lock `reserved` asking for CREATE where `variant` says (in `here`, in `elsewhere`,
