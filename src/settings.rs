@@ -206,15 +206,9 @@ pub struct LogSettings {
 #[derive(Debug, thiserror::Error)]
 pub enum SettingsError {
     #[error("cannot read settings file {path}: {message}")]
-    File {
-        path: PathBuf,
-        message: String,
-    },
+    File { path: PathBuf, message: String },
     #[error("unknown setting `{key}` {origin}")]
-    UnknownKey {
-        key: String,
-        origin: String,
-    },
+    UnknownKey { key: String, origin: String },
     #[error("invalid setting `{key}` {origin}: {message}")]
     Invalid {
         key: String,
