@@ -32,7 +32,6 @@ use crate::tls::{self, CertStore, TlsError};
 /// A serving certificate closer than this to its end is warned about at start.
 const EXPIRY_WARNING_DAYS: i64 = 30;
 
-/// Why the webhook cannot start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     /// Neither a cluster nor a locks directory is configured.
@@ -40,42 +39,27 @@ pub enum StartError {
         "no lock source: no cluster is configured ({0}) and no locks directory is set; pass --kubeconfig FILE (or set KUBECONFIG) to read Locks from a cluster, or --locks-dir DIR to read them from files"
     )]
     NoSource(String),
-    /// Both sources were asked for.
     #[error("--kubeconfig (kube.kubeconfig) and --locks-dir (locks.dir) are alternatives: set one")]
     TwoSources,
-    /// The kubeconfig cannot be used.
     #[error("cannot use kubeconfig{path}: {message}")]
-    Kubeconfig {
-        /// ` /path` or empty.
-        path: String,
-        /// What went wrong.
-        message: String,
-    },
-    /// The locks directory cannot be read.
+    Kubeconfig { path: String, message: String },
     #[error(transparent)]
     Files(#[from] FilesError),
-    /// No certificate configured.
     #[error(
         "no serving certificate: pass --tls-cert FILE --tls-key FILE (or set tls.cert and tls.key); `kube-object-lock certs --out DIR` makes a pair"
     )]
     NoCertificate,
-    /// The certificate cannot be used.
     #[error(transparent)]
     Tls(#[from] TlsError),
-    /// The instance name cannot be used.
     #[error("instance.name: {0}")]
     Instance(String),
     /// The socket systemd passed cannot be used.
     #[error(transparent)]
     PassedSocket(#[from] systemd::PassedSocketError),
-    /// The listen address cannot be bound.
     #[error("cannot listen on {addr} (set by {key}{})", crate::settings::flag_of(key).map(|f| format!(" or {f}")).unwrap_or_default())]
     Bind {
-        /// The settings key.
         key: &'static str,
-        /// The address.
         addr: SocketAddr,
-        /// The I/O error.
         source: std::io::Error,
     },
 }
@@ -105,7 +89,6 @@ async fn reporting(
 
 /// A lock source and the task keeping it fresh.
 pub struct Source {
-    /// The source.
     pub source: Arc<dyn LockSource>,
     /// The watch or poll task, if any; abort it to stop.
     pub refresh: Option<JoinHandle<()>>,
@@ -118,7 +101,6 @@ pub async fn lock_source(settings: &Settings, refresh: bool) -> Result<Source, S
     lock_source_with_metrics(settings, refresh, SourceMetrics::default()).await
 }
 
-/// Like [`lock_source`], counting into `metrics`.
 pub async fn lock_source_with_metrics(
     settings: &Settings,
     refresh: bool,

@@ -20,24 +20,17 @@ use crate::locks::LockSource;
 /// A liveness check: `Err` says why the process is unhealthy.
 pub type HealthCheck = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
 
-/// What `/healthz` and `/readyz` look at.
 #[derive(Clone)]
 pub struct Probes {
-    /// Liveness checks behind `/healthz`.
     pub health: Vec<HealthCheck>,
     /// The lock source, ready once synced (`/readyz`).
     pub source: Arc<dyn LockSource>,
 }
 
-/// What the routes need.
 pub struct State {
-    /// What the probes look at.
     pub probes: Probes,
-    /// Answers reviews.
     pub reviewer: Reviewer,
-    /// Largest body accepted.
     pub max_body_bytes: u64,
-    /// Longest wait for a body.
     pub body_timeout: Duration,
     /// Counts requests that were not a usable AdmissionReview.
     pub invalid: prometheus_client::metrics::counter::Counter,

@@ -1,8 +1,5 @@
-//! Finding the cluster as kubectl does: an explicit kubeconfig file, else `KUBECONFIG` or
-//! `~/.kube/config`, else the in-cluster service account; `context` picks a context.
-//!
-//! `serve` and the `kubectl lock` plugin both start here, so that one flag means the same
-//! thing to both; each turns [`KubeconfigError`] into its own message.
+//! Finding the cluster as kubectl does (a kubeconfig file, `KUBECONFIG`, `~/.kube/config`, the
+//! in-cluster account), for `serve` and the `kubectl lock` plugin alike.
 
 use std::path::{Path, PathBuf};
 
@@ -13,11 +10,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 pub enum KubeconfigError {
     /// The named file cannot be read or used.
     #[error("{}: {message}", path.display())]
-    File {
-        path: PathBuf,
-        /// What is wrong with it.
-        message: String,
-    },
+    File { path: PathBuf, message: String },
     /// The default kubeconfig has no usable context (the one asked for is missing, ...).
     #[error("{0}")]
     Context(String),

@@ -54,7 +54,6 @@ impl Status {
         }
     }
 
-    /// The line as it reads now.
     pub fn line(&self) -> String {
         self.line.lock().unwrap_or_else(|e| e.into_inner()).render()
     }
@@ -73,12 +72,7 @@ pub enum PassedSocketError {
     #[error(
         "server.listen is {want}, but the socket systemd passed listens on {got}: make ListenStream= in kube-object-lock.socket and server.listen the same"
     )]
-    Elsewhere {
-        /// server.listen.
-        want: SocketAddr,
-        /// The socket's own address.
-        got: SocketAddr,
-    },
+    Elsewhere { want: SocketAddr, got: SocketAddr },
     /// Its address or mode cannot be read or set.
     #[error("the socket systemd passed cannot be used")]
     Io(#[source] std::io::Error),
@@ -112,7 +106,6 @@ pub fn passed_listener(want: SocketAddr) -> Result<Option<TcpListener>, PassedSo
     Ok(Some(listener))
 }
 
-/// STOPPING=1.
 pub fn stopping() {
     send(&[
         NotifyState::Stopping,

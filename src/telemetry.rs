@@ -9,17 +9,11 @@ use tracing_subscriber::prelude::*;
 
 use crate::settings::{LogFormat, LogSettings, LogTarget};
 
-/// Why logging could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum TelemetryError {
     /// `log.level` or `RUST_LOG` is not a filter.
     #[error("invalid log filter {filter:?}: {message}")]
-    Filter {
-        /// The filter as given.
-        filter: String,
-        /// The parser's complaint.
-        message: String,
-    },
+    Filter { filter: String, message: String },
     /// `log.target = "journald"` but the journal's socket cannot be used.
     #[error(
         "log.target is \"journald\" but the journal cannot be reached ({0}); use \"auto\" or \"stderr\""
@@ -30,9 +24,7 @@ pub enum TelemetryError {
 /// Where events go, decided once at start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Sink {
-    /// The journal's native protocol.
     Journald,
-    /// Lines on stderr.
     Stderr,
 }
 

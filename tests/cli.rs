@@ -37,10 +37,6 @@ fn fails(cmd: &mut Command, code: i32, needles: &[&str]) -> String {
     err
 }
 
-fn fixtures() -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
-}
-
 fn locks_dir() -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::write(

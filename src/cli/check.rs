@@ -15,11 +15,8 @@ use crate::settings::Settings;
 
 #[derive(Debug)]
 pub struct CheckResult {
-    /// The response AdmissionReview, pretty-printed.
     pub response: String,
-    /// Whether the request would be allowed.
     pub allowed: bool,
-    /// The kind of answer.
     pub outcome: Outcome,
     /// Where the locks were read from (for "could not decide").
     pub source: String,
@@ -40,20 +37,15 @@ impl CheckResult {
 /// The exit status of `check` when it could not decide: the locks could not be read.
 pub const UNDECIDED: u8 = 3;
 
-/// Why `check` could not answer.
 #[derive(Debug, thiserror::Error)]
 pub enum CheckError {
-    /// The review file cannot be read.
     #[error("cannot read {path}: {source}")]
     Read {
-        /// The file (`-` for stdin).
         path: String,
         source: std::io::Error,
     },
-    /// The input is not an AdmissionReview.
     #[error("{path}: {source}")]
     Review { path: String, source: ReviewError },
-    /// The lock source cannot be used.
     #[error(transparent)]
     Source(#[from] StartError),
 }

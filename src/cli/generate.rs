@@ -25,7 +25,6 @@ pub fn completion(mut cmd: Command, bin: &str, shell: Shell) -> Vec<u8> {
     script
 }
 
-/// What `kubectl lock completion` prints.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum PluginShell {
     /// kubectl-lock and kubectl-unlock typed as commands, in bash.
