@@ -14,18 +14,8 @@ use time::{Duration, OffsetDateTime};
 
 pub const DEFAULT_SANS: [&str; 3] = ["127.0.0.1", "::1", "localhost"];
 
-#[derive(Debug, Clone)]
-pub struct CertsRequest {
-    pub out: PathBuf,
-    /// DNS names and IP addresses of the serving certificate.
-    pub sans: Vec<String>,
-    /// Validity of the serving certificate, in days.
-    pub days: u32,
-    pub ca_days: u32,
-    pub force: bool,
-    /// Also write a client CA and a client certificate for the API server (mTLS).
-    pub client: bool,
-}
+/// What to write: the flags of `certs`.
+pub use super::CertsArgs as CertsRequest;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CertsError {

@@ -130,7 +130,7 @@ pub struct SourceArgs {
 }
 
 /// Flags of `certs`.
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct CertsArgs {
     /// Directory to write ca.crt, ca.key, tls.crt and tls.key into (created if missing).
     #[arg(long, value_name = "DIR")]
