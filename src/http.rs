@@ -279,20 +279,14 @@ fn probe(method: &Method, state: Result<(), String>) -> Response {
     if method != Method::GET && method != Method::HEAD {
         return allow_only(method, "GET, HEAD");
     }
-    let (status, text) = match state {
-        Ok(()) => (StatusCode::OK, "ok\n".to_owned()),
-        Err(why) => (
-            StatusCode::SERVICE_UNAVAILABLE,
+    let answer = match state {
+        Ok(()) => warp::reply::with_status("ok\n".to_owned(), StatusCode::OK),
+        Err(why) => warp::reply::with_status(
             format!("not ready: {why}\n"),
+            StatusCode::SERVICE_UNAVAILABLE,
         ),
     };
-    let mut response = Response::new(text.into());
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    response
+    warp::Reply::into_response(answer)
 }
 
 fn allow_only(method: &Method, allowed: &'static str) -> Response {

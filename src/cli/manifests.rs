@@ -291,56 +291,41 @@ pub fn rbac(identity: &Identity) -> (ClusterRole, ClusterRoleBinding) {
         labels: Some([("app.kubernetes.io/name".to_owned(), NAME.to_owned())].into()),
         ..ObjectMeta::default()
     };
+    let rule = |group: &str, resources: &[&str], verbs: &[&str]| PolicyRule {
+        api_groups: Some(vec![group.to_owned()]),
+        resources: Some(resources.iter().map(|r| (*r).to_owned()).collect()),
+        verbs: verbs.iter().map(|v| (*v).to_owned()).collect(),
+        ..PolicyRule::default()
+    };
+    let status = [api::LOCKS, api::CLUSTER_LOCKS].map(|r| format!("{r}/status"));
     let role = ClusterRole {
         metadata: meta(),
         rules: Some(vec![
-            PolicyRule {
-                api_groups: Some(vec![api::GROUP.to_owned()]),
-                resources: Some(vec![api::LOCKS.to_owned(), api::CLUSTER_LOCKS.to_owned()]),
-                verbs: ["get", "list", "watch"].map(str::to_owned).to_vec(),
-                ..PolicyRule::default()
-            },
+            rule(
+                api::GROUP,
+                &[api::LOCKS, api::CLUSTER_LOCKS],
+                &["get", "list", "watch"],
+            ),
             // Each instance records in a lock's status that it enforces it.
-            PolicyRule {
-                api_groups: Some(vec![api::GROUP.to_owned()]),
-                resources: Some(vec![
-                    format!("{}/status", api::LOCKS),
-                    format!("{}/status", api::CLUSTER_LOCKS),
-                ]),
-                verbs: vec!["patch".to_owned()],
-                ..PolicyRule::default()
-            },
+            rule(
+                api::GROUP,
+                &status.each_ref().map(String::as_str),
+                &["patch"],
+            ),
             // Refusals are recorded as Events regarding the lock (a series: create, then patch).
-            PolicyRule {
-                api_groups: Some(vec!["events.k8s.io".to_owned()]),
-                resources: Some(vec!["events".to_owned()]),
-                verbs: ["create", "patch"].map(str::to_owned).to_vec(),
-                ..PolicyRule::default()
-            },
+            rule("events.k8s.io", &["events"], &["create", "patch"]),
             // A selector Lock applies to an eviction or a scale by the labels of the pod or the
-            // scaled object, which their reviews do not carry: the webhook GETs them (metadata
-            // only, but RBAC has no metadata-only verb), only in namespaces holding a selector
-            // Lock. `get` of one object by name; never list or watch.
-            PolicyRule {
-                api_groups: Some(vec![String::new()]),
-                resources: Some(LABELS_READ_CORE.map(str::to_owned).to_vec()),
-                verbs: vec!["get".to_owned()],
-                ..PolicyRule::default()
-            },
-            PolicyRule {
-                api_groups: Some(vec!["apps".to_owned()]),
-                resources: Some(LABELS_READ_APPS.map(str::to_owned).to_vec()),
-                verbs: vec!["get".to_owned()],
-                ..PolicyRule::default()
-            },
+            // scaled object, which their reviews do not carry: the webhook GETs them (RBAC has no
+            // metadata-only verb), only in namespaces holding a selector Lock; never list or watch.
+            rule("", &LABELS_READ_CORE, &["get"]),
+            rule("apps", &LABELS_READ_APPS, &["get"]),
             // A lock on fields covering a custom resource's scale needs the field the scale
             // writes, which only the CRD says (specReplicasPath).
-            PolicyRule {
-                api_groups: Some(vec!["apiextensions.k8s.io".to_owned()]),
-                resources: Some(vec!["customresourcedefinitions".to_owned()]),
-                verbs: vec!["get".to_owned()],
-                ..PolicyRule::default()
-            },
+            rule(
+                "apiextensions.k8s.io",
+                &["customresourcedefinitions"],
+                &["get"],
+            ),
         ]),
         aggregation_rule: None,
     };
