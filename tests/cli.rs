@@ -1,10 +1,9 @@
-//! The binary as an operator runs it: exit codes, messages, files written, signals.
+//! The binary as an operator runs it: exit codes, messages, files written.
 
 mod support;
 
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
 
 use support::{Certs, fixture, lock_yaml};
 
@@ -339,77 +338,6 @@ fn serve_refuses_bad_configuration_clearly() {
             );
         }
     }
-}
-
-#[test]
-fn sigterm_stops_the_server_with_status_zero() {
-    let certs = Certs::new();
-    let locks = locks_dir();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("free port")
-        .local_addr()
-        .expect("addr")
-        .port();
-    // systemd's notification socket, as a unit with Type=notify has it.
-    let notify_dir = tempfile::tempdir().expect("tempdir");
-    let notify_path = notify_dir.path().join("notify");
-    let notify = std::os::unix::net::UnixDatagram::bind(&notify_path).expect("notify socket");
-    notify
-        .set_read_timeout(Some(Duration::from_secs(20)))
-        .expect("timeout");
-    let mut child = bin()
-        .env("NOTIFY_SOCKET", &notify_path)
-        .args([
-            "serve",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--tls-cert",
-        ])
-        .arg(certs.path("tls.crt"))
-        .arg("--tls-key")
-        .arg(certs.path("tls.key"))
-        .arg("--locks-dir")
-        .arg(locks.path())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "server did not start listening");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let mut buf = [0u8; 4096];
-    let n = notify.recv(&mut buf).expect("READY notification");
-    let ready = String::from_utf8_lossy(&buf[..n]).into_owned();
-    assert!(ready.contains("READY=1"), "{ready}");
-    assert!(
-        ready.contains(&format!("STATUS=serving on 127.0.0.1:{port}")),
-        "{ready}"
-    );
-    let status = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .expect("kill");
-    assert!(status.success());
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let exit = loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            break status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "server did not stop after SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let n = notify.recv(&mut buf).expect("STOPPING notification");
-    assert!(String::from_utf8_lossy(&buf[..n]).contains("STOPPING=1"));
-    let output = child.wait_with_output().expect("output");
-    let log = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(exit.code(), Some(0), "{log}");
-    assert!(log.contains("SIGTERM received"), "{log}");
-    assert!(log.contains("all connections drained"), "{log}");
 }
 
 #[test]
