@@ -156,34 +156,27 @@ fn narrower(settings: &Settings, metrics: &Metrics, client: kube::Client) -> Opt
     Some(Narrower::new(client, config, metrics.registration.clone()))
 }
 
+impl From<KubeconfigError> for StartError {
+    fn from(error: KubeconfigError) -> Self {
+        let (path, message) = match error {
+            KubeconfigError::NoConfig(message) => return StartError::NoSource(message),
+            KubeconfigError::File { path, message } => (format!(" {}", path.display()), message),
+            KubeconfigError::Context(message) => (String::new(), message),
+        };
+        StartError::Kubeconfig { path, message }
+    }
+}
+
 /// The one client of the cluster: the lock source, the registration writer, lock status and
 /// events all go through it.
 async fn kube_client(settings: &Settings) -> Result<kube::Client, StartError> {
-    let config = kube_config(settings).await?;
+    let (path, context) = (&settings.kube.kubeconfig, &settings.kube.context);
+    let config = kubeconfig::load(path.as_deref(), context.as_deref()).await?;
     info!(cluster = %config.cluster_url, "reading locks from the cluster");
     kubeconfig::client(config, ToString::to_string).map_err(|message| StartError::Kubeconfig {
-        path: (settings.kube.kubeconfig.as_ref())
-            .map(|path| format!(" {}", path.display()))
-            .unwrap_or_default(),
+        path: (path.as_ref().map(|path| format!(" {}", path.display()))).unwrap_or_default(),
         message,
     })
-}
-
-async fn kube_config(settings: &Settings) -> Result<kube::Config, StartError> {
-    let (path, context) = (&settings.kube.kubeconfig, &settings.kube.context);
-    kubeconfig::load(path.as_deref(), context.as_deref())
-        .await
-        .map_err(|e| match e {
-            KubeconfigError::File { path, message } => StartError::Kubeconfig {
-                path: format!(" {}", path.display()),
-                message,
-            },
-            KubeconfigError::Context(message) => StartError::Kubeconfig {
-                path: String::new(),
-                message,
-            },
-            KubeconfigError::NoConfig(message) => StartError::NoSource(message),
-        })
 }
 
 /// A webhook bound to its address, ready to run.
