@@ -137,10 +137,9 @@ async fn validate(
     body: impl Stream<Item = Result<impl Buf, warp::Error>> + Unpin,
     state: Arc<State>,
 ) -> Response {
-    let invalid = state.invalid.clone();
-    let response = answer(method, content_type, content_length, query, body, state).await;
+    let response = answer(method, content_type, content_length, query, body, &state).await;
     if response.status().is_client_error() {
-        invalid.inc();
+        state.invalid.inc();
     }
     response
 }
@@ -151,7 +150,7 @@ async fn answer(
     content_length: Option<HeaderValue>,
     query: String,
     mut body: impl Stream<Item = Result<impl Buf, warp::Error>> + Unpin,
-    state: Arc<State>,
+    state: &State,
 ) -> Response {
     let body = &mut body;
     if method != Method::POST {

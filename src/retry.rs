@@ -43,7 +43,7 @@ pub fn watch() -> Patient<ExponentialBackoff> {
     Patient::new(exponential(WATCH_MIN, WATCH_MAX))
 }
 
-/// The delays of a probe sent every `period`: `period` for [`GRACE`], then up to [`PROBE_MAX`].
+/// The delays of a probe sent every `period`: `period` for [`GRACE`], then up to `PROBE_MAX`.
 pub fn probe(period: Duration) -> Patient<ExponentialBackoff> {
     Patient {
         fast: ExponentialBackoff::from(
