@@ -34,7 +34,6 @@ const EXPIRY_WARNING_DAYS: i64 = 30;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    /// Neither a cluster nor a locks directory is configured.
     #[error(
         "no lock source: no cluster is configured ({0}) and no locks directory is set; pass --kubeconfig FILE (or set KUBECONFIG) to read Locks from a cluster, or --locks-dir DIR to read them from files"
     )]
@@ -53,7 +52,6 @@ pub enum StartError {
     Tls(#[from] TlsError),
     #[error("instance.name: {0}")]
     Instance(String),
-    /// The socket systemd passed cannot be used.
     #[error(transparent)]
     PassedSocket(#[from] systemd::PassedSocketError),
     #[error("cannot listen on {addr} (set by {key}{})", crate::settings::flag_of(key).map(|f| format!(" or {f}")).unwrap_or_default())]

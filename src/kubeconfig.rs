@@ -8,13 +8,10 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 /// Why no client configuration could be made.
 #[derive(Debug, thiserror::Error)]
 pub enum KubeconfigError {
-    /// The named file cannot be read or used.
     #[error("{}: {message}", path.display())]
     File { path: PathBuf, message: String },
-    /// The default kubeconfig has no usable context (the one asked for is missing, ...).
     #[error("{0}")]
     Context(String),
-    /// Nothing configured: no kubeconfig anywhere, and not running in a cluster.
     #[error("{0}")]
     NoConfig(String),
 }

@@ -172,9 +172,7 @@ pub struct LocksSettings {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
-    /// Human-readable lines.
     Text,
-    /// One JSON object per line.
     Json,
 }
 
@@ -182,11 +180,8 @@ pub enum LogFormat {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LogTarget {
-    /// The journal when stderr is connected to it (systemd's `JOURNAL_STREAM`), else stderr.
     Auto,
-    /// The journal's native protocol: levels become priorities, fields become journal fields.
     Journald,
-    /// Lines on stderr, in `log.format`.
     Stderr,
 }
 
@@ -559,7 +554,6 @@ pub enum OnLookupError {
 pub struct ReviewPolicy {
     /// What to do when the locks cannot be read.
     pub on_lookup_error: OnLookupError,
-    /// The longest a lock lookup may take.
     pub lookup_timeout: Duration,
 }
 

@@ -65,15 +65,12 @@ static PASSED: Mutex<Option<TcpListener>> = Mutex::new(None);
 /// Why the socket systemd passed cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum PassedSocketError {
-    /// LISTEN_FDS names something that is not a listening TCP socket.
     #[error("the socket systemd passed (LISTEN_FDS) is not a listening TCP socket")]
     NotTcp(#[source] std::io::Error),
-    /// It listens elsewhere than the settings say.
     #[error(
         "server.listen is {want}, but the socket systemd passed listens on {got}: make ListenStream= in kube-object-lock.socket and server.listen the same"
     )]
     Elsewhere { want: SocketAddr, got: SocketAddr },
-    /// Its address or mode cannot be read or set.
     #[error("the socket systemd passed cannot be used")]
     Io(#[source] std::io::Error),
 }

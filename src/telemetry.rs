@@ -11,10 +11,8 @@ use crate::settings::{LogFormat, LogSettings, LogTarget};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TelemetryError {
-    /// `log.level` or `RUST_LOG` is not a filter.
     #[error("invalid log filter {filter:?}: {message}")]
     Filter { filter: String, message: String },
-    /// `log.target = "journald"` but the journal's socket cannot be used.
     #[error(
         "log.target is \"journald\" but the journal cannot be reached ({0}); use \"auto\" or \"stderr\""
     )]

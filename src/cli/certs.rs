@@ -19,10 +19,8 @@ pub use super::CertsArgs as CertsRequest;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CertsError {
-    /// A SAN is neither an IP address nor a DNS name.
     #[error("--san {san:?} is neither an IP address nor a DNS name: {message}")]
     BadSan { san: String, message: String },
-    /// A validity of zero days, or a serving certificate outliving its CA.
     #[error("{0}")]
     Validity(String),
     #[error("{0} exists; pass --force to overwrite it")]

@@ -37,21 +37,16 @@ pub const DEFAULT_APISERVER_DIR: &str = "/etc/kubernetes/kube-object-lock";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ManifestsError {
-    /// The CA file cannot be used as a caBundle.
     #[error("--ca-file {path}: {message}")]
     CaFile { path: PathBuf, message: String },
-    /// The URL is not an https URL with a host.
     #[error("--url {0:?} must be an https:// URL with a host, e.g. {DEFAULT_URL}")]
     Url(String),
     #[error("--namespace-selector {selector:?}: {message}")]
     NamespaceSelector { selector: String, message: String },
-    /// timeoutSeconds outside what the API server accepts.
     #[error("--timeout-seconds {0} must be between 1 and 30")]
     Timeout(i32),
-    /// A service account not written as NAMESPACE/NAME.
     #[error("--service-account {0:?} must be NAMESPACE/NAME")]
     ServiceAccount(String),
-    /// A client certificate or key cannot be read.
     #[error("{flag} {path}: {message}")]
     ClientFile {
         flag: &'static str,

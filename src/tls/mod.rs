@@ -20,21 +20,18 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 /// Why a certificate or key cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
-    /// The file cannot be read or holds no PEM of the expected type.
     #[error("cannot read {what} from {path}: {message}")]
     Read {
         what: &'static str,
         path: PathBuf,
         message: String,
     },
-    /// The certificate is of a kind that cannot be used (an X.509 version 1 certificate).
     #[error("certificate {path} {message}")]
     Certificate {
         path: PathBuf,
         /// What is wrong, worded to follow the path.
         message: String,
     },
-    /// The key is not usable or does not belong to the certificate.
     #[error("{cert} and {key} do not make a usable pair: {message}")]
     Pair {
         cert: PathBuf,
@@ -43,10 +40,8 @@ pub enum TlsError {
     },
     #[error("TLS configuration: {0}")]
     Config(#[from] rustls::Error),
-    /// The certificate cannot be parsed as X.509.
     #[error("cannot parse the serving certificate: {0}")]
     Parse(String),
-    /// The certificate does not name the host the API server calls.
     #[error(
         "the serving certificate does not cover {host} (the host of webhook.url {url}): it has {sans}; the API server would refuse every call. Make one with `kube-object-lock certs --san {host}`"
     )]
@@ -55,7 +50,6 @@ pub enum TlsError {
         url: String,
         sans: String,
     },
-    /// The client CA file cannot be used.
     #[error("cannot use client CA {path}: {message}")]
     ClientCa { path: PathBuf, message: String },
 }
