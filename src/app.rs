@@ -65,26 +65,6 @@ pub enum StartError {
 /// How long withdrawing from lock status and writing the last events may delay the exit.
 const REPORTING_GRACE: Duration = Duration::from_secs(2);
 
-/// The status and event writers for the cluster named by `settings`.
-async fn reporting(
-    settings: &Settings,
-    metrics: &Metrics,
-    index: Arc<crate::locks::index::LockIndex>,
-    registered: Option<tokio::sync::watch::Receiver<crate::registration::Registered>>,
-    client: kube::Client,
-) -> Result<Reporting, StartError> {
-    let instance =
-        crate::settings::instance_name(&settings.instance.name).map_err(StartError::Instance)?;
-    info!(%instance, "writing lock status and refusal events as this instance");
-    Ok(Reporting::start(
-        client,
-        instance,
-        metrics.enforcement.clone(),
-        index,
-        registered,
-    ))
-}
-
 /// A lock source and the task keeping it fresh.
 pub struct Source {
     pub source: Arc<dyn LockSource>,
@@ -275,8 +255,17 @@ impl Webhook {
             Some((client, index)) if built => {
                 narrowing = narrower(&settings, &metrics, client.clone());
                 let registered = narrowing.as_ref().map(Narrower::registered);
-                reporting =
-                    Some(self::reporting(&settings, &metrics, index, registered, client).await?);
+                let instance = crate::settings::instance_name(&settings.instance.name)
+                    .map_err(StartError::Instance)?;
+                info!(%instance, "writing lock status and refusal events as this instance");
+                let enforcement = metrics.enforcement.clone();
+                reporting = Some(Reporting::start(
+                    client,
+                    instance,
+                    enforcement,
+                    index,
+                    registered,
+                ));
             }
             _ if built => info!(
                 "the webhook configuration is not narrowed, and no lock status or events are written (a locks directory)"
