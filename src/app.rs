@@ -32,50 +32,32 @@ use crate::tls::{self, CertStore, TlsError};
 /// A serving certificate closer than this to its end is warned about at start.
 const EXPIRY_WARNING_DAYS: i64 = 30;
 
-/// Why the webhook cannot start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    /// Neither a cluster nor a locks directory is configured.
     #[error(
         "no lock source: no cluster is configured ({0}) and no locks directory is set; pass --kubeconfig FILE (or set KUBECONFIG) to read Locks from a cluster, or --locks-dir DIR to read them from files"
     )]
     NoSource(String),
-    /// Both sources were asked for.
     #[error("--kubeconfig (kube.kubeconfig) and --locks-dir (locks.dir) are alternatives: set one")]
     TwoSources,
-    /// The kubeconfig cannot be used.
     #[error("cannot use kubeconfig{path}: {message}")]
-    Kubeconfig {
-        /// ` /path` or empty.
-        path: String,
-        /// What went wrong.
-        message: String,
-    },
-    /// The locks directory cannot be read.
+    Kubeconfig { path: String, message: String },
     #[error(transparent)]
     Files(#[from] FilesError),
-    /// No certificate configured.
     #[error(
         "no serving certificate: pass --tls-cert FILE --tls-key FILE (or set tls.cert and tls.key); `kube-object-lock certs --out DIR` makes a pair"
     )]
     NoCertificate,
-    /// The certificate cannot be used.
     #[error(transparent)]
     Tls(#[from] TlsError),
-    /// The instance name cannot be used.
     #[error("instance.name: {0}")]
     Instance(String),
-    /// The socket systemd passed cannot be used.
     #[error(transparent)]
     PassedSocket(#[from] systemd::PassedSocketError),
-    /// The listen address cannot be bound.
     #[error("cannot listen on {addr} (set by {key}{})", crate::settings::flag_of(key).map(|f| format!(" or {f}")).unwrap_or_default())]
     Bind {
-        /// The settings key.
         key: &'static str,
-        /// The address.
         addr: SocketAddr,
-        /// The I/O error.
         source: std::io::Error,
     },
 }
@@ -83,29 +65,8 @@ pub enum StartError {
 /// How long withdrawing from lock status and writing the last events may delay the exit.
 const REPORTING_GRACE: Duration = Duration::from_secs(2);
 
-/// The status and event writers for the cluster named by `settings`.
-async fn reporting(
-    settings: &Settings,
-    metrics: &Metrics,
-    index: Arc<crate::locks::index::LockIndex>,
-    registered: Option<tokio::sync::watch::Receiver<crate::registration::Registered>>,
-    client: kube::Client,
-) -> Result<Reporting, StartError> {
-    let instance =
-        crate::settings::instance_name(&settings.instance.name).map_err(StartError::Instance)?;
-    info!(%instance, "writing lock status and refusal events as this instance");
-    Ok(Reporting::start(
-        client,
-        instance,
-        metrics.enforcement.clone(),
-        index,
-        registered,
-    ))
-}
-
 /// A lock source and the task keeping it fresh.
 pub struct Source {
-    /// The source.
     pub source: Arc<dyn LockSource>,
     /// The watch or poll task, if any; abort it to stop.
     pub refresh: Option<JoinHandle<()>>,
@@ -118,7 +79,6 @@ pub async fn lock_source(settings: &Settings, refresh: bool) -> Result<Source, S
     lock_source_with_metrics(settings, refresh, SourceMetrics::default()).await
 }
 
-/// Like [`lock_source`], counting into `metrics`.
 pub async fn lock_source_with_metrics(
     settings: &Settings,
     refresh: bool,
@@ -174,34 +134,27 @@ fn narrower(settings: &Settings, metrics: &Metrics, client: kube::Client) -> Opt
     Some(Narrower::new(client, config, metrics.registration.clone()))
 }
 
+impl From<KubeconfigError> for StartError {
+    fn from(error: KubeconfigError) -> Self {
+        let (path, message) = match error {
+            KubeconfigError::NoConfig(message) => return StartError::NoSource(message),
+            KubeconfigError::File { path, message } => (format!(" {}", path.display()), message),
+            KubeconfigError::Context(message) => (String::new(), message),
+        };
+        StartError::Kubeconfig { path, message }
+    }
+}
+
 /// The one client of the cluster: the lock source, the registration writer, lock status and
 /// events all go through it.
 async fn kube_client(settings: &Settings) -> Result<kube::Client, StartError> {
-    let config = kube_config(settings).await?;
+    let (path, context) = (&settings.kube.kubeconfig, &settings.kube.context);
+    let config = kubeconfig::load(path.as_deref(), context.as_deref()).await?;
     info!(cluster = %config.cluster_url, "reading locks from the cluster");
     kubeconfig::client(config, ToString::to_string).map_err(|message| StartError::Kubeconfig {
-        path: (settings.kube.kubeconfig.as_ref())
-            .map(|path| format!(" {}", path.display()))
-            .unwrap_or_default(),
+        path: (path.as_ref().map(|path| format!(" {}", path.display()))).unwrap_or_default(),
         message,
     })
-}
-
-async fn kube_config(settings: &Settings) -> Result<kube::Config, StartError> {
-    let (path, context) = (&settings.kube.kubeconfig, &settings.kube.context);
-    kubeconfig::load(path.as_deref(), context.as_deref())
-        .await
-        .map_err(|e| match e {
-            KubeconfigError::File { path, message } => StartError::Kubeconfig {
-                path: format!(" {}", path.display()),
-                message,
-            },
-            KubeconfigError::Context(message) => StartError::Kubeconfig {
-                path: String::new(),
-                message,
-            },
-            KubeconfigError::NoConfig(message) => StartError::NoSource(message),
-        })
 }
 
 /// A webhook bound to its address, ready to run.
@@ -302,8 +255,17 @@ impl Webhook {
             Some((client, index)) if built => {
                 narrowing = narrower(&settings, &metrics, client.clone());
                 let registered = narrowing.as_ref().map(Narrower::registered);
-                reporting =
-                    Some(self::reporting(&settings, &metrics, index, registered, client).await?);
+                let instance = crate::settings::instance_name(&settings.instance.name)
+                    .map_err(StartError::Instance)?;
+                info!(%instance, "writing lock status and refusal events as this instance");
+                let enforcement = metrics.enforcement.clone();
+                reporting = Some(Reporting::start(
+                    client,
+                    instance,
+                    enforcement,
+                    index,
+                    registered,
+                ));
             }
             _ if built => info!(
                 "the webhook configuration is not narrowed, and no lock status or events are written (a locks directory)"

@@ -20,24 +20,17 @@ use crate::locks::LockSource;
 /// A liveness check: `Err` says why the process is unhealthy.
 pub type HealthCheck = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
 
-/// What `/healthz` and `/readyz` look at.
 #[derive(Clone)]
 pub struct Probes {
-    /// Liveness checks behind `/healthz`.
     pub health: Vec<HealthCheck>,
     /// The lock source, ready once synced (`/readyz`).
     pub source: Arc<dyn LockSource>,
 }
 
-/// What the routes need.
 pub struct State {
-    /// What the probes look at.
     pub probes: Probes,
-    /// Answers reviews.
     pub reviewer: Reviewer,
-    /// Largest body accepted.
     pub max_body_bytes: u64,
-    /// Longest wait for a body.
     pub body_timeout: Duration,
     /// Counts requests that were not a usable AdmissionReview.
     pub invalid: prometheus_client::metrics::counter::Counter,
@@ -144,10 +137,9 @@ async fn validate(
     body: impl Stream<Item = Result<impl Buf, warp::Error>> + Unpin,
     state: Arc<State>,
 ) -> Response {
-    let invalid = state.invalid.clone();
-    let response = answer(method, content_type, content_length, query, body, state).await;
+    let response = answer(method, content_type, content_length, query, body, &state).await;
     if response.status().is_client_error() {
-        invalid.inc();
+        state.invalid.inc();
     }
     response
 }
@@ -158,7 +150,7 @@ async fn answer(
     content_length: Option<HeaderValue>,
     query: String,
     mut body: impl Stream<Item = Result<impl Buf, warp::Error>> + Unpin,
-    state: Arc<State>,
+    state: &State,
 ) -> Response {
     let body = &mut body;
     if method != Method::POST {
@@ -286,20 +278,14 @@ fn probe(method: &Method, state: Result<(), String>) -> Response {
     if method != Method::GET && method != Method::HEAD {
         return allow_only(method, "GET, HEAD");
     }
-    let (status, text) = match state {
-        Ok(()) => (StatusCode::OK, "ok\n".to_owned()),
-        Err(why) => (
-            StatusCode::SERVICE_UNAVAILABLE,
+    let answer = match state {
+        Ok(()) => warp::reply::with_status("ok\n".to_owned(), StatusCode::OK),
+        Err(why) => warp::reply::with_status(
             format!("not ready: {why}\n"),
+            StatusCode::SERVICE_UNAVAILABLE,
         ),
     };
-    let mut response = Response::new(text.into());
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    response
+    warp::Reply::into_response(answer)
 }
 
 fn allow_only(method: &Method, allowed: &'static str) -> Response {

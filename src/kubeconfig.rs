@@ -1,8 +1,5 @@
-//! Finding the cluster as kubectl does: an explicit kubeconfig file, else `KUBECONFIG` or
-//! `~/.kube/config`, else the in-cluster service account; `context` picks a context.
-//!
-//! `serve` and the `kubectl lock` plugin both start here, so that one flag means the same
-//! thing to both; each turns [`KubeconfigError`] into its own message.
+//! Finding the cluster as kubectl does (a kubeconfig file, `KUBECONFIG`, `~/.kube/config`, the
+//! in-cluster account), for `serve` and the `kubectl lock` plugin alike.
 
 use std::path::{Path, PathBuf};
 
@@ -11,17 +8,10 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 /// Why no client configuration could be made.
 #[derive(Debug, thiserror::Error)]
 pub enum KubeconfigError {
-    /// The named file cannot be read or used.
     #[error("{}: {message}", path.display())]
-    File {
-        path: PathBuf,
-        /// What is wrong with it.
-        message: String,
-    },
-    /// The default kubeconfig has no usable context (the one asked for is missing, ...).
+    File { path: PathBuf, message: String },
     #[error("{0}")]
     Context(String),
-    /// Nothing configured: no kubeconfig anywhere, and not running in a cluster.
     #[error("{0}")]
     NoConfig(String),
 }

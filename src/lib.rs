@@ -1,14 +1,7 @@
-//! kube-object-lock: a validating admission webhook that locks Kubernetes objects.
-//!
-//! An object is locked while a `Lock` with the same name exists in its namespace (a
-//! `ClusterLock` for cluster-scoped objects); UPDATE and DELETE of a locked object are refused.
-//!
-//! The crate is split so that each part can be tested alone: [`admission::decide`] decides
-//! without I/O, and the rest of [`admission`] reads what it needs (locks, labels) through the
-//! traits [`locks::LockSource`] and [`admission::labels::LabelReader`]; [`locks`] knows where
-//! locks come from; [`server`] speaks TLS and knows nothing of locks; [`http`] routes reviews
-//! and asks the lock source only whether it is ready (`/readyz`); [`app`] wires them together
-//! for the binary.
+//! kube-object-lock: a validating admission webhook that locks Kubernetes objects: an object
+//! is locked while a `Lock` of the same name exists in its namespace (a `ClusterLock` for
+//! cluster-scoped objects). [`admission::decide`] decides without I/O; [`server`] and [`http`]
+//! serve the routes; [`app`] wires them to a lock source ([`locks`]) for the binary.
 #![forbid(unsafe_code)]
 
 /// `--version` of both binaries: the crate version and the commit built from (build.rs).

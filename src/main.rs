@@ -35,75 +35,58 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> ExitCode {
-    match cli.command {
-        Command::Serve(args) => match serve(&args).await {
-            Ok(code) => code,
-            Err(e) => fail(1, e),
-        },
-        Command::Certs(args) => match write_certs(&args) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => fail(1, e),
-        },
-        Command::Crd => match api::crds_yaml() {
-            Ok(yaml) => {
-                print!("{yaml}");
-                ExitCode::SUCCESS
+    let done = |()| ExitCode::SUCCESS;
+    let result = match cli.command {
+        Command::Serve(args) => serve(&args).await,
+        Command::Certs(args) => certs::generate(&args).map_err(Into::into).map(|written| {
+            for path in written {
+                println!("wrote {}", path.display());
             }
-            Err(e) => fail(1, anyhow::Error::new(e).context("cannot render the CRDs")),
-        },
-        Command::Manifests(command) => match manifests(&command) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => fail(1, e),
-        },
+            ExitCode::SUCCESS
+        }),
+        Command::Crd => (api::crds_yaml().context("cannot render the CRDs")).map(|yaml| {
+            print!("{yaml}");
+            ExitCode::SUCCESS
+        }),
+        Command::Manifests(command) => manifests(&command).map(done),
         Command::Completion(args) => {
             let script = cli::generate::completion(Cli::command(), "kube-object-lock", args.shell);
-            match std::io::Write::write_all(&mut std::io::stdout(), &script) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => fail(
-                    1,
-                    anyhow::Error::new(e).context("cannot print the completion"),
-                ),
-            }
+            (std::io::stdout().write_all(&script))
+                .context("cannot print the completion")
+                .map(done)
         }
-        Command::Man(args) => match cli::generate::write_man_pages(Cli::command(), &args.dir) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => fail(
-                1,
-                anyhow::Error::new(e).context(format!(
-                    "cannot write the man pages into {}",
-                    args.dir.display()
-                )),
-            ),
-        },
-        Command::Check(args) => {
-            let settings = match Settings::load(&args.layers()) {
-                Ok(s) => s,
-                Err(e) => return fail(2, e.into()),
-            };
-            // A command's output: always stderr, whatever the settings say.
-            let _ = telemetry::init(&LogSettings {
-                level: "warn".to_owned(),
-                format: LogFormat::Text,
-                target: LogTarget::Stderr,
-            });
-            match cli::check::check(&settings, &args.review).await {
-                Ok(result) => {
-                    // A closed pipe (`| head`) is not an error of the check.
-                    let _ = writeln!(std::io::stdout(), "{}", result.response);
-                    if result.outcome == Outcome::Error {
-                        eprintln!(
-                            "kube-object-lock: could not decide: the locks could not be read from {} (the answer above is on_lookup_error's)",
-                            result.source
-                        );
-                    }
-                    ExitCode::from(result.exit_code())
-                }
-                Err(e) => {
-                    let code = e.exit_code();
-                    fail(code, e.into())
-                }
+        Command::Man(args) => cli::generate::write_man_pages(Cli::command(), &args.dir)
+            .with_context(|| format!("cannot write the man pages into {}", args.dir.display()))
+            .map(done),
+        Command::Check(args) => return check(&args).await,
+    };
+    result.unwrap_or_else(|e| fail(1, e))
+}
+
+async fn check(args: &cli::CheckArgs) -> ExitCode {
+    let settings = match Settings::load(&args.layers()) {
+        Ok(s) => s,
+        Err(e) => return fail(2, e.into()),
+    };
+    // A command's output: always stderr, whatever the settings say.
+    let _ = telemetry::init(&LogSettings {
+        level: "warn".to_owned(),
+        format: LogFormat::Text,
+        target: LogTarget::Stderr,
+    });
+    match cli::check::check(&settings, &args.review).await {
+        Ok(result) => {
+            // A closed pipe (`| head`) is not an error of the check.
+            let _ = writeln!(std::io::stdout(), "{}", result.response);
+            if result.outcome == Outcome::Error {
+                eprintln!(
+                    "kube-object-lock: could not decide: the locks could not be read from {} (the answer above is on_lookup_error's)",
+                    result.source
+                );
             }
+            ExitCode::from(result.exit_code())
         }
+        Err(e) => fail(e.exit_code(), e.into()),
     }
 }
 
@@ -171,21 +154,6 @@ fn manifests(command: &cli::ManifestsCommand) -> anyhow::Result<()> {
                 ),
             }
         }
-    }
-    Ok(())
-}
-
-fn write_certs(args: &cli::CertsArgs) -> anyhow::Result<()> {
-    let written = certs::generate(&certs::CertsRequest {
-        out: args.out.clone(),
-        sans: args.sans.clone(),
-        days: args.days,
-        ca_days: args.ca_days,
-        force: args.force,
-        client: args.client,
-    })?;
-    for path in written {
-        println!("wrote {}", path.display());
     }
     Ok(())
 }

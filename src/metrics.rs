@@ -1,14 +1,7 @@
-//! Prometheus metrics, served in the text format on a separate plain-HTTP listener (with the
-//! health and readiness probes).
-//!
-//! Every UPDATE and DELETE in the cluster waits on this webhook, so its latency, its errors and
-//! its cost to the API server must be visible. All names share the `kube_object_lock_` prefix;
-//! label values come from small fixed sets (operations, decisions, verbs), never from object
-//! names or uids, so the series count stays bounded whatever the traffic. The exceptions name
-//! locks, which are few and made by hand: `unparseable_locks`, each Lock whose spec cannot be
-//! read (there should be none, and an operator needs to know which one to fix), and
-//! `refusals`, each lock that refused something. The counters alerts watch for failures start
-//! at 0, so that the first failure is an increase.
+//! Prometheus metrics (`kube_object_lock_*`), served in the text format with the probes on a
+//! separate plain-HTTP listener. Invariant: label values come from small fixed sets, except the
+//! few that name locks (`unparseable_locks`, `refusals`); the counters alerts watch for failures
+//! start at 0, so that the first failure is an increase.
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -20,21 +13,15 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-/// The decision an admission request got.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
 #[allow(non_camel_case_types)]
 pub enum Decision {
-    /// Allowed.
     allowed,
-    /// Allowed with a warning.
     warned,
-    /// Refused by a lock.
     denied,
-    /// The locks could not be read; `on_lookup_error` decided.
     error,
 }
 
-/// Labels of the admission counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct AdmissionLabels {
     /// CREATE, UPDATE, DELETE or CONNECT. (Requests that are not an AdmissionReview are
@@ -44,7 +31,6 @@ pub struct AdmissionLabels {
     pub decision: Decision,
 }
 
-/// Labels of lookup errors.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LookupErrorLabels {
     /// `timeout`, `forbidden` or `api`.
@@ -53,14 +39,12 @@ pub struct LookupErrorLabels {
     pub decision: &'static str,
 }
 
-/// Labels of the reads of an object's labels for selector locks.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LabelReadLabels {
     /// `read`, `not_found`, `timeout`, `forbidden`, `api`, `connection` or `no_cluster`.
     pub outcome: &'static str,
 }
 
-/// Labels of API requests.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ApiLabels {
     /// `list`.
@@ -71,14 +55,12 @@ pub struct ApiLabels {
     pub outcome: &'static str,
 }
 
-/// Labels naming a lock kind.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabels {
     /// `Lock` or `ClusterLock`.
     pub kind: &'static str,
 }
 
-/// Labels of the lock source's mode.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ModeLabels {
     /// `Lock` or `ClusterLock`.
@@ -87,7 +69,6 @@ pub struct ModeLabels {
     pub mode: &'static str,
 }
 
-/// Labels naming one lock object.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LockLabels {
     /// `Lock` or `ClusterLock`.
@@ -98,45 +79,34 @@ pub struct LockLabels {
     pub name: String,
 }
 
-/// Labels naming a cache result.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CacheLabels {
     /// `hit` or `miss`.
     pub result: &'static str,
 }
 
-/// Labels naming a lock scope.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ScopeLabels {
     /// `namespaced` or `cluster`.
     pub scope: &'static str,
 }
 
-/// Labels of the build info.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct BuildLabels {
     /// The crate version.
     pub version: &'static str,
 }
 
-/// The operations whose request counters are kept at hand.
 const OPERATIONS: [&str; 4] = ["CREATE", "UPDATE", "DELETE", "CONNECT"];
-/// How many [`Decision`]s there are.
 const DECISIONS: usize = Decision::error as usize + 1;
 
-/// Metrics of the admission path.
 #[derive(Clone, Debug)]
 pub struct AdmissionMetrics {
-    /// Requests by operation and decision.
     pub requests: Family<AdmissionLabels, Counter>,
-    /// Time from body received to answer encoded.
     pub duration: Histogram,
-    /// Lookup failures by reason and the decision they caused.
     pub lookup_errors: Family<LookupErrorLabels, Counter>,
-    /// Reads of the labels of evicted pods and scaled objects for selector locks, by outcome.
     pub label_reads: Family<LabelReadLabels, Counter>,
-    /// The counters of `requests`, each looked up once: the family hashes its labels and takes
-    /// a lock on every lookup. Filled on first use, so a series appears once it counts.
+    // The counters of `requests`, each looked up once (a family lookup hashes and locks).
     counters: Arc<[OnceLock<Counter>; OPERATIONS.len() * DECISIONS]>,
 }
 
@@ -156,7 +126,6 @@ impl Default for AdmissionMetrics {
 }
 
 impl AdmissionMetrics {
-    /// Records one answered request.
     pub fn observe(&self, operation: &'static str, decision: Decision, took: Duration) {
         let labels = || AdmissionLabels {
             operation,
@@ -177,27 +146,18 @@ impl AdmissionMetrics {
     }
 }
 
-/// Metrics of the Kubernetes lock source.
 #[derive(Clone, Debug, Default)]
 pub struct SourceMetrics {
-    /// Lookups answered from the cache (`hit`) or needing a load (`miss`).
     pub cache_requests: Family<CacheLabels, Counter>,
-    /// LISTs made to fill the cache (concurrent misses share one).
     pub cache_loads: Counter,
-    /// API requests made by lookups, by verb, resource and outcome.
     pub api_requests: Family<ApiLabels, Counter>,
-    /// Watch failures (each one restarts the watch with backoff) and re-lists.
     pub watch_restarts: Family<KindLabels, Counter>,
     pub watch_events: Family<KindLabels, Counter>,
-    /// 1 for the mode each kind's lookups are in (`watch` or `fallback`), 0 for the other.
     pub mode: Family<ModeLabels, Gauge>,
-    /// When each kind entered its current mode (Unix time).
     pub mode_since: Family<KindLabels, Gauge>,
-    /// Locks whose spec cannot be read (each locks its own name, fail closed): 1 per lock.
     pub unparseable_locks: Family<LockLabels, Gauge>,
 }
 
-/// Labels of a writer's writes.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabels {
     /// `success` (status) or `written` (registration), or the failure (`forbidden`,
@@ -205,14 +165,12 @@ pub struct OutcomeLabels {
     pub outcome: &'static str,
 }
 
-/// Labels of refusal events.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct EventLabels {
     /// `Blocked` or `WouldBlock`.
     pub reason: &'static str,
 }
 
-/// Labels of refusals counted per lock.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RefusalLabels {
     /// `Blocked` or `WouldBlock`.
@@ -223,14 +181,12 @@ pub struct RefusalLabels {
     pub name: String,
 }
 
-/// Labels of refusal events that were not written.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DropLabels {
     /// `queue_full`, `series_limit` or `write_failed`.
     pub cause: &'static str,
 }
 
-/// Labels of event API writes.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct EventWriteLabels {
     /// `create` or `patch`.
@@ -239,141 +195,38 @@ pub struct EventWriteLabels {
     pub outcome: &'static str,
 }
 
-/// Metrics of lock status and refusal events.
 #[derive(Clone, Debug, Default)]
 pub struct EnforcementMetrics {
-    /// Status writes, by outcome.
     pub status_writes: Family<OutcomeLabels, Counter>,
-    /// Refusals handed to the event writer, by reason.
     pub refusal_events: Family<EventLabels, Counter>,
-    /// Refusals that never made it into an event, by cause.
     pub refusal_events_dropped: Family<DropLabels, Counter>,
-    /// Refusals (and Warn-mode matches) by reason and lock.
     pub refusals: Family<RefusalLabels, Counter>,
-    /// Event API writes, by verb and outcome.
     pub event_writes: Family<EventWriteLabels, Counter>,
 }
 
-impl EnforcementMetrics {
-    /// Registers every metric in `registry`.
-    pub fn registered(registry: &mut Registry) -> EnforcementMetrics {
-        let metrics = EnforcementMetrics::default();
-        registry.register(
-            "status_writes",
-            "Lock status writes (server-side apply of this instance's entry), by outcome",
-            metrics.status_writes.clone(),
-        );
-        registry.register(
-            "refusal_events",
-            "Refusals (Blocked) and Warn-mode matches (WouldBlock) queued for a Kubernetes Event",
-            metrics.refusal_events.clone(),
-        );
-        registry.register(
-            "refusal_events_dropped",
-            "Refusals left out of events, by cause (queue_full, series_limit, write_failed)",
-            metrics.refusal_events_dropped.clone(),
-        );
-        registry.register(
-            "refusals",
-            "Refusals (Blocked) and Warn-mode matches (WouldBlock), by reason and lock",
-            metrics.refusals.clone(),
-        );
-        registry.register(
-            "event_writes",
-            "Kubernetes Event writes (create a series, patch its count), by verb and outcome",
-            metrics.event_writes.clone(),
-        );
-        // Present at 0 from the start, so that an alert sees the first failure as an increase.
-        for outcome in ["success", "forbidden", "not_found", "conflict", "error"] {
-            let _ = metrics
-                .status_writes
-                .get_or_create(&OutcomeLabels { outcome });
-        }
-        for verb in ["create", "patch"] {
-            for outcome in ["success", "failure"] {
-                let _ = (metrics.event_writes).get_or_create(&EventWriteLabels { verb, outcome });
-            }
-        }
-        for cause in ["queue_full", "series_limit", "write_failed"] {
-            let _ = metrics
-                .refusal_events_dropped
-                .get_or_create(&DropLabels { cause });
-        }
-        metrics
-    }
-}
-
-/// Labels naming the webhook configuration.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ConfigurationLabels {
     /// The ValidatingWebhookConfiguration's name.
     pub name: String,
 }
 
-/// Metrics of the registration writer.
 #[derive(Clone, Debug, Default)]
 pub struct RegistrationMetrics {
-    /// 1 while the written registration is narrowed, 0 while it is broad (or not written).
     pub narrowed: Gauge,
-    /// Live locks in the last plan.
     pub locked_names: Gauge,
-    /// Writes of the configuration, by outcome.
     pub writes: Family<OutcomeLabels, Counter>,
-    /// 1 once the configuration is confirmed to say what this instance computes, 0 before
-    /// and after a failed write; a series only where this instance keeps the configuration.
     pub current: Family<ConfigurationLabels, Gauge>,
-    /// Writes that put back what another writer had changed in the configuration.
     pub undone: Counter,
 }
 
-impl RegistrationMetrics {
-    /// Registers the metrics under `registration_*`.
-    pub fn register(&self, registry: &mut Registry) {
-        registry.register(
-            "registration_narrowed",
-            "1 while the webhook configuration is narrowed to the locked names, 0 while it is broad",
-            self.narrowed.clone(),
-        );
-        registry.register(
-            "registration_locked_names",
-            "Live locks the webhook configuration was computed from",
-            self.locked_names.clone(),
-        );
-        registry.register(
-            "registration_writes",
-            "Writes of the webhook configuration, by outcome",
-            self.writes.clone(),
-        );
-        registry.register(
-            "registration_current",
-            "1 once the webhook configuration is confirmed to say what this instance computes, 0 before and after a failed write",
-            self.current.clone(),
-        );
-        registry.register(
-            "registration_undone",
-            "Writes of the webhook configuration that put back what another writer had changed",
-            self.undone.clone(),
-        );
-        for outcome in ["written", "conflict", "forbidden", "missing", "error"] {
-            let _ = self.writes.get_or_create(&OutcomeLabels { outcome });
-        }
-    }
-}
-
-/// All metrics and their registry.
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
     pub admission: AdmissionMetrics,
-    /// The Kubernetes lock source.
     pub source: SourceMetrics,
-    /// Locks known by scope, refreshed at scrape time.
     pub locks: Family<ScopeLabels, Gauge>,
-    /// Serving certificate expiry, refreshed at scrape time.
     pub certificate_expiry: Gauge,
-    /// Requests refused before admission (not an AdmissionReview).
     pub invalid: Counter,
-    /// Lock status writes and refusal events.
     pub enforcement: EnforcementMetrics,
     pub registration: RegistrationMetrics,
 }
@@ -387,108 +240,87 @@ impl Default for Metrics {
 impl Metrics {
     pub fn new() -> Metrics {
         let mut registry = Registry::with_prefix("kube_object_lock");
-        let admission = AdmissionMetrics::default();
-        let source = SourceMetrics::default();
-        let locks = Family::<ScopeLabels, Gauge>::default();
-        let certificate_expiry = Gauge::default();
-        let invalid = Counter::default();
+        let m = Metrics {
+            registry: Registry::default(),
+            admission: AdmissionMetrics::default(),
+            source: SourceMetrics::default(),
+            locks: Family::default(),
+            certificate_expiry: Gauge::default(),
+            invalid: Counter::default(),
+            enforcement: EnforcementMetrics::default(),
+            registration: RegistrationMetrics::default(),
+        };
         let build = Family::<BuildLabels, Gauge>::default();
         build
             .get_or_create(&BuildLabels {
                 version: env!("CARGO_PKG_VERSION"),
             })
             .set(1);
-        registry.register(
-            "admission_requests",
-            "Admission requests answered, by operation and decision",
-            admission.requests.clone(),
-        );
-        registry.register(
-            "admission_duration_seconds",
-            "Time to answer an admission request, body received to answer encoded",
-            admission.duration.clone(),
-        );
-        for reason in ["timeout", "forbidden", "api"] {
-            for decision in ["deny", "allow"] {
-                let _ = (admission.lookup_errors)
-                    .get_or_create(&LookupErrorLabels { reason, decision });
-            }
+        let (a, s, e, r) = (&m.admission, &m.source, &m.enforcement, &m.registration);
+        macro_rules! register {
+            ($($name:literal, $help:literal, $metric:expr;)*) => {
+                $(registry.register($name, $help, $metric.clone());)*
+            };
         }
-        registry.register(
-            "lookup_errors",
-            "Lock lookups that failed, by reason and the on_lookup_error decision they caused",
-            admission.lookup_errors.clone(),
-        );
-        registry.register(
-            "label_reads",
-            "Reads of the labels of evicted pods and scaled objects for selector locks, by outcome",
-            admission.label_reads.clone(),
-        );
-        registry.register(
-            "invalid_requests",
-            "Requests to /validate answered 4xx because they were not a usable AdmissionReview",
-            invalid.clone(),
-        );
-        registry.register(
-            "cache_requests",
-            "Lock lookups answered from the cache (hit) or needing a load (miss)",
-            source.cache_requests.clone(),
-        );
-        registry.register(
-            "cache_loads",
-            "Namespace loads into the lock cache (one LIST each; concurrent misses share one)",
-            source.cache_loads.clone(),
-        );
-        registry.register(
-            "api_requests",
-            "Requests to the Kubernetes API made by lookups, by verb, resource and outcome",
-            source.api_requests.clone(),
-        );
-        registry.register(
-            "watch_restarts",
-            "Lock watch failures (restarted with backoff) and re-lists, by kind",
-            source.watch_restarts.clone(),
-        );
-        registry.register(
-            "watch_events",
-            "Lock watch events received, by kind",
-            source.watch_events.clone(),
-        );
-        registry.register(
-            "lock_source_mode",
-            "1 for the mode lookups of each lock kind are in: watch (from the index) or fallback (LIST through the cache)",
-            source.mode.clone(),
-        );
-        registry.register(
-            "lock_source_mode_since_timestamp_seconds",
-            "When each lock kind entered its current mode (Unix time)",
-            source.mode_since.clone(),
-        );
-        registry.register(
-            "unparseable_locks",
-            "Locks whose spec cannot be read; each fails closed on its own name until fixed",
-            source.unparseable_locks.clone(),
-        );
-        registry.register("locks", "Locks known, by scope", locks.clone());
-        registry.register(
-            "certificate_expiry_timestamp_seconds",
-            "End of validity of the serving certificate (Unix time)",
-            certificate_expiry.clone(),
-        );
-        registry.register("build_info", "Build information", build);
-        let enforcement = EnforcementMetrics::registered(&mut registry);
-        let registration = RegistrationMetrics::default();
-        registration.register(&mut registry);
-        Metrics {
-            enforcement,
-            registry,
-            admission,
-            source,
-            locks,
-            certificate_expiry,
-            invalid,
-            registration,
+        register! {
+            "admission_requests", "Admission requests answered, by operation and decision", a.requests;
+            "admission_duration_seconds", "Time to answer an admission request, body received to answer encoded", a.duration;
+            "lookup_errors", "Lock lookups that failed, by reason and the on_lookup_error decision they caused", a.lookup_errors;
+            "label_reads", "Reads of the labels of evicted pods and scaled objects for selector locks, by outcome", a.label_reads;
+            "invalid_requests", "Requests to /validate answered 4xx because they were not a usable AdmissionReview", m.invalid;
+            "cache_requests", "Lock lookups answered from the cache (hit) or needing a load (miss)", s.cache_requests;
+            "cache_loads", "Namespace loads into the lock cache (one LIST each; concurrent misses share one)", s.cache_loads;
+            "api_requests", "Requests to the Kubernetes API made by lookups, by verb, resource and outcome", s.api_requests;
+            "watch_restarts", "Lock watch failures (restarted with backoff) and re-lists, by kind", s.watch_restarts;
+            "watch_events", "Lock watch events received, by kind", s.watch_events;
+            "lock_source_mode", "1 for the mode lookups of each lock kind are in: watch (from the index) or fallback (LIST through the cache)", s.mode;
+            "lock_source_mode_since_timestamp_seconds", "When each lock kind entered its current mode (Unix time)", s.mode_since;
+            "unparseable_locks", "Locks whose spec cannot be read; each fails closed on its own name until fixed", s.unparseable_locks;
+            "locks", "Locks known, by scope", m.locks;
+            "certificate_expiry_timestamp_seconds", "End of validity of the serving certificate (Unix time)", m.certificate_expiry;
+            "build_info", "Build information", build;
+            "status_writes", "Lock status writes (server-side apply of this instance's entry), by outcome", e.status_writes;
+            "refusal_events", "Refusals (Blocked) and Warn-mode matches (WouldBlock) queued for a Kubernetes Event", e.refusal_events;
+            "refusal_events_dropped", "Refusals left out of events, by cause (queue_full, series_limit, write_failed)", e.refusal_events_dropped;
+            "refusals", "Refusals (Blocked) and Warn-mode matches (WouldBlock), by reason and lock", e.refusals;
+            "event_writes", "Kubernetes Event writes (create a series, patch its count), by verb and outcome", e.event_writes;
+            "registration_narrowed", "1 while the webhook configuration is narrowed to the locked names, 0 while it is broad", r.narrowed;
+            "registration_locked_names", "Live locks the webhook configuration was computed from", r.locked_names;
+            "registration_writes", "Writes of the webhook configuration, by outcome", r.writes;
+            "registration_current", "1 once the webhook configuration is confirmed to say what this instance computes, 0 before and after a failed write", r.current;
+            "registration_undone", "Writes of the webhook configuration that put back what another writer had changed", r.undone;
         }
+        // Failure series present at 0 from the start, so that an alert sees the first as an increase.
+        for (reason, decision) in ["timeout", "forbidden", "api"]
+            .into_iter()
+            .flat_map(|r| [(r, "deny"), (r, "allow")])
+        {
+            let _ = a
+                .lookup_errors
+                .get_or_create(&LookupErrorLabels { reason, decision });
+        }
+        for outcome in ["success", "forbidden", "not_found", "conflict", "error"] {
+            let _ = e.status_writes.get_or_create(&OutcomeLabels { outcome });
+        }
+        for (verb, outcome) in [
+            ("create", "success"),
+            ("create", "failure"),
+            ("patch", "success"),
+            ("patch", "failure"),
+        ] {
+            let _ = e
+                .event_writes
+                .get_or_create(&EventWriteLabels { verb, outcome });
+        }
+        for cause in ["queue_full", "series_limit", "write_failed"] {
+            let _ = e
+                .refusal_events_dropped
+                .get_or_create(&DropLabels { cause });
+        }
+        for outcome in ["written", "conflict", "forbidden", "missing", "error"] {
+            let _ = r.writes.get_or_create(&OutcomeLabels { outcome });
+        }
+        Metrics { registry, ..m }
     }
 
     pub fn encode(&self) -> String {
@@ -531,8 +363,6 @@ mod tests {
         }
     }
 
-    /// The failure counters alerts watch are there at 0 before anything fails, so that the first
-    /// failure is an increase; the registration's state only once a writer sets it.
     #[test]
     fn failure_counters_start_at_zero() {
         let text = Metrics::new().encode();
@@ -552,8 +382,6 @@ mod tests {
         );
     }
 
-    /// The counters kept at hand count into the family's series, each into its own, also
-    /// through a clone of the metrics, and a series appears only once it has counted.
     #[test]
     fn kept_counters_count_into_their_series() {
         let metrics = Metrics::new();

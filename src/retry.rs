@@ -1,15 +1,7 @@
-//! Retry delays and the logging rule of every retry loop, in one place.
-//!
-//! Every loop that talks to the API server backs off: a watch retries within a second for
-//! [`GRACE`] (so a restarted API server is watched again at once), then from a second doubling
-//! to at most [`MAX_WAIT`] (jitter included); a write from its first wait, doubling, to the same
-//! cap. An API server that is down therefore costs each loop about two connections a minute
-//! once backed off, not a storm. Both are backon's
-//! exponential backoff behind kube-runtime's resettable [`Backoff`] wrapper, so a loop resets it
-//! on success and takes `next()` on failure. kube-runtime's watcher resets its backoff on every
-//! event, `Init` included, which it yields before each re-list, before the list has even been
-//! tried: [`watcher`] wraps the delays so that a reset counts only once the stream has been
-//! healthy for [`HEALTHY_FOR`].
+//! Retry delays and the logging rule of every retry loop. Invariant: a loop retries within a
+//! second for [`GRACE`], then backs off to [`MAX_WAIT`] (backon's jittered exponential behind
+//! kube-runtime's resettable [`Backoff`]); a watcher's backoff is reset only once its stream has
+//! been healthy for [`HEALTHY_FOR`], since kube-runtime resets it on every event, `Init` included.
 
 use std::time::Duration;
 
@@ -19,22 +11,14 @@ use kube::runtime::watcher::ExponentialBackoff;
 
 /// The longest wait between two tries, jitter included.
 pub const MAX_WAIT: Duration = Duration::from_secs(30);
-/// Watch delays within [`GRACE`]: from 50 ms, doubling, capped at 500 ms before jitter; the
-/// jitter adds up to as much again, so no wait is longer than a second.
+/// Watch delays within [`GRACE`]: at most a second with jitter.
 const WATCH_MIN: Duration = Duration::from_millis(50);
 const WATCH_MAX: Duration = Duration::from_millis(500);
-/// Delays past [`GRACE`]: from a second, doubling, capped at 15 s before jitter (at most
-/// [`MAX_WAIT`] with it).
 const SLOW_MIN: Duration = Duration::from_secs(1);
 pub(crate) const SLOW_MAX: Duration = Duration::from_secs(15);
-/// The liveness probe's cap past [`GRACE`], before jitter (at most 5 s with it): the probe is
-/// what notices that an API server is back and wakes every other loop, so it stays within
-/// seconds while they back off to [`MAX_WAIT`]; against a port that refuses, each try is one
-/// refused connection and no log line.
+/// The liveness probe's cap past [`GRACE`]: it wakes every other loop, so it stays within seconds.
 const PROBE_MAX: Duration = Duration::from_millis(2500);
-/// How long a loop keeps retrying fast (a restarted API server is back within a second of
-/// answering; a restart on a loaded host can take 20 s) before it backs off to half a minute
-/// (an API server that is down, or not up yet at boot, is not hammered).
+/// How long a loop keeps retrying fast (a restart on a loaded host can take 20 s).
 pub const GRACE: Duration = Duration::from_secs(30);
 /// The longest wait before retrying a failed write.
 pub const MAX_WRITE_WAIT: Duration = MAX_WAIT;
@@ -54,14 +38,12 @@ fn exponential(min: Duration, max: Duration) -> ExponentialBackoff {
     )
 }
 
-/// The retry delays of a watch loop that resets them itself (after [`HEALTHY_FOR`]): at most a
-/// second for [`GRACE`] after the first failure, then growing to [`MAX_WAIT`].
+/// The retry delays of a watch loop that resets them itself (after [`HEALTHY_FOR`]).
 pub fn watch() -> Patient<ExponentialBackoff> {
     Patient::new(exponential(WATCH_MIN, WATCH_MAX))
 }
 
-/// The delays of a probe sent every `period`: `period` for [`GRACE`], then from a second
-/// doubling to at most 5 s ([`PROBE_MAX`]).
+/// The delays of a probe sent every `period`: `period` for [`GRACE`], then up to `PROBE_MAX`.
 pub fn probe(period: Duration) -> Patient<ExponentialBackoff> {
     Patient {
         fast: ExponentialBackoff::from(
@@ -76,8 +58,7 @@ pub fn probe(period: Duration) -> Patient<ExponentialBackoff> {
     }
 }
 
-/// Delays that are `fast` for [`GRACE`] after the first failure, then from a second doubling
-/// to [`MAX_WAIT`] (jittered); a reset starts over.
+/// Delays that are `fast` for [`GRACE`] after the first failure, then slow; a reset starts over.
 pub struct Patient<B> {
     fast: B,
     slow: ExponentialBackoff,
@@ -115,8 +96,7 @@ impl<B: Backoff> Backoff for Patient<B> {
     }
 }
 
-/// The retry delays of a kube-runtime watcher (`.backoff(retry::watcher())`): [`watch`]'s,
-/// reset only by a stream that stayed healthy for [`HEALTHY_FOR`] (see the module docs).
+/// The retry delays of a kube-runtime watcher (`.backoff(retry::watcher())`).
 pub fn watcher() -> Steady<Patient<ExponentialBackoff>> {
     Steady {
         backoff: watch(),
@@ -124,11 +104,9 @@ pub fn watcher() -> Steady<Patient<ExponentialBackoff>> {
     }
 }
 
-/// A backoff whose `reset` takes effect only if no failure (`next`) came within
-/// [`HEALTHY_FOR`] of it: an event right before the next failure does not start it over.
+/// A backoff whose `reset` takes effect only if no failure came within [`HEALTHY_FOR`] of it.
 pub struct Steady<B> {
     backoff: B,
-    /// The first reset asked for since the last failure.
     healthy_since: Option<Instant>,
 }
 
@@ -164,16 +142,13 @@ pub fn write(first: Duration) -> ExponentialBackoff {
     )
 }
 
-/// The wait before try number `attempt` + 1 of a write that failed `attempt` times (from 1):
-/// for loops that keep a count per object rather than a backoff.
+/// The wait after a write's `attempt`th failure (from 1), for loops counting per object.
 pub fn write_delay(first: Duration, attempt: u32) -> Duration {
     let nth = attempt.saturating_sub(1) as usize;
     write(first).nth(nth).unwrap_or(MAX_WRITE_WAIT)
 }
 
-/// Whether a failed request was refused by the API server for what it asks (403 Forbidden,
-/// 404 Not Found): the errors a missing permission or resource gives, for which a hint about
-/// RBAC or registration helps. A connection error or a timeout is not one of them.
+/// Whether the API server refused the request (403, 404): a hint about RBAC helps.
 pub fn is_refusal(error: &kube::Error) -> bool {
     matches!(error, kube::Error::Api(status) if status.code == 403 || status.code == 404)
 }
@@ -190,13 +165,11 @@ pub fn watcher_refusal(error: &kube::runtime::watcher::Error) -> bool {
     }
 }
 
-/// The errors of a retry loop since its last success, so that a failure repeated on every retry
-/// is logged once (at warn), and its repeats at debug, even when two errors take turns (a
-/// refused connection, then one cut while sending); after a success every error is new again.
+/// The errors of a retry loop since its last success: each is logged once at warn, its repeats
+/// at debug, even when two errors take turns.
 #[derive(Debug, Default)]
 pub struct LastError(Vec<String>);
 
-/// Distinct errors remembered between two successes (the oldest is forgotten first).
 const REMEMBERED: usize = 8;
 
 impl LastError {
@@ -212,15 +185,13 @@ impl LastError {
         true
     }
 
-    /// The loop succeeded: the next error is new, whatever it is.
     pub fn clear(&mut self) {
         self.0.clear();
     }
 }
 
-/// An error and its causes on one line, each said once: a cause whose text the message already
-/// holds (a `thiserror` message that prints its `#[source]`) is not repeated, so the line reads
-/// `cannot read locks directory /x: No such file or directory (os error 2)`, not that twice.
+/// An error and its causes on one line, each said once (a message that already prints its
+/// source does not get it twice).
 pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
     let mut line = error.to_string();
     let mut cause = error.source();

@@ -30,10 +30,8 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::settings::ServerSettings;
 
-/// The bounded waits of a connection.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
-    /// Longest TLS handshake.
     pub handshake_timeout: Duration,
     /// Longest wait for a request's headers: from the handshake for a connection's first
     /// request, from the first byte of the request for the next ones (HTTP/1.1).
@@ -47,7 +45,6 @@ pub struct Limits {
 }
 
 impl Limits {
-    /// The limits configured in `server.*`.
     pub fn from_settings(server: &ServerSettings) -> Limits {
         Limits {
             handshake_timeout: server.handshake_timeout,
@@ -59,7 +56,6 @@ impl Limits {
     }
 }
 
-/// How the loop ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Drain {
     /// Every connection finished within the grace period.
@@ -194,7 +190,6 @@ enum Phase {
     },
 }
 
-/// Which deadline passed.
 #[derive(Debug, Clone, Copy)]
 enum Expiry {
     /// A request's headers did not arrive in time: the connection is dropped.

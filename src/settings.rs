@@ -14,37 +14,30 @@ use serde::{Deserialize, Serialize};
 /// Prefix of the environment variables: `KUBE_OBJECT_LOCK__SECTION__KEY`.
 pub const ENV_PREFIX: &str = "KUBE_OBJECT_LOCK";
 
+/// The defaults: the example file sets every key to its default.
+const DEFAULTS: &str = include_str!("../deploy/kube-object-lock.toml");
+
 /// All settings.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Settings {
     /// What to answer when the locks cannot be read: `deny` or `allow`.
     pub on_lookup_error: OnLookupError,
-    /// The HTTPS listener.
     pub server: ServerSettings,
-    /// The serving certificate.
     pub tls: TlsSettings,
-    /// How the API server reaches the webhook.
     pub webhook: WebhookSettings,
-    /// The Kubernetes lock source.
     pub kube: KubeSettings,
-    /// The lock cache of the Kubernetes source.
     pub cache: CacheSettings,
-    /// The files lock source.
     pub locks: LocksSettings,
-    /// Logging.
     pub log: LogSettings,
-    /// The Prometheus endpoint.
     pub metrics: MetricsSettings,
-    /// This instance, as lock status and events name it.
     pub instance: InstanceSettings,
-    /// The webhook configuration narrowed to the locked names.
     pub registration: RegistrationSettings,
 }
 
 /// This instance, as lock status and events name it.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct InstanceSettings {
     /// Unique, stable name of this instance; empty = the host name.
     pub name: String,
@@ -52,7 +45,7 @@ pub struct InstanceSettings {
 
 /// The webhook configuration narrowed to the locked names (cluster source only).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(deny_unknown_fields)]
 pub struct RegistrationSettings {
     /// Keep the configuration's matchConditions narrowed to the locked names.
     pub narrow: bool,
@@ -64,30 +57,12 @@ pub struct RegistrationSettings {
     pub max_names: usize,
 }
 
-impl Default for RegistrationSettings {
-    fn default() -> Self {
-        RegistrationSettings {
-            narrow: true,
-            name: "kube-object-lock".to_owned(),
-            max_names: 2_000,
-        }
-    }
-}
-
 /// The Prometheus endpoint.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(deny_unknown_fields)]
 pub struct MetricsSettings {
     /// Plain-HTTP address serving `GET /metrics`; empty = off.
     pub listen: String,
-}
-
-impl Default for MetricsSettings {
-    fn default() -> Self {
-        MetricsSettings {
-            listen: "127.0.0.1:9464".to_owned(),
-        }
-    }
 }
 
 impl MetricsSettings {
@@ -99,7 +74,7 @@ impl MetricsSettings {
 
 /// The HTTPS listener.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(deny_unknown_fields)]
 pub struct ServerSettings {
     /// Address to listen on.
     pub listen: SocketAddr,
@@ -129,7 +104,7 @@ pub struct ServerSettings {
 
 /// The serving certificate.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(deny_unknown_fields)]
 pub struct TlsSettings {
     /// PEM certificate chain, leaf first.
     pub cert: Option<PathBuf>,
@@ -146,7 +121,7 @@ pub struct TlsSettings {
 
 /// How the API server reaches the webhook.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(deny_unknown_fields)]
 pub struct WebhookSettings {
     /// The URL registered in the webhook configuration; the certificate must cover its host.
     pub url: String,
@@ -154,7 +129,7 @@ pub struct WebhookSettings {
 
 /// The Kubernetes lock source.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(deny_unknown_fields)]
 pub struct KubeSettings {
     /// Kubeconfig file; unset = `KUBECONFIG`, `~/.kube/config`, or the in-cluster config.
     pub kubeconfig: Option<PathBuf>,
@@ -171,7 +146,7 @@ pub struct KubeSettings {
 
 /// The cache of the fallback path (lookups while the lock index is stale).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(deny_unknown_fields)]
 pub struct CacheSettings {
     /// While the index is stale: how long after a namespace's LIST started a lookup may still
     /// reuse it. Zero (the default): only lookups that arrived before it started share it, so an
@@ -184,7 +159,7 @@ pub struct CacheSettings {
 
 /// The files lock source.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(deny_unknown_fields)]
 pub struct LocksSettings {
     /// Directory of Lock / ClusterLock YAML files; set = use files instead of the API server.
     pub dir: Option<PathBuf>,
@@ -194,32 +169,25 @@ pub struct LocksSettings {
 }
 
 /// Log output format.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
-    /// Human-readable lines.
-    #[default]
     Text,
-    /// One JSON object per line.
     Json,
 }
 
 /// Where log events go.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LogTarget {
-    /// The journal when stderr is connected to it (systemd's `JOURNAL_STREAM`), else stderr.
-    #[default]
     Auto,
-    /// The journal's native protocol: levels become priorities, fields become journal fields.
     Journald,
-    /// Lines on stderr, in `log.format`.
     Stderr,
 }
 
 /// Logging.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(deny_unknown_fields)]
 pub struct LogSettings {
     /// A tracing filter such as `info` or `kube_object_lock=debug,info`; `RUST_LOG` wins.
     pub level: String,
@@ -229,107 +197,17 @@ pub struct LogSettings {
     pub target: LogTarget,
 }
 
-impl Default for ServerSettings {
-    fn default() -> Self {
-        ServerSettings {
-            listen: SocketAddr::from(([127, 0, 0, 1], 8443)),
-            handshake_timeout: Duration::from_secs(10),
-            header_timeout: Duration::from_secs(10),
-            idle_timeout: Duration::from_secs(120),
-            max_idle_connections: 100,
-            body_timeout: Duration::from_secs(10),
-            max_body_bytes: 8 * 1024 * 1024,
-            shutdown_grace: Duration::from_secs(20),
-        }
-    }
-}
-
-impl Default for TlsSettings {
-    fn default() -> Self {
-        TlsSettings {
-            cert: None,
-            key: None,
-            client_ca: None,
-            reload_interval: Duration::from_secs(10),
-            max_reload_failures: 3,
-        }
-    }
-}
-
-impl Default for WebhookSettings {
-    fn default() -> Self {
-        WebhookSettings {
-            url: "https://127.0.0.1:8443/validate".to_owned(),
-        }
-    }
-}
-
-impl Default for KubeSettings {
-    fn default() -> Self {
-        KubeSettings {
-            kubeconfig: None,
-            context: None,
-            lookup_timeout: Duration::from_secs(2),
-            stale_after: Duration::from_secs(3),
-        }
-    }
-}
-
-impl Default for CacheSettings {
-    fn default() -> Self {
-        CacheSettings {
-            ttl: Duration::ZERO,
-            max_namespaces: 10_000,
-        }
-    }
-}
-
-impl Default for LocksSettings {
-    fn default() -> Self {
-        LocksSettings {
-            dir: None,
-            poll_interval: Duration::from_secs(2),
-        }
-    }
-}
-
-impl Default for LogSettings {
-    fn default() -> Self {
-        LogSettings {
-            level: "info".to_owned(),
-            format: LogFormat::Text,
-            target: LogTarget::Auto,
-        }
-    }
-}
-
 /// A setting that cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum SettingsError {
-    /// The file cannot be read or is not TOML.
     #[error("cannot read settings file {path}: {message}")]
-    File {
-        /// The file.
-        path: PathBuf,
-        /// What went wrong.
-        message: String,
-    },
-    /// A key no setting has.
+    File { path: PathBuf, message: String },
     #[error("unknown setting `{key}` {origin}")]
-    UnknownKey {
-        /// The dotted key.
-        key: String,
-        /// `in FILE`, `from environment variable X`, `from the command line`.
-        origin: String,
-    },
-    /// A value of the wrong type or out of range.
+    UnknownKey { key: String, origin: String },
     #[error("invalid setting `{key}` {origin}: {message}")]
     Invalid {
-        /// The dotted key.
         key: String,
-        /// Where its value came from.
         origin: String,
-        /// What is wrong.
         message: String,
     },
 }
@@ -345,10 +223,20 @@ pub struct Layers {
     pub flags: Vec<(String, String)>,
 }
 
+impl Default for Settings {
+    fn default() -> Self {
+        (Config::builder()
+            .add_source(File::from_str(DEFAULTS, FileFormat::Toml))
+            .build())
+        .and_then(Config::try_deserialize)
+        .expect("the example settings file holds the defaults")
+    }
+}
+
 impl Settings {
     /// Loads, merges and validates the layers.
     pub fn load(layers: &Layers) -> Result<Settings, SettingsError> {
-        let mut builder = Config::builder();
+        let mut builder = Config::builder().add_source(File::from_str(DEFAULTS, FileFormat::Toml));
         if let Some(path) = &layers.file {
             if !path.is_file() {
                 return Err(SettingsError::File {
@@ -652,11 +540,10 @@ fn explain(key: &str, message: &str) -> String {
 }
 
 /// What to do when the locks cannot be read.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum OnLookupError {
     /// Refuse the change: a lock that cannot be seen is still a lock.
-    #[default]
     Deny,
     /// Let the change through with a warning: availability over protection.
     Allow,
@@ -667,7 +554,6 @@ pub enum OnLookupError {
 pub struct ReviewPolicy {
     /// What to do when the locks cannot be read.
     pub on_lookup_error: OnLookupError,
-    /// The longest a lock lookup may take.
     pub lookup_timeout: Duration,
 }
 

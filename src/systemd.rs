@@ -54,7 +54,6 @@ impl Status {
         }
     }
 
-    /// The line as it reads now.
     pub fn line(&self) -> String {
         self.line.lock().unwrap_or_else(|e| e.into_inner()).render()
     }
@@ -66,20 +65,12 @@ static PASSED: Mutex<Option<TcpListener>> = Mutex::new(None);
 /// Why the socket systemd passed cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum PassedSocketError {
-    /// LISTEN_FDS names something that is not a listening TCP socket.
     #[error("the socket systemd passed (LISTEN_FDS) is not a listening TCP socket")]
     NotTcp(#[source] std::io::Error),
-    /// It listens elsewhere than the settings say.
     #[error(
         "server.listen is {want}, but the socket systemd passed listens on {got}: make ListenStream= in kube-object-lock.socket and server.listen the same"
     )]
-    Elsewhere {
-        /// server.listen.
-        want: SocketAddr,
-        /// The socket's own address.
-        got: SocketAddr,
-    },
-    /// Its address or mode cannot be read or set.
+    Elsewhere { want: SocketAddr, got: SocketAddr },
     #[error("the socket systemd passed cannot be used")]
     Io(#[source] std::io::Error),
 }
@@ -112,7 +103,6 @@ pub fn passed_listener(want: SocketAddr) -> Result<Option<TcpListener>, PassedSo
     Ok(Some(listener))
 }
 
-/// STOPPING=1.
 pub fn stopping() {
     send(&[
         NotifyState::Stopping,

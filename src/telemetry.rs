@@ -9,18 +9,10 @@ use tracing_subscriber::prelude::*;
 
 use crate::settings::{LogFormat, LogSettings, LogTarget};
 
-/// Why logging could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum TelemetryError {
-    /// `log.level` or `RUST_LOG` is not a filter.
     #[error("invalid log filter {filter:?}: {message}")]
-    Filter {
-        /// The filter as given.
-        filter: String,
-        /// The parser's complaint.
-        message: String,
-    },
-    /// `log.target = "journald"` but the journal's socket cannot be used.
+    Filter { filter: String, message: String },
     #[error(
         "log.target is \"journald\" but the journal cannot be reached ({0}); use \"auto\" or \"stderr\""
     )]
@@ -30,16 +22,12 @@ pub enum TelemetryError {
 /// Where events go, decided once at start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Sink {
-    /// The journal's native protocol.
     Journald,
-    /// Lines on stderr.
     Stderr,
 }
 
-/// Picks the sink: `auto` means the journal exactly when `journal_stream` (the value of
-/// `JOURNAL_STREAM`, `DEVICE:INODE`) names `stderr` (its device and inode). systemd sets the
-/// variable for a service whose output goes to the journal; a child process whose stderr was
-/// redirected inherits the variable but not the stream, so the match is what counts.
+/// Picks the sink: `auto` means the journal exactly when `journal_stream` (`JOURNAL_STREAM`,
+/// `DEVICE:INODE`) names `stderr`; a child whose stderr was redirected inherits only the variable.
 pub fn choose(target: LogTarget, journal_stream: Option<&str>, stderr: Option<(u64, u64)>) -> Sink {
     match target {
         LogTarget::Journald => Sink::Journald,
@@ -90,12 +78,8 @@ fn journald_layer() -> std::io::Result<tracing_journald::Layer> {
     )
 }
 
-/// kube's own lines about a failed request, one per try, saying neither what the request was for
-/// nor what happens next: kube-client's ERROR per failed HTTP request ("failed with error ...")
-/// and kube-runtime's watcher WARN per failed list or watch. While an API server restarts, or
-/// while a permission is missing, that is several lines a second, beside the webhook's own line
-/// about the same failure (the lock watch stale, a lookup failed, the registration not
-/// written). Each is off unless the filter names its crate.
+/// kube's own line per failed request or watch, beside the webhook's own line about the same
+/// failure: several a second while an API server restarts. Off unless the filter names the crate.
 const QUIET: [(&str, &str); 2] = [
     ("kube_client", "kube_client::client::builder=off"),
     ("kube_runtime", "kube_runtime::watcher=off"),

@@ -49,151 +49,169 @@ async fn expect_status(
     );
 }
 
-fn review(request: serde_json::Value) -> Vec<u8> {
-    serde_json::to_vec(&json!({
-        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request,
-    }))
-    .expect("json")
-}
-
 #[tokio::test]
 async fn malformed_requests_get_clear_4xx() {
     let (server, _dir) = TestServer::with_lock_files("").await;
     let url = server.url("/validate");
+    let review = |request: &str| {
+        format!(
+            r#"{{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{request}}}"#
+        )
+    };
+    let pods = r#""resource":{"resource":"pods"}"#;
+    let deep = format!(
+        r#"{{"uid":"u","object":{{"spec":{}{}}}}}"#,
+        "[".repeat(10_000),
+        "]".repeat(10_000)
+    );
+    // Bodies POSTed as application/json, answered 400 with a message naming the problem.
+    let bodies: Vec<(String, &str)> = vec![
+        ("".into(), "empty body"),
+        ("  \n".into(), "empty body"),
+        ("{\"apiVersion\":".into(), "malformed AdmissionReview"),
+        ("[1,2,3]".into(), "malformed AdmissionReview"),
+        ("null".into(), "malformed"),
+        (
+            r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}"#.into(),
+            "has no request",
+        ),
+        (
+            r#"{"apiVersion":"v1","kind":"AdmissionReview","request":{}}"#.into(),
+            "request: missing field `uid`",
+        ),
+        (
+            r#"{"apiVersion":"admission.k8s.io/v2","kind":"AdmissionReview"}"#.into(),
+            "apiVersion is \"admission.k8s.io/v2\"",
+        ),
+        (
+            r#"{"apiVersion":"admission.k8s.io/v1","kind":"Pod"}"#.into(),
+            "kind is \"Pod\"",
+        ),
+        (
+            review(&format!(
+                r#"{{"uid":"",{pods},"operation":"DELETE","userInfo":{{}}}}"#
+            )),
+            "request.uid is empty",
+        ),
+        (
+            review(&format!(
+                r#"{{"uid":"u",{pods},"operation":"PATCH","userInfo":{{}}}}"#
+            )),
+            "request.operation: unknown variant `PATCH`",
+        ),
+        (
+            review(&format!(
+                r#"{{"uid":7,{pods},"operation":"DELETE","userInfo":{{}}}}"#
+            )),
+            "request.uid: invalid type: integer `7`",
+        ),
+        (
+            review(r#"{"uid":"u","operation":"DELETE","userInfo":{}}"#),
+            "missing field `resource`",
+        ),
+        // 10,000 levels inside a skipped field: skipped without recursion, so the answer is
+        // about the field that really is missing, and the stack survives.
+        (review(&deep), "request: missing field `resource`"),
+        (
+            r#"{"kind":"AdmissionReview"} {}"#.into(),
+            "trailing characters",
+        ),
+        (review("null"), "has no request"),
+        (
+            review(&format!(
+                r#"{{"uid":"u",{pods},"operation":"DELETE","userInfo":"kubernetes-admin"}}"#
+            )),
+            "request.userInfo: invalid type: string \"kubernetes-admin\"",
+        ),
+        (
+            review(&format!(
+                r#"{{"uid":"u",{pods},"operation":"DELETE","userInfo":{{}},"object":"{{\"metadata\":{{}}}}"}}"#
+            )),
+            "request.object: invalid type: string",
+        ),
+        (
+            review(&format!(
+                r#"{{"uid":"u",{pods},"operation":"DELETE","userInfo":{{}},"dryRun":"true"}}"#
+            )),
+            "request.dryRun: invalid type: string",
+        ),
+        (
+            review(
+                r#"{"uid":"u","resource":{"group":"","version":"v1"},"operation":"DELETE","userInfo":{}}"#,
+            ),
+            "request.resource: missing field `resource`",
+        ),
+        (
+            format!(
+                r#"{{"apiVersion":"admission.k8s.io/v1","request":{{"uid":"u",{pods},"operation":"DELETE","userInfo":{{}}}}}}"#
+            ),
+            "kind is \"\"",
+        ),
+        // A byte-order mark is not JSON.
+        (
+            format!(
+                "\u{feff}{}",
+                String::from_utf8(fixture("configmap-create.json")).expect("utf-8")
+            ),
+            "malformed AdmissionReview: expected value at line 1 column 1",
+        ),
+        // A raw NUL inside a string (an escaped one, \u0000, would be a valid character).
+        (
+            review("{\"uid\":\"a\0b\"}"),
+            "request.uid: control character",
+        ),
+        (
+            review(r#"{"uid":"\ud800"}"#),
+            "request.uid: unexpected end of hex escape",
+        ),
+        // Duplicate keys among the fields the webhook reads are refused rather than resolved
+        // one way or the other (duplicates in fields it skips are not looked at).
+        (
+            review(r#"{"uid":"a","uid":"b"}"#),
+            "request: duplicate field `uid`",
+        ),
+        (
+            review(
+                r#"{"uid":"u","resource":{"resource":"configmaps"},"namespace":"prod","operation":"DELETE","userInfo":{},"oldObject":{"metadata":{"name":"app-config","name":"other"}}}"#,
+            ),
+            "request.oldObject.metadata: duplicate field `name`",
+        ),
+    ];
     let json = Some("application/json");
-    let cases: Vec<(http::Request<Full<Bytes>>, u16, &str)> = vec![
-        (post(&url, json, ""), 400, "empty body"),
-        (post(&url, json, "  \n"), 400, "empty body"),
-        (
-            post(&url, json, "{\"apiVersion\":"),
-            400,
-            "malformed AdmissionReview",
-        ),
-        (
-            post(&url, json, "[1,2,3]"),
-            400,
-            "malformed AdmissionReview",
-        ),
-        (post(&url, json, "null"), 400, "malformed"),
+    let mut cases: Vec<(http::Request<Full<Bytes>>, u16, &str)> = (bodies.into_iter())
+        .map(|(body, needle)| (post(&url, json, body), 400, needle))
+        .collect();
+    // Request bodies are not decoded: a compressed review is not JSON.
+    let mut gzip = post(
+        &url,
+        json,
+        &b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03\x01\x00\x00\xff\xff\x00\x00\x00\x00\x00"[..],
+    );
+    gzip.headers_mut()
+        .insert("content-encoding", http::HeaderValue::from_static("gzip"));
+    let request = |method: http::Method| http::Request::builder().method(method).uri(&url);
+    let empty = || Full::new(Bytes::new());
+    let create = || fixture("configmap-create.json");
+    cases.extend([
+        (gzip, 400, "malformed AdmissionReview"),
         (
             post(&url, json, &b"{\"kind\":\"Admission\xffReview\"}"[..]),
             400,
             "malformed",
         ),
+        (post(&url, None, create()), 400, "content type is \"\""),
         (
-            post(
-                &url,
-                json,
-                r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}"#,
-            ),
-            400,
-            "has no request",
-        ),
-        (
-            post(
-                &url,
-                json,
-                r#"{"apiVersion":"v1","kind":"AdmissionReview","request":{}}"#,
-            ),
-            400,
-            "request: missing field `uid`",
-        ),
-        (
-            post(
-                &url,
-                json,
-                r#"{"apiVersion":"admission.k8s.io/v2","kind":"AdmissionReview"}"#,
-            ),
-            400,
-            "apiVersion is \"admission.k8s.io/v2\"",
-        ),
-        (
-            post(
-                &url,
-                json,
-                r#"{"apiVersion":"admission.k8s.io/v1","kind":"Pod"}"#,
-            ),
-            400,
-            "kind is \"Pod\"",
-        ),
-        (
-            post(
-                &url,
-                json,
-                review(
-                    json!({"uid": "", "resource": {"resource": "pods"}, "operation": "DELETE", "userInfo": {}}),
-                ),
-            ),
-            400,
-            "request.uid is empty",
-        ),
-        (
-            post(
-                &url,
-                json,
-                review(
-                    json!({"uid": "u", "resource": {"resource": "pods"}, "operation": "PATCH", "userInfo": {}}),
-                ),
-            ),
-            400,
-            "request.operation: unknown variant `PATCH`",
-        ),
-        (
-            post(
-                &url,
-                json,
-                review(
-                    json!({"uid": 7, "resource": {"resource": "pods"}, "operation": "DELETE", "userInfo": {}}),
-                ),
-            ),
-            400,
-            "request.uid: invalid type: integer `7`",
-        ),
-        (
-            post(
-                &url,
-                json,
-                review(json!({"uid": "u", "operation": "DELETE", "userInfo": {}})),
-            ),
-            400,
-            "missing field `resource`",
-        ),
-        (
-            post(
-                &url,
-                json,
-                format!(
-                    r#"{{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{{"uid":"u","object":{{"spec":{}{}}}}}}}"#,
-                    "[".repeat(10_000),
-                    "]".repeat(10_000)
-                ),
-            ),
-            // 10,000 levels inside a skipped field: skipped without recursion, so the answer
-            // is about the field that really is missing, and the stack survives.
-            400,
-            "request: missing field `resource`",
-        ),
-        (
-            post(&url, json, r#"{"kind":"AdmissionReview"} {}"#),
-            400,
-            "trailing characters",
-        ),
-        (
-            post(&url, None, fixture("configmap-create.json")),
-            400,
-            "content type is \"\"",
-        ),
-        (
-            post(&url, Some("text/plain"), fixture("configmap-create.json")),
+            post(&url, Some("text/plain"), create()),
             400,
             "expected \"application/json\"",
         ),
         (
-            post(
-                &server.url("/validate?timeout=soon"),
-                json,
-                fixture("configmap-create.json"),
-            ),
+            post(&url, Some("application/json-patch+json"), create()),
+            400,
+            "content type is \"application/json-patch+json\"",
+        ),
+        (
+            post(&server.url("/validate?timeout=soon"), json, create()),
             400,
             "timeout=\"soon\"",
         ),
@@ -203,16 +221,21 @@ async fn malformed_requests_get_clear_4xx() {
             "larger than the limit of 8388608 bytes",
         ),
         (
-            http::Request::get(&url)
-                .body(Full::new(Bytes::new()))
-                .expect("request"),
+            request(http::Method::GET).body(empty()).expect("request"),
             405,
             "method GET is not allowed",
         ),
         (
-            http::Request::put(&url)
+            request(http::Method::OPTIONS)
+                .body(empty())
+                .expect("request"),
+            405,
+            "method OPTIONS is not allowed",
+        ),
+        (
+            request(http::Method::PUT)
                 .header("content-type", "application/json")
-                .body(Full::new(Bytes::from(fixture("configmap-create.json"))))
+                .body(Full::new(create().into()))
                 .expect("request"),
             405,
             "use POST",
@@ -232,159 +255,12 @@ async fn malformed_requests_get_clear_4xx() {
             404,
             "no such path",
         ),
-        (
-            post(
-                &url,
-                json,
-                r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":null}"#,
-            ),
-            400,
-            "has no request",
-        ),
-        (
-            post(
-                &url,
-                json,
-                review(
-                    json!({"uid": "u", "resource": {"resource": "pods"}, "operation": "DELETE", "userInfo": "kubernetes-admin"}),
-                ),
-            ),
-            400,
-            "request.userInfo: invalid type: string \"kubernetes-admin\"",
-        ),
-        (
-            post(
-                &url,
-                json,
-                review(
-                    json!({"uid": "u", "resource": {"resource": "pods"}, "operation": "DELETE", "userInfo": {}, "object": "{\"metadata\":{}}"}),
-                ),
-            ),
-            400,
-            "request.object: invalid type: string",
-        ),
-        (
-            post(
-                &url,
-                json,
-                review(
-                    json!({"uid": "u", "resource": {"resource": "pods"}, "operation": "DELETE", "userInfo": {}, "dryRun": "true"}),
-                ),
-            ),
-            400,
-            "request.dryRun: invalid type: string",
-        ),
-        (
-            post(
-                &url,
-                json,
-                review(
-                    json!({"uid": "u", "resource": {"group": "", "version": "v1"}, "operation": "DELETE", "userInfo": {}}),
-                ),
-            ),
-            400,
-            "request.resource: missing field `resource`",
-        ),
-        (
-            post(
-                &url,
-                json,
-                r#"{"apiVersion":"admission.k8s.io/v1","request":{"uid":"u","resource":{"resource":"pods"},"operation":"DELETE","userInfo":{}}}"#,
-            ),
-            400,
-            "kind is \"\"",
-        ),
-        (
-            // A byte-order mark is not JSON.
-            post(
-                &url,
-                json,
-                [b"\xef\xbb\xbf".as_slice(), &fixture("configmap-create.json")].concat(),
-            ),
-            400,
-            "malformed AdmissionReview: expected value at line 1 column 1",
-        ),
-        (
-            // A raw NUL inside a string (an escaped one, \u0000, would be a valid character).
-            post(
-                &url,
-                json,
-                &b"{\"apiVersion\":\"admission.k8s.io/v1\",\"kind\":\"AdmissionReview\",\"request\":{\"uid\":\"a\0b\"}}"[..],
-            ),
-            400,
-            "request.uid: control character",
-        ),
-        (
-            post(
-                &url,
-                json,
-                r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"\ud800"}}"#,
-            ),
-            400,
-            "request.uid: unexpected end of hex escape",
-        ),
-        (
-            // Duplicate keys among the fields the webhook reads are refused rather than
-            // resolved one way or the other (duplicates in fields it skips are not looked at).
-            post(
-                &url,
-                json,
-                r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"a","uid":"b"}}"#,
-            ),
-            400,
-            "request: duplicate field `uid`",
-        ),
-        (
-            post(
-                &url,
-                json,
-                r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u","resource":{"resource":"configmaps"},"namespace":"prod","operation":"DELETE","userInfo":{},"oldObject":{"metadata":{"name":"app-config","name":"other"}}}}"#,
-            ),
-            400,
-            "request.oldObject.metadata: duplicate field `name`",
-        ),
-        (
-            post(
-                &url,
-                Some("application/json-patch+json"),
-                fixture("configmap-create.json"),
-            ),
-            400,
-            "content type is \"application/json-patch+json\"",
-        ),
-        (
-            // Request bodies are not decoded: a compressed review is not JSON.
-            {
-                let mut request = post(
-                    &url,
-                    json,
-                    &b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03\x01\x00\x00\xff\xff\x00\x00\x00\x00\x00"[..],
-                );
-                request.headers_mut().insert(
-                    "content-encoding",
-                    http::HeaderValue::from_static("gzip"),
-                );
-                request
-            },
-            400,
-            "malformed AdmissionReview",
-        ),
-        (
-            http::Request::options(&url)
-                .body(Full::new(Bytes::new()))
-                .expect("request"),
-            405,
-            "method OPTIONS is not allowed",
-        ),
-    ];
+    ]);
     for (request, status, needle) in cases {
         expect_status(&server, request, status, needle).await;
     }
     // Still serving.
-    let ok = server
-        .http1()
-        .post_json(&url, fixture("configmap-create.json"))
-        .await;
+    let ok = server.http1().post_json(&url, create()).await;
     assert_eq!(ok.json()["response"]["allowed"], true);
 }
 

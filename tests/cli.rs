@@ -1,10 +1,9 @@
-//! The binary as an operator runs it: exit codes, messages, files written, signals.
+//! The binary as an operator runs it: exit codes, messages, files written.
 
 mod support;
 
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
 
 use support::{Certs, fixture, lock_yaml};
 
@@ -24,6 +23,17 @@ fn run(cmd: &mut Command) -> Output {
 
 fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Runs `cmd`, expects exit `code` and each of `needles` in stderr; returns stderr.
+fn fails(cmd: &mut Command, code: i32, needles: &[&str]) -> String {
+    let out = run(cmd);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(code), "{err}");
+    for needle in needles {
+        assert!(err.contains(needle), "{needle:?} not in {err}");
+    }
+    err
 }
 
 fn locks_dir() -> tempfile::TempDir {
@@ -83,22 +93,17 @@ fn certs_writes_four_files_and_never_overwrites() {
     for file in ["ca.crt", "ca.key", "tls.crt", "tls.key"] {
         assert!(out_dir.join(file).is_file(), "{file}");
     }
-    let again = run(bin().args(["certs", "--out"]).arg(&out_dir));
-    assert_eq!(again.status.code(), Some(1));
-    assert!(
-        stderr(&again).contains("pass --force"),
-        "{}",
-        stderr(&again)
+    fails(
+        bin().args(["certs", "--out"]).arg(&out_dir),
+        1,
+        &["pass --force"],
     );
-    let bad = run(bin()
-        .args(["certs", "--out"])
-        .arg(dir.path().join("x"))
-        .args(["--san", "bad name"]));
-    assert_eq!(bad.status.code(), Some(1));
-    assert!(
-        stderr(&bad).contains("--san \"bad name\""),
-        "{}",
-        stderr(&bad)
+    fails(
+        bin()
+            .args(["certs", "--san", "bad name", "--out"])
+            .arg(dir.path().join("x")),
+        1,
+        &["--san \"bad name\""],
     );
 }
 
@@ -142,28 +147,18 @@ fn check_exits_by_verdict() {
 
     let bad = tempfile::NamedTempFile::new().expect("temp");
     std::fs::write(bad.path(), "{\"kind\": \"AdmissionReview\"").expect("write");
-    let out = run(bin()
-        .args(["check", "--locks-dir"])
-        .arg(locks.path())
-        .arg(bad.path()));
-    assert_eq!(out.status.code(), Some(2));
+    let check = || {
+        let mut cmd = bin();
+        cmd.args(["check", "--locks-dir"]).arg(locks.path());
+        cmd
+    };
+    let err = fails(check().arg(bad.path()), 2, &[]);
     assert_eq!(
-        stderr(&out).matches("malformed AdmissionReview").count(),
+        err.matches("malformed AdmissionReview").count(),
         1,
-        "said once: {}",
-        stderr(&out)
+        "said once: {err}"
     );
-
-    let missing = run(bin()
-        .args(["check", "--locks-dir"])
-        .arg(locks.path())
-        .arg("/nonexistent.json"));
-    assert_eq!(missing.status.code(), Some(2));
-    assert!(
-        stderr(&missing).contains("/nonexistent.json"),
-        "{}",
-        stderr(&missing)
-    );
+    fails(check().arg("/nonexistent.json"), 2, &["/nonexistent.json"]);
 }
 
 /// A lock file that does not read is no lock at all only if `check` says so: it cannot decide
@@ -273,230 +268,76 @@ fn check_explains_a_lock_reserving_the_name() {
     );
 }
 
-/// A second instance on one host: `--metrics-listen` moves the metrics listener (over the
-/// environment), and an address that is not one says which flag and what form.
-#[test]
-fn serve_flags_for_a_second_instance_name_what_to_fix() {
-    let certs = Certs::new();
-    let locks = locks_dir();
-    let serve = || {
-        let mut cmd = bin();
-        cmd.args(["serve", "--locks-dir"])
-            .arg(locks.path())
-            .arg("--tls-cert")
-            .arg(certs.path("tls.crt"))
-            .arg("--tls-key")
-            .arg(certs.path("tls.key"));
-        cmd
-    };
-    let hostname = run(serve().args(["--listen", "localhost:18001"]));
-    assert_eq!(hostname.status.code(), Some(1));
-    let err = stderr(&hostname);
-    assert!(
-        err.contains("`server.listen` from the command line (--listen)"),
-        "{err}"
-    );
-    assert!(
-        err.contains("an IP address and port such as 127.0.0.1:8443"),
-        "{err}"
-    );
-
-    let bad_metrics = run(serve().args(["--metrics-listen", "localhost:1"]));
-    assert_eq!(bad_metrics.status.code(), Some(1));
-    assert!(
-        stderr(&bad_metrics).contains("(--metrics-listen)"),
-        "{}",
-        stderr(&bad_metrics)
-    );
-
-    // The flag wins over the environment, and a port in use names the flag.
-    let held = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let addr = held.local_addr().expect("addr").to_string();
-    let taken = run(serve()
-        .args(["--listen", "127.0.0.1:0", "--metrics-listen", &addr])
-        .env("KUBE_OBJECT_LOCK__METRICS__LISTEN", "not-an-address"));
-    assert_eq!(taken.status.code(), Some(1));
-    let err = stderr(&taken);
-    assert!(
-        err.contains(&format!(
-            "cannot listen on {addr} (set by metrics.listen or --metrics-listen)"
-        )),
-        "{err}"
-    );
-    assert_eq!(
-        err.matches("in use").count(),
-        1,
-        "the cause said once: {err}"
-    );
-}
-
-/// A setting with a value it does not take names the setting, where it was set and the values.
-#[test]
-fn a_bad_setting_value_names_the_values_it_takes() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let file = dir.path().join("config.toml");
-    std::fs::write(&file, "on_lookup_error = \"maybe\"\n").expect("write");
-    let out = run(bin().args(["serve", "--config"]).arg(&file));
-    assert_eq!(out.status.code(), Some(1));
-    let err = stderr(&out);
-    assert!(
-        err.contains(&format!(
-            "`on_lookup_error` in {}: `maybe` is not a value of it: expected `deny` or `allow`",
-            file.display()
-        )),
-        "{err}"
-    );
-}
-
+/// `serve` refuses a bad configuration before serving, naming the flag, key, file or variable
+/// to fix and, for a value it does not take, the values it does.
 #[test]
 fn serve_refuses_bad_configuration_clearly() {
     let certs = Certs::new();
-    let cert = certs.path("tls.crt");
-    let key = certs.path("tls.key");
-
-    let no_cert = run(bin().args(["serve", "--locks-dir", "/tmp"]));
-    assert_eq!(no_cert.status.code(), Some(1));
-    assert!(
-        stderr(&no_cert).contains("--tls-cert"),
-        "{}",
-        stderr(&no_cert)
+    let locks = locks_dir();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (maybe, unknown) = (
+        dir.path().join("maybe.toml"),
+        dir.path().join("unknown.toml"),
     );
-
-    let no_source = run(bin()
-        .args(["serve", "--listen", "127.0.0.1:0", "--tls-cert"])
-        .arg(&cert)
-        .arg("--tls-key")
-        .arg(&key));
-    assert_eq!(no_source.status.code(), Some(1));
-    assert!(
-        stderr(&no_source).contains("no lock source"),
-        "{}",
-        stderr(&no_source)
-    );
-    assert!(
-        stderr(&no_source).contains("--locks-dir DIR"),
-        "{}",
-        stderr(&no_source)
-    );
-
-    let wrong_key = run(bin()
-        .args(["serve", "--locks-dir", "/tmp", "--tls-cert"])
-        .arg(&cert)
-        .arg("--tls-key")
-        .arg(certs.path("ca.key")));
-    assert_eq!(wrong_key.status.code(), Some(1));
-    assert!(
-        stderr(&wrong_key).contains("do not make a usable pair"),
-        "{}",
-        stderr(&wrong_key)
-    );
-
-    let config = tempfile::NamedTempFile::new().expect("temp");
+    std::fs::write(&maybe, "on_lookup_error = \"maybe\"\n").expect("write");
     std::fs::write(
-        config.path(),
+        &unknown,
         "[server]\nlisten = \"127.0.0.1:0\"\nlisten_port = 1\n",
     )
     .expect("write");
-    let unknown = run(bin().arg("serve").arg("--config").arg(config.path()));
-    assert_eq!(unknown.status.code(), Some(1));
-    let text = stderr(&unknown);
-    assert!(
-        text.contains("unknown setting `server.listen_port`"),
-        "{text}"
+    // A port in use, asked for by the flag while the environment says otherwise.
+    let held = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = held.local_addr().expect("addr").to_string();
+    let tls = format!(
+        "--tls-cert {} --tls-key {}",
+        certs.path("tls.crt").display(),
+        certs.path("tls.key").display()
     );
-    assert!(
-        text.contains(&config.path().display().to_string()),
-        "{text}"
-    );
-
-    let bad_env = run(bin()
-        .args(["serve", "--locks-dir", "/tmp"])
-        .env("KUBE_OBJECT_LOCK__CACHE__TTL", "11m"));
-    assert_eq!(bad_env.status.code(), Some(1));
-    assert!(
-        stderr(&bad_env).contains("KUBE_OBJECT_LOCK__CACHE__TTL"),
-        "{}",
-        stderr(&bad_env)
-    );
-
-    let bad_listen = run(bin().args(["serve", "--listen", "nowhere"]));
-    assert_eq!(bad_listen.status.code(), Some(1));
-    assert!(
-        stderr(&bad_listen).contains("server.listen"),
-        "{}",
-        stderr(&bad_listen)
-    );
-}
-
-#[test]
-fn sigterm_stops_the_server_with_status_zero() {
-    let certs = Certs::new();
-    let locks = locks_dir();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("free port")
-        .local_addr()
-        .expect("addr")
-        .port();
-    // systemd's notification socket, as a unit with Type=notify has it.
-    let notify_dir = tempfile::tempdir().expect("tempdir");
-    let notify_path = notify_dir.path().join("notify");
-    let notify = std::os::unix::net::UnixDatagram::bind(&notify_path).expect("notify socket");
-    notify
-        .set_read_timeout(Some(Duration::from_secs(20)))
-        .expect("timeout");
-    let mut child = bin()
-        .env("NOTIFY_SOCKET", &notify_path)
-        .args([
-            "serve",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--tls-cert",
-        ])
-        .arg(certs.path("tls.crt"))
-        .arg("--tls-key")
-        .arg(certs.path("tls.key"))
-        .arg("--locks-dir")
-        .arg(locks.path())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "server did not start listening");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let mut buf = [0u8; 4096];
-    let n = notify.recv(&mut buf).expect("READY notification");
-    let ready = String::from_utf8_lossy(&buf[..n]).into_owned();
-    assert!(ready.contains("READY=1"), "{ready}");
-    assert!(
-        ready.contains(&format!("STATUS=serving on 127.0.0.1:{port}")),
-        "{ready}"
-    );
-    let status = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .expect("kill");
-    assert!(status.success());
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let exit = loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            break status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "server did not stop after SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(50));
+    let served = format!("--locks-dir {} {tls}", locks.path().display());
+    // `[VARIABLE=VALUE] ARGUMENTS => WHAT STDERR NAMES|...`
+    let cases = [
+        "{served} --listen localhost:18001 => `server.listen` from the command line (--listen)|an IP address and port such as 127.0.0.1:8443",
+        "{served} --metrics-listen localhost:1 => (--metrics-listen)",
+        "KUBE_OBJECT_LOCK__METRICS__LISTEN=not-an-address {served} --listen 127.0.0.1:0 --metrics-listen {addr} => cannot listen on {addr} (set by metrics.listen or --metrics-listen)",
+        "--config {maybe} => `on_lookup_error` in {maybe}: `maybe` is not a value of it: expected `deny` or `allow`",
+        "--config {unknown} => unknown setting `server.listen_port`|{unknown}",
+        "--locks-dir /tmp => --tls-cert",
+        "KUBE_OBJECT_LOCK__CACHE__TTL=11m --locks-dir /tmp => KUBE_OBJECT_LOCK__CACHE__TTL",
+        "--listen nowhere => server.listen",
+        "--listen 127.0.0.1:0 {tls} => no lock source|--locks-dir DIR",
+        "--locks-dir /tmp --tls-cert {cert} --tls-key {ca.key} => do not make a usable pair",
+    ];
+    let fill = |text: &str| {
+        (text
+            .replace("{served}", &served)
+            .replace("{tls}", &tls)
+            .replace("{addr}", &addr))
+        .replace("{maybe}", &maybe.display().to_string())
+        .replace("{unknown}", &unknown.display().to_string())
+        .replace("{ca.key}", &certs.path("ca.key").display().to_string())
+        .replace("{cert}", &certs.path("tls.crt").display().to_string())
     };
-    let n = notify.recv(&mut buf).expect("STOPPING notification");
-    assert!(String::from_utf8_lossy(&buf[..n]).contains("STOPPING=1"));
-    let output = child.wait_with_output().expect("output");
-    let log = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(exit.code(), Some(0), "{log}");
-    assert!(log.contains("SIGTERM received"), "{log}");
-    assert!(log.contains("all connections drained"), "{log}");
+    for case in cases {
+        let (args, needles) = case.split_once(" => ").expect("a case");
+        let (env, args) = match args.split_once(' ') {
+            Some((env, args)) if env.contains('=') => (env.split_once('='), args),
+            _ => (None, args),
+        };
+        let mut cmd = bin();
+        cmd.arg("serve").args(fill(args).split_whitespace());
+        if let Some((var, value)) = env {
+            cmd.env(var, value);
+        }
+        let needles = fill(needles);
+        let err = fails(&mut cmd, 1, &needles.split('|').collect::<Vec<_>>());
+        if err.contains("cannot listen") {
+            assert_eq!(
+                err.matches("in use").count(),
+                1,
+                "the cause said once: {err}"
+            );
+        }
+    }
 }
 
 #[test]
@@ -554,50 +395,23 @@ fn manifests_print_registration_and_write_the_api_server_side() {
         "{kubeconfig}"
     );
 
-    for (args, needle) in [
-        (
-            vec!["manifests", "cluster", "--ca-file", "/nonexistent.crt"],
-            "--ca-file /nonexistent.crt",
-        ),
-        (
-            vec![
-                "manifests",
-                "cluster",
-                "--ca-file",
-                "x",
-                "--timeout-seconds",
-                "0",
-            ],
-            "--timeout-seconds",
-        ),
-        (
-            vec![
-                "manifests",
-                "cluster",
-                "--ca-file",
-                "x",
-                "--failure-policy",
-                "Maybe",
-            ],
-            "--failure-policy",
-        ),
-        (
-            vec![
-                "manifests",
-                "cluster",
-                "--ca-file",
-                "x",
-                "--user",
-                "u",
-                "--service-account",
-                "a/b",
-            ],
-            "--service-account",
-        ),
+    // `ARGUMENTS => EXIT-CODE WHAT-STDERR-NAMES`
+    for case in [
+        "cluster --ca-file /nonexistent.crt => 1 --ca-file /nonexistent.crt",
+        "cluster --ca-file x --timeout-seconds 0 => 1 --timeout-seconds",
+        "cluster --ca-file x --failure-policy Maybe => 2 --failure-policy",
+        "cluster --ca-file x --user u --service-account a/b => 2 --service-account",
+        "cluster --namespace-selector lockable=(true --ca-file CA => 1 --namespace-selector \"lockable=(true\"",
+        // The static variant is always broad: the flag is not one of its flags.
+        "static --broad --ca-file CA => 2 --broad",
     ] {
-        let out = run(bin().args(&args));
-        assert!(!out.status.success(), "{args:?}");
-        assert!(stderr(&out).contains(needle), "{args:?}: {}", stderr(&out));
+        let ca = root.join("deploy/examples/example-ca.crt");
+        let (args, expected) = case.split_once(" => ").expect("a case");
+        let (code, needle) = expected.split_once(' ').expect("code and message");
+        let args = args.replace("CA", &ca.display().to_string());
+        let mut cmd = bin();
+        cmd.arg("manifests").args(args.split_whitespace());
+        fails(&mut cmd, code.parse().expect("code"), &[needle]);
     }
 }
 
@@ -616,22 +430,6 @@ fn manifests_cluster_is_narrowed_unless_broad() {
     let text = String::from_utf8_lossy(&broad.stdout);
     assert!(!text.contains("may-be-locked"), "{text}");
     assert!(!text.contains("validatingwebhookconfigurations"), "{text}");
-    // Limited to selected namespaces: a selector that does not parse is refused, naming the flag.
-    let out = run(bin()
-        .args([
-            "manifests",
-            "cluster",
-            "--namespace-selector",
-            "lockable in (true",
-        ])
-        .arg("--ca-file")
-        .arg(&ca));
-    assert!(!out.status.success());
-    assert!(
-        stderr(&out).contains("--namespace-selector \"lockable in (true\""),
-        "{}",
-        stderr(&out)
-    );
     let out = run(bin()
         .args([
             "manifests",
@@ -643,10 +441,4 @@ fn manifests_cluster_is_narrowed_unless_broad() {
         .arg(&ca));
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(String::from_utf8_lossy(&out.stdout).contains("lockable: \"true\""));
-    // The static variant is always broad: the flag is not one of its flags.
-    let out = run(bin()
-        .args(["manifests", "static", "--broad", "--ca-file"])
-        .arg(&ca));
-    assert_eq!(out.status.code(), Some(2));
-    assert!(stderr(&out).contains("--broad"), "{}", stderr(&out));
 }

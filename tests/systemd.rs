@@ -370,6 +370,7 @@ fn a_reload_and_a_stop_right_after_ready_are_handled_not_fatal() {
         let log = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(0), "{:?}: {log}", out.status);
         assert!(log.contains("SIGTERM received"), "{log}");
+        assert!(log.contains("all connections drained"), "{log}");
         // The STOPPING=1 of this run, so the next READY=1 is the next run's.
         recv_until(&notify, "STOPPING=1", |m| m.contains("STOPPING=1"));
     }

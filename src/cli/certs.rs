@@ -1,9 +1,6 @@
-//! `kube-object-lock certs`: a CA and a serving certificate signed by it.
-//!
-//! The API server verifies the webhook URL's host against the certificate's SANs (no CN
-//! fallback), so the defaults cover `https://127.0.0.1:8443`, `[::1]` and `localhost`. The CA
-//! certificate is what goes into the webhook configuration's `caBundle`. Keys are written
-//! mode 0600 and existing files are never overwritten without `--force`.
+//! `kube-object-lock certs`: a CA and a serving certificate signed by it, covering
+//! `127.0.0.1`, `[::1]` and `localhost` by default (the API server checks SANs, never the CN).
+//! Invariant: keys are written mode 0600, existing files never overwritten without `--force`.
 
 use std::fs::OpenOptions;
 use std::io::Write;
@@ -15,39 +12,17 @@ use rcgen::{
 };
 use time::{Duration, OffsetDateTime};
 
-/// SANs used when none are given.
 pub const DEFAULT_SANS: [&str; 3] = ["127.0.0.1", "::1", "localhost"];
 
-#[derive(Debug, Clone)]
-pub struct CertsRequest {
-    /// Output directory (created if missing).
-    pub out: PathBuf,
-    /// DNS names and IP addresses of the serving certificate.
-    pub sans: Vec<String>,
-    /// Validity of the serving certificate, in days.
-    pub days: u32,
-    /// Validity of the CA, in days.
-    pub ca_days: u32,
-    /// Overwrite existing files.
-    pub force: bool,
-    /// Also write a client CA and a client certificate for the API server (mTLS).
-    pub client: bool,
-}
+/// What to write: the flags of `certs`.
+pub use super::CertsArgs as CertsRequest;
 
-/// Why certificates could not be written.
 #[derive(Debug, thiserror::Error)]
 pub enum CertsError {
-    /// A SAN is neither an IP address nor a DNS name.
     #[error("--san {san:?} is neither an IP address nor a DNS name: {message}")]
-    BadSan {
-        san: String,
-        /// Why it was refused.
-        message: String,
-    },
-    /// A validity of zero days, or a serving certificate outliving its CA.
+    BadSan { san: String, message: String },
     #[error("{0}")]
     Validity(String),
-    /// A file exists already.
     #[error("{0} exists; pass --force to overwrite it")]
     Exists(PathBuf),
     #[error("cannot write {path}: {source}")]
@@ -55,13 +30,11 @@ pub enum CertsError {
         path: PathBuf,
         source: std::io::Error,
     },
-    /// Generating or signing failed.
     #[error("cannot generate certificate: {0}")]
     Generate(#[from] rcgen::Error),
 }
 
 pub const FILES: [&str; 4] = ["ca.crt", "ca.key", "tls.crt", "tls.key"];
-/// The files written with `--client`.
 pub const CLIENT_FILES: [&str; 4] = [
     "client-ca.crt",
     "client-ca.key",

@@ -1,8 +1,6 @@
-//! `kube-object-lock check`: the answer the server would give to one AdmissionReview.
-//!
-//! Reads the review from a file or stdin, reads the locks once from the configured source (no
-//! watch), and prints the response AdmissionReview. Meant for operators asking "why was this
-//! refused?" or "would this be refused?" with a review captured from the API server's audit log.
+//! `kube-object-lock check`: the answer the server would give to one AdmissionReview (from a
+//! file or stdin, e.g. captured from the audit log), the locks read once from the configured
+//! source (no watch).
 
 use std::io::Read;
 use std::path::Path;
@@ -15,11 +13,8 @@ use crate::settings::Settings;
 
 #[derive(Debug)]
 pub struct CheckResult {
-    /// The response AdmissionReview, pretty-printed.
     pub response: String,
-    /// Whether the request would be allowed.
     pub allowed: bool,
-    /// The kind of answer.
     pub outcome: Outcome,
     /// Where the locks were read from (for "could not decide").
     pub source: String,
@@ -40,20 +35,15 @@ impl CheckResult {
 /// The exit status of `check` when it could not decide: the locks could not be read.
 pub const UNDECIDED: u8 = 3;
 
-/// Why `check` could not answer.
 #[derive(Debug, thiserror::Error)]
 pub enum CheckError {
-    /// The review file cannot be read.
     #[error("cannot read {path}: {source}")]
     Read {
-        /// The file (`-` for stdin).
         path: String,
         source: std::io::Error,
     },
-    /// The input is not an AdmissionReview.
     #[error("{path}: {source}")]
     Review { path: String, source: ReviewError },
-    /// The lock source cannot be used.
     #[error(transparent)]
     Source(#[from] StartError),
 }
@@ -73,19 +63,14 @@ pub async fn check(settings: &Settings, input: &Path) -> Result<CheckResult, Che
     let name = input.display().to_string();
     let body = if name == "-" {
         let mut buf = Vec::new();
-        std::io::stdin()
-            .read_to_end(&mut buf)
-            .map_err(|source| CheckError::Read {
-                path: name.clone(),
-                source,
-            })?;
-        buf
+        std::io::stdin().read_to_end(&mut buf).map(|_| buf)
     } else {
-        std::fs::read(input).map_err(|source| CheckError::Read {
-            path: name.clone(),
-            source,
-        })?
+        std::fs::read(input)
     };
+    let body = body.map_err(|source| CheckError::Read {
+        path: name.clone(),
+        source,
+    })?;
     // Refuse bad input before touching the cluster.
     crate::admission::review::parse(&body).map_err(|source| CheckError::Review {
         path: name.clone(),

@@ -1,14 +1,7 @@
-//! `kube-object-lock manifests`: everything `kubectl apply -f -` (and the API server's own
-//! configuration) needs to register the webhook, generated from the same types the webhook uses;
-//! and the alert rules over its metrics ([`alerts`]).
-//!
-//! The registration sends exactly what the decision needs: UPDATE and DELETE of everything
-//! (objects, and the subresources that change them: `scale`, `pods/ephemeralcontainers`,
-//! `pods/resize`, `namespaces/finalize`, `certificatesigningrequests/approval`, from
-//! [`crate::admission::subresources`]), CREATE of `pods/eviction`, and through the
-//! cluster-scoped entry DELETE of Namespaces. It never sends the lock resources (unlocking must
-//! not depend on the webhook), leases and events (high-churn traffic), requests from nodes and
-//! from the API server itself, or anything in `kube-system` and `kube-node-lease`: with
+//! `kube-object-lock manifests`: what registering the webhook needs (CRDs, RBAC, webhook
+//! configuration, the API server's mTLS files), generated from the types the webhook uses.
+//! Invariant: the API server never sends the lock resources, leases, events, requests from
+//! nodes or itself, or anything in `kube-system` and `kube-node-lease`: with
 //! `failurePolicy: Fail`, everything sent here stops when the webhook stops.
 
 use std::path::{Path, PathBuf};
@@ -42,28 +35,20 @@ pub const DEFAULT_URL: &str = "https://127.0.0.1:8443/validate";
 /// Where the API server reads its side of mTLS by default.
 pub const DEFAULT_APISERVER_DIR: &str = "/etc/kubernetes/kube-object-lock";
 
-/// Why manifests could not be made.
 #[derive(Debug, thiserror::Error)]
 pub enum ManifestsError {
-    /// The CA file cannot be used as a caBundle.
     #[error("--ca-file {path}: {message}")]
     CaFile { path: PathBuf, message: String },
-    /// The URL is not an https URL with a host.
     #[error("--url {0:?} must be an https:// URL with a host, e.g. {DEFAULT_URL}")]
     Url(String),
-    /// The namespace selector cannot be used.
     #[error("--namespace-selector {selector:?}: {message}")]
     NamespaceSelector { selector: String, message: String },
-    /// timeoutSeconds outside what the API server accepts.
     #[error("--timeout-seconds {0} must be between 1 and 30")]
     Timeout(i32),
-    /// A service account not written as NAMESPACE/NAME.
     #[error("--service-account {0:?} must be NAMESPACE/NAME")]
     ServiceAccount(String),
-    /// A client certificate or key cannot be read.
     #[error("{flag} {path}: {message}")]
     ClientFile {
-        /// `--client-cert` or `--client-key`.
         flag: &'static str,
         path: PathBuf,
         message: String,
@@ -77,7 +62,6 @@ pub enum ManifestsError {
     Yaml(String),
 }
 
-/// `failurePolicy` of the webhook entries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum FailurePolicy {
     /// Refuse the request when the webhook cannot be called (the default: locks hold).
@@ -102,12 +86,13 @@ impl FailurePolicy {
 pub enum Identity {
     /// A user (client certificate CN or token user).
     User(String),
-    /// A ServiceAccount.
-    ServiceAccount { namespace: String, name: String },
+    ServiceAccount {
+        namespace: String,
+        name: String,
+    },
 }
 
 impl Identity {
-    /// Parses `NAMESPACE/NAME`.
     pub fn service_account(text: &str) -> Result<Identity, ManifestsError> {
         match text.split_once('/') {
             Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
@@ -121,18 +106,13 @@ impl Identity {
     }
 }
 
-/// How the webhook is registered.
 #[derive(Debug, Clone)]
 pub struct Registration {
-    /// The URL the API server calls.
     pub url: String,
     /// PEM of the CA that signed the serving certificate.
     pub ca_bundle: Vec<u8>,
-    /// `failurePolicy`.
     pub failure_policy: FailurePolicy,
-    /// `timeoutSeconds` (1–30).
     pub timeout_seconds: i32,
-    /// Who the webhook is, for RBAC.
     pub identity: Identity,
     /// The operator's requirements on namespaces (`--namespace-selector`): locks apply only in
     /// the namespaces they select. Empty: every namespace but the excluded ones.
@@ -187,7 +167,6 @@ impl Registration {
     }
 }
 
-/// The ValidatingWebhookConfiguration named `name`.
 pub fn webhook_configuration(reg: &Registration, name: &str) -> ValidatingWebhookConfiguration {
     let rule = |operations: &[&str],
                 groups: &[&str],
@@ -307,56 +286,41 @@ pub fn rbac(identity: &Identity) -> (ClusterRole, ClusterRoleBinding) {
         labels: Some([("app.kubernetes.io/name".to_owned(), NAME.to_owned())].into()),
         ..ObjectMeta::default()
     };
+    let rule = |group: &str, resources: &[&str], verbs: &[&str]| PolicyRule {
+        api_groups: Some(vec![group.to_owned()]),
+        resources: Some(resources.iter().map(|r| (*r).to_owned()).collect()),
+        verbs: verbs.iter().map(|v| (*v).to_owned()).collect(),
+        ..PolicyRule::default()
+    };
+    let status = [api::LOCKS, api::CLUSTER_LOCKS].map(|r| format!("{r}/status"));
     let role = ClusterRole {
         metadata: meta(),
         rules: Some(vec![
-            PolicyRule {
-                api_groups: Some(vec![api::GROUP.to_owned()]),
-                resources: Some(vec![api::LOCKS.to_owned(), api::CLUSTER_LOCKS.to_owned()]),
-                verbs: ["get", "list", "watch"].map(str::to_owned).to_vec(),
-                ..PolicyRule::default()
-            },
+            rule(
+                api::GROUP,
+                &[api::LOCKS, api::CLUSTER_LOCKS],
+                &["get", "list", "watch"],
+            ),
             // Each instance records in a lock's status that it enforces it.
-            PolicyRule {
-                api_groups: Some(vec![api::GROUP.to_owned()]),
-                resources: Some(vec![
-                    format!("{}/status", api::LOCKS),
-                    format!("{}/status", api::CLUSTER_LOCKS),
-                ]),
-                verbs: vec!["patch".to_owned()],
-                ..PolicyRule::default()
-            },
+            rule(
+                api::GROUP,
+                &status.each_ref().map(String::as_str),
+                &["patch"],
+            ),
             // Refusals are recorded as Events regarding the lock (a series: create, then patch).
-            PolicyRule {
-                api_groups: Some(vec!["events.k8s.io".to_owned()]),
-                resources: Some(vec!["events".to_owned()]),
-                verbs: ["create", "patch"].map(str::to_owned).to_vec(),
-                ..PolicyRule::default()
-            },
+            rule("events.k8s.io", &["events"], &["create", "patch"]),
             // A selector Lock applies to an eviction or a scale by the labels of the pod or the
-            // scaled object, which their reviews do not carry: the webhook GETs them (metadata
-            // only, but RBAC has no metadata-only verb), only in namespaces holding a selector
-            // Lock. `get` of one object by name; never list or watch.
-            PolicyRule {
-                api_groups: Some(vec![String::new()]),
-                resources: Some(LABELS_READ_CORE.map(str::to_owned).to_vec()),
-                verbs: vec!["get".to_owned()],
-                ..PolicyRule::default()
-            },
-            PolicyRule {
-                api_groups: Some(vec!["apps".to_owned()]),
-                resources: Some(LABELS_READ_APPS.map(str::to_owned).to_vec()),
-                verbs: vec!["get".to_owned()],
-                ..PolicyRule::default()
-            },
+            // scaled object, which their reviews do not carry: the webhook GETs them (RBAC has no
+            // metadata-only verb), only in namespaces holding a selector Lock; never list or watch.
+            rule("", &LABELS_READ_CORE, &["get"]),
+            rule("apps", &LABELS_READ_APPS, &["get"]),
             // A lock on fields covering a custom resource's scale needs the field the scale
             // writes, which only the CRD says (specReplicasPath).
-            PolicyRule {
-                api_groups: Some(vec!["apiextensions.k8s.io".to_owned()]),
-                resources: Some(vec!["customresourcedefinitions".to_owned()]),
-                verbs: vec!["get".to_owned()],
-                ..PolicyRule::default()
-            },
+            rule(
+                "apiextensions.k8s.io",
+                &["customresourcedefinitions"],
+                &["get"],
+            ),
         ]),
         aggregation_rule: None,
     };
@@ -449,10 +413,8 @@ pub fn static_manifest(reg: &Registration) -> Result<String, ManifestsError> {
     Ok(out)
 }
 
-/// The API server's side of mTLS.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApiServerFiles {
-    /// `admission-config.yaml`, for `--admission-control-config-file`.
     pub admission_config: String,
     /// `webhook-kubeconfig.yaml`, the client certificate the API server presents.
     pub kubeconfig: String,
@@ -460,7 +422,6 @@ pub struct ApiServerFiles {
 
 /// The file names inside the API server's directory.
 pub const ADMISSION_CONFIG_FILE: &str = "admission-config.yaml";
-/// See [`ADMISSION_CONFIG_FILE`].
 pub const KUBECONFIG_FILE: &str = "webhook-kubeconfig.yaml";
 
 /// The AdmissionConfiguration and the kubeconfig it points to. `apiserver_dir` is the

@@ -130,7 +130,7 @@ pub struct SourceArgs {
 }
 
 /// Flags of `certs`.
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct CertsArgs {
     /// Directory to write ca.crt, ca.key, tls.crt and tls.key into (created if missing).
     #[arg(long, value_name = "DIR")]
@@ -296,52 +296,49 @@ pub struct CheckArgs {
 }
 
 impl SourceArgs {
-    fn flags(&self, out: &mut Vec<(String, String)>) {
-        push_path(out, "kube.kubeconfig", &self.kubeconfig);
-        if let Some(context) = &self.context {
-            out.push(("kube.context".into(), context.clone()));
-        }
-        push_path(out, "locks.dir", &self.locks_dir);
+    fn flags(&self) -> [(&'static str, Option<String>); 3] {
+        [
+            ("kube.kubeconfig", display(&self.kubeconfig)),
+            ("kube.context", self.context.clone()),
+            ("locks.dir", display(&self.locks_dir)),
+        ]
     }
 }
 
 impl ServeArgs {
-    /// The settings layers these flags describe.
     pub fn layers(&self) -> Layers {
-        let mut flags = Vec::new();
-        if let Some(listen) = &self.listen {
-            flags.push(("server.listen".into(), listen.clone()));
-        }
-        if let Some(listen) = &self.metrics_listen {
-            flags.push(("metrics.listen".into(), listen.clone()));
-        }
-        push_path(&mut flags, "tls.cert", &self.tls_cert);
-        push_path(&mut flags, "tls.key", &self.tls_key);
-        self.source.flags(&mut flags);
-        Layers {
-            file: self.config.config.clone(),
-            env: None,
-            flags,
-        }
+        let flags = [
+            ("server.listen", self.listen.clone()),
+            ("metrics.listen", self.metrics_listen.clone()),
+            ("tls.cert", display(&self.tls_cert)),
+            ("tls.key", display(&self.tls_key)),
+        ];
+        layers(&self.config, flags.into_iter().chain(self.source.flags()))
     }
 }
 
 impl CheckArgs {
-    /// The settings layers these flags describe.
     pub fn layers(&self) -> Layers {
-        let mut flags = Vec::new();
-        self.source.flags(&mut flags);
-        Layers {
-            file: self.config.config.clone(),
-            env: None,
-            flags,
-        }
+        layers(&self.config, self.source.flags())
     }
 }
 
-fn push_path(out: &mut Vec<(String, String)>, key: &str, path: &Option<PathBuf>) {
-    if let Some(path) = path {
-        out.push((key.to_owned(), path.display().to_string()));
+fn display(path: &Option<PathBuf>) -> Option<String> {
+    path.as_ref().map(|path| path.display().to_string())
+}
+
+/// The settings' layers: the file `--config` names, then the flags given, by settings key.
+fn layers(
+    config: &ConfigArgs,
+    flags: impl IntoIterator<Item = (&'static str, Option<String>)>,
+) -> Layers {
+    let flags = flags.into_iter();
+    Layers {
+        file: config.config.clone(),
+        env: None,
+        flags: flags
+            .filter_map(|(key, value)| Some((key.to_owned(), value?)))
+            .collect(),
     }
 }
 

@@ -20,60 +20,38 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 /// Why a certificate or key cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
-    /// The file cannot be read or holds no PEM of the expected type.
     #[error("cannot read {what} from {path}: {message}")]
     Read {
-        /// `certificate` or `private key`.
         what: &'static str,
-        /// The file.
         path: PathBuf,
-        /// What went wrong.
         message: String,
     },
-    /// The certificate is of a kind that cannot be used (an X.509 version 1 certificate).
     #[error("certificate {path} {message}")]
     Certificate {
-        /// The file.
         path: PathBuf,
         /// What is wrong, worded to follow the path.
         message: String,
     },
-    /// The key is not usable or does not belong to the certificate.
     #[error("{cert} and {key} do not make a usable pair: {message}")]
     Pair {
-        /// The certificate file.
         cert: PathBuf,
-        /// The key file.
         key: PathBuf,
-        /// What went wrong.
         message: String,
     },
-    /// rustls refused the configuration.
     #[error("TLS configuration: {0}")]
     Config(#[from] rustls::Error),
-    /// The certificate cannot be parsed as X.509.
     #[error("cannot parse the serving certificate: {0}")]
     Parse(String),
-    /// The certificate does not name the host the API server calls.
     #[error(
         "the serving certificate does not cover {host} (the host of webhook.url {url}): it has {sans}; the API server would refuse every call. Make one with `kube-object-lock certs --san {host}`"
     )]
     HostNotCovered {
-        /// The host.
         host: String,
-        /// The URL.
         url: String,
-        /// The SANs the certificate has.
         sans: String,
     },
-    /// The client CA file cannot be used.
     #[error("cannot use client CA {path}: {message}")]
-    ClientCa {
-        /// The file.
-        path: PathBuf,
-        /// What went wrong.
-        message: String,
-    },
+    ClientCa { path: PathBuf, message: String },
 }
 
 /// The crypto provider used everywhere (kube's client uses ring too).
@@ -128,7 +106,6 @@ pub struct CertStore {
 }
 
 impl CertStore {
-    /// A store serving `pair`.
     pub fn new(pair: CertifiedKey) -> Arc<Self> {
         let store = CertStore {
             current: RwLock::new(Arc::new(pair.clone())),
@@ -154,7 +131,6 @@ impl CertStore {
         self.not_after.store(not_after, Ordering::Relaxed);
     }
 
-    /// The pair currently served.
     pub fn current(&self) -> Arc<CertifiedKey> {
         self.current
             .read()
@@ -210,16 +186,13 @@ fn client_verifier(
 /// What a serving certificate covers, and until when.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CertInfo {
-    /// IP address SANs.
     pub ips: Vec<IpAddr>,
-    /// DNS name SANs.
     pub dns: Vec<String>,
     /// End of validity, seconds since the Unix epoch.
     pub not_after: i64,
 }
 
 impl CertInfo {
-    /// Reads the leaf certificate of `pair`.
     pub fn of(pair: &CertifiedKey) -> Result<CertInfo, TlsError> {
         let leaf = pair
             .cert
@@ -272,7 +245,6 @@ impl CertInfo {
         })
     }
 
-    /// The SANs, for messages.
     pub fn describe_sans(&self) -> String {
         let mut names: Vec<String> = self.ips.iter().map(|ip| format!("IP:{ip}")).collect();
         names.extend(self.dns.iter().map(|d| format!("DNS:{d}")));

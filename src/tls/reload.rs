@@ -11,12 +11,10 @@ use tracing::{error, info, warn};
 
 use super::{CertStore, TlsError, load_pair};
 
-/// What one reload attempt did.
 #[derive(Debug)]
 pub enum Reload {
     /// The files hold the bytes already served.
     Unchanged,
-    /// A new pair is served.
     Replaced,
     /// The new files are unusable; the previous pair is still served.
     Failed(TlsError),

@@ -1,11 +1,6 @@
-//! `manifests alerts`: Prometheus alert rules over the webhook's metrics ([`crate::metrics`]),
-//! as a rule file or as the same groups in a Prometheus Operator `PrometheusRule`.
-//!
-//! Each alert has a summary, a description saying what to do, and a `runbook_url` pointing at
-//! the section of docs/operations.md named after it. None fires on a healthy, idle cluster:
-//! the counters they watch start at 0 (an increase is seen from the first failure), a gauge
-//! that only some instances have (the registration writer's) alerts only where it exists, and
-//! the latency quantile of an idle instance is NaN, which compares false.
+//! `manifests alerts`: Prometheus alert rules over the webhook's metrics, as a rule file or a
+//! Prometheus Operator `PrometheusRule`. Invariant: each alert links the section of
+//! docs/operations.md named after it, and none fires on a healthy, idle cluster.
 
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -20,12 +15,10 @@ pub const DEFAULT_JOB: &str = NAME;
 /// 6.5536 s): a quantile above it reads as that bound, so a threshold must stay below it.
 const MAX_SLOW_SECONDS: f64 = 6.5;
 
-/// What the rules depend on.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AlertOptions {
     /// The `job` label Prometheus gives the webhook's targets.
     pub job: String,
-    /// The webhook configuration's `timeoutSeconds` (1-30).
     pub timeout_seconds: i32,
     /// The operations guide; each alert's runbook is `URL#alertname-in-lower-case`.
     pub runbook_url: String,
@@ -210,7 +203,6 @@ fn groups(options: &AlertOptions) -> Groups {
     }
 }
 
-/// A Prometheus rule file (`rule_files:`).
 pub fn rule_file(options: &AlertOptions) -> Result<String, ManifestsError> {
     Ok(format!(
         "# Alert rules for kube-object-lock (manifests alerts --job {} --timeout-seconds {}).\n{}",

@@ -1,12 +1,6 @@
-//! `--namespace-selector`: a label selector as kubectl writes one (`lockable=true`, `a!=b`,
-//! `k in (x,y)`, `k notin (x)`, `k`, `!k`; a comma between requirements means AND), turned into
-//! the `LabelSelector` the registration carries.
-//!
-//! kube-core has the selector types (`Selector`, `Expression`) but no parser of the text form,
-//! so this is one, with apimachinery's rules: keys are qualified names (an optional DNS
-//! subdomain prefix and `/`), values at most 63 characters. `=` and `==` become `matchLabels`,
-//! `!=` a one-value `NotIn`, as `metav1.ParseToLabelSelector` writes them. `<` and `>` belong to
-//! label queries, not to a `LabelSelector`, and are refused.
+//! `--namespace-selector`: a label selector as kubectl writes one, parsed with apimachinery's
+//! rules into the `LabelSelector` the registration carries (kube-core has no parser of the text
+//! form). `<` and `>` belong to label queries, not to a `LabelSelector`, and are refused.
 
 use std::collections::BTreeMap;
 
@@ -85,7 +79,6 @@ fn terms(text: &str) -> Result<Vec<&str>, String> {
     }
 }
 
-/// One requirement, already trimmed.
 fn requirement(term: &str) -> Result<Term, String> {
     let expression = |key: &str, operator: &str, values: Option<Vec<String>>| {
         Ok(Term::Expression(LabelSelectorRequirement {

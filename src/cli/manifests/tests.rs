@@ -114,65 +114,35 @@ fn the_webhook_sends_what_the_decision_needs_and_nothing_it_must_not() {
 #[test]
 fn rbac_reads_locks_writes_their_status_and_events_and_nothing_else() {
     let (role, binding) = rbac(&Identity::service_account("kol/webhook").expect("sa"));
-    let rules = role.rules.expect("rules");
-    assert_eq!(rules.len(), 6);
-    // Labels for selector locks: get (no list, no watch) of pods and the built-in scalables;
-    // the field a custom resource's scale writes: get of CRDs.
-    for (rule, group, resources) in [
-        (&rules[3], "", &["pods", "replicationcontrollers"][..]),
-        (
-            &rules[4],
-            "apps",
-            &["deployments", "replicasets", "statefulsets"][..],
-        ),
-        (
-            &rules[5],
-            "apiextensions.k8s.io",
-            &["customresourcedefinitions"][..],
-        ),
-    ] {
-        assert_eq!(rule.verbs, ["get"]);
-        assert_eq!(rule.api_groups.as_deref(), Some(&[group.to_owned()][..]));
-        assert_eq!(rule.resources.as_deref().unwrap_or_default(), resources);
-    }
-    assert_eq!(rules[0].verbs, ["get", "list", "watch"]);
-    // Status: patch only, on the status subresources only.
-    assert_eq!(rules[1].verbs, ["patch"]);
-    assert_eq!(
-        rules[1].resources.as_deref(),
-        Some(&["locks/status".to_owned(), "clusterlocks/status".to_owned()][..])
-    );
-    assert_eq!(
-        rules[1].api_groups.as_deref(),
-        Some(&["objectlock.dev".to_owned()][..])
-    );
-    // Events: create and patch in events.k8s.io, nothing else.
-    assert_eq!(rules[2].verbs, ["create", "patch"]);
-    assert_eq!(
-        rules[2].api_groups.as_deref(),
-        Some(&["events.k8s.io".to_owned()][..])
-    );
-    assert_eq!(
-        rules[2].resources.as_deref(),
-        Some(&["events".to_owned()][..])
-    );
-    assert_eq!(
-        rules[0].api_groups.as_deref(),
-        Some(&["objectlock.dev".to_owned()][..])
-    );
-    assert_eq!(
-        rules[0].resources.as_deref(),
-        Some(&["locks".to_owned(), "clusterlocks".to_owned()][..])
-    );
+    let rules: Vec<[String; 3]> = (role.rules.expect("rules").iter())
+        .map(|r| {
+            let join = |list: &Option<Vec<String>>| {
+                list.iter().flatten().cloned().collect::<Vec<_>>().join(",")
+            };
+            [join(&r.api_groups), join(&r.resources), r.verbs.join(",")]
+        })
+        .collect();
+    // Labels for selector locks and the field a custom resource's scale writes: get only.
+    let expected = [
+        ["objectlock.dev", "locks,clusterlocks", "get,list,watch"],
+        [
+            "objectlock.dev",
+            "locks/status,clusterlocks/status",
+            "patch",
+        ],
+        ["events.k8s.io", "events", "create,patch"],
+        ["", "pods,replicationcontrollers", "get"],
+        ["apps", "deployments,replicasets,statefulsets", "get"],
+        ["apiextensions.k8s.io", "customresourcedefinitions", "get"],
+    ];
+    assert_eq!(rules, expected.map(|row| row.map(str::to_owned)));
     let subject = &binding.subjects.expect("subjects")[0];
-    assert_eq!(
-        (
-            subject.kind.as_str(),
-            subject.namespace.as_deref(),
-            subject.name.as_str()
-        ),
-        ("ServiceAccount", Some("kol"), "webhook")
+    let subject = (
+        subject.kind.as_str(),
+        subject.namespace.as_deref(),
+        subject.name.as_str(),
     );
+    assert_eq!(subject, ("ServiceAccount", Some("kol"), "webhook"));
     assert!(Identity::service_account("no-slash").is_err());
     assert!(Identity::service_account("a/b/c").is_err());
 }
@@ -298,129 +268,55 @@ fn committed_manifests_match_the_code() {
 
 /// Every subresource the API server serves (1.33–1.36, from the REST storage maps of
 /// `pkg/registry`, plus custom resources), with the operations that reach admission:
-/// `(group, resource, subresource, namespaced, operations)`. Reads (`pods/log`) never do.
-const API_SERVER_SUBRESOURCES: &[(&str, &str, &str, bool, &[&str])] = &[
-    ("", "pods", "status", true, &["UPDATE"]),
-    ("", "pods", "ephemeralcontainers", true, &["UPDATE"]),
-    ("", "pods", "resize", true, &["UPDATE"]),
-    ("", "pods", "eviction", true, &["CREATE"]),
-    ("", "pods", "binding", true, &["CREATE"]),
-    ("", "pods", "exec", true, &["CONNECT"]),
-    ("", "pods", "attach", true, &["CONNECT"]),
-    ("", "pods", "portforward", true, &["CONNECT"]),
-    ("", "pods", "proxy", true, &["CONNECT"]),
-    ("", "replicationcontrollers", "status", true, &["UPDATE"]),
-    ("", "replicationcontrollers", "scale", true, &["UPDATE"]),
-    ("", "serviceaccounts", "token", true, &["CREATE"]),
-    ("", "services", "status", true, &["UPDATE"]),
-    ("", "services", "proxy", true, &["CONNECT"]),
-    ("", "persistentvolumeclaims", "status", true, &["UPDATE"]),
-    ("", "resourcequotas", "status", true, &["UPDATE"]),
-    ("", "nodes", "status", false, &["UPDATE"]),
-    ("", "nodes", "proxy", false, &["CONNECT"]),
-    ("", "persistentvolumes", "status", false, &["UPDATE"]),
-    ("", "namespaces", "status", false, &["UPDATE"]),
-    ("", "namespaces", "finalize", false, &["UPDATE"]),
-    ("apps", "deployments", "status", true, &["UPDATE"]),
-    ("apps", "deployments", "scale", true, &["UPDATE"]),
-    ("apps", "statefulsets", "status", true, &["UPDATE"]),
-    ("apps", "statefulsets", "scale", true, &["UPDATE"]),
-    ("apps", "replicasets", "status", true, &["UPDATE"]),
-    ("apps", "replicasets", "scale", true, &["UPDATE"]),
-    ("apps", "daemonsets", "status", true, &["UPDATE"]),
-    (
-        "autoscaling",
-        "horizontalpodautoscalers",
-        "status",
-        true,
-        &["UPDATE"],
-    ),
-    ("batch", "jobs", "status", true, &["UPDATE"]),
-    ("batch", "cronjobs", "status", true, &["UPDATE"]),
-    (
-        "policy",
-        "poddisruptionbudgets",
-        "status",
-        true,
-        &["UPDATE"],
-    ),
-    (
-        "networking.k8s.io",
-        "ingresses",
-        "status",
-        true,
-        &["UPDATE"],
-    ),
-    (
-        "resource.k8s.io",
-        "resourceclaims",
-        "status",
-        true,
-        &["UPDATE"],
-    ),
-    (
-        "certificates.k8s.io",
-        "certificatesigningrequests",
-        "status",
-        false,
-        &["UPDATE"],
-    ),
-    (
-        "certificates.k8s.io",
-        "certificatesigningrequests",
-        "approval",
-        false,
-        &["UPDATE"],
-    ),
-    (
-        "apiextensions.k8s.io",
-        "customresourcedefinitions",
-        "status",
-        false,
-        &["UPDATE"],
-    ),
-    (
-        "apiregistration.k8s.io",
-        "apiservices",
-        "status",
-        false,
-        &["UPDATE"],
-    ),
-    (
-        "storage.k8s.io",
-        "volumeattachments",
-        "status",
-        false,
-        &["UPDATE"],
-    ),
-    // Custom resources get status and scale, namespaced or cluster-scoped.
-    ("demo.example.com", "widgets", "status", true, &["UPDATE"]),
-    ("demo.example.com", "widgets", "scale", true, &["UPDATE"]),
-    (
-        "demo.example.com",
-        "clusterwidgets",
-        "scale",
-        false,
-        &["UPDATE"],
-    ),
-    // And the objects themselves.
-    ("", "configmaps", "", true, &["CREATE", "UPDATE", "DELETE"]),
-    (
-        "apps",
-        "deployments",
-        "",
-        true,
-        &["CREATE", "UPDATE", "DELETE"],
-    ),
-    ("", "namespaces", "", false, &["CREATE", "UPDATE", "DELETE"]),
-    (
-        "rbac.authorization.k8s.io",
-        "clusterroles",
-        "",
-        false,
-        &["CREATE", "UPDATE", "DELETE"],
-    ),
-];
+/// `group resource subresource scope operations` (`-` for none). Reads (`pods/log`) never do.
+const API_SERVER_SUBRESOURCES: &str = "
+    - pods status ns UPDATE
+    - pods ephemeralcontainers ns UPDATE
+    - pods resize ns UPDATE
+    - pods eviction ns CREATE
+    - pods binding ns CREATE
+    - pods exec ns CONNECT
+    - pods attach ns CONNECT
+    - pods portforward ns CONNECT
+    - pods proxy ns CONNECT
+    - replicationcontrollers status ns UPDATE
+    - replicationcontrollers scale ns UPDATE
+    - serviceaccounts token ns CREATE
+    - services status ns UPDATE
+    - services proxy ns CONNECT
+    - persistentvolumeclaims status ns UPDATE
+    - resourcequotas status ns UPDATE
+    - nodes status cluster UPDATE
+    - nodes proxy cluster CONNECT
+    - persistentvolumes status cluster UPDATE
+    - namespaces status cluster UPDATE
+    - namespaces finalize cluster UPDATE
+    apps deployments status ns UPDATE
+    apps deployments scale ns UPDATE
+    apps statefulsets status ns UPDATE
+    apps statefulsets scale ns UPDATE
+    apps replicasets status ns UPDATE
+    apps replicasets scale ns UPDATE
+    apps daemonsets status ns UPDATE
+    autoscaling horizontalpodautoscalers status ns UPDATE
+    batch jobs status ns UPDATE
+    batch cronjobs status ns UPDATE
+    policy poddisruptionbudgets status ns UPDATE
+    networking.k8s.io ingresses status ns UPDATE
+    resource.k8s.io resourceclaims status ns UPDATE
+    certificates.k8s.io certificatesigningrequests status cluster UPDATE
+    certificates.k8s.io certificatesigningrequests approval cluster UPDATE
+    apiextensions.k8s.io customresourcedefinitions status cluster UPDATE
+    apiregistration.k8s.io apiservices status cluster UPDATE
+    storage.k8s.io volumeattachments status cluster UPDATE
+    demo.example.com widgets status ns UPDATE
+    demo.example.com widgets scale ns UPDATE
+    demo.example.com clusterwidgets scale cluster UPDATE
+    - configmaps - ns CREATE,UPDATE,DELETE
+    apps deployments - ns CREATE,UPDATE,DELETE
+    - namespaces - cluster CREATE,UPDATE,DELETE
+    rbac.authorization.k8s.io clusterroles - cluster CREATE,UPDATE,DELETE
+";
 
 /// Whether a webhook rule matches, as the API server matches it.
 fn rule_matches(
@@ -479,8 +375,19 @@ fn the_registration_sends_every_subresource_the_decision_locks() {
     let asked = operations::plan(&locks, now, &conditions::Limits::default());
     hooks.extend(operations::webhooks(&hooks, &asked).expect("entries"));
     let mut drift = Vec::new();
-    for &(group, resource, subresource, namespaced, operations) in API_SERVER_SUBRESOURCES {
-        for &operation in operations {
+    for row in API_SERVER_SUBRESOURCES
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+    {
+        let words: Vec<&str> = row
+            .split_whitespace()
+            .map(|w| if w == "-" { "" } else { w })
+            .collect();
+        let [group, resource, subresource, scope, operations] = words[..] else {
+            panic!("{row}")
+        };
+        let namespaced = scope == "ns";
+        for operation in operations.split(',') {
             let name = if resource == "namespaces" { "ns" } else { "x" };
             let request = AdmissionRequest::from_json(serde_json::json!({
                 "uid": "u",
