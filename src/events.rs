@@ -1,5 +1,4 @@
 //! Refusals become Kubernetes Events on the Lock (`Blocked`, `WouldBlock`), in series as
-//!
 //! client-go's recorder makes them, written by a background task. Invariant: recording never waits
 //! and never changes an answer (a full queue drops and counts); at most one write per lock per
 //! `min_interval`; dry runs are not recorded.

@@ -1,15 +1,7 @@
-//! Locks from a directory of YAML files.
-//!
-//! The same `Lock` / `ClusterLock` documents `kubectl apply` takes (several per file, separated
-//! by `---`), read from `*.yaml` / `*.yml` files directly in one directory. This source lets the
-//! service run without a cluster and pins static locks on critical objects.
-//!
-//! The directory is polled and a file is parsed again only when its bytes change. A file that
-//! does not read is reported by path, line and field. At start-up that is an error: there are
-//! no last good locks, and starting without the file's would unlock what it names. On a reload
-//! the file keeps the locks it had when it last parsed (a botched edit must not silently
-//! unlock anything); the other files are unaffected. A file that is removed takes its locks
-//! with it.
+//! Locks from a directory of YAML files (`Lock` / `ClusterLock` documents as `kubectl apply`
+//! takes them), polled; a file is parsed again only when its bytes change. Invariant: a file that
+//! does not read is an error at start-up and keeps its last good locks on a reload; a removed
+//! file takes its locks with it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;

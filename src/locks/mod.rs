@@ -1,13 +1,6 @@
-//! Where locks come from.
-//!
-//! The admission path asks one question: "which locks live in namespace N?" (`""` for
-//! ClusterLocks). Answering per namespace, not per object, lets one LIST (or one file scan)
-//! serve every object in that namespace, and it is all the namespace-deletion rule needs too.
-//!
-//! Two sources answer it: [`apiserver::KubeSource`] (production: an in-memory [`index`] fed by a
-//! watch, with LISTs through a short-lived cache as the fallback while the watch is not healthy)
-//! and [`files::FilesSource`] (a directory of YAML documents, for trying the service without a
-//! cluster and for static locks). Neither knows anything of HTTP or of the admission decision.
+//! Where locks come from, per namespace (`""` for ClusterLocks): [`apiserver::KubeSource`] (an
+//! [`index`] fed by a watch, LISTs through a short-lived cache while it is not healthy) and
+//! [`files::FilesSource`] (a directory of YAML documents). Neither knows of HTTP or the decision.
 
 pub mod apiserver;
 pub mod files;
@@ -265,7 +258,8 @@ pub trait LockSource: Send + Sync + 'static {
     /// namespace. `None` when they are not (the index stale or not listed yet).
     fn all_at_hand(&self) -> Option<Vec<Arc<LockSet>>> {
         let index = self.index()?;
-        (index.is_fresh() && index.listed()).then(|| index.snapshot().sets.into_values().collect())
+        (index.is_fresh() && index.listed())
+            .then(|| index.snapshot().sets.values().cloned().collect())
     }
 }
 

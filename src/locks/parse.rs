@@ -1,7 +1,6 @@
-//! Lock specs into `LockRef`s, one object at a time: the one reader of Lock specs.
-//!
-//! Invariant: a spec this version cannot read fails closed on its own name, never wider than what
-//! the lock policy checked (its own `resources` and `operations` when they read).
+//! Lock specs into `LockRef`s, one object at a time: the one reader of Lock specs. Invariant: a
+//! spec this version cannot read fails closed on its own name, never wider than what the lock
+//! policy checked (its own `resources` and `operations` when they read).
 
 use kube::api::DynamicObject;
 use serde_json::Value;

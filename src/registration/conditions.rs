@@ -29,7 +29,7 @@ pub const NAMESPACE_EXPR: &str = "(has(request.namespace) ? request.namespace : 
 
 /// Bounds of the narrowed registration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
+pub struct NarrowingBounds {
     /// More live locks than this: the broad registration.
     pub max_names: usize,
     /// Most characters of keys in one expression (the API server allows 100,000 code points).
@@ -39,9 +39,9 @@ pub struct Limits {
     pub max_total_chars: usize,
 }
 
-impl Default for Limits {
+impl Default for NarrowingBounds {
     fn default() -> Self {
-        Limits {
+        NarrowingBounds {
             max_names: 2_000,
             chunk_chars: 30_000,
             max_total_chars: 700_000,
@@ -83,7 +83,7 @@ pub enum BroadReason {
 
 /// What the registration should say.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Plan {
+pub struct ConditionsPlan {
     /// Live (not expired) locks that can lock something the webhook is sent.
     pub names: usize,
     /// The earliest `expiresAt` of a live lock: the plan changes then.
@@ -140,8 +140,8 @@ impl Clauses {
 pub fn plan<'a>(
     locks: impl IntoIterator<Item = &'a LockRef>,
     now: Timestamp,
-    limits: &Limits,
-) -> Plan {
+    limits: &NarrowingBounds,
+) -> ConditionsPlan {
     plan_with(Clauses::Changes, locks, now, limits)
 }
 
@@ -150,8 +150,8 @@ pub fn plan_with<'a>(
     clauses: Clauses,
     locks: impl IntoIterator<Item = &'a LockRef>,
     now: Timestamp,
-    limits: &Limits,
-) -> Plan {
+    limits: &NarrowingBounds,
+) -> ConditionsPlan {
     let mut names = 0usize;
     let mut next_expiry: Option<Timestamp> = None;
     // Namespace -> Some(names) for named Locks only, None once a selector Lock is seen.
@@ -202,7 +202,7 @@ pub fn plan_with<'a>(
             }
         }
     }
-    let broad = |reason| Plan {
+    let broad = |reason| ConditionsPlan {
         names,
         next_expiry,
         scope: Scope::Broad(reason),
@@ -299,7 +299,7 @@ pub fn plan_with<'a>(
         (expr, Some(first)) if first == "false" => *first = expr.to_owned(),
         (expr, Some(first)) => *first = format!("{expr} || {first}"),
     }
-    Plan {
+    ConditionsPlan {
         names,
         next_expiry,
         scope: Scope::Narrow {

@@ -1,5 +1,4 @@
 //! Lock status: each instance's entry in `status.enforcedBy`, `status.enforcedCount` and the
-//!
 //! `Enforced` condition, written with server-side apply under the instance's own field manager.
 //! Invariant: a lock counts as enforced from the same index the admissions are decided from, and
 //! only once the registration names it; an instance that cannot vouch withdraws its entries.

@@ -1,12 +1,6 @@
 //! The status and event writers' view of the locks, followed from the admission path's lock
-//! index: one list-and-watch per kind serves every reader.
-//!
-//! The index publishes each namespace's locks as an immutable set shared with `Arc`; a namespace
-//! whose set is the same `Arc` as last time has not changed, so each change costs a look at
-//! the namespaces it touched, not at every lock. The view is a persistent map (publishing a
-//! snapshot per change copies nothing), and it is healthy while both kinds are listed and the
-//! index may answer (see [`LockIndex::is_fresh`]): when it may not, the instance cannot vouch
-//! for the locks and withdraws from their status.
+//! index by diffing its snapshots. Healthy while both kinds are listed and the index may answer
+//! ([`LockIndex::is_fresh`]); otherwise the instance cannot vouch for the locks.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,7 +9,7 @@ use tokio::sync::watch;
 
 use super::{KnownLock, LockSnapshot};
 use crate::api::LockKey;
-use crate::locks::index::{Change, Follower, LockIndex};
+use crate::locks::index::{self, Change, LockIndex, Sets};
 
 /// How often health is looked at again when nothing changes: a reconnecting watch becomes
 /// stale by the passing of time alone.
@@ -55,35 +49,36 @@ pub fn follow(
 struct View {
     healthy: bool,
     locks: imbl::OrdMap<LockKey, Arc<KnownLock>>,
-    /// Where in the index the view is; `None` until it has first been complete and current.
-    follower: Option<Follower>,
+    /// The index's sets last taken in; `None` until it has first been complete and current.
+    seen: Option<Sets>,
 }
 
 impl View {
     /// Applies what changed in the index; true when the snapshot changed.
     fn update(&mut self, index: &LockIndex) -> bool {
+        let now = index.snapshot();
         // Until the index has first been complete and current there is nothing to say: half a
         // list would have the writer mark locks unenforced that are merely not seen yet.
-        let healthy = index.is_fresh() && index.listed();
-        if !healthy && self.follower.is_none() {
+        let healthy = index.is_fresh() && now.is_listed();
+        if !healthy && self.seen.is_none() {
             return false;
         }
         let mut changed = healthy != self.healthy;
         self.healthy = healthy;
-        let locks = &mut self.locks;
-        index.catch_up(
-            self.follower.get_or_insert_default(),
-            |change| match change {
+        let seen = self.seen.get_or_insert_default();
+        for change in index::diff(seen, &now.sets) {
+            match change {
                 Change::Put(lock, _) => {
                     let known = KnownLock::from(lock);
-                    if locks.get(&known.key).is_none_or(|k| **k != known) {
-                        locks.insert(known.key.clone(), Arc::new(known));
+                    if self.locks.get(&known.key).is_none_or(|k| **k != known) {
+                        self.locks.insert(known.key.clone(), Arc::new(known));
                         changed = true;
                     }
                 }
-                Change::Gone(lock) => changed |= locks.remove(&lock.key()).is_some(),
-            },
-        );
+                Change::Gone(lock) => changed |= self.locks.remove(&lock.key()).is_some(),
+            }
+        }
+        *seen = now.sets;
         changed
     }
 

@@ -46,7 +46,7 @@ pub(in crate::registration) fn eval(expression: &str, review: &serde_json::Value
 }
 
 /// Whether some entry of the plan sends `review`, and how many do.
-fn sends(plan: &Plan, review: &serde_json::Value) -> usize {
+fn sends(plan: &ConditionsPlan, review: &serde_json::Value) -> usize {
     let Scope::Narrow {
         namespaced,
         cluster,
@@ -102,7 +102,7 @@ fn sample_locks() -> Vec<LockRef> {
 
 #[test]
 fn locked_names_are_sent_and_others_are_not() {
-    let plan = plan(&sample_locks(), now(), &Limits::default());
+    let plan = plan(&sample_locks(), now(), &NarrowingBounds::default());
     assert_eq!(plan.names, 7, "the expired lock is not counted");
     assert_eq!(
         plan.next_expiry,
@@ -133,7 +133,7 @@ fn locked_names_are_sent_and_others_are_not() {
 
 #[test]
 fn deletecollection_items_are_matched_by_the_old_objects_name() {
-    let plan = plan(&sample_locks(), now(), &Limits::default());
+    let plan = plan(&sample_locks(), now(), &NarrowingBounds::default());
     let item = fixture("configmap-deletecollection-item.json");
     assert!(item["request"].get("name").is_none(), "no request.name");
     assert_eq!(sends(&plan, &item), 1);
@@ -159,7 +159,7 @@ fn deletecollection_items_are_matched_by_the_old_objects_name() {
 
 #[test]
 fn evictions_of_locked_pods_are_sent() {
-    let plan = plan(&sample_locks(), now(), &Limits::default());
+    let plan = plan(&sample_locks(), now(), &NarrowingBounds::default());
     let eviction = fixture("pod-eviction-create.json");
     assert!(eviction["request"]["oldObject"].is_null());
     assert_eq!(sends(&plan, &eviction), 1);
@@ -172,7 +172,7 @@ fn evictions_of_locked_pods_are_sent() {
 
 #[test]
 fn selector_namespaces_send_everything() {
-    let plan = plan(&sample_locks(), now(), &Limits::default());
+    let plan = plan(&sample_locks(), now(), &NarrowingBounds::default());
     for name in ["by-label", "anything", "web"] {
         let review = with(
             "secret-delete.json",
@@ -202,7 +202,7 @@ fn selector_namespaces_send_everything() {
             serde_json::json!({"selector": {"matchLabels": {"app": "web"}}, "expiresAt": "2026-11-22T11:00:00Z"}),
         ),
     )];
-    let plan = super::plan(&expired, now(), &Limits::default());
+    let plan = super::plan(&expired, now(), &NarrowingBounds::default());
     let review = with(
         "secret-delete.json",
         &[("/request/namespace", serde_json::json!("selected"))],
@@ -212,7 +212,7 @@ fn selector_namespaces_send_everything() {
 
 #[test]
 fn namespace_deletions_and_cluster_locks() {
-    let plan = plan(&sample_locks(), now(), &Limits::default());
+    let plan = plan(&sample_locks(), now(), &NarrowingBounds::default());
     // lock-doomed holds a Lock: its deletion is sent, its update (no ClusterLock) is not.
     assert_eq!(sends(&plan, &fixture("namespace-delete.json")), 1);
     let update = with(
@@ -242,13 +242,13 @@ fn namespace_deletions_and_cluster_locks() {
     // A Namespace with a ClusterLock and Locks inside is sent once, not twice.
     let mut locks = sample_locks();
     locks.push(LockRef::cluster_lock("lock-doomed", LockSpec::default()));
-    let plan = super::plan(&locks, now(), &Limits::default());
+    let plan = super::plan(&locks, now(), &NarrowingBounds::default());
     assert_eq!(sends(&plan, &fixture("namespace-delete.json")), 1);
 }
 
 #[test]
 fn nothing_locked_sends_nothing() {
-    let plan = plan(&[], now(), &Limits::default());
+    let plan = plan(&[], now(), &NarrowingBounds::default());
     assert_eq!(
         plan.scope,
         Scope::Narrow {
@@ -266,16 +266,16 @@ fn deterministic_whatever_the_order() {
     let mut reversed = locks.clone();
     reversed.reverse();
     assert_eq!(
-        plan(&locks, now(), &Limits::default()),
-        plan(&reversed, now(), &Limits::default())
+        plan(&locks, now(), &NarrowingBounds::default()),
+        plan(&reversed, now(), &NarrowingBounds::default())
     );
 }
 
 #[test]
 fn beyond_max_names_a_namespace_is_sent_whole() {
-    let limits = Limits {
+    let limits = NarrowingBounds {
         max_names: 3,
-        ..Limits::default()
+        ..NarrowingBounds::default()
     };
     let locks: Vec<_> = (0..4)
         .map(|i| LockRef::lock("ns", &format!("n{i}"), LockSpec::default()))
@@ -296,9 +296,9 @@ fn beyond_max_names_a_namespace_is_sent_whole() {
         ),
         1
     );
-    let too_large = Limits {
+    let too_large = NarrowingBounds {
         max_total_chars: 20,
-        ..Limits::default()
+        ..NarrowingBounds::default()
     };
     assert!(matches!(
         plan(&locks, now(), &too_large).scope,
@@ -306,7 +306,7 @@ fn beyond_max_names_a_namespace_is_sent_whole() {
     ));
     let odd = [LockRef::lock("ns", "a'b", LockSpec::default())];
     assert!(matches!(
-        plan(&odd, now(), &Limits::default()).scope,
+        plan(&odd, now(), &NarrowingBounds::default()).scope,
         Scope::Broad(BroadReason::UnsafeName(_))
     ));
 }
@@ -316,7 +316,7 @@ const MAX_CODE_POINTS: usize = 100_000;
 
 #[test]
 fn at_the_bound_every_expression_fits_and_each_name_hits_one_entry() {
-    let limits = Limits::default();
+    let limits = NarrowingBounds::default();
     // Long names: 63-character namespaces and 200-character names, the bound's worth.
     let ns = |i: usize| format!("{:a<63}", format!("ns{}-", i % 40));
     let name = |i: usize| format!("{:b<200}", format!("n{i}-"));
@@ -378,9 +378,9 @@ fn at_the_bound_every_expression_fits_and_each_name_hits_one_entry() {
 fn each_namespaced_chunk_knows_its_namespaces() {
     // 2,000 Locks over 200 namespaces, cut into several chunks: a namespace whose keys straddle
     // two chunks is named by both, every other by one.
-    let limits = Limits {
+    let limits = NarrowingBounds {
         chunk_chars: 3_000,
-        ..Limits::default()
+        ..NarrowingBounds::default()
     };
     let locks: Vec<_> = (0..2_000)
         .map(|i| {
@@ -406,7 +406,7 @@ fn each_namespaced_chunk_knows_its_namespaces() {
     let named: usize = plan.namespaces.iter().map(Vec::len).sum();
     assert!((200..200 + namespaced.len()).contains(&named), "{named}");
     // The selectors count against the bound: exactly enough for the keys is not enough.
-    let keys_only = Limits {
+    let keys_only = NarrowingBounds {
         max_total_chars: locks
             .iter()
             .map(|l| l.namespace.as_deref().unwrap_or("").len() + l.name.len() + 2)
@@ -464,7 +464,11 @@ fn a_cluster_lock_with_a_selector_sends_the_cluster_scoped_resources_it_covers()
     let namespace = |name| cluster_review("", "namespaces", name, "UPDATE");
     let role = |name| cluster_review("rbac.authorization.k8s.io", "clusterroles", name, "UPDATE");
     // Every cluster-scoped resource, nothing namespaced beyond the named keys.
-    let plan = plan(&with_a_cluster_selector(), now(), &Limits::default());
+    let plan = plan(
+        &with_a_cluster_selector(),
+        now(),
+        &NarrowingBounds::default(),
+    );
     let Scope::Narrow { cluster, .. } = &plan.scope else {
         panic!("a ClusterLock's selector widens the cluster-scoped entries only: {plan:?}");
     };
@@ -478,7 +482,7 @@ fn a_cluster_lock_with_a_selector_sends_the_cluster_scoped_resources_it_covers()
             "resources": [{"apiGroups": [""], "resources": ["namespaces"]}]}),
         ),
     )];
-    let plan = super::plan(&namespaces, now(), &Limits::default());
+    let plan = super::plan(&namespaces, now(), &NarrowingBounds::default());
     assert_eq!(sends(&plan, &namespace("any-name")), 1);
     assert_eq!(sends(&plan, &role("any-name")), 0);
     assert_eq!(
@@ -486,7 +490,12 @@ fn a_cluster_lock_with_a_selector_sends_the_cluster_scoped_resources_it_covers()
         1,
         "the ClusterLock's own name"
     );
-    let creates = plan_with(Clauses::Names, &namespaces, now(), &Limits::default());
+    let creates = plan_with(
+        Clauses::Names,
+        &namespaces,
+        now(),
+        &NarrowingBounds::default(),
+    );
     let create = |resource: &str, name| {
         let group = if resource == "namespaces" {
             ""
@@ -503,7 +512,7 @@ fn a_cluster_lock_with_a_selector_sends_the_cluster_scoped_resources_it_covers()
         spec(serde_json::json!({"selector": {"matchLabels": {"a": "b"}},
             "resources": [{"apiGroups": ["objectlock.dev"], "resources": ["locks", "clusterlocks"]}]})),
     )];
-    let plan = super::plan(&lock_kinds, now(), &Limits::default());
+    let plan = super::plan(&lock_kinds, now(), &NarrowingBounds::default());
     assert_eq!(plan.names, 0);
     assert_eq!(sends(&plan, &namespace("any-name")), 0);
     assert_eq!(sends(&plan, &role("locks")), 0);
@@ -514,7 +523,7 @@ fn a_cluster_lock_with_a_selector_sends_the_cluster_scoped_resources_it_covers()
             serde_json::json!({"selector": {"matchLabels": {"tier": "prod"}}, "expiresAt": "2026-11-22T11:00:00Z"}),
         ),
     )];
-    let plan = super::plan(&expired, now(), &Limits::default());
+    let plan = super::plan(&expired, now(), &NarrowingBounds::default());
     assert_eq!(sends(&plan, &namespace("any-name")), 0);
 }
 
@@ -552,9 +561,9 @@ fn locks_of_nothing_sent_are_not_counted() {
     let plan = plan(
         &locks,
         now(),
-        &Limits {
+        &NarrowingBounds {
             max_names: 1,
-            ..Limits::default()
+            ..NarrowingBounds::default()
         },
     );
     assert_eq!(plan.names, 0);
@@ -563,9 +572,9 @@ fn locks_of_nothing_sent_are_not_counted() {
 
 #[test]
 fn a_namespace_beyond_the_bound_is_sent_whole_and_others_stay_narrowed() {
-    let limits = Limits {
+    let limits = NarrowingBounds {
         max_names: 5,
-        ..Limits::default()
+        ..NarrowingBounds::default()
     };
     let mut locks: Vec<_> = (0..10)
         .map(|i| LockRef::lock("crowded", &format!("n{i}"), LockSpec::default()))
@@ -623,7 +632,7 @@ fn the_deletion_of_a_crd_whose_objects_a_lock_covers_is_sent() {
         serde_json::json!(["DELETE"]),
         serde_json::json!([{"apiGroups": ["example.com"], "resources": ["widgets"]}]),
     )];
-    let plan = plan(&locks, now(), &Limits::default());
+    let plan = plan(&locks, now(), &NarrowingBounds::default());
     assert_eq!(sends(&plan, &crd("widgets.example.com")), 1);
     assert_eq!(sends(&plan, &crd("widgets.other.com")), 0);
     let update = cluster_review(
@@ -651,7 +660,11 @@ fn the_deletion_of_a_crd_whose_objects_a_lock_covers_is_sent() {
             serde_json::json!([{"apiGroups": ["example.com"], "resources": ["widgets/scale"]}]),
         ),
     ] {
-        let plan = super::plan(std::slice::from_ref(&lock), now(), &Limits::default());
+        let plan = super::plan(
+            std::slice::from_ref(&lock),
+            now(),
+            &NarrowingBounds::default(),
+        );
         assert_eq!(sends(&plan, &crd("widgets.example.com")), 0, "{lock:?}");
     }
 }
@@ -659,7 +672,7 @@ fn the_deletion_of_a_crd_whose_objects_a_lock_covers_is_sent() {
 #[test]
 fn names_only_for_create_and_connect() {
     let locks = with_a_cluster_selector();
-    let names = plan_with(Clauses::Names, &locks, now(), &Limits::default());
+    let names = plan_with(Clauses::Names, &locks, now(), &NarrowingBounds::default());
     let Scope::Narrow {
         namespaced,
         cluster,
@@ -670,7 +683,11 @@ fn names_only_for_create_and_connect() {
     // The cluster-scoped part: every object (a selector ClusterLock may select any).
     assert_eq!(cluster, &["true"]);
     // The namespaced keys are those of the base plan without the ClusterLock.
-    let base = plan(&locks[..locks.len() - 1], now(), &Limits::default());
+    let base = plan(
+        &locks[..locks.len() - 1],
+        now(),
+        &NarrowingBounds::default(),
+    );
     let Scope::Narrow {
         namespaced: base_namespaced,
         ..
@@ -681,7 +698,12 @@ fn names_only_for_create_and_connect() {
     assert_eq!(namespaced, base_namespaced);
     assert_eq!(names.namespaces, base.namespaces);
     // No clause for the deletion of a Namespace holding Locks.
-    let names = plan_with(Clauses::Names, &sample_locks(), now(), &Limits::default());
+    let names = plan_with(
+        Clauses::Names,
+        &sample_locks(),
+        now(),
+        &NarrowingBounds::default(),
+    );
     assert_eq!(sends(&names, &fixture("namespace-delete.json")), 0);
     assert_eq!(
         sends(&names, &fixture("clusterrole-update.json")),
