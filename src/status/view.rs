@@ -117,58 +117,32 @@ mod tests {
     }
 
     #[test]
-    fn follows_the_index_by_namespace() {
+    fn follows_the_index_once_complete_and_its_health() {
         let index = LockIndex::new(Duration::from_secs(5));
         let mut view = View::default();
         assert!(!view.update(&index), "nothing listed: nothing to say");
-        index.reset(
-            LockKind::Lock,
-            vec![lock("a", "x", "1"), lock("b", "y", "1")],
-        );
+        let mut odd = lock("b", "y", "1");
+        odd.problem = Some("spec.mode: unknown variant".into());
+        index.reset(LockKind::Lock, vec![lock("a", "x", "1"), odd]);
         live(&index);
         assert!(view.update(&index));
-        let snapshot = view.snapshot();
-        assert!(snapshot.healthy);
-        assert_eq!(snapshot.locks.len(), 2);
+        assert!(view.snapshot().healthy);
+        let known = &view.snapshot().locks[&LockKey::lock("b", "y")];
+        assert_eq!(known.problem.as_deref(), Some("spec.mode: unknown variant"));
         assert!(!view.update(&index), "nothing new");
 
         index.apply(LockKind::Lock, lock("a", "x", "2"));
         index.delete(LockKind::Lock, "b", "y");
         index.apply(LockKind::Lock, lock("c", "z", "1"));
         assert!(view.update(&index));
-        let keys: Vec<String> = view
-            .snapshot()
-            .locks
-            .keys()
-            .map(|k| k.to_string())
-            .collect();
+        let snapshot = view.snapshot();
+        let keys: Vec<String> = snapshot.locks.keys().map(|k| k.to_string()).collect();
         assert_eq!(keys, ["Lock a/x", "Lock c/z"]);
-        let x = &view.snapshot().locks[&LockKey::lock("a", "x")];
+        let x = &snapshot.locks[&LockKey::lock("a", "x")];
         assert_eq!(x.spec.reason.as_deref(), Some("2"));
-
-        // A re-list without a namespace removes its locks.
-        index.reset(LockKind::Lock, vec![lock("c", "z", "1")]);
-        assert!(view.update(&index));
-        assert_eq!(view.snapshot().locks.len(), 1);
-    }
-
-    #[test]
-    fn health_follows_the_index_and_an_unreadable_spec_is_an_error() {
-        let index = LockIndex::new(Duration::from_secs(5));
-        let mut odd = lock("a", "x", "1");
-        odd.problem = Some("spec.mode: unknown variant".into());
-        index.reset(LockKind::Lock, vec![odd]);
-        live(&index);
-        let mut view = View::default();
-        assert!(view.update(&index));
-        let known = &view.snapshot().locks[&LockKey::lock("a", "x")];
-        assert_eq!(known.problem.as_deref(), Some("spec.mode: unknown variant"));
 
         index.set_state(LockKind::Lock, WatchState::Stale, Some("403".into()));
         assert!(view.update(&index), "health is a change");
         assert!(!view.snapshot().healthy);
-        index.set_state(LockKind::Lock, WatchState::Live, None);
-        assert!(view.update(&index));
-        assert!(view.snapshot().healthy);
     }
 }
