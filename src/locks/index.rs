@@ -76,9 +76,7 @@ pub type Sets = imbl::OrdMap<String, Arc<LockSet>>;
 /// What the index holds at one moment.
 #[derive(Clone, Debug)]
 pub struct IndexSnapshot {
-    /// Health of the Lock watch.
     pub locks: Health,
-    /// Health of the ClusterLock watch.
     pub cluster_locks: Health,
     pub sets: Sets,
     /// Whether Locks, and ClusterLocks, have been listed at least once. Until then their sets
@@ -113,11 +111,6 @@ impl IndexSnapshot {
     /// True once both kinds have been listed at least once.
     pub fn is_listed(&self) -> bool {
         self.listed.0 && self.listed.1
-    }
-
-    /// Every lock, sets shared with the index.
-    pub fn all(&self) -> impl Iterator<Item = &LockRef> {
-        self.sets.values().flat_map(|set| set.iter())
     }
 }
 
@@ -223,17 +216,14 @@ impl LockIndex {
         self.state.borrow().clone()
     }
 
-    /// A receiver that changes whenever a lock or a watch state changes.
     pub fn subscribe(&self) -> watch::Receiver<IndexSnapshot> {
         self.state.subscribe()
     }
 
-    /// Bumped each time a kind becomes fresh.
     pub(crate) fn stale_epoch(&self) -> u64 {
         self.stale_epoch.load(Ordering::SeqCst)
     }
 
-    /// Adds or replaces one lock (writer only).
     pub(crate) fn apply(&self, kind: LockKind, lock: LockRef) {
         self.state.send_if_modified(|state| {
             let namespace = lock.namespace.clone().unwrap_or_default();
@@ -251,7 +241,6 @@ impl LockIndex {
         });
     }
 
-    /// Removes one lock (writer only).
     pub(crate) fn delete(&self, kind: LockKind, namespace: &str, name: &str) {
         self.state.send_if_modified(|state| {
             let Some(old) = state

@@ -27,7 +27,6 @@ pub const CONNECT_NAME_EXPR: &str = "(has(request.subResource) && request.subRes
 /// The request's namespace, `''` when absent.
 pub const NAMESPACE_EXPR: &str = "(has(request.namespace) ? request.namespace : '')";
 
-/// Bounds of the narrowed registration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NarrowingBounds {
     /// More live locks than this: the broad registration.
@@ -57,22 +56,12 @@ pub enum BroadReason {
     #[error(
         "{names} live locks exceed registration.max_names ({max}), their namespaces each sent whole: every UPDATE and DELETE is sent to the webhook"
     )]
-    TooManyNames {
-        /// Live locks.
-        names: usize,
-        /// The bound.
-        max: usize,
-    },
+    TooManyNames { names: usize, max: usize },
     /// The keys and selectors would make the configuration too large.
     #[error(
         "the locked names and their namespaces take {chars} characters, more than {max} for one configuration: every UPDATE and DELETE is sent to the webhook"
     )]
-    TooLarge {
-        /// Characters of keys.
-        chars: usize,
-        /// The bound.
-        max: usize,
-    },
+    TooLarge { chars: usize, max: usize },
     /// A name that cannot be written into a CEL string literal (never one the API server
     /// accepts for a Lock).
     #[error(
@@ -96,15 +85,12 @@ pub struct ConditionsPlan {
     pub namespaces: Vec<Vec<String>>,
 }
 
-/// Narrowed or broad.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Scope {
     /// One `may-be-locked` expression per webhook entry; never empty (the first entry of each
     /// kind always exists, `false` when nothing is locked).
     Narrow {
-        /// For the namespaced entries.
         namespaced: Vec<String>,
-        /// For the cluster-scoped entries.
         cluster: Vec<String>,
     },
     /// Every UPDATE and DELETE goes to the webhook, as without narrowing.

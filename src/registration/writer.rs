@@ -38,12 +38,9 @@ pub const OPERATIONS_FIELD_MANAGER: &str = "kube-object-lock-operations";
 /// The first wait before a failed write is tried again (then doubling, see [`retry::write`]).
 const FIRST_RETRY: Duration = Duration::from_millis(250);
 
-/// The writer's configuration.
 #[derive(Debug, Clone)]
 pub struct NarrowerConfig {
-    /// Name of the ValidatingWebhookConfiguration.
     pub name: String,
-    /// Bounds of the narrowed registration.
     pub limits: NarrowingBounds,
 }
 
@@ -155,7 +152,6 @@ impl ConfigWatch {
     }
 }
 
-/// Keeps the configuration narrowed.
 pub struct Narrower {
     client: Client,
     config: NarrowerConfig,
@@ -169,7 +165,6 @@ pub struct Narrower {
 }
 
 impl Narrower {
-    /// A writer for `config.name`, counting into `metrics`.
     pub fn new(client: Client, config: NarrowerConfig, metrics: RegistrationMetrics) -> Self {
         let narrower = Narrower {
             client,
@@ -443,7 +438,6 @@ impl Narrower {
         }
     }
 
-    /// Counts a write of the configuration by its outcome.
     fn count(&self, outcome: &'static str) {
         (self.metrics.writes)
             .get_or_create(&OutcomeLabels { outcome })
@@ -463,7 +457,6 @@ impl Narrower {
         .clone()
     }
 
-    /// Publishes what the CREATE and CONNECT entries now say.
     fn confirm_operations(&self, plan: &OperationsPlan) {
         let (create, connect) = (plan.create.registered(), plan.connect.registered());
         self.registered.send_if_modified(|r| {
@@ -475,7 +468,6 @@ impl Narrower {
         });
     }
 
-    /// Publishes what the configuration now says.
     fn confirm(
         &self,
         plan: &ConditionsPlan,

@@ -14,17 +14,13 @@ use std::sync::Arc;
 use crate::api::{LockKey, LockSpec};
 use crate::locks::{LockMeta, LockRef};
 
-/// The condition type written by every instance.
 pub const CONDITION: &str = "Enforced";
-/// Prefix of each instance's field manager.
 pub const FIELD_MANAGER_PREFIX: &str = "kube-object-lock/";
 
 /// One lock as the lock index last saw it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct KnownLock {
-    /// Which lock.
     pub key: LockKey,
-    /// `metadata.generation`.
     pub generation: i64,
     /// The spec as enforced: for an unreadable one, the index parser's fail-closed reading.
     pub spec: LockSpec,
