@@ -20,7 +20,7 @@ use crate::locks::LockSource;
 use crate::locks::apiserver::{CacheConfig, KubeSource};
 use crate::locks::files::{FilesError, FilesSource};
 use crate::metrics::{Metrics, ScopeLabels, SourceMetrics};
-use crate::registration::conditions::Limits as NarrowLimits;
+use crate::registration::conditions::NarrowingBounds;
 use crate::registration::writer::{Narrower, NarrowerConfig};
 use crate::reporting::Reporting;
 use crate::server::{self, Drain, Limits};
@@ -126,9 +126,9 @@ fn narrower(settings: &Settings, metrics: &Metrics, client: kube::Client) -> Opt
     }
     let config = NarrowerConfig {
         name: settings.registration.name.clone(),
-        limits: NarrowLimits {
+        limits: NarrowingBounds {
             max_names: settings.registration.max_names,
-            ..NarrowLimits::default()
+            ..NarrowingBounds::default()
         },
     };
     Some(Narrower::new(client, config, metrics.registration.clone()))

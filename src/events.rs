@@ -1,5 +1,4 @@
 //! Refusals become Kubernetes Events on the Lock (`Blocked`, `WouldBlock`), in series as
-//!
 //! client-go's recorder makes them, written by a background task. Invariant: recording never waits
 //! and never changes an answer (a full queue drops and counts); at most one write per lock per
 //! `min_interval`; dry runs are not recorded.
@@ -21,7 +20,6 @@ use crate::api::{self, LockKey};
 use crate::metrics::{DropLabels, EnforcementMetrics, EventWriteLabels};
 use crate::status::LockSnapshot;
 
-/// `reportingController` of every event.
 pub const REPORTING_CONTROLLER: &str = "objectlock.dev/kube-object-lock";
 /// A series idle this long is finished; the next refusal starts a new Event (as client-go).
 const SERIES_IDLE: Duration = Duration::from_secs(6 * 60);
@@ -33,7 +31,6 @@ const TICK: Duration = Duration::from_millis(200);
 /// How the event writer behaves.
 #[derive(Clone, Debug)]
 pub struct WriterConfig {
-    /// This instance's name (`reportingInstance`).
     pub instance: String,
     /// At most one write per lock this often.
     pub min_interval: Duration,
@@ -42,7 +39,6 @@ pub struct WriterConfig {
 }
 
 impl WriterConfig {
-    /// Five seconds between writes per lock, 4096 series.
     pub fn new(instance: String) -> WriterConfig {
         WriterConfig {
             instance,
@@ -62,7 +58,6 @@ struct SeriesKey {
 #[derive(Debug)]
 struct Series {
     operation: &'static str,
-    /// The Event once created.
     event: Option<Event>,
     /// Occurrences seen, and as last written.
     count: i32,
@@ -217,7 +212,6 @@ async fn flush(
     }
 }
 
-/// Creates the series' Event, or patches its count.
 async fn write(
     client: &kube::Client,
     config: &WriterConfig,

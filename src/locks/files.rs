@@ -1,15 +1,7 @@
-//! Locks from a directory of YAML files.
-//!
-//! The same `Lock` / `ClusterLock` documents `kubectl apply` takes (several per file, separated
-//! by `---`), read from `*.yaml` / `*.yml` files directly in one directory. This source lets the
-//! service run without a cluster and pins static locks on critical objects.
-//!
-//! The directory is polled and a file is parsed again only when its bytes change. A file that
-//! does not read is reported by path, line and field. At start-up that is an error: there are
-//! no last good locks, and starting without the file's would unlock what it names. On a reload
-//! the file keeps the locks it had when it last parsed (a botched edit must not silently
-//! unlock anything); the other files are unaffected. A file that is removed takes its locks
-//! with it.
+//! Locks from a directory of YAML files (`Lock` / `ClusterLock` documents as `kubectl apply`
+//! takes them), polled; a file is parsed again only when its bytes change. Invariant: a file that
+//! does not read is an error at start-up and keeps its last good locks on a reload; a removed
+//! file takes its locks with it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -400,36 +392,14 @@ mod tests {
     }
 
     #[test]
-    fn reads_several_documents() {
+    fn reads_several_documents_and_every_spec_field() {
         let locks = parse(
-            "apiVersion: objectlock.dev/v1alpha1\nkind: Lock\nmetadata:\n  name: a\n  namespace: prod\nspec:\n  reason: snapshot\n---\napiVersion: objectlock.dev/v1alpha1\nkind: ClusterLock\nmetadata:\n  name: kube-system\n---\n",
+            "apiVersion: objectlock.dev/v1alpha1\nkind: Lock\nmetadata: {name: freeze, namespace: prod}\nspec:\n  reason: release\n  operations: [DELETE]\n  resources: [{apiGroups: [apps], resources: [deployments]}]\n  selector: {matchLabels: {app: web}}\n  exempt: {users: [alice], groups: [ops], serviceAccounts: [velero/velero]}\n  expiresAt: 2026-11-22T18:00:00Z\n  mode: Warn\n---\napiVersion: objectlock.dev/v1alpha1\nkind: ClusterLock\nmetadata:\n  name: kube-system\n---\n",
         )
         .expect("valid");
+        assert_eq!(locks[0].key(), crate::api::LockKey::lock("prod", "freeze"));
         assert_eq!(
-            locks,
-            vec![
-                LockRef::lock(
-                    "prod",
-                    "a",
-                    LockSpec {
-                        reason: Some("snapshot".into()),
-                        ..LockSpec::default()
-                    }
-                ),
-                LockRef::cluster_lock("kube-system", LockSpec::default()),
-            ]
-        );
-    }
-
-    #[test]
-    fn every_spec_field_is_read() {
-        let locks = parse(
-            "apiVersion: objectlock.dev/v1alpha1\nkind: Lock\nmetadata: {name: freeze, namespace: prod}\nspec:\n  reason: release\n  operations: [DELETE]\n  resources: [{apiGroups: [apps], resources: [deployments]}]\n  selector: {matchLabels: {app: web}}\n  exempt: {users: [alice], groups: [ops], serviceAccounts: [velero/velero]}\n  expiresAt: 2026-11-22T18:00:00Z\n  mode: Warn\n",
-        )
-        .expect("valid");
-        let spec = serde_json::to_value(&locks[0].spec).expect("json");
-        assert_eq!(
-            spec,
+            serde_json::to_value(&locks[0].spec).expect("json"),
             serde_json::json!({
                 "reason": "release",
                 "operations": ["DELETE"],
@@ -439,6 +409,10 @@ mod tests {
                 "expiresAt": "2026-11-22T18:00:00Z",
                 "mode": "Warn",
             })
+        );
+        assert_eq!(
+            locks[1..],
+            [LockRef::cluster_lock("kube-system", LockSpec::default())]
         );
     }
 
@@ -518,8 +492,8 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_bad_file_keeps_its_last_good_locks_and_spares_the_others() {
+    #[tokio::test]
+    async fn a_bad_file_keeps_its_last_good_locks_and_spares_the_others() {
         let dir = tempfile::tempdir().expect("tempdir");
         let good = dir.path().join("good.yaml");
         let edited = dir.path().join("edited.yml");
@@ -530,45 +504,33 @@ mod tests {
         .expect("write");
         std::fs::write(
             &edited,
-            "apiVersion: objectlock.dev/v1alpha1\nkind: Lock\nmetadata: {name: b, namespace: p}\n",
+            "apiVersion: objectlock.dev/v1alpha1\nkind: Lock\nmetadata: {name: b, namespace: p}\n---\napiVersion: objectlock.dev/v1alpha1\nkind: ClusterLock\nmetadata: {name: n}\n",
         )
         .expect("write");
         std::fs::write(dir.path().join("notes.txt"), "not a lock").expect("write");
         let (source, report) = FilesSource::open(dir.path()).expect("opens");
-        assert_eq!(report.locks, 2);
+        assert_eq!(report.locks, 3);
         assert!(report.problems.is_empty());
         assert!(source.is_ready());
+        assert!(source.locks("p").await.expect("lookup").get("b").is_some());
+        assert!(source.locks("").await.expect("lookup").get("n").is_some());
+        assert!(source.locks("q").await.expect("lookup").is_empty());
 
         std::fs::write(&edited, "kind: [\n").expect("write");
         let report = source.rescan().expect("rescans");
         assert_eq!(report.problems.len(), 1);
         assert_eq!(report.problems[0].path, edited);
-        assert_eq!(report.locks, 2, "the bad file keeps its previous lock");
+        assert_eq!(report.locks, 3, "the bad file keeps its previous locks");
 
         std::fs::remove_file(&edited).expect("remove");
         let report = source.rescan().expect("rescans");
         assert!(report.changed);
         assert_eq!(report.locks, 1);
+        assert!(source.locks("p").await.expect("lookup").get("b").is_none());
         assert!(report.problems.is_empty());
 
         let unchanged = source.rescan().expect("rescans");
         assert!(!unchanged.changed);
-    }
-
-    #[tokio::test]
-    async fn lookups_see_rescans() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let (source, _) = FilesSource::open(dir.path()).expect("opens");
-        assert!(source.locks("p").await.expect("lookup").is_empty());
-        std::fs::write(
-            dir.path().join("l.yaml"),
-            "apiVersion: objectlock.dev/v1alpha1\nkind: Lock\nmetadata: {name: a, namespace: p}\n---\napiVersion: objectlock.dev/v1alpha1\nkind: ClusterLock\nmetadata: {name: n}\n",
-        )
-        .expect("write");
-        source.rescan().expect("rescans");
-        assert!(source.locks("p").await.expect("lookup").get("a").is_some());
-        assert!(source.locks("").await.expect("lookup").get("n").is_some());
-        assert!(source.locks("q").await.expect("lookup").is_empty());
     }
 
     /// At start-up there are no last good locks to keep: a file that does not read must not

@@ -1,11 +1,14 @@
-//! The lock index: every Lock and ClusterLock by namespace, as immutable `Arc` sets, with each
-//! kind's watch health published under the same lock. Invariant: readers never wait on I/O; a
-//! namespace absent from a synced index has no Locks.
+//! The lock index: every Lock and ClusterLock by namespace, as immutable `Arc` sets in a
+//! persistent map, with each kind's watch health, published as one snapshot on a
+//! `tokio::sync::watch`. Invariant: readers never wait on I/O; a namespace absent from a synced
+//! index has no Locks; an unchanged namespace keeps its `Arc`, so followers [`diff`] snapshots.
 
-use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant, SystemTime};
+
+use imbl::ordmap::DiffItem;
+use tokio::sync::watch;
 
 use super::{LockCounts, LockKind, LockRef, LockSet};
 
@@ -25,7 +28,6 @@ pub enum WatchState {
 }
 
 impl WatchState {
-    /// `not_synced`, `live`, `reconnecting` or `stale`.
     pub fn as_str(self) -> &'static str {
         match self {
             WatchState::NotSynced => "not_synced",
@@ -68,114 +70,104 @@ impl Health {
     }
 }
 
-/// One kind's published state.
-#[derive(Clone, Debug)]
-struct Published {
-    health: Health,
-    /// By namespace (`""` for ClusterLocks); namespaces without locks are absent.
-    sets: HashMap<String, Arc<LockSet>>,
-    count: u64,
-    /// A list has completed at least once: `sets` is knowledge, not emptiness by default.
-    listed: bool,
-}
+/// Lock sets by namespace (`""` holds the ClusterLocks); namespaces without locks are absent.
+pub type Sets = imbl::OrdMap<String, Arc<LockSet>>;
 
-impl Default for Published {
-    fn default() -> Self {
-        Published {
-            health: Health::new(WatchState::NotSynced, Some("not listed yet".into())),
-            sets: HashMap::new(),
-            count: 0,
-            listed: false,
-        }
-    }
-}
-
-/// What the index holds at one moment, for a status writer or a test.
+/// What the index holds at one moment.
 #[derive(Clone, Debug)]
 pub struct IndexSnapshot {
-    /// Health of the Lock watch.
     pub locks: Health,
-    /// Health of the ClusterLock watch.
     pub cluster_locks: Health,
-    /// Lock sets by namespace (`""` holds the ClusterLocks).
-    pub sets: HashMap<String, Arc<LockSet>>,
+    pub sets: Sets,
     /// Whether Locks, and ClusterLocks, have been listed at least once. Until then their sets
     /// are empty for want of knowledge (health alone does not say: a first list that fails is
     /// `Stale` too).
     pub listed: (bool, bool),
-    /// The change counter this snapshot reflects (see [`LockIndex::subscribe`]).
-    pub version: u64,
+    pub counts: LockCounts,
 }
 
-/// One lock's change, as a [`Follower`] learns it.
+impl IndexSnapshot {
+    pub fn health(&self, kind: LockKind) -> &Health {
+        match kind {
+            LockKind::Lock => &self.locks,
+            LockKind::ClusterLock => &self.cluster_locks,
+        }
+    }
+
+    fn health_mut(&mut self, kind: LockKind) -> &mut Health {
+        match kind {
+            LockKind::Lock => &mut self.locks,
+            LockKind::ClusterLock => &mut self.cluster_locks,
+        }
+    }
+
+    fn count_mut(&mut self, kind: LockKind) -> &mut u64 {
+        match kind {
+            LockKind::Lock => &mut self.counts.namespaced,
+            LockKind::ClusterLock => &mut self.counts.cluster,
+        }
+    }
+
+    /// True once both kinds have been listed at least once.
+    pub fn is_listed(&self) -> bool {
+        self.listed.0 && self.listed.1
+    }
+}
+
+/// One lock's change between two [`Sets`].
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Change<'a> {
-    /// Present now: new, or in a namespace whose set changed; with the lock of that name the
-    /// follower saw before, if any.
+    /// Present now: new, or in a namespace whose set changed; with the lock of that name
+    /// before, if any.
     Put(&'a LockRef, Option<&'a LockRef>),
     /// Gone since.
     Gone(&'a LockRef),
 }
 
-/// A reader's place in the index: the sets it last took in, and the change counter then. A
-/// reader that follows the index (the status view, the registration writer) catches up with
-/// [`LockIndex::catch_up`], at a cost in proportion to what changed since, not to the number
-/// of locks: during a first start with 10,000 Locks, every status write is a change.
-#[derive(Debug, Default)]
-pub struct Follower {
-    seen: HashMap<String, Arc<LockSet>>,
-    version: u64,
-    listed: (bool, bool),
+/// What changed from `old` to `new`: visits only namespaces whose set is not shared.
+pub fn diff<'a>(old: &'a Sets, new: &'a Sets) -> impl Iterator<Item = Change<'a>> {
+    old.diff(new).flat_map(|item| {
+        let (old, new) = match item {
+            DiffItem::Add(_, new) => (None, Some(new)),
+            DiffItem::Update {
+                old: (_, old),
+                new: (_, new),
+            } => (Some(old), Some(new)),
+            DiffItem::Remove(_, old) => (Some(old), None),
+        };
+        let put = (new.into_iter().flat_map(|set| set.iter()))
+            .map(move |lock| Change::Put(lock, old.and_then(|old| old.get(&lock.name))));
+        let gone = (old.into_iter().flat_map(|set| set.iter()))
+            .filter(move |lock| new.is_none_or(|new| new.get(&lock.name).is_none()))
+            .map(Change::Gone);
+        put.chain(gone)
+    })
 }
-
-impl Follower {
-    /// Whether Locks, and ClusterLocks, had been listed at the last catch-up.
-    pub fn listed(&self) -> (bool, bool) {
-        self.listed
-    }
-
-    /// The locks as of the last catch-up, sets shared with the index (no copy).
-    pub fn locks(&self) -> impl Iterator<Item = &LockRef> {
-        self.seen.values().flat_map(|set| set.iter())
-    }
-}
-
-/// The namespaces changed at each version, so that followers need not compare every set.
-#[derive(Debug, Default)]
-struct Journal {
-    /// (version, namespace), oldest first.
-    entries: VecDeque<(u64, String)>,
-    /// Changes up to this version are not in `entries` (a re-list, or the bound): a follower
-    /// older than this compares every set.
-    horizon: u64,
-}
-
-/// Journal entries kept at most; a follower further behind compares every set once.
-const JOURNAL: usize = 1024;
 
 /// The index. Share it with `Arc`; see the module docs.
 #[derive(Debug)]
 pub struct LockIndex {
-    locks: RwLock<Published>,
-    cluster_locks: RwLock<Published>,
+    state: watch::Sender<IndexSnapshot>,
     stale_after: Duration,
     /// Bumped each time a kind becomes fresh: fallback answers cached before are never reused
     /// when the index stops being fresh again (they may predate what the watch had shown).
     stale_epoch: AtomicU64,
-    changes: tokio::sync::watch::Sender<u64>,
-    journal: Mutex<Journal>,
 }
 
 impl LockIndex {
     /// An empty, not yet synced index that trusts a reconnecting watch for `stale_after`.
     pub fn new(stale_after: Duration) -> LockIndex {
+        let not_synced = Health::new(WatchState::NotSynced, Some("not listed yet".into()));
         LockIndex {
-            locks: RwLock::default(),
-            cluster_locks: RwLock::default(),
+            state: watch::Sender::new(IndexSnapshot {
+                locks: not_synced.clone(),
+                cluster_locks: not_synced,
+                sets: Sets::new(),
+                listed: (false, false),
+                counts: LockCounts::default(),
+            }),
             stale_after,
             stale_epoch: AtomicU64::new(0),
-            changes: tokio::sync::watch::channel(0).0,
-            journal: Mutex::default(),
         }
     }
 
@@ -186,12 +178,13 @@ impl LockIndex {
     /// The locks of `namespace` (`""`: ClusterLocks) when the index may answer; `None` when the
     /// API server must be asked.
     pub fn get(&self, namespace: &str) -> Option<Arc<LockSet>> {
-        let published = self.read(LockKind::for_namespace(namespace));
-        if !published.health.is_fresh(self.stale_after) {
+        let state = self.state.borrow();
+        let health = state.health(LockKind::for_namespace(namespace));
+        if !health.is_fresh(self.stale_after) {
             return None;
         }
         Some(
-            published
+            state
                 .sets
                 .get(namespace)
                 .cloned()
@@ -199,135 +192,107 @@ impl LockIndex {
         )
     }
 
-    /// The health of one kind's watch.
     pub fn health(&self, kind: LockKind) -> Health {
-        self.read(kind).health.clone()
+        self.state.borrow().health(kind).clone()
     }
 
     /// True when both kinds may be answered from the index.
     pub fn is_fresh(&self) -> bool {
-        [LockKind::Lock, LockKind::ClusterLock]
-            .into_iter()
-            .all(|kind| self.read(kind).health.is_fresh(self.stale_after))
+        let state = self.state.borrow();
+        (state.locks.is_fresh(self.stale_after)) && state.cluster_locks.is_fresh(self.stale_after)
     }
 
     /// True once both kinds have been listed at least once.
     pub fn listed(&self) -> bool {
-        self.read(LockKind::Lock).listed && self.read(LockKind::ClusterLock).listed
+        self.state.borrow().is_listed()
     }
 
-    /// The change counter (see [`LockIndex::subscribe`]).
-    pub fn version(&self) -> u64 {
-        *self.changes.borrow()
-    }
-
-    /// Locks known by scope.
     pub fn counts(&self) -> LockCounts {
-        LockCounts {
-            namespaced: self.read(LockKind::Lock).count,
-            cluster: self.read(LockKind::ClusterLock).count,
-        }
+        self.state.borrow().counts
     }
 
-    /// Everything the index holds now.
+    /// Everything the index holds now (the sets are shared, not copied).
     pub fn snapshot(&self) -> IndexSnapshot {
-        let version = *self.changes.borrow();
-        let locks = self.read(LockKind::Lock);
-        let cluster = self.read(LockKind::ClusterLock);
-        let mut sets = locks.sets.clone();
-        sets.extend(cluster.sets.iter().map(|(k, v)| (k.clone(), v.clone())));
-        IndexSnapshot {
-            locks: locks.health.clone(),
-            cluster_locks: cluster.health.clone(),
-            sets,
-            listed: (locks.listed, cluster.listed),
-            version,
-        }
+        self.state.borrow().clone()
     }
 
-    /// A receiver that changes whenever a lock or a watch state changes.
-    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
-        self.changes.subscribe()
+    pub fn subscribe(&self) -> watch::Receiver<IndexSnapshot> {
+        self.state.subscribe()
     }
 
-    /// Bumped each time a kind becomes fresh.
     pub(crate) fn stale_epoch(&self) -> u64 {
         self.stale_epoch.load(Ordering::SeqCst)
     }
 
-    /// Adds or replaces one lock (writer only).
     pub(crate) fn apply(&self, kind: LockKind, lock: LockRef) {
-        let namespace = lock.namespace.clone().unwrap_or_default();
-        let mut published = self.write(kind);
-        let mut set = published
-            .sets
-            .get(&namespace)
-            .map(|s| LockSet::clone(s))
-            .unwrap_or_default();
-        if set.get(&lock.name) == Some(&lock) {
-            return;
-        }
-        let before = set.len();
-        set.insert(lock);
-        set.shrink_to_fit();
-        published.count += (set.len() - before) as u64;
-        published.sets.insert(namespace.clone(), Arc::new(set));
-        drop(published);
-        self.changed(Some(namespace));
+        self.state.send_if_modified(|state| {
+            let namespace = lock.namespace.clone().unwrap_or_default();
+            let mut set =
+                (state.sets.get(&namespace)).map_or_else(LockSet::default, |s| LockSet::clone(s));
+            if set.get(&lock.name) == Some(&lock) {
+                return false;
+            }
+            let before = set.len();
+            set.insert(lock);
+            set.shrink_to_fit();
+            *state.count_mut(kind) += (set.len() - before) as u64;
+            state.sets.insert(namespace, Arc::new(set));
+            true
+        });
     }
 
-    /// Removes one lock (writer only).
     pub(crate) fn delete(&self, kind: LockKind, namespace: &str, name: &str) {
-        let mut published = self.write(kind);
-        let Some(old) = published.sets.get(namespace) else {
-            return;
-        };
-        if old.get(name).is_none() {
-            return;
-        }
-        let mut set = LockSet::clone(old);
-        set.remove(name);
-        set.shrink_to_fit();
-        published.count = published.count.saturating_sub(1);
-        if set.is_empty() {
-            published.sets.remove(namespace);
-        } else {
-            published.sets.insert(namespace.to_owned(), Arc::new(set));
-        }
-        drop(published);
-        self.changed(Some(namespace.to_owned()));
+        self.state.send_if_modified(|state| {
+            let Some(old) = state
+                .sets
+                .get(namespace)
+                .filter(|set| set.get(name).is_some())
+            else {
+                return false;
+            };
+            let mut set = LockSet::clone(old);
+            set.remove(name);
+            set.shrink_to_fit();
+            let count = state.count_mut(kind);
+            *count = count.saturating_sub(1);
+            if set.is_empty() {
+                state.sets.remove(namespace);
+            } else {
+                state.sets.insert(namespace.to_owned(), Arc::new(set));
+            }
+            true
+        });
     }
 
     /// Replaces every lock of `kind` with a fresh list (writer only). Namespaces whose locks did
-    /// not change keep their `Arc`, so snapshots can tell what really changed.
+    /// not change keep their `Arc`, so followers can tell what really changed.
     pub(crate) fn reset(&self, kind: LockKind, locks: Vec<LockRef>) {
         let count = locks.len() as u64;
-        let mut grouped: HashMap<String, LockSet> = HashMap::with_capacity(locks.len().min(1024));
+        let mut grouped: std::collections::HashMap<String, LockSet> = Default::default();
         for lock in locks {
             let namespace = lock.namespace.clone().unwrap_or_default();
             grouped.entry(namespace).or_default().insert(lock);
         }
-        let mut published = self.write(kind);
-        let sets = grouped
-            .into_iter()
-            .map(|(namespace, mut set)| {
+        self.state.send_modify(|state| {
+            let gone: Vec<String> = (state.sets.keys())
+                .filter(|ns| LockKind::for_namespace(ns) == kind && !grouped.contains_key(*ns))
+                .cloned()
+                .collect();
+            for namespace in gone {
+                state.sets.remove(&namespace);
+            }
+            for (namespace, mut set) in grouped {
                 set.shrink_to_fit();
-                let set = match published.sets.get(&namespace) {
-                    Some(old) if **old == set => old.clone(),
-                    _ => Arc::new(set),
-                };
-                (namespace, set)
-            })
-            .collect();
-        published.sets = sets;
-        published.count = count;
-        published.listed = true;
-        drop(published);
-        // Followers compare every set once: cheaper than a journal entry per namespace.
-        let mut journal = self.journal();
-        self.changes.send_modify(|v| *v += 1);
-        journal.entries.clear();
-        journal.horizon = *self.changes.borrow();
+                if state.sets.get(&namespace).is_none_or(|old| **old != set) {
+                    state.sets.insert(namespace, Arc::new(set));
+                }
+            }
+            *state.count_mut(kind) = count;
+            match kind {
+                LockKind::Lock => state.listed.0 = true,
+                LockKind::ClusterLock => state.listed.1 = true,
+            }
+        });
     }
 
     /// Sets the watch state of `kind`; returns the previous health when the state changed.
@@ -337,130 +302,24 @@ impl LockIndex {
         state: WatchState,
         reason: Option<String>,
     ) -> Option<Health> {
-        let mut published = self.write(kind);
-        let was_fresh = published.health.is_fresh(self.stale_after);
-        if published.health.state == state {
-            if state != WatchState::Live {
-                published.health.reason = reason;
+        let mut previous = None;
+        self.state.send_if_modified(|snapshot| {
+            let health = snapshot.health_mut(kind);
+            if health.state == state {
+                if state != WatchState::Live {
+                    health.reason = reason.clone();
+                }
+                return false;
             }
-            return None;
-        }
-        let previous = std::mem::replace(&mut published.health, Health::new(state, reason));
-        if !was_fresh && published.health.is_fresh(self.stale_after) {
-            self.stale_epoch.fetch_add(1, Ordering::SeqCst);
-        }
-        drop(published);
-        self.changed(None);
-        Some(previous)
-    }
-
-    /// Bumps the change counter, noting which namespace's set changed, if one did.
-    fn changed(&self, namespace: Option<String>) {
-        let mut journal = self.journal();
-        self.changes.send_modify(|v| *v += 1);
-        if let Some(namespace) = namespace {
-            let version = *self.changes.borrow();
-            journal.entries.push_back((version, namespace));
-            if journal.entries.len() > JOURNAL
-                && let Some((dropped, _)) = journal.entries.pop_front()
-            {
-                journal.horizon = dropped;
+            let was_fresh = health.is_fresh(self.stale_after);
+            let old = std::mem::replace(health, Health::new(state, reason.clone()));
+            if !was_fresh && health.is_fresh(self.stale_after) {
+                self.stale_epoch.fetch_add(1, Ordering::SeqCst);
             }
-        }
-    }
-
-    /// Brings `follower` up to date, telling `change` of every lock put or gone since its
-    /// last catch-up; kinds not listed yet are left out (their sets are empty for want of
-    /// knowledge). Costs the namespaces changed since, or one comparison per namespace when
-    /// the follower is older than the journal (its first catch-up, after a re-list).
-    pub fn catch_up(&self, follower: &mut Follower, mut change: impl FnMut(Change<'_>)) {
-        let (version, namespaces) = {
-            let journal = self.journal();
-            let version = *self.changes.borrow();
-            let namespaces: Option<Vec<String>> =
-                (follower.version >= journal.horizon).then(|| {
-                    (journal.entries.iter())
-                        .filter(|(v, _)| *v > follower.version)
-                        .map(|(_, ns)| ns.clone())
-                        .collect()
-                });
-            (version, namespaces)
-        };
-        let listed = (
-            self.read(LockKind::Lock).listed,
-            self.read(LockKind::ClusterLock).listed,
-        );
-        let is_listed = |ns: &str| match LockKind::for_namespace(ns) {
-            LockKind::Lock => listed.0,
-            LockKind::ClusterLock => listed.1,
-        };
-        let namespaces = namespaces.unwrap_or_else(|| {
-            let mut all: Vec<String> = follower.seen.keys().cloned().collect();
-            for kind in [LockKind::Lock, LockKind::ClusterLock] {
-                all.extend(self.read(kind).sets.keys().cloned());
-            }
-            all.sort_unstable();
-            all.dedup();
-            all
+            previous = Some(old);
+            true
         });
-        for namespace in namespaces {
-            let now = (is_listed(&namespace))
-                .then(|| {
-                    self.read(LockKind::for_namespace(&namespace))
-                        .sets
-                        .get(&namespace)
-                        .cloned()
-                })
-                .flatten();
-            let old = follower.seen.get(&namespace);
-            if let (Some(old), Some(now)) = (old, &now)
-                && Arc::ptr_eq(old, now)
-            {
-                continue;
-            }
-            if let Some(now) = &now {
-                for lock in now.iter() {
-                    change(Change::Put(lock, old.and_then(|old| old.get(&lock.name))));
-                }
-            }
-            for lock in old.into_iter().flat_map(|old| old.iter()) {
-                if now.as_ref().is_none_or(|now| now.get(&lock.name).is_none()) {
-                    change(Change::Gone(lock));
-                }
-            }
-            match now {
-                Some(now) => follower.seen.insert(namespace, now),
-                None => follower.seen.remove(&namespace),
-            };
-        }
-        follower.version = version;
-        follower.listed = listed;
-    }
-
-    fn journal(&self) -> std::sync::MutexGuard<'_, Journal> {
-        self.journal
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    fn read(&self, kind: LockKind) -> RwLockReadGuard<'_, Published> {
-        // A writer never panics while holding the lock; recover the data if one ever did.
-        self.slot(kind)
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    fn write(&self, kind: LockKind) -> RwLockWriteGuard<'_, Published> {
-        self.slot(kind)
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    fn slot(&self, kind: LockKind) -> &RwLock<Published> {
-        match kind {
-            LockKind::Lock => &self.locks,
-            LockKind::ClusterLock => &self.cluster_locks,
-        }
+        previous
     }
 }
 
@@ -566,59 +425,39 @@ mod tests {
         );
     }
 
-    /// What a follower is told is told of, as "put ns/name" / "gone ns/name".
-    fn catch_up(index: &LockIndex, follower: &mut Follower) -> Vec<String> {
-        let mut seen = Vec::new();
-        index.catch_up(follower, |change| {
-            seen.push(match change {
-                Change::Put(l, _) => format!("put {}", l.key()),
-                Change::Gone(l) => format!("gone {}", l.key()),
-            })
-        });
-        seen.sort();
-        seen
-    }
-
     #[test]
-    fn a_follower_is_told_what_changed_since_its_last_catch_up() {
+    fn diff_tells_what_changed_between_two_snapshots() {
+        let told = |old: &IndexSnapshot, new: &IndexSnapshot| -> Vec<String> {
+            let mut told: Vec<String> = (diff(&old.sets, &new.sets))
+                .map(|change| match change {
+                    Change::Put(l, None) => format!("new {}", l.key()),
+                    Change::Put(l, Some(_)) => format!("put {}", l.key()),
+                    Change::Gone(l) => format!("gone {}", l.key()),
+                })
+                .collect();
+            told.sort();
+            told
+        };
         let index = LockIndex::new(Duration::from_secs(5));
-        let mut follower = Follower::default();
-        assert!(catch_up(&index, &mut follower).is_empty(), "nothing listed");
+        let empty = index.snapshot();
         index.reset(LockKind::Lock, vec![lock("a", "x"), lock("b", "y")]);
-        assert_eq!(
-            catch_up(&index, &mut follower),
-            ["put Lock a/x", "put Lock b/y"]
-        );
-        assert_eq!(follower.listed(), (true, false));
-        assert!(catch_up(&index, &mut follower).is_empty(), "nothing new");
+        let first = index.snapshot();
+        assert_eq!(told(&empty, &first), ["new Lock a/x", "new Lock b/y"]);
+        assert!(told(&first, &index.snapshot()).is_empty(), "nothing new");
         index.apply(LockKind::Lock, lock("a", "z"));
         index.delete(LockKind::Lock, "b", "y");
         index.set_state(LockKind::Lock, WatchState::Live, None);
         assert_eq!(
-            catch_up(&index, &mut follower),
-            ["gone Lock b/y", "put Lock a/x", "put Lock a/z"]
+            told(&first, &index.snapshot()),
+            ["gone Lock b/y", "new Lock a/z", "put Lock a/x"]
         );
-        // A second follower, new, is told everything.
-        let mut late = Follower::default();
-        assert_eq!(
-            catch_up(&index, &mut late),
-            ["put Lock a/x", "put Lock a/z"]
+        index.reset(LockKind::Lock, vec![lock("a", "x"), lock("a", "z")]);
+        index.reset(LockKind::ClusterLock, vec![]);
+        let relisted = index.snapshot();
+        assert_eq!(relisted.listed, (true, true));
+        assert!(
+            told(&first, &relisted).contains(&"gone Lock b/y".to_owned()),
+            "a re-list without a namespace removes its locks"
         );
-    }
-
-    #[test]
-    fn a_follower_further_behind_than_the_journal_compares_every_set() {
-        let index = LockIndex::new(Duration::from_secs(5));
-        index.reset(LockKind::Lock, vec![lock("gone", "x")]);
-        let mut follower = Follower::default();
-        assert_eq!(catch_up(&index, &mut follower), ["put Lock gone/x"]);
-        index.delete(LockKind::Lock, "gone", "x");
-        for i in 0..JOURNAL + 10 {
-            index.apply(LockKind::Lock, lock(&format!("ns-{i}"), "x"));
-        }
-        let told = catch_up(&index, &mut follower);
-        assert_eq!(told.len(), JOURNAL + 11, "every new lock and the one gone");
-        assert!(told.contains(&"gone Lock gone/x".to_owned()));
-        assert!(catch_up(&index, &mut follower).is_empty());
     }
 }

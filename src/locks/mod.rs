@@ -1,13 +1,6 @@
-//! Where locks come from.
-//!
-//! The admission path asks one question: "which locks live in namespace N?" (`""` for
-//! ClusterLocks). Answering per namespace, not per object, lets one LIST (or one file scan)
-//! serve every object in that namespace, and it is all the namespace-deletion rule needs too.
-//!
-//! Two sources answer it: [`apiserver::KubeSource`] (production: an in-memory [`index`] fed by a
-//! watch, with LISTs through a short-lived cache as the fallback while the watch is not healthy)
-//! and [`files::FilesSource`] (a directory of YAML documents, for trying the service without a
-//! cluster and for static locks). Neither knows anything of HTTP or of the admission decision.
+//! Where locks come from, per namespace (`""` for ClusterLocks): [`apiserver::KubeSource`] (an
+//! [`index`] fed by a watch, LISTs through a short-lived cache while it is not healthy) and
+//! [`files::FilesSource`] (a directory of YAML documents). Neither knows of HTTP or the decision.
 
 pub mod apiserver;
 pub mod files;
@@ -96,7 +89,6 @@ impl LockRef {
             && self.generation == other.generation
     }
 
-    /// Which lock this is.
     pub fn key(&self) -> LockKey {
         LockKey {
             namespace: self.namespace.clone(),
@@ -104,7 +96,6 @@ impl LockRef {
         }
     }
 
-    /// The kubectl command that removes this lock.
     pub fn unlock_command(&self) -> String {
         self.key().unlock_command()
     }
@@ -137,7 +128,6 @@ impl LockSet {
         EMPTY.get_or_init(|| Arc::new(LockSet::default())).clone()
     }
 
-    /// Adds or replaces the lock with the same name.
     pub fn insert(&mut self, lock: LockRef) {
         match self.position(&lock.name) {
             Ok(i) => self.by_name[i] = lock,
@@ -145,17 +135,14 @@ impl LockSet {
         }
     }
 
-    /// Removes the lock with this name, if any.
     pub fn remove(&mut self, name: &str) -> Option<LockRef> {
         self.position(name).ok().map(|i| self.by_name.remove(i))
     }
 
-    /// The lock with this name, if any.
     pub fn get(&self, name: &str) -> Option<&LockRef> {
         self.position(name).ok().map(|i| &self.by_name[i])
     }
 
-    /// All locks, sorted by name.
     pub fn iter(&self) -> impl Iterator<Item = &LockRef> {
         self.by_name.iter()
     }
@@ -164,12 +151,10 @@ impl LockSet {
         self.by_name.len()
     }
 
-    /// True when there are no locks.
     pub fn is_empty(&self) -> bool {
         self.by_name.is_empty()
     }
 
-    /// Frees spare capacity (for sets kept long).
     pub fn shrink_to_fit(&mut self) {
         self.by_name.shrink_to_fit();
     }
@@ -202,19 +187,14 @@ pub enum LookupError {
         "the webhook's identity may not list {resource}.objectlock.dev{scope}: grant it get, list and watch on locks and clusterlocks ({message})"
     )]
     Forbidden {
-        /// `locks` or `clusterlocks`.
         resource: &'static str,
-        /// ` in namespace "x"` or empty.
         scope: String,
-        /// The API server's message.
         message: String,
     },
     /// Any other API failure (connection refused, 5xx, bad answer).
     #[error("listing {resource}{scope} failed: {message}")]
     Api {
-        /// `locks` or `clusterlocks`.
         resource: &'static str,
-        /// ` in namespace "x"` or empty.
         scope: String,
         message: String,
     },
@@ -252,7 +232,6 @@ pub trait LockSource: Send + Sync + 'static {
     /// A short description for logs, e.g. `files in /etc/kube-object-lock/locks`.
     fn describe(&self) -> String;
 
-    /// How many locks the source knows of, for metrics.
     fn lock_counts(&self) -> LockCounts;
 
     /// The in-memory index lookups are answered from, when the source keeps one.
@@ -265,11 +244,11 @@ pub trait LockSource: Send + Sync + 'static {
     /// namespace. `None` when they are not (the index stale or not listed yet).
     fn all_at_hand(&self) -> Option<Vec<Arc<LockSet>>> {
         let index = self.index()?;
-        (index.is_fresh() && index.listed()).then(|| index.snapshot().sets.into_values().collect())
+        (index.is_fresh() && index.listed())
+            .then(|| index.snapshot().sets.values().cloned().collect())
     }
 }
 
-/// Locks known by scope.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LockCounts {
     pub namespaced: u64,
@@ -297,7 +276,6 @@ pub struct StaticSource {
 }
 
 impl StaticSource {
-    /// A source that always answers with these locks.
     pub fn new(locks: impl IntoIterator<Item = LockRef>) -> Self {
         let mut sets: std::collections::HashMap<String, LockSet> = Default::default();
         for lock in locks {

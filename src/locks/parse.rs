@@ -1,7 +1,6 @@
-//! Lock specs into `LockRef`s, one object at a time: the one reader of Lock specs.
-//!
-//! Invariant: a spec this version cannot read fails closed on its own name, never wider than what
-//! the lock policy checked (its own `resources` and `operations` when they read).
+//! Lock specs into `LockRef`s, one object at a time: the one reader of Lock specs. Invariant: a
+//! spec this version cannot read fails closed on its own name, never wider than what the lock
+//! policy checked (its own `resources` and `operations` when they read).
 
 use kube::api::DynamicObject;
 use serde_json::Value;
@@ -162,104 +161,90 @@ mod tests {
 
     #[test]
     fn an_unreadable_spec_fails_closed_within_what_its_creator_could_lock() {
-        let configmaps = || {
-            Some(vec![ResourceRule {
-                api_groups: vec![String::new()],
-                resources: vec!["configmaps".into()],
-            }])
-        };
         let cm = json!([{"apiGroups": [""], "resources": ["configmaps"]}]);
-        let delete = || Some(vec![LockOperation::Delete]);
-        // (spec, the field named, the resources and operations kept)
-        for (spec, field, resources, operations) in [
+        let del = json!(["DELETE"]);
+        // (spec, the field named, whether `resources` (configmaps) and `operations` (DELETE)
+        // are kept)
+        for (mut spec, field, kept_resources, kept_operations) in [
             (
-                json!({"mode": "Audit", "operations": ["DELETE"], "reason": "freeze"}),
+                json!({"mode": "Audit", "operations": del}),
                 "spec.mode",
-                None,
-                delete(),
+                false,
+                true,
             ),
             (
-                json!({"operations": "DELETE", "resources": cm, "reason": "freeze"}),
+                json!({"operations": "DELETE", "resources": cm}),
                 "spec.operations",
-                configmaps(),
-                None,
+                true,
+                false,
             ),
+            (json!({"operations": []}), "spec.operations", false, false),
             (
-                json!({"operations": [], "reason": "freeze"}),
+                json!({"operations": ["DELETE", "DELETE"], "resources": cm}),
                 "spec.operations",
-                None,
-                None,
+                true,
+                false,
             ),
             (
-                json!({"operations": ["DELETE", "DELETE"], "resources": cm, "reason": "freeze"}),
-                "spec.operations",
-                configmaps(),
-                None,
-            ),
-            (
-                json!({"resources": [{"apiGroups": [], "resources": ["x"]}],
-                       "operations": ["DELETE"], "reason": "freeze"}),
+                json!({"resources": [{"apiGroups": [], "resources": ["x"]}], "operations": del}),
                 "spec.resources",
-                None,
-                delete(),
+                false,
+                true,
             ),
             (
-                json!({"resources": "configmaps", "reason": "freeze"}),
+                json!({"resources": "configmaps"}),
                 "spec.resources",
-                None,
-                None,
+                false,
+                false,
             ),
             // A selector the API server accepts but kube's Selector refuses: the Lock's own
             // name, of the resources it names only.
             (
-                json!({"selector": {"matchExpressions": [{"key": "app", "operator": "In"}]},
-                       "resources": cm, "operations": ["DELETE"], "reason": "freeze"}),
+                json!({"selector": {"matchExpressions": [{"key": "app", "operator": "In"}]}, "resources": cm, "operations": del}),
                 "spec.selector",
-                configmaps(),
-                delete(),
+                true,
+                true,
             ),
             (
-                json!({"selector": {"matchLabels": {}}, "resources": cm, "reason": "freeze"}),
+                json!({"selector": {"matchLabels": {}}, "resources": cm}),
                 "spec.selector",
-                configmaps(),
-                None,
+                true,
+                false,
             ),
             // Times the API server's date-time check lets through.
             (
-                json!({"expiresAt": "2030-01-01T00:00:00x1Z", "resources": cm,
-                       "mode": "Warn", "reason": "freeze"}),
+                json!({"expiresAt": "2030-01-01T00:00:00x1Z", "resources": cm, "mode": "Warn"}),
                 "spec.expiresAt",
-                configmaps(),
-                None,
+                true,
+                false,
             ),
             (
-                json!({"expiresAt": "2030-01-01T00:00:00+99:00", "operations": ["DELETE"],
-                       "exempt": {"users": ["alice"]}, "reason": "freeze"}),
+                json!({"expiresAt": "2030-01-01T00:00:00+99:00", "operations": del, "exempt": {"users": ["alice"]}}),
                 "spec.expiresAt",
-                None,
-                delete(),
+                false,
+                true,
             ),
             (
-                json!({"expiresAt": "tomorrow", "reason": "freeze"}),
+                json!({"expiresAt": "tomorrow"}),
                 "spec.expiresAt",
-                None,
-                None,
+                false,
+                false,
             ),
             // A fields list that does not read locks the whole object.
             (
-                json!({"fields": ["spec..template"], "reason": "freeze"}),
+                json!({"fields": ["spec..template"]}),
                 "spec.fields",
-                None,
-                None,
+                false,
+                false,
             ),
             (
-                json!({"fields": ["spec"], "exceptFields": ["status"], "resources": cm,
-                       "reason": "freeze"}),
+                json!({"fields": ["spec"], "exceptFields": ["status"], "resources": cm}),
                 "spec.fields",
-                configmaps(),
-                None,
+                true,
+                false,
             ),
         ] {
+            spec["reason"] = json!("freeze");
             let lock = lock_ref(LockKind::Lock, &object(Some("prod"), "web", spec.clone()))
                 .expect("named");
             let problem = lock.problem.clone().unwrap_or_default();
@@ -267,6 +252,13 @@ mod tests {
             // Fail closed, no wider than what the policy checked: the resources and operations
             // that read on their own (else every resource, UPDATE and DELETE), Enforce, no
             // selector, expiry or exemption, keeping the reason for the message.
+            let resources = kept_resources.then(|| {
+                vec![ResourceRule {
+                    api_groups: vec![String::new()],
+                    resources: vec!["configmaps".into()],
+                }]
+            });
+            let operations = kept_operations.then(|| vec![LockOperation::Delete]);
             assert_eq!(
                 lock.spec,
                 LockSpec {

@@ -1,8 +1,7 @@
 //! The single writer of the lock index for one kind: list (paged), then watch, forever.
-//!
 //! Invariant: the index is `Live` only once a watch from the list's resourceVersion was answered;
-//! any error makes it `Stale` at once, and every retry lists again before it watches. Retries back off, to
-//! at most 30 s while lists fail; a repeated error is logged once.
+//! any error makes it `Stale` at once, and every retry lists again before it watches. Retries back
+//! off, to at most 30 s while lists fail; a repeated error is logged once.
 
 use std::collections::HashSet;
 use std::sync::Arc;

@@ -27,9 +27,8 @@ pub const CONNECT_NAME_EXPR: &str = "(has(request.subResource) && request.subRes
 /// The request's namespace, `''` when absent.
 pub const NAMESPACE_EXPR: &str = "(has(request.namespace) ? request.namespace : '')";
 
-/// Bounds of the narrowed registration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
+pub struct NarrowingBounds {
     /// More live locks than this: the broad registration.
     pub max_names: usize,
     /// Most characters of keys in one expression (the API server allows 100,000 code points).
@@ -39,9 +38,9 @@ pub struct Limits {
     pub max_total_chars: usize,
 }
 
-impl Default for Limits {
+impl Default for NarrowingBounds {
     fn default() -> Self {
-        Limits {
+        NarrowingBounds {
             max_names: 2_000,
             chunk_chars: 30_000,
             max_total_chars: 700_000,
@@ -57,22 +56,12 @@ pub enum BroadReason {
     #[error(
         "{names} live locks exceed registration.max_names ({max}), their namespaces each sent whole: every UPDATE and DELETE is sent to the webhook"
     )]
-    TooManyNames {
-        /// Live locks.
-        names: usize,
-        /// The bound.
-        max: usize,
-    },
+    TooManyNames { names: usize, max: usize },
     /// The keys and selectors would make the configuration too large.
     #[error(
         "the locked names and their namespaces take {chars} characters, more than {max} for one configuration: every UPDATE and DELETE is sent to the webhook"
     )]
-    TooLarge {
-        /// Characters of keys.
-        chars: usize,
-        /// The bound.
-        max: usize,
-    },
+    TooLarge { chars: usize, max: usize },
     /// A name that cannot be written into a CEL string literal (never one the API server
     /// accepts for a Lock).
     #[error(
@@ -83,7 +72,7 @@ pub enum BroadReason {
 
 /// What the registration should say.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Plan {
+pub struct ConditionsPlan {
     /// Live (not expired) locks that can lock something the webhook is sent.
     pub names: usize,
     /// The earliest `expiresAt` of a live lock: the plan changes then.
@@ -96,15 +85,12 @@ pub struct Plan {
     pub namespaces: Vec<Vec<String>>,
 }
 
-/// Narrowed or broad.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Scope {
     /// One `may-be-locked` expression per webhook entry; never empty (the first entry of each
     /// kind always exists, `false` when nothing is locked).
     Narrow {
-        /// For the namespaced entries.
         namespaced: Vec<String>,
-        /// For the cluster-scoped entries.
         cluster: Vec<String>,
     },
     /// Every UPDATE and DELETE goes to the webhook, as without narrowing.
@@ -140,8 +126,8 @@ impl Clauses {
 pub fn plan<'a>(
     locks: impl IntoIterator<Item = &'a LockRef>,
     now: Timestamp,
-    limits: &Limits,
-) -> Plan {
+    limits: &NarrowingBounds,
+) -> ConditionsPlan {
     plan_with(Clauses::Changes, locks, now, limits)
 }
 
@@ -150,8 +136,8 @@ pub fn plan_with<'a>(
     clauses: Clauses,
     locks: impl IntoIterator<Item = &'a LockRef>,
     now: Timestamp,
-    limits: &Limits,
-) -> Plan {
+    limits: &NarrowingBounds,
+) -> ConditionsPlan {
     let mut names = 0usize;
     let mut next_expiry: Option<Timestamp> = None;
     // Namespace -> Some(names) for named Locks only, None once a selector Lock is seen.
@@ -202,7 +188,7 @@ pub fn plan_with<'a>(
             }
         }
     }
-    let broad = |reason| Plan {
+    let broad = |reason| ConditionsPlan {
         names,
         next_expiry,
         scope: Scope::Broad(reason),
@@ -299,7 +285,7 @@ pub fn plan_with<'a>(
         (expr, Some(first)) if first == "false" => *first = expr.to_owned(),
         (expr, Some(first)) => *first = format!("{expr} || {first}"),
     }
-    Plan {
+    ConditionsPlan {
         names,
         next_expiry,
         scope: Scope::Narrow {

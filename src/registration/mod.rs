@@ -1,5 +1,4 @@
 //! The registration narrows itself to the locked names: `conditions` plans (pure), `webhooks`
-//!
 //! turns the plan into entries, `operations` adds the CREATE and CONNECT entries, `writer` applies.
 //! Invariant: entries installed by `manifests cluster` keep their URL, caBundle, rules and failure
 //! policy; the operator's namespace selector requirements are carried into every entry written.
@@ -13,7 +12,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 
-use conditions::{CONDITION_NAME, Plan, Scope};
+use conditions::{CONDITION_NAME, ConditionsPlan, Scope};
 use kube::core::SelectorExt;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -179,7 +178,7 @@ pub fn namespaced_selector(
 /// filters Namespace objects by their own labels, nothing else that is cluster-scoped.
 pub fn webhooks(
     current: &[ValidatingWebhook],
-    plan: &Plan,
+    plan: &ConditionsPlan,
     format: Format,
 ) -> Result<Vec<ValidatingWebhook>, MissingEntry> {
     let (namespaced, cluster) = (
@@ -252,7 +251,7 @@ fn set_condition(entry: &mut ValidatingWebhook, expression: String) {
 }
 
 /// The namespaces the `index`-th namespaced entry of `plan` selects, narrowed.
-fn selected(plan: &Plan, index: usize) -> Narrowing<'_> {
+fn selected(plan: &ConditionsPlan, index: usize) -> Narrowing<'_> {
     match &plan.scope {
         Scope::Broad(_) => Narrowing::Every,
         Scope::Narrow { .. } => {
@@ -274,7 +273,7 @@ pub fn starting_point(
     let plan = conditions::plan(
         std::iter::empty(),
         k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
-        &conditions::Limits::default(),
+        &conditions::NarrowingBounds::default(),
     );
     let mut entries = webhooks(entries, &plan, Format::Namespaces)?;
     for entry in &mut entries {
@@ -411,7 +410,7 @@ mod tests {
     use super::*;
     use crate::api::LockSpec;
     use crate::locks::LockRef;
-    use conditions::{BroadReason, Limits};
+    use conditions::{BroadReason, NarrowingBounds};
 
     fn base_entries() -> Vec<ValidatingWebhook> {
         [NAMESPACED_ENTRY, CLUSTER_ENTRY, "other.example.com"]
@@ -435,19 +434,14 @@ mod tests {
             entry_name(NAMESPACED_ENTRY, 1),
             "namespaced-2.objectlock.dev"
         );
-        assert!(is_extra_entry(
-            "namespaced-2.objectlock.dev",
-            NAMESPACED_ENTRY
-        ));
-        assert!(!is_extra_entry(NAMESPACED_ENTRY, NAMESPACED_ENTRY));
-        assert!(!is_extra_entry(
-            "namespaced-x.objectlock.dev",
-            NAMESPACED_ENTRY
-        ));
-        assert!(!is_extra_entry(
-            "cluster-2.objectlock.dev",
-            NAMESPACED_ENTRY
-        ));
+        for (name, extra) in [
+            ("namespaced-2.objectlock.dev", true),
+            (NAMESPACED_ENTRY, false),
+            ("namespaced-x.objectlock.dev", false),
+            ("cluster-2.objectlock.dev", false),
+        ] {
+            assert_eq!(is_extra_entry(name, NAMESPACED_ENTRY), extra, "{name}");
+        }
     }
 
     #[test]
@@ -456,9 +450,9 @@ mod tests {
         let locks: Vec<_> = (0..50)
             .map(|i| LockRef::lock("ns", &format!("name-{i:02}"), LockSpec::default()))
             .collect();
-        let limits = Limits {
+        let limits = NarrowingBounds {
             chunk_chars: 200,
-            ..Limits::default()
+            ..NarrowingBounds::default()
         };
         let plan = conditions::plan(&locks, now, &limits);
         let desired = webhooks(&base_entries(), &plan, Format::Conditions).expect("entries");
@@ -542,22 +536,8 @@ mod tests {
     }
 
     #[test]
-    fn the_rbac_rule_names_one_object() {
-        let rule = rbac_rule("kube-object-lock");
-        assert_eq!(
-            rule.resource_names.as_deref(),
-            Some(&["kube-object-lock".to_owned()][..])
-        );
-        assert_eq!(rule.verbs, ["get", "list", "watch", "patch"]);
-        assert_eq!(
-            rule.resources.as_deref(),
-            Some(&["validatingwebhookconfigurations".to_owned()][..])
-        );
-    }
-
-    #[test]
     fn broad_sends_everything() {
-        let plan = Plan {
+        let plan = ConditionsPlan {
             names: 3,
             next_expiry: None,
             scope: Scope::Broad(BroadReason::TooManyNames { names: 3, max: 2 }),
@@ -628,9 +608,9 @@ mod tests {
         selecting.spec.selector = Some(Default::default());
         locks.push(selecting);
         locks.push(LockRef::cluster_lock("node-1", LockSpec::default()));
-        let limits = Limits {
+        let limits = NarrowingBounds {
             chunk_chars: 150,
-            ..Limits::default()
+            ..NarrowingBounds::default()
         };
         let plan = conditions::plan(&locks, now, &limits);
         let base = with_broad_selector(base_entries());
@@ -781,9 +761,9 @@ mod tests {
             })
             .chain([LockRef::cluster_lock("node-1", LockSpec::default())])
             .collect();
-        let limits = Limits {
+        let limits = NarrowingBounds {
             chunk_chars: 150,
-            ..Limits::default()
+            ..NarrowingBounds::default()
         };
         let plan = conditions::plan(&locks, now, &limits);
         let installed = installed_with_requirements();
@@ -841,7 +821,7 @@ mod tests {
             );
             // Nothing locked, or broad: still only where the operator lets locks apply.
             let empty = conditions::plan(&[], now, &limits);
-            let broad = Plan {
+            let broad = ConditionsPlan {
                 scope: Scope::Broad(BroadReason::TooManyNames { names: 3, max: 2 }),
                 ..conditions::plan(&[], now, &limits)
             };

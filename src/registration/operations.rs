@@ -1,5 +1,4 @@
 //! The entries that send CREATE and CONNECT to the webhook, only while a live Lock asks for the
-//!
 //! operation, naming only those Locks' keys and namespaces. Invariant: every other field is copied
 //! from the base entry of the same scope.
 
@@ -8,7 +7,7 @@ use std::collections::BTreeSet;
 use k8s_openapi::api::admissionregistration::v1::{RuleWithOperations, ValidatingWebhook};
 use k8s_openapi::jiff::Timestamp;
 
-use super::conditions::{self, Clauses, Limits, Plan, Scope};
+use super::conditions::{self, Clauses, ConditionsPlan, NarrowingBounds, Scope};
 use super::{
     CLUSTER_ENTRY, MissingEntry, NAMESPACED_ENTRY, RegisteredScope, entry_name, is_extra_entry,
     namespaced_selector, selected, set_condition, template,
@@ -39,7 +38,7 @@ pub struct OperationPlan {
     /// The live locks asking for it whose requests an entry can send.
     pub keys: BTreeSet<LockKey>,
     /// Their conditions ([`Clauses::Names`], [`Clauses::Connect`] for CONNECT).
-    pub plan: Plan,
+    pub plan: ConditionsPlan,
 }
 
 impl OperationPlan {
@@ -47,7 +46,7 @@ impl OperationPlan {
         clauses: Clauses,
         locks: impl IntoIterator<Item = &'a LockRef>,
         now: Timestamp,
-        limits: &Limits,
+        limits: &NarrowingBounds,
     ) -> Self {
         let locks: Vec<&LockRef> = locks.into_iter().collect();
         OperationPlan {
@@ -86,7 +85,7 @@ pub struct OperationsPlan {
 pub fn plan<'a>(
     locks: impl IntoIterator<Item = &'a LockRef>,
     now: Timestamp,
-    limits: &Limits,
+    limits: &NarrowingBounds,
 ) -> OperationsPlan {
     let live: Vec<&LockRef> = (locks.into_iter())
         .filter(|l| !l.spec.is_expired(now))
@@ -166,7 +165,7 @@ pub fn webhooks(
 }
 
 /// The `may-be-locked` expressions of the namespaced or the cluster-scoped entries.
-fn expressions(plan: &Plan, namespaced: bool) -> Vec<String> {
+fn expressions(plan: &ConditionsPlan, namespaced: bool) -> Vec<String> {
     match (&plan.scope, namespaced) {
         (Scope::Narrow { namespaced, .. }, true) => namespaced.clone(),
         (Scope::Narrow { cluster, .. }, false) => cluster.clone(),

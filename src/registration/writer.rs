@@ -1,13 +1,8 @@
 //! Keeps the ValidatingWebhookConfiguration narrowed to the live locks of the lock index, with
-//! server-side apply (base entries and CREATE/CONNECT entries under two field managers).
-//!
-//! One loop, one reconcile at a time: a change of what the Locks lock, any event of the
-//! configuration's watch, an expiry or a retry marks it dirty; everything queued meanwhile is
-//! taken in before the next reconcile, so a burst of Locks is a few writes. A reconcile reads
-//! the configuration (the watch only says that it changed: a read is never older than this
-//! instance's own last write), writes what differs, and carries the resourceVersion it read.
-//! Invariant: nothing is written before both kinds were listed once; a write counts once read
-//! back.
+//! server-side apply (base entries and CREATE/CONNECT entries under two field managers). One loop,
+//! one reconcile at a time; a reconcile reads the configuration, writes what differs under the
+//! resourceVersion it read. Invariant: nothing is written before both kinds were listed once; a
+//! write counts once read back.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -26,10 +21,10 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use super::conditions::{self, Limits, Plan, Scope};
+use super::conditions::{self, ConditionsPlan, NarrowingBounds, Scope};
 use super::operations::{self, OperationsPlan};
 use super::{Format, NamespaceSelection, Registered, RegisteredScope, is_current, webhooks};
-use crate::locks::index::{Change, Follower, LockIndex, WatchState};
+use crate::locks::index::{self, Change, IndexSnapshot, LockIndex, Sets, WatchState};
 use crate::locks::{LockKey, LockKind, LockRef};
 use crate::metrics::{ConfigurationLabels, OutcomeLabels, RegistrationMetrics};
 use crate::retry::{self, Backoff, LastError};
@@ -43,45 +38,41 @@ pub const OPERATIONS_FIELD_MANAGER: &str = "kube-object-lock-operations";
 /// The first wait before a failed write is tried again (then doubling, see [`retry::write`]).
 const FIRST_RETRY: Duration = Duration::from_millis(250);
 
-/// The writer's configuration.
 #[derive(Debug, Clone)]
 pub struct NarrowerConfig {
-    /// Name of the ValidatingWebhookConfiguration.
     pub name: String,
-    /// Bounds of the narrowed registration.
-    pub limits: Limits,
+    pub limits: NarrowingBounds,
 }
 
 /// The live locks, followed from the lock index (its sets, shared, not copied): complete once
 /// both kinds have been listed.
 #[derive(Default)]
 struct LockView {
-    follower: Follower,
+    sets: Sets,
+    listed: (bool, bool),
 }
 
 impl LockView {
-    /// Takes in what changed in the index; true when the plan may change: a lock came, went
-    /// or changed what it locks. Most changes do not: every status write of every instance
+    /// Takes in the index's snapshot; true when the plan may change: a lock came, went or
+    /// changed what it locks. Most changes do not: every status write of every instance
     /// changes a lock's status only.
-    fn update(&mut self, index: &LockIndex) -> bool {
-        let listed = self.follower.listed();
-        let mut changed = false;
-        index.catch_up(&mut self.follower, |change| {
-            changed |= match change {
+    fn update(&mut self, now: &IndexSnapshot) -> bool {
+        let changed = now.listed != self.listed
+            || index::diff(&self.sets, &now.sets).any(|change| match change {
                 Change::Put(lock, before) => before.is_none_or(|b| !b.same_rule(lock)),
                 Change::Gone(_) => true,
-            }
-        });
-        changed || listed != self.follower.listed()
+            });
+        self.sets = now.sets.clone();
+        self.listed = now.listed;
+        changed
     }
 
     fn complete(&self) -> bool {
-        let listed = self.follower.listed();
-        listed.0 && listed.1
+        self.listed.0 && self.listed.1
     }
 
     fn locks(&self) -> impl Iterator<Item = &LockRef> {
-        self.follower.locks()
+        self.sets.values().flat_map(|set| set.iter())
     }
 }
 
@@ -161,7 +152,6 @@ impl ConfigWatch {
     }
 }
 
-/// Keeps the configuration narrowed.
 pub struct Narrower {
     client: Client,
     config: NarrowerConfig,
@@ -175,7 +165,6 @@ pub struct Narrower {
 }
 
 impl Narrower {
-    /// A writer for `config.name`, counting into `metrics`.
     pub fn new(client: Client, config: NarrowerConfig, metrics: RegistrationMetrics) -> Self {
         let narrower = Narrower {
             client,
@@ -221,8 +210,7 @@ impl Narrower {
                         warn!("the lock index is gone; the webhook configuration is no longer kept narrowed");
                         return;
                     }
-                    locks.borrow_and_update();
-                    dirty |= view.update(&index);
+                    dirty |= view.update(&locks.borrow_and_update().clone());
                     // The index heard from the API server (its watches are woken as soon as it
                     // answers again): watch the configuration again now, not at the end of a
                     // backoff of up to half a minute.
@@ -241,8 +229,7 @@ impl Narrower {
             }
             // Take everything already queued before writing: a burst is one write.
             if locks.has_changed().unwrap_or(false) {
-                locks.borrow_and_update();
-                dirty |= view.update(&index);
+                dirty |= view.update(&locks.borrow_and_update().clone());
             }
             while let Some(Some(event)) = configs.events.next().now_or_never() {
                 dirty |= configs.take(event);
@@ -316,7 +303,7 @@ impl Narrower {
         &mut self,
         api: &Api<ValidatingWebhookConfiguration>,
         current: ValidatingWebhookConfiguration,
-        plan: &Plan,
+        plan: &ConditionsPlan,
         live: BTreeSet<LockKey>,
     ) -> Result<ValidatingWebhookConfiguration, Problem> {
         let entries = current.webhooks.as_deref().unwrap_or_default();
@@ -451,7 +438,6 @@ impl Narrower {
         }
     }
 
-    /// Counts a write of the configuration by its outcome.
     fn count(&self, outcome: &'static str) {
         (self.metrics.writes)
             .get_or_create(&OutcomeLabels { outcome })
@@ -471,7 +457,6 @@ impl Narrower {
         .clone()
     }
 
-    /// Publishes what the CREATE and CONNECT entries now say.
     fn confirm_operations(&self, plan: &OperationsPlan) {
         let (create, connect) = (plan.create.registered(), plan.connect.registered());
         self.registered.send_if_modified(|r| {
@@ -483,8 +468,12 @@ impl Narrower {
         });
     }
 
-    /// Publishes what the configuration now says.
-    fn confirm(&self, plan: &Plan, live: BTreeSet<LockKey>, namespaces: NamespaceSelection) {
+    fn confirm(
+        &self,
+        plan: &ConditionsPlan,
+        live: BTreeSet<LockKey>,
+        namespaces: NamespaceSelection,
+    ) {
         self.current().set(1);
         let scope = match &plan.scope {
             Scope::Narrow { .. } => {
@@ -526,8 +515,10 @@ mod tests {
         let index = LockIndex::new(Duration::from_secs(3));
         let mut view = LockView::default();
         index.reset(LockKind::Lock, vec![lock("prod", "web")]);
+        assert!(view.update(&index.snapshot()));
+        assert!(!view.complete(), "ClusterLocks not listed yet");
         index.reset(LockKind::ClusterLock, vec![]);
-        assert!(view.update(&index));
+        assert!(view.update(&index.snapshot()), "listed is a change");
         assert!(view.complete());
         // A status write: the same rule again.
         let mut written = lock("prod", "web");
@@ -536,67 +527,14 @@ mod tests {
             ..Default::default()
         });
         index.apply(LockKind::Lock, written);
-        assert!(!view.update(&index), "a status write");
+        assert!(!view.update(&index.snapshot()), "a status write");
         let mut changed = lock("prod", "web");
         changed.spec.reason = Some("freeze".into());
         index.apply(LockKind::Lock, changed);
-        assert!(view.update(&index));
+        assert!(view.update(&index.snapshot()));
         index.delete(LockKind::Lock, "prod", "web");
-        assert!(view.update(&index));
-        assert!(!view.update(&index), "already gone");
+        assert!(view.update(&index.snapshot()));
+        assert!(!view.update(&index.snapshot()), "already gone");
         assert_eq!(view.locks().count(), 0);
-    }
-
-    #[test]
-    fn the_index_feeds_the_view_once_listed_and_then_by_changed_namespace() {
-        use crate::locks::index::WatchState;
-        let index = LockIndex::new(Duration::from_secs(3));
-        let mut view = LockView::default();
-        let step = |index: &LockIndex, view: &mut LockView| view.update(index);
-        // A first list that fails is not an empty list: nothing is sent.
-        index.set_state(
-            LockKind::ClusterLock,
-            WatchState::Stale,
-            Some("forbidden".into()),
-        );
-        assert!(!step(&index, &mut view));
-        index.reset(LockKind::Lock, vec![lock("a", "x"), lock("b", "y")]);
-        step(&index, &mut view);
-        assert_eq!(view.locks().count(), 2);
-        assert!(!view.complete(), "ClusterLocks not listed yet");
-        index.reset(
-            LockKind::ClusterLock,
-            vec![LockRef::cluster_lock("n", LockSpec::default())],
-        );
-        step(&index, &mut view);
-        assert!(view.complete());
-        assert_eq!(view.locks().count(), 3);
-        // A change in one namespace: the view follows.
-        index.apply(LockKind::Lock, lock("a", "z"));
-        assert!(step(&index, &mut view));
-        assert_eq!(view.locks().count(), 4);
-        index.delete(LockKind::Lock, "b", "y");
-        assert!(step(&index, &mut view));
-        assert_eq!(view.locks().count(), 3);
-        // A re-list while the watch fails: what it drops, the view drops.
-        index.set_state(
-            LockKind::Lock,
-            WatchState::Stale,
-            Some("watch forbidden".into()),
-        );
-        index.reset(LockKind::Lock, vec![lock("a", "x"), lock("c", "w")]);
-        step(&index, &mut view);
-        let mut keys: Vec<_> = view.locks().map(LockRef::key).collect();
-        keys.sort();
-        assert_eq!(
-            keys,
-            [
-                LockKey::cluster_lock("n"),
-                LockKey::lock("a", "x"),
-                LockKey::lock("c", "w"),
-            ]
-        );
-        // Nothing changed: no change.
-        assert!(!step(&index, &mut view));
     }
 }

@@ -1,5 +1,4 @@
 //! Lock status: each instance's entry in `status.enforcedBy`, `status.enforcedCount` and the
-//!
 //! `Enforced` condition, written with server-side apply under the instance's own field manager.
 //! Invariant: a lock counts as enforced from the same index the admissions are decided from, and
 //! only once the registration names it; an instance that cannot vouch withdraws its entries.
@@ -15,17 +14,13 @@ use std::sync::Arc;
 use crate::api::{LockKey, LockSpec};
 use crate::locks::{LockMeta, LockRef};
 
-/// The condition type written by every instance.
 pub const CONDITION: &str = "Enforced";
-/// Prefix of each instance's field manager.
 pub const FIELD_MANAGER_PREFIX: &str = "kube-object-lock/";
 
 /// One lock as the lock index last saw it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct KnownLock {
-    /// Which lock.
     pub key: LockKey,
-    /// `metadata.generation`.
     pub generation: i64,
     /// The spec as enforced: for an unreadable one, the index parser's fail-closed reading.
     pub spec: LockSpec,

@@ -1,11 +1,6 @@
-//! The labels of every namespace, for the status of locks under a registration the operator
-//! limits to some namespaces (`manifests cluster --namespace-selector`): a Lock in a namespace
-//! it does not select is never sent to the webhook, and its status must say so.
-//!
-//! One metadata-only list-and-watch of namespaces (kube-runtime's `watcher` of
-//! `PartialObjectMeta`: names and labels, never specs), started only once the registration
-//! carries requirements of the operator's. Without them no label matters, and an identity
-//! granted less is never asked for more. A re-list replaces the labels at its end.
+//! The labels of every namespace, from one metadata-only watcher started only once the
+//! registration carries the operator's namespace selector requirements: a Lock in a namespace it
+//! does not select is never sent to the webhook, and its status must say so.
 
 use std::sync::Arc;
 

@@ -1,12 +1,6 @@
 //! The status and event writers' view of the locks, followed from the admission path's lock
-//! index: one list-and-watch per kind serves every reader.
-//!
-//! The index publishes each namespace's locks as an immutable set shared with `Arc`; a namespace
-//! whose set is the same `Arc` as last time has not changed, so each change costs a look at
-//! the namespaces it touched, not at every lock. The view is a persistent map (publishing a
-//! snapshot per change copies nothing), and it is healthy while both kinds are listed and the
-//! index may answer (see [`LockIndex::is_fresh`]): when it may not, the instance cannot vouch
-//! for the locks and withdraws from their status.
+//! index by diffing its snapshots. Healthy while both kinds are listed and the index may answer
+//! ([`LockIndex::is_fresh`]); otherwise the instance cannot vouch for the locks.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,7 +9,7 @@ use tokio::sync::watch;
 
 use super::{KnownLock, LockSnapshot};
 use crate::api::LockKey;
-use crate::locks::index::{Change, Follower, LockIndex};
+use crate::locks::index::{self, Change, LockIndex, Sets};
 
 /// How often health is looked at again when nothing changes: a reconnecting watch becomes
 /// stale by the passing of time alone.
@@ -55,35 +49,36 @@ pub fn follow(
 struct View {
     healthy: bool,
     locks: imbl::OrdMap<LockKey, Arc<KnownLock>>,
-    /// Where in the index the view is; `None` until it has first been complete and current.
-    follower: Option<Follower>,
+    /// The index's sets last taken in; `None` until it has first been complete and current.
+    seen: Option<Sets>,
 }
 
 impl View {
     /// Applies what changed in the index; true when the snapshot changed.
     fn update(&mut self, index: &LockIndex) -> bool {
+        let now = index.snapshot();
         // Until the index has first been complete and current there is nothing to say: half a
         // list would have the writer mark locks unenforced that are merely not seen yet.
-        let healthy = index.is_fresh() && index.listed();
-        if !healthy && self.follower.is_none() {
+        let healthy = index.is_fresh() && now.is_listed();
+        if !healthy && self.seen.is_none() {
             return false;
         }
         let mut changed = healthy != self.healthy;
         self.healthy = healthy;
-        let locks = &mut self.locks;
-        index.catch_up(
-            self.follower.get_or_insert_default(),
-            |change| match change {
+        let seen = self.seen.get_or_insert_default();
+        for change in index::diff(seen, &now.sets) {
+            match change {
                 Change::Put(lock, _) => {
                     let known = KnownLock::from(lock);
-                    if locks.get(&known.key).is_none_or(|k| **k != known) {
-                        locks.insert(known.key.clone(), Arc::new(known));
+                    if self.locks.get(&known.key).is_none_or(|k| **k != known) {
+                        self.locks.insert(known.key.clone(), Arc::new(known));
                         changed = true;
                     }
                 }
-                Change::Gone(lock) => changed |= locks.remove(&lock.key()).is_some(),
-            },
-        );
+                Change::Gone(lock) => changed |= self.locks.remove(&lock.key()).is_some(),
+            }
+        }
+        *seen = now.sets;
         changed
     }
 
@@ -122,58 +117,32 @@ mod tests {
     }
 
     #[test]
-    fn follows_the_index_by_namespace() {
+    fn follows_the_index_once_complete_and_its_health() {
         let index = LockIndex::new(Duration::from_secs(5));
         let mut view = View::default();
         assert!(!view.update(&index), "nothing listed: nothing to say");
-        index.reset(
-            LockKind::Lock,
-            vec![lock("a", "x", "1"), lock("b", "y", "1")],
-        );
+        let mut odd = lock("b", "y", "1");
+        odd.problem = Some("spec.mode: unknown variant".into());
+        index.reset(LockKind::Lock, vec![lock("a", "x", "1"), odd]);
         live(&index);
         assert!(view.update(&index));
-        let snapshot = view.snapshot();
-        assert!(snapshot.healthy);
-        assert_eq!(snapshot.locks.len(), 2);
+        assert!(view.snapshot().healthy);
+        let known = &view.snapshot().locks[&LockKey::lock("b", "y")];
+        assert_eq!(known.problem.as_deref(), Some("spec.mode: unknown variant"));
         assert!(!view.update(&index), "nothing new");
 
         index.apply(LockKind::Lock, lock("a", "x", "2"));
         index.delete(LockKind::Lock, "b", "y");
         index.apply(LockKind::Lock, lock("c", "z", "1"));
         assert!(view.update(&index));
-        let keys: Vec<String> = view
-            .snapshot()
-            .locks
-            .keys()
-            .map(|k| k.to_string())
-            .collect();
+        let snapshot = view.snapshot();
+        let keys: Vec<String> = snapshot.locks.keys().map(|k| k.to_string()).collect();
         assert_eq!(keys, ["Lock a/x", "Lock c/z"]);
-        let x = &view.snapshot().locks[&LockKey::lock("a", "x")];
+        let x = &snapshot.locks[&LockKey::lock("a", "x")];
         assert_eq!(x.spec.reason.as_deref(), Some("2"));
-
-        // A re-list without a namespace removes its locks.
-        index.reset(LockKind::Lock, vec![lock("c", "z", "1")]);
-        assert!(view.update(&index));
-        assert_eq!(view.snapshot().locks.len(), 1);
-    }
-
-    #[test]
-    fn health_follows_the_index_and_an_unreadable_spec_is_an_error() {
-        let index = LockIndex::new(Duration::from_secs(5));
-        let mut odd = lock("a", "x", "1");
-        odd.problem = Some("spec.mode: unknown variant".into());
-        index.reset(LockKind::Lock, vec![odd]);
-        live(&index);
-        let mut view = View::default();
-        assert!(view.update(&index));
-        let known = &view.snapshot().locks[&LockKey::lock("a", "x")];
-        assert_eq!(known.problem.as_deref(), Some("spec.mode: unknown variant"));
 
         index.set_state(LockKind::Lock, WatchState::Stale, Some("403".into()));
         assert!(view.update(&index), "health is a change");
         assert!(!view.snapshot().healthy);
-        index.set_state(LockKind::Lock, WatchState::Live, None);
-        assert!(view.update(&index));
-        assert!(view.snapshot().healthy);
     }
 }

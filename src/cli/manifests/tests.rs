@@ -372,7 +372,7 @@ fn the_registration_sends_every_subresource_the_decision_locks() {
     };
     let locks = [asking(Some("ns")), asking(None)];
     let now = k8s_openapi::jiff::Timestamp::UNIX_EPOCH;
-    let asked = operations::plan(&locks, now, &conditions::Limits::default());
+    let asked = operations::plan(&locks, now, &conditions::NarrowingBounds::default());
     hooks.extend(operations::webhooks(&hooks, &asked).expect("entries"));
     let mut drift = Vec::new();
     for row in API_SERVER_SUBRESOURCES

@@ -46,7 +46,7 @@ pub(in crate::registration) fn eval(expression: &str, review: &serde_json::Value
 }
 
 /// Whether some entry of the plan sends `review`, and how many do.
-fn sends(plan: &Plan, review: &serde_json::Value) -> usize {
+fn sends(plan: &ConditionsPlan, review: &serde_json::Value) -> usize {
     let Scope::Narrow {
         namespaced,
         cluster,
@@ -70,7 +70,8 @@ pub(in crate::registration) fn with(
 ) -> serde_json::Value {
     let mut value = fixture(review);
     for (pointer, new) in edits {
-        *value.pointer_mut(pointer).expect("pointer") = new.clone();
+        let (parent, key) = pointer.rsplit_once('/').expect("pointer");
+        value.pointer_mut(parent).expect("pointer")[key] = new.clone();
     }
     value
 }
@@ -101,163 +102,86 @@ fn sample_locks() -> Vec<LockRef> {
 }
 
 #[test]
-fn locked_names_are_sent_and_others_are_not() {
-    let plan = plan(&sample_locks(), now(), &Limits::default());
-    assert_eq!(plan.names, 7, "the expired lock is not counted");
+fn the_plan_sends_the_requests_that_may_concern_a_live_lock_once() {
+    let sample = plan(&sample_locks(), now(), &NarrowingBounds::default());
+    assert_eq!(sample.names, 7, "the expired lock is not counted");
     assert_eq!(
-        plan.next_expiry,
+        sample.next_expiry,
         Some("2026-11-22T13:00:00Z".parse().expect("time"))
     );
-    for review in [
-        "configmap-delete-locked.json",
-        "configmap-update-put.json",
-        "configmap-update-merge-patch.json",
-        "configmap-delete-dryrun.json",
-    ] {
-        assert_eq!(sends(&plan, &fixture(review)), 1, "{review}");
-    }
-    // Another name in the same namespace; the same name in another namespace; an expired lock.
-    assert_eq!(sends(&plan, &fixture("configmap-delete-unlocked.json")), 0);
-    let elsewhere = with(
-        "configmap-delete-locked.json",
-        &[("/request/namespace", serde_json::json!("other"))],
-    );
-    assert_eq!(sends(&plan, &elsewhere), 0);
-    // A name that only contains a locked name.
-    let longer = with(
-        "configmap-delete-locked.json",
-        &[("/request/name", serde_json::json!("locked-a2"))],
-    );
-    assert_eq!(sends(&plan, &longer), 0);
-}
-
-#[test]
-fn deletecollection_items_are_matched_by_the_old_objects_name() {
-    let plan = plan(&sample_locks(), now(), &Limits::default());
-    let item = fixture("configmap-deletecollection-item.json");
-    assert!(item["request"].get("name").is_none(), "no request.name");
-    assert_eq!(sends(&plan, &item), 1);
-    assert_eq!(
-        sends(&plan, &fixture("namespace-deletion-item-delete.json")),
-        1
-    );
-    let other = with(
-        "configmap-deletecollection-item.json",
-        &[("/request/oldObject/metadata/name", serde_json::json!("x"))],
-    );
-    assert_eq!(sends(&plan, &other), 0);
-    // An empty name is treated like an absent one.
-    let empty = with(
-        "configmap-deletecollection-item.json",
-        &[("/request/oldObject/metadata/name", serde_json::json!("x"))],
-    );
-    let mut empty = empty;
-    empty["request"]["name"] = serde_json::json!("");
-    empty["request"]["oldObject"]["metadata"]["name"] = serde_json::json!("locked-sweep2");
-    assert_eq!(sends(&plan, &empty), 1);
-}
-
-#[test]
-fn evictions_of_locked_pods_are_sent() {
-    let plan = plan(&sample_locks(), now(), &Limits::default());
-    let eviction = fixture("pod-eviction-create.json");
-    assert!(eviction["request"]["oldObject"].is_null());
-    assert_eq!(sends(&plan, &eviction), 1);
-    let other = with(
-        "pod-eviction-create.json",
-        &[("/request/name", serde_json::json!("another-pod"))],
-    );
-    assert_eq!(sends(&plan, &other), 0);
-}
-
-#[test]
-fn selector_namespaces_send_everything() {
-    let plan = plan(&sample_locks(), now(), &Limits::default());
-    for name in ["by-label", "anything", "web"] {
-        let review = with(
-            "secret-delete.json",
-            &[
-                ("/request/namespace", serde_json::json!("selected")),
-                ("/request/name", serde_json::json!(name)),
-            ],
-        );
-        assert_eq!(sends(&plan, &review), 1, "{name}");
-    }
-    // Evictions and scales too, whatever the name: their labels are read for the selector.
-    for fixture_name in ["pod-eviction-create.json", "deployment-scale-update.json"] {
-        let review = with(
-            fixture_name,
-            &[
-                ("/request/namespace", serde_json::json!("selected")),
-                ("/request/name", serde_json::json!("anything")),
-            ],
-        );
-        assert_eq!(sends(&plan, &review), 1, "{fixture_name}");
-    }
-    // A selector Lock that expired no longer sends its namespace.
-    let expired = [LockRef::lock(
+    let expired_selector = [LockRef::lock(
         "selected",
         "by-label",
         spec(
             serde_json::json!({"selector": {"matchLabels": {"app": "web"}}, "expiresAt": "2026-11-22T11:00:00Z"}),
         ),
     )];
-    let plan = super::plan(&expired, now(), &Limits::default());
-    let review = with(
-        "secret-delete.json",
-        &[("/request/namespace", serde_json::json!("selected"))],
-    );
-    assert_eq!(sends(&plan, &review), 0);
-}
-
-#[test]
-fn namespace_deletions_and_cluster_locks() {
-    let plan = plan(&sample_locks(), now(), &Limits::default());
-    // lock-doomed holds a Lock: its deletion is sent, its update (no ClusterLock) is not.
-    assert_eq!(sends(&plan, &fixture("namespace-delete.json")), 1);
-    let update = with(
-        "namespace-update.json",
-        &[
-            ("/request/namespace", serde_json::json!("lock-doomed")),
-            ("/request/name", serde_json::json!("lock-doomed")),
-        ],
-    );
-    assert_eq!(sends(&plan, &update), 0);
-    let empty_ns = with(
-        "namespace-delete.json",
-        &[
-            ("/request/namespace", serde_json::json!("empty")),
-            ("/request/name", serde_json::json!("empty")),
-        ],
-    );
-    assert_eq!(sends(&plan, &empty_ns), 0);
-    // ClusterLocks: UPDATE and DELETE of the named cluster-scoped object.
-    assert_eq!(sends(&plan, &fixture("clusterrole-delete.json")), 1);
-    assert_eq!(sends(&plan, &fixture("clusterrole-update.json")), 1);
-    let other = with(
-        "clusterrole-update.json",
-        &[("/request/name", serde_json::json!("edit"))],
-    );
-    assert_eq!(sends(&plan, &other), 0);
-    // A Namespace with a ClusterLock and Locks inside is sent once, not twice.
-    let mut locks = sample_locks();
-    locks.push(LockRef::cluster_lock("lock-doomed", LockSpec::default()));
-    let plan = super::plan(&locks, now(), &Limits::default());
-    assert_eq!(sends(&plan, &fixture("namespace-delete.json")), 1);
-}
-
-#[test]
-fn nothing_locked_sends_nothing() {
-    let plan = plan(&[], now(), &Limits::default());
+    let expired = plan(&expired_selector, now(), &NarrowingBounds::default());
+    let nothing = plan(&[], now(), &NarrowingBounds::default());
+    let mut with_cluster_lock = sample_locks();
+    with_cluster_lock.push(LockRef::cluster_lock("lock-doomed", LockSpec::default()));
+    let both = plan(&with_cluster_lock, now(), &NarrowingBounds::default());
+    let s = &sample;
+    // (plan, fixture, edits `ns=… name=… old=…`, entries sending it)
+    let rows: &[(&ConditionsPlan, &str, &str, usize)] = &[
+        (s, "configmap-delete-locked", "", 1),
+        (s, "configmap-update-put", "", 1),
+        (s, "configmap-update-merge-patch", "", 1),
+        (s, "configmap-delete-dryrun", "", 1),
+        (s, "configmap-delete-unlocked", "", 0),
+        // The same name in another namespace; a name that only contains a locked name.
+        (s, "configmap-delete-locked", "ns=other", 0),
+        (s, "configmap-delete-locked", "name=locked-a2", 0),
+        // DELETECOLLECTION items by the old object's name (an empty name is an absent one).
+        (s, "configmap-deletecollection-item", "", 1),
+        (s, "namespace-deletion-item-delete", "", 1),
+        (s, "configmap-deletecollection-item", "old=x", 0),
+        (
+            s,
+            "configmap-deletecollection-item",
+            "name= old=locked-sweep2",
+            1,
+        ),
+        (s, "pod-eviction-create", "", 1),
+        (s, "pod-eviction-create", "name=another-pod", 0),
+        // A selector's namespace is sent whole (evictions and scales too), until it expires.
+        (s, "secret-delete", "ns=selected name=by-label", 1),
+        (s, "secret-delete", "ns=selected name=anything", 1),
+        (s, "secret-delete", "ns=selected name=web", 1),
+        (s, "pod-eviction-create", "ns=selected name=anything", 1),
+        (s, "deployment-scale-update", "ns=selected name=anything", 1),
+        (&expired, "secret-delete", "ns=selected", 0),
+        // A namespace holding a Lock: its deletion is sent, its update (no ClusterLock) is not.
+        (s, "namespace-delete", "", 1),
+        (s, "namespace-update", "ns=lock-doomed name=lock-doomed", 0),
+        (s, "namespace-delete", "ns=empty name=empty", 0),
+        // ClusterLocks: UPDATE and DELETE of the named cluster-scoped object.
+        (s, "clusterrole-delete", "", 1),
+        (s, "clusterrole-update", "", 1),
+        (s, "clusterrole-update", "name=edit", 0),
+        // A Namespace with a ClusterLock and Locks inside is sent once, not twice.
+        (&both, "namespace-delete", "", 1),
+        (&nothing, "configmap-delete-locked", "", 0),
+    ];
+    for (plan, review, edits, expected) in rows {
+        let edits: Vec<_> = (edits.split_whitespace())
+            .map(|edit| match edit.split_once('=').expect("key=value") {
+                ("ns", v) => ("/request/namespace", serde_json::json!(v)),
+                ("name", v) => ("/request/name", serde_json::json!(v)),
+                (_, v) => ("/request/oldObject/metadata/name", serde_json::json!(v)),
+            })
+            .collect();
+        let review = with(&format!("{review}.json"), &edits);
+        assert_eq!(sends(plan, &review), *expected, "{review} {edits:?}");
+    }
     assert_eq!(
-        plan.scope,
+        nothing.scope,
         Scope::Narrow {
             namespaced: vec!["false".to_owned()],
             cluster: vec!["false".to_owned()],
         }
     );
-    assert_eq!(plan.next_expiry, None);
-    assert_eq!(sends(&plan, &fixture("configmap-delete-locked.json")), 0);
+    assert_eq!(nothing.next_expiry, None);
 }
 
 #[test]
@@ -266,16 +190,16 @@ fn deterministic_whatever_the_order() {
     let mut reversed = locks.clone();
     reversed.reverse();
     assert_eq!(
-        plan(&locks, now(), &Limits::default()),
-        plan(&reversed, now(), &Limits::default())
+        plan(&locks, now(), &NarrowingBounds::default()),
+        plan(&reversed, now(), &NarrowingBounds::default())
     );
 }
 
 #[test]
 fn beyond_max_names_a_namespace_is_sent_whole() {
-    let limits = Limits {
+    let limits = NarrowingBounds {
         max_names: 3,
-        ..Limits::default()
+        ..NarrowingBounds::default()
     };
     let locks: Vec<_> = (0..4)
         .map(|i| LockRef::lock("ns", &format!("n{i}"), LockSpec::default()))
@@ -296,9 +220,9 @@ fn beyond_max_names_a_namespace_is_sent_whole() {
         ),
         1
     );
-    let too_large = Limits {
+    let too_large = NarrowingBounds {
         max_total_chars: 20,
-        ..Limits::default()
+        ..NarrowingBounds::default()
     };
     assert!(matches!(
         plan(&locks, now(), &too_large).scope,
@@ -306,7 +230,7 @@ fn beyond_max_names_a_namespace_is_sent_whole() {
     ));
     let odd = [LockRef::lock("ns", "a'b", LockSpec::default())];
     assert!(matches!(
-        plan(&odd, now(), &Limits::default()).scope,
+        plan(&odd, now(), &NarrowingBounds::default()).scope,
         Scope::Broad(BroadReason::UnsafeName(_))
     ));
 }
@@ -316,7 +240,7 @@ const MAX_CODE_POINTS: usize = 100_000;
 
 #[test]
 fn at_the_bound_every_expression_fits_and_each_name_hits_one_entry() {
-    let limits = Limits::default();
+    let limits = NarrowingBounds::default();
     // Long names: 63-character namespaces and 200-character names, the bound's worth.
     let ns = |i: usize| format!("{:a<63}", format!("ns{}-", i % 40));
     let name = |i: usize| format!("{:b<200}", format!("n{i}-"));
@@ -378,9 +302,9 @@ fn at_the_bound_every_expression_fits_and_each_name_hits_one_entry() {
 fn each_namespaced_chunk_knows_its_namespaces() {
     // 2,000 Locks over 200 namespaces, cut into several chunks: a namespace whose keys straddle
     // two chunks is named by both, every other by one.
-    let limits = Limits {
+    let limits = NarrowingBounds {
         chunk_chars: 3_000,
-        ..Limits::default()
+        ..NarrowingBounds::default()
     };
     let locks: Vec<_> = (0..2_000)
         .map(|i| {
@@ -406,7 +330,7 @@ fn each_namespaced_chunk_knows_its_namespaces() {
     let named: usize = plan.namespaces.iter().map(Vec::len).sum();
     assert!((200..200 + namespaced.len()).contains(&named), "{named}");
     // The selectors count against the bound: exactly enough for the keys is not enough.
-    let keys_only = Limits {
+    let keys_only = NarrowingBounds {
         max_total_chars: locks
             .iter()
             .map(|l| l.namespace.as_deref().unwrap_or("").len() + l.name.len() + 2)
@@ -464,7 +388,11 @@ fn a_cluster_lock_with_a_selector_sends_the_cluster_scoped_resources_it_covers()
     let namespace = |name| cluster_review("", "namespaces", name, "UPDATE");
     let role = |name| cluster_review("rbac.authorization.k8s.io", "clusterroles", name, "UPDATE");
     // Every cluster-scoped resource, nothing namespaced beyond the named keys.
-    let plan = plan(&with_a_cluster_selector(), now(), &Limits::default());
+    let plan = plan(
+        &with_a_cluster_selector(),
+        now(),
+        &NarrowingBounds::default(),
+    );
     let Scope::Narrow { cluster, .. } = &plan.scope else {
         panic!("a ClusterLock's selector widens the cluster-scoped entries only: {plan:?}");
     };
@@ -478,7 +406,7 @@ fn a_cluster_lock_with_a_selector_sends_the_cluster_scoped_resources_it_covers()
             "resources": [{"apiGroups": [""], "resources": ["namespaces"]}]}),
         ),
     )];
-    let plan = super::plan(&namespaces, now(), &Limits::default());
+    let plan = super::plan(&namespaces, now(), &NarrowingBounds::default());
     assert_eq!(sends(&plan, &namespace("any-name")), 1);
     assert_eq!(sends(&plan, &role("any-name")), 0);
     assert_eq!(
@@ -486,7 +414,12 @@ fn a_cluster_lock_with_a_selector_sends_the_cluster_scoped_resources_it_covers()
         1,
         "the ClusterLock's own name"
     );
-    let creates = plan_with(Clauses::Names, &namespaces, now(), &Limits::default());
+    let creates = plan_with(
+        Clauses::Names,
+        &namespaces,
+        now(),
+        &NarrowingBounds::default(),
+    );
     let create = |resource: &str, name| {
         let group = if resource == "namespaces" {
             ""
@@ -503,7 +436,7 @@ fn a_cluster_lock_with_a_selector_sends_the_cluster_scoped_resources_it_covers()
         spec(serde_json::json!({"selector": {"matchLabels": {"a": "b"}},
             "resources": [{"apiGroups": ["objectlock.dev"], "resources": ["locks", "clusterlocks"]}]})),
     )];
-    let plan = super::plan(&lock_kinds, now(), &Limits::default());
+    let plan = super::plan(&lock_kinds, now(), &NarrowingBounds::default());
     assert_eq!(plan.names, 0);
     assert_eq!(sends(&plan, &namespace("any-name")), 0);
     assert_eq!(sends(&plan, &role("locks")), 0);
@@ -514,7 +447,7 @@ fn a_cluster_lock_with_a_selector_sends_the_cluster_scoped_resources_it_covers()
             serde_json::json!({"selector": {"matchLabels": {"tier": "prod"}}, "expiresAt": "2026-11-22T11:00:00Z"}),
         ),
     )];
-    let plan = super::plan(&expired, now(), &Limits::default());
+    let plan = super::plan(&expired, now(), &NarrowingBounds::default());
     assert_eq!(sends(&plan, &namespace("any-name")), 0);
 }
 
@@ -552,9 +485,9 @@ fn locks_of_nothing_sent_are_not_counted() {
     let plan = plan(
         &locks,
         now(),
-        &Limits {
+        &NarrowingBounds {
             max_names: 1,
-            ..Limits::default()
+            ..NarrowingBounds::default()
         },
     );
     assert_eq!(plan.names, 0);
@@ -563,9 +496,9 @@ fn locks_of_nothing_sent_are_not_counted() {
 
 #[test]
 fn a_namespace_beyond_the_bound_is_sent_whole_and_others_stay_narrowed() {
-    let limits = Limits {
+    let limits = NarrowingBounds {
         max_names: 5,
-        ..Limits::default()
+        ..NarrowingBounds::default()
     };
     let mut locks: Vec<_> = (0..10)
         .map(|i| LockRef::lock("crowded", &format!("n{i}"), LockSpec::default()))
@@ -623,7 +556,7 @@ fn the_deletion_of_a_crd_whose_objects_a_lock_covers_is_sent() {
         serde_json::json!(["DELETE"]),
         serde_json::json!([{"apiGroups": ["example.com"], "resources": ["widgets"]}]),
     )];
-    let plan = plan(&locks, now(), &Limits::default());
+    let plan = plan(&locks, now(), &NarrowingBounds::default());
     assert_eq!(sends(&plan, &crd("widgets.example.com")), 1);
     assert_eq!(sends(&plan, &crd("widgets.other.com")), 0);
     let update = cluster_review(
@@ -651,7 +584,11 @@ fn the_deletion_of_a_crd_whose_objects_a_lock_covers_is_sent() {
             serde_json::json!([{"apiGroups": ["example.com"], "resources": ["widgets/scale"]}]),
         ),
     ] {
-        let plan = super::plan(std::slice::from_ref(&lock), now(), &Limits::default());
+        let plan = super::plan(
+            std::slice::from_ref(&lock),
+            now(),
+            &NarrowingBounds::default(),
+        );
         assert_eq!(sends(&plan, &crd("widgets.example.com")), 0, "{lock:?}");
     }
 }
@@ -659,7 +596,7 @@ fn the_deletion_of_a_crd_whose_objects_a_lock_covers_is_sent() {
 #[test]
 fn names_only_for_create_and_connect() {
     let locks = with_a_cluster_selector();
-    let names = plan_with(Clauses::Names, &locks, now(), &Limits::default());
+    let names = plan_with(Clauses::Names, &locks, now(), &NarrowingBounds::default());
     let Scope::Narrow {
         namespaced,
         cluster,
@@ -670,7 +607,11 @@ fn names_only_for_create_and_connect() {
     // The cluster-scoped part: every object (a selector ClusterLock may select any).
     assert_eq!(cluster, &["true"]);
     // The namespaced keys are those of the base plan without the ClusterLock.
-    let base = plan(&locks[..locks.len() - 1], now(), &Limits::default());
+    let base = plan(
+        &locks[..locks.len() - 1],
+        now(),
+        &NarrowingBounds::default(),
+    );
     let Scope::Narrow {
         namespaced: base_namespaced,
         ..
@@ -681,7 +622,12 @@ fn names_only_for_create_and_connect() {
     assert_eq!(namespaced, base_namespaced);
     assert_eq!(names.namespaces, base.namespaces);
     // No clause for the deletion of a Namespace holding Locks.
-    let names = plan_with(Clauses::Names, &sample_locks(), now(), &Limits::default());
+    let names = plan_with(
+        Clauses::Names,
+        &sample_locks(),
+        now(),
+        &NarrowingBounds::default(),
+    );
     assert_eq!(sends(&names, &fixture("namespace-delete.json")), 0);
     assert_eq!(
         sends(&names, &fixture("clusterrole-update.json")),

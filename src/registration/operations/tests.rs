@@ -294,7 +294,7 @@ fn entries_per_operation() {
     let base = base_entries();
     for row in rows {
         let what = row.what;
-        let plan = plan(&row.locks, now(), &Limits::default());
+        let plan = plan(&row.locks, now(), &NarrowingBounds::default());
         let entries = webhooks(&base, &plan).expect("entries");
         let names: Vec<&str> = entries.iter().map(|w| w.name.as_str()).collect();
         let expected: Vec<&str> = row.entries.iter().map(|(name, _)| *name).collect();
@@ -364,7 +364,11 @@ fn the_rules_send_create_and_connect_only() {
         asking(Some("prod"), "web", json!({})),
         asking(None, "admin", json!({})),
     ];
-    let entries = webhooks(&base_entries(), &plan(&locks, now(), &Limits::default())).expect("e");
+    let entries = webhooks(
+        &base_entries(),
+        &plan(&locks, now(), &NarrowingBounds::default()),
+    )
+    .expect("e");
     let rules: Vec<&RuleWithOperations> = entries
         .iter()
         .flat_map(|w| w.rules.iter().flatten())
@@ -421,9 +425,9 @@ fn chunks_and_bounds() {
             )
         })
         .collect();
-    let limits = Limits {
+    let limits = NarrowingBounds {
         chunk_chars: 120,
-        ..Limits::default()
+        ..NarrowingBounds::default()
     };
     let base = base_entries();
     let entries = webhooks(&base, &plan(&locks, now(), &limits)).expect("entries");
@@ -442,9 +446,9 @@ fn chunks_and_bounds() {
     assert!(!is_current(&entries, &fewer));
     assert!(is_current(&fewer, &fewer));
     // Beyond the bounds: every CREATE, in every namespace but the excluded ones.
-    let small = Limits {
+    let small = NarrowingBounds {
         max_names: 3,
-        ..Limits::default()
+        ..NarrowingBounds::default()
     };
     let broad = webhooks(&base, &plan(&locks, now(), &small)).expect("entries");
     assert_eq!(broad.len(), 1);
@@ -464,10 +468,11 @@ fn chunks_and_bounds() {
 fn written_only_when_the_stored_entries_differ() {
     let base = base_entries();
     let locks = [asking(Some("prod"), "web", json!({}))];
-    let desired = webhooks(&base, &plan(&locks, now(), &Limits::default())).expect("entries");
+    let desired =
+        webhooks(&base, &plan(&locks, now(), &NarrowingBounds::default())).expect("entries");
     // Nothing asks, nothing stored: current, no write.
     assert!(is_current(&base, &[]));
-    let none = webhooks(&base, &plan(&[], now(), &Limits::default())).expect("entries");
+    let none = webhooks(&base, &plan(&[], now(), &NarrowingBounds::default())).expect("entries");
     assert!(none.is_empty());
     // Asked for: missing until written; stored, current; left over once nothing asks.
     assert!(!is_current(&base, &desired));
@@ -480,7 +485,8 @@ fn written_only_when_the_stored_entries_differ() {
     for entry in rotated.iter_mut().filter(|w| !is_operation_entry(&w.name)) {
         entry.client_config.ca_bundle = Some(ByteString(b"new CA".to_vec()));
     }
-    let again = webhooks(&rotated, &plan(&locks, now(), &Limits::default())).expect("entries");
+    let again =
+        webhooks(&rotated, &plan(&locks, now(), &NarrowingBounds::default())).expect("entries");
     assert!(!is_current(&rotated, &again));
     assert!(
         again
@@ -489,14 +495,20 @@ fn written_only_when_the_stored_entries_differ() {
     );
     // The base entries are needed only for what is asked.
     let cluster_only = [only(None, "admin", &["CREATE"])];
-    let entries = webhooks(&base[1..], &plan(&cluster_only, now(), &Limits::default()));
+    let entries = webhooks(
+        &base[1..],
+        &plan(&cluster_only, now(), &NarrowingBounds::default()),
+    );
     assert_eq!(entries.map(|e| e.len()), Ok(1));
     assert_eq!(
-        webhooks(&base[1..], &plan(&locks, now(), &Limits::default())),
+        webhooks(
+            &base[1..],
+            &plan(&locks, now(), &NarrowingBounds::default())
+        ),
         Err(MissingEntry(NAMESPACED_ENTRY.to_owned()))
     );
     assert_eq!(
-        webhooks(&[], &plan(&[], now(), &Limits::default())),
+        webhooks(&[], &plan(&[], now(), &NarrowingBounds::default())),
         Ok(vec![])
     );
 }
@@ -509,7 +521,7 @@ fn registered_names_the_locks_asking() {
         only(None, "admin", &["CREATE", "CONNECT"]),
         LockRef::lock("prod", "plain", LockSpec::default()),
     ];
-    let plan = plan(&locks, now(), &Limits::default());
+    let plan = plan(&locks, now(), &NarrowingBounds::default());
     assert_eq!(
         plan.create.registered(),
         RegisteredScope::Narrow(
@@ -520,9 +532,9 @@ fn registered_names_the_locks_asking() {
         plan.connect.registered(),
         RegisteredScope::Narrow([LockKey::lock("prod", "db"), LockKey::lock("prod", "web")].into())
     );
-    let small = Limits {
+    let small = NarrowingBounds {
         max_names: 1,
-        ..Limits::default()
+        ..NarrowingBounds::default()
     };
     let broad = super::plan(&locks, now(), &small);
     assert!(matches!(
@@ -554,7 +566,8 @@ fn the_operators_namespace_requirements_reach_every_entry() {
         only(Some("prod"), "web", &["CREATE", "CONNECT"]),
         only(None, "team-a", &["CREATE"]),
     ];
-    let entries = webhooks(&base, &plan(&locks, now(), &Limits::default())).expect("entries");
+    let entries =
+        webhooks(&base, &plan(&locks, now(), &NarrowingBounds::default())).expect("entries");
     assert_eq!(entries.len(), 3);
     for entry in &entries {
         let expressions = (entry.namespace_selector.as_ref())

@@ -297,171 +297,122 @@ fn writes_happen_only_when_the_status_differs() {
 fn coverage_follows_what_the_registration_names() {
     use LockOperation::{Connect, Create};
     let l = lock(Some("prod"), serde_json::json!({}));
-    let scope = |keys: &[(Option<&str>, &str)]| {
-        Some(RegisteredScope::Narrow(
-            keys.iter()
-                .map(|(ns, name)| LockKey {
-                    namespace: ns.map(str::to_owned),
-                    name: (*name).to_owned(),
-                })
-                .collect(),
-        ))
+    use Coverage::{Broad, NeverSent, NotYet, OperationsNotYet, Sent};
+    // `part=keys` for part base, create or connect; keys `broad`, `-` (none), or a list of
+    // `ns/name` (a Lock) and `name` (a ClusterLock). `not kept`: no configuration kept here.
+    let registered = |text: &str| -> Option<Registered> {
+        let mut registered = Registered::default();
+        for part in (text != "not kept").then_some(text)?.split_whitespace() {
+            let (part, keys) = part.split_once('=').expect("part=keys");
+            let scope = match keys {
+                "broad" => RegisteredScope::Broad("too many".to_owned()),
+                keys => RegisteredScope::Narrow(
+                    (keys.split(',').filter(|k| *k != "-"))
+                        .map(|k| match k.split_once('/') {
+                            Some((ns, name)) => LockKey::lock(ns, name),
+                            None => LockKey::cluster_lock(k),
+                        })
+                        .collect(),
+                ),
+            };
+            *match part {
+                "base" => &mut registered.scope,
+                "create" => &mut registered.create,
+                _ => &mut registered.connect,
+            } = Some(scope);
+        }
+        Some(registered)
     };
-    let broad = || Some(RegisteredScope::Broad("too many".to_owned()));
-    let named = |keys: &[(Option<&str>, &str)]| Registered {
-        scope: scope(keys),
-        ..Registered::default()
-    };
-    let (web, cluster_web) = ((Some("prod"), "web"), (None, "web"));
-    let create = lock(
-        Some("prod"),
-        serde_json::json!({"operations": ["CREATE", "UPDATE"]}),
-    );
-    let connect = lock(Some("prod"), serde_json::json!({"operations": ["CONNECT"]}));
-    let both = lock(
-        Some("prod"),
-        serde_json::json!({"operations": ["CREATE", "CONNECT"]}),
-    );
-    let cluster_both = lock(
-        None,
-        serde_json::json!({"operations": ["CREATE", "CONNECT"]}),
-    );
-    let unparsed = lock(
-        Some("prod"),
-        serde_json::json!({"operations": ["SHUTDOWN"]}),
-    );
+    use serde_json::json;
+    let create = lock(Some("prod"), json!({"operations": ["CREATE", "UPDATE"]}));
+    let connect = lock(Some("prod"), json!({"operations": ["CONNECT"]}));
+    let both = lock(Some("prod"), json!({"operations": ["CREATE", "CONNECT"]}));
+    let cluster_both = lock(None, json!({"operations": ["CREATE", "CONNECT"]}));
+    let unparsed = lock(Some("prod"), json!({"operations": ["SHUTDOWN"]}));
     assert!(unparsed.problem.is_some());
-    let rows: Vec<(&str, Option<Registered>, &KnownLock, Coverage)> = vec![
-        ("not kept here", None, &l, Coverage::Sent),
-        (
-            "no write confirmed",
-            Some(Registered::default()),
-            &l,
-            Coverage::NotYet,
-        ),
-        (
-            "same name, other scope",
-            Some(named(&[cluster_web, (Some("dev"), "web")])),
-            &l,
-            Coverage::NotYet,
-        ),
-        ("named", Some(named(&[web])), &l, Coverage::Sent),
-        (
-            "broad",
-            Some(Registered {
-                scope: broad(),
-                ..Registered::default()
-            }),
-            &l,
-            Coverage::Broad("too many".into()),
-        ),
+    let too_many = || Broad("too many".into());
+    let web = "base=prod/web";
+    let rows: Vec<(&str, &str, &KnownLock, Coverage)> = vec![
+        ("not kept here", "not kept", &l, Sent),
+        ("no write confirmed", "", &l, NotYet),
+        ("same name, other scope", "base=web,dev/web", &l, NotYet),
+        ("named", web, &l, Sent),
+        ("broad", "base=broad", &l, too_many()),
         // CREATE and CONNECT: their own entries must name the lock too.
         (
-            "CREATE, its entries not written yet",
-            Some(named(&[web])),
+            "CREATE not written yet",
+            web,
             &create,
-            Coverage::OperationsNotYet(vec![Create]),
+            OperationsNotYet(vec![Create]),
         ),
         (
-            "CREATE, its entries name another",
-            Some(Registered {
-                create: scope(&[(Some("dev"), "web")]),
-                ..named(&[web])
-            }),
+            "CREATE names another",
+            "base=prod/web create=dev/web",
             &create,
-            Coverage::OperationsNotYet(vec![Create]),
+            OperationsNotYet(vec![Create]),
         ),
         (
             "CREATE named",
-            Some(Registered {
-                create: scope(&[web]),
-                ..named(&[web])
-            }),
+            "base=prod/web create=prod/web",
             &create,
-            Coverage::Sent,
+            Sent,
         ),
         (
-            "CREATE named, the base entries not yet",
-            Some(Registered {
-                create: scope(&[web]),
-                ..named(&[])
-            }),
+            "CREATE named, base not yet",
+            "base=- create=prod/web",
             &create,
-            Coverage::NotYet,
+            NotYet,
         ),
         (
-            "CREATE named, the base entries broad",
-            Some(Registered {
-                scope: broad(),
-                create: scope(&[web]),
-                ..Registered::default()
-            }),
+            "CREATE named, base broad",
+            "base=broad create=prod/web",
             &create,
-            Coverage::Broad("too many".into()),
+            too_many(),
         ),
-        (
-            "CREATE broad",
-            Some(Registered {
-                create: broad(),
-                ..named(&[web])
-            }),
-            &create,
-            Coverage::Sent,
-        ),
+        ("CREATE broad", "base=prod/web create=broad", &create, Sent),
         (
             "CONNECT not named, CREATE is",
-            Some(Registered {
-                create: scope(&[web]),
-                connect: scope(&[]),
-                ..named(&[web])
-            }),
+            "base=prod/web create=prod/web connect=-",
             &both,
-            Coverage::OperationsNotYet(vec![Connect]),
+            OperationsNotYet(vec![Connect]),
         ),
         (
             "neither named",
-            Some(named(&[web])),
+            web,
             &both,
-            Coverage::OperationsNotYet(vec![Create, Connect]),
+            OperationsNotYet(vec![Create, Connect]),
         ),
         (
             "CONNECT named",
-            Some(Registered {
-                connect: scope(&[web]),
-                ..named(&[web])
-            }),
+            "base=prod/web connect=prod/web",
             &connect,
-            Coverage::Sent,
+            Sent,
         ),
         (
             "a ClusterLock's CONNECT is never sent",
-            Some(Registered {
-                create: scope(&[cluster_web]),
-                connect: scope(&[]),
-                ..named(&[cluster_web])
-            }),
+            "base=web create=web connect=-",
             &cluster_both,
-            Coverage::NeverSent(vec![Connect]),
+            NeverSent(vec![Connect]),
         ),
         // A configuration this instance keeps no copy of has no CREATE or CONNECT rules.
         (
             "--broad or static: CREATE",
-            None,
+            "not kept",
             &create,
-            Coverage::NeverSent(vec![Create]),
+            NeverSent(vec![Create]),
         ),
         (
             "--broad or static: both",
-            None,
+            "not kept",
             &both,
-            Coverage::NeverSent(vec![Create, Connect]),
+            NeverSent(vec![Create, Connect]),
         ),
         // A spec that does not parse locks UPDATE and DELETE of its name only.
-        ("unparsed", Some(named(&[web])), &unparsed, Coverage::Sent),
+        ("unparsed", web, &unparsed, Sent),
     ];
-    for (what, registered, lock, expected) in rows {
+    for (what, text, lock, expected) in rows {
         assert_eq!(
-            Coverage::of(registered.as_ref(), &NamespaceLabels::default(), lock),
+            Coverage::of(registered(text).as_ref(), &NamespaceLabels::default(), lock),
             expected,
             "{what}"
         );
