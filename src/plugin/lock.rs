@@ -2,43 +2,32 @@
 
 use std::time::Duration;
 
+use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, DynamicObject, PostParams, Preconditions};
 use tokio::sync::watch;
 
 use super::cli::{ConnectionArgs, LockArgs};
 use super::confirm::{self, Probe};
-use super::error::status_code;
+use super::error::{detail, status_code};
 use super::owner;
 use super::spec::{self, NewSpec};
 use super::{Cluster, PluginError, Report, Target, collector, lock_resource};
-use crate::api::LockKey;
-use crate::api::LockOperation;
+use crate::api::{Holder, LockKey, LockOperation};
 
-/// Creates the lock of the object `args.target` names.
-pub(super) async fn lock(
-    connection: &ConnectionArgs,
-    args: &LockArgs,
-) -> Result<Report, PluginError> {
-    take(connection, args, None).await
-}
-
-/// A lock held for as long as a command runs, on a lease (`kubectl lock ... -- COMMAND`).
+/// A lock held while a command runs (`kubectl lock ... -- COMMAND`): `expires_at` is one lease
+/// from now, and `created` is told the lock as soon as it exists, before it is confirmed.
 pub(super) struct Held<'a> {
     pub lease: Duration,
-    /// The first `expiresAt`: one lease from now.
     pub expires_at: Timestamp,
-    /// Told the lock as soon as it is created, before it is confirmed.
     pub created: &'a watch::Sender<Option<Created>>,
 }
 
-/// A lock this process created.
+/// A lock this process created; its uid is a precondition of every later write.
 #[derive(Clone)]
 pub(super) struct Created {
-    /// Its `Api`, through the plugin's client.
     pub api: Api<DynamicObject>,
     pub key: LockKey,
-    /// Its uid, a precondition of every later write.
     pub uid: String,
 }
 
@@ -93,7 +82,7 @@ pub(super) async fn take(
     };
     let holder = match args.no_holder {
         true => None,
-        false => Some(super::holder::caller(&cluster).await?),
+        false => Some(caller(&cluster).await?),
     };
 
     let new = NewSpec {
@@ -165,9 +154,7 @@ pub(super) async fn take(
             } else {
                 Probe::Status
             };
-            confirm::confirm(&cluster, &target, &lock, probe, args.timeout)
-                .await?
-                .suffix()
+            confirm::confirm(&cluster, &target, &lock, probe, args.timeout).await?
         }
     };
     let owned = (owner.as_ref())
@@ -191,6 +178,31 @@ pub(super) async fn take(
         notes,
         exit_code: 0,
     })
+}
+
+/// The caller as a lock's `spec.holder`: the API server's own answer (`kubectl auth whoami`),
+/// so the holder written is exactly what the lock policy compares on create.
+async fn caller(cluster: &Cluster) -> Result<Holder, PluginError> {
+    let review = Api::<SelfSubjectReview>::all(cluster.client.clone())
+        .create(&PostParams::default(), &SelfSubjectReview::default())
+        .await
+        .map_err(|e| {
+            cluster.failed(
+                &e,
+                "cannot tell who you are to hold the lock (kubectl auth whoami; --no-holder skips it)",
+            )
+        })?;
+    match review
+        .status
+        .and_then(|s| s.user_info)
+        .and_then(|u| u.username)
+    {
+        Some(username) if !username.is_empty() => Ok(Holder::for_user(&username)),
+        _ => Err(PluginError::Usage(
+            "the API server did not say who you are (kubectl auth whoami): lock with --no-holder"
+                .to_owned(),
+        )),
+    }
 }
 
 /// `expiresAt` from `--for` (from `now`, whole seconds) or `--until` (in the future).
@@ -269,7 +281,7 @@ pub(super) async fn unlock(
             (Some(holder), Some(403)) => PluginError::Held {
                 lock: lock.to_string(),
                 holder: holder.to_string(),
-                detail: super::error::detail(&e),
+                detail: detail(&e),
             },
             _ => cluster.failed(&e, format!("cannot delete {lock}")),
         }),

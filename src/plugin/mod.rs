@@ -1,21 +1,13 @@
-//! `kubectl lock` and `kubectl unlock`: a kubectl plugin that locks one object by creating its
-//! `Lock` (or `ClusterLock`), unlocks it by deleting that lock, and lists the locks with what
-//! they cover.
-//!
-//! One binary, `kubectl-lock`, also installed as `kubectl-unlock` ([`cli::parse`] tells them
-//! apart by the name it was started as). Resources are resolved through API discovery the way
-//! kubectl resolves them ([`discovery`]). Locks travel as `DynamicObject`s of
-//! `objectlock.dev/v1alpha1`, but their specs are the crate's [`crate::api::LockSpec`], and what
-//! a spec covers is the decision's own [`crate::admission::decide::covers_resource`]: a lock
-//! means the same to the plugin as to the webhook.
+//! `kubectl lock` and `kubectl unlock` (one binary, told apart by the name it runs as): lock one
+//! object by creating its `Lock` (or `ClusterLock`), unlock it by deleting that lock, list the
+//! locks. Invariant: a spec is the crate's [`crate::api::LockSpec`] and what it covers is the
+//! webhook's own [`crate::admission::decide::covers_resource`].
 
-mod activity;
 pub mod cli;
 mod collector;
 mod confirm;
 pub mod discovery;
 mod error;
-mod holder;
 mod lease;
 mod list;
 mod lock;
@@ -33,13 +25,12 @@ pub use cli::{Invocation, LockCommand, one_line};
 use discovery::{Discovered, ResolveError, ResourceArg, ResourceType};
 pub use error::PluginError;
 
-/// What a successful command prints.
+/// What a successful command prints: stdout, one-line notes for stderr, and the exit status (0,
+/// or the command's with `kubectl lock ... -- COMMAND`).
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Report {
     pub stdout: String,
-    /// Remarks for stderr, each one line (a `--namespace` that was ignored, an empty list).
     pub notes: Vec<String>,
-    /// The exit status: 0, or a command's (`kubectl lock ... -- COMMAND`).
     pub exit_code: u8,
 }
 
@@ -91,7 +82,9 @@ pub async fn run(invocation: Invocation) -> Result<Report, PluginError> {
                 ..Report::default()
             }),
             Some(LockCommand::Man(args)) => man_pages(&args.dir),
-            None if cli.lock.command.is_empty() => lock::lock(&cli.connection, &cli.lock).await,
+            None if cli.lock.command.is_empty() => {
+                lock::take(&cli.connection, &cli.lock, None).await
+            }
             None => run::run(&cli.connection, &cli.lock).await,
         },
         Invocation::Unlock(cli) => lock::unlock(&cli.connection, &cli.target, cli.no_nudge).await,
@@ -126,12 +119,11 @@ fn man_pages(dir: &std::path::Path) -> Result<Report, PluginError> {
     Ok(Report::default())
 }
 
-/// A client for the cluster named by the flags, the kubeconfig or the in-cluster account.
+/// A client for the cluster named by the flags, the kubeconfig or the in-cluster account; `url`
+/// for messages.
 struct Cluster {
     client: kube::Client,
-    /// The API server, for messages.
     url: String,
-    /// The context's namespace, else `default`.
     default_namespace: String,
 }
 
@@ -166,7 +158,6 @@ impl Cluster {
         })
     }
 
-    /// The namespace the flags name, else the context's.
     fn namespace(&self, args: &ConnectionArgs) -> String {
         (args.namespace.clone()).unwrap_or_else(|| self.default_namespace.clone())
     }
@@ -185,7 +176,6 @@ impl Cluster {
             .map_err(|e| self.failed(&e, "cannot read the API resources (discovery)"))
     }
 
-    /// The resource type `arg` names.
     async fn resolve(&self, arg: &ResourceArg) -> Result<ResourceType, PluginError> {
         let discovered = self
             .discover(arg.groups().as_ref(), arg.has_version())
@@ -210,7 +200,6 @@ impl Cluster {
         }
     }
 
-    /// `Api<DynamicObject>` for `resource` in `namespace` (`None`: cluster-scoped).
     fn api(&self, resource: &ApiResource, namespace: Option<&str>) -> Api<DynamicObject> {
         match namespace {
             Some(ns) => Api::namespaced_with(self.client.clone(), ns, resource),
@@ -219,7 +208,7 @@ impl Cluster {
     }
 }
 
-/// One object: its resource type, name and namespace (`None` when cluster-scoped).
+/// One object; `namespace` is `None` when it is cluster-scoped.
 struct Target {
     resource: ResourceType,
     name: String,
@@ -271,7 +260,6 @@ impl Target {
         api::is_excluded_namespace(namespace).then(|| unenforced_because(namespace))
     }
 
-    /// The lock of this object: same name, same namespace.
     fn lock(&self) -> LockKey {
         LockKey {
             name: self.name.clone(),
@@ -291,12 +279,10 @@ impl std::fmt::Display for Target {
     }
 }
 
-/// The `Api` of a lock, through the plugin's client.
 fn lock_api(cluster: &Cluster, lock: &LockKey) -> Api<DynamicObject> {
     cluster.api(&lock.api_resource(), lock.namespace.as_deref())
 }
 
-/// Why nothing in `namespace` is enforced.
 fn unenforced_because(namespace: &str) -> String {
     format!(
         "the webhook registration leaves out namespace \"{namespace}\" (nothing in {} is sent to the webhook)",
@@ -304,7 +290,6 @@ fn unenforced_because(namespace: &str) -> String {
     )
 }
 
-/// `Lock` (namespaced) or `ClusterLock`.
 fn lock_kind(namespaced: bool) -> LockKind {
     if namespaced {
         LockKind::Lock
@@ -313,12 +298,10 @@ fn lock_kind(namespaced: bool) -> LockKind {
     }
 }
 
-/// The `ApiResource` of `Lock` (namespaced) or `ClusterLock`.
 fn lock_resource(namespaced: bool) -> ApiResource {
     lock_kind(namespaced).api_resource()
 }
 
-/// `RESOURCE/NAME`, or `RESOURCE NAME`.
 fn parse_target(words: &[String]) -> Result<(ResourceArg, String), PluginError> {
     let (resource, name) = match words {
         [one] => one.split_once('/').unwrap_or((one, "")),

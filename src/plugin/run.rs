@@ -84,7 +84,7 @@ pub(super) async fn run(
         Ok(Err(e)) => {
             let code = match &e {
                 PluginError::AlreadyLocked { .. } => ALREADY_LOCKED,
-                PluginError::NotInForce(_) => NOT_IN_FORCE,
+                PluginError::NotInForce { .. } => NOT_IN_FORCE,
                 _ => NOT_TAKEN,
             };
             remove_or_tell(created.as_ref()).await;
