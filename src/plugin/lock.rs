@@ -11,9 +11,9 @@ use super::cli::{ConnectionArgs, LockArgs};
 use super::confirm::{self, Probe};
 use super::error::{detail, status_code};
 use super::owner;
-use super::spec::{self, NewSpec};
+use super::spec;
 use super::{Cluster, PluginError, Report, Target, collector, lock_resource};
-use crate::api::{Holder, LockKey, LockOperation};
+use crate::api::{Holder, LockKey, LockOperation, LockSpec};
 
 /// A lock held while a command runs (`kubectl lock ... -- COMMAND`): `expires_at` is one lease
 /// from now, and `created` is told the lock as soon as it exists, before it is confirmed.
@@ -85,21 +85,14 @@ pub(super) async fn take(
         false => Some(caller(&cluster).await?),
     };
 
-    let new = NewSpec {
-        group: &target.resource.group,
-        plural: &target.resource.plural,
-        reason: args.reason.as_deref(),
-        operations: &operations,
-        exempt_users: &args.exempt_users,
-        expires_at,
-        warn: args.warn,
-        holder,
-        fields: &args.fields,
-        except_fields: &args.except_fields,
-    };
+    let resource = (
+        target.resource.group.as_str(),
+        target.resource.plural.as_str(),
+    );
+    let new = spec::new(args, resource, &operations, expires_at, holder);
     let lock = target.lock();
     let namespaced = lock.namespace.is_some();
-    let spec = serde_json::to_value(new.to_spec()).expect("a LockSpec has string keys only");
+    let spec = serde_json::to_value(&new).expect("a LockSpec has string keys only");
     let mut object = DynamicObject::new(&lock.name, &lock_resource(namespaced))
         .data(serde_json::json!({ "spec": spec }));
     object.metadata.namespace = lock.namespace.clone();
@@ -161,14 +154,13 @@ pub(super) async fn take(
         .map(|o| format!("; owned by {}", owner::short(o)))
         .unwrap_or_default();
     let summary = match &held {
-        None => new.summary(),
+        None => spec::summary(&new),
         Some(held) => format!(
             "{}; lease {}",
-            NewSpec {
+            spec::summary(&LockSpec {
                 expires_at: None,
                 ..new
-            }
-            .summary(),
+            }),
             humantime::format_duration(held.lease)
         ),
     };

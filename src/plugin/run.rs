@@ -20,7 +20,7 @@ use tokio::time::Instant;
 
 use super::cli::{ConnectionArgs, LockArgs};
 use super::error::{detail, status_code};
-use super::lease::{self, Clock, Notice, Renew, RenewError, Schedule};
+use super::lease::{self, Clock, Notice, Renew, RenewError};
 use super::lock::{self, Created, Held};
 use super::{PluginError, Report};
 
@@ -52,15 +52,9 @@ pub(super) async fn run(
     let (created_tx, created_rx) = watch::channel(None::<Created>);
     let name =
         || (created_tx.borrow().as_ref()).map_or("the lock".to_owned(), |c| c.key.to_string());
-    let lease = lease::keep(
-        Schedule {
-            lease: lease_length,
-        },
-        clock,
-        first_expiry,
-        created_rx,
-        |notice| eprintln!("{}", tell(&notice, &name(), lease_length)),
-    );
+    let lease = lease::keep(lease_length, clock, first_expiry, created_rx, |notice| {
+        eprintln!("{}", tell(&notice, &name(), lease_length))
+    });
     tokio::pin!(lease);
     let mut lost = false;
 

@@ -70,8 +70,7 @@ async fn keep_for(fake: &Fake, seconds: u64) -> (Vec<Notice>, Option<String>) {
     let clock = clock();
     let (_tx, rx) = watch::channel(Some(fake.clone()));
     let mut notices = vec![];
-    let schedule = Schedule { lease: LEASE };
-    let kept = keep(schedule, clock, Instant::now() + LEASE, rx, |n| {
+    let kept = keep(LEASE, clock, Instant::now() + LEASE, rx, |n| {
         notices.push(n)
     });
     let lost = tokio::select! {
@@ -154,13 +153,7 @@ async fn a_lost_lock_stops_the_renewals() {
 async fn renewals_wait_for_the_lock_and_count_from_its_lease() {
     let fake = Fake::new(vec![]);
     let (tx, rx) = watch::channel(None);
-    let kept = keep(
-        Schedule { lease: LEASE },
-        clock(),
-        Instant::now() + LEASE,
-        rx,
-        |_| {},
-    );
+    let kept = keep(LEASE, clock(), Instant::now() + LEASE, rx, |_| {});
     let created = async {
         tokio::time::sleep(Duration::from_secs(12)).await;
         tx.send_replace(Some(fake.clone()));
@@ -175,33 +168,18 @@ async fn renewals_wait_for_the_lock_and_count_from_its_lease() {
     // A sender dropped without a lock: nothing, ever.
     let (tx, rx) = watch::channel::<Option<Fake>>(None);
     drop(tx);
-    let kept = keep(
-        Schedule { lease: LEASE },
-        clock(),
-        Instant::now(),
-        rx,
-        |_| {},
-    );
+    let kept = keep(LEASE, clock(), Instant::now(), rx, |_| {});
     tokio::select! {
         _ = kept => panic!("not lost"),
         () = tokio::time::sleep(Duration::from_secs(600)) => {}
     }
 }
 
-#[tokio::test(start_paused = true)]
-async fn short_leases_retry_sooner() {
-    let short = Schedule {
-        lease: Duration::from_secs(6),
-    };
-    assert_eq!(short.period(), Duration::from_secs(2));
-    assert_eq!(short.retry(), Duration::from_millis(500));
-    assert!(short.warns(Duration::from_millis(1999)) && !short.warns(Duration::from_secs(2)));
-    let shortest = Schedule { lease: MIN_LEASE };
-    assert_eq!(shortest.retry(), Duration::from_millis(250));
-    let long = Schedule {
-        lease: Duration::from_secs(600),
-    };
-    assert_eq!(long.retry(), Duration::from_secs(5));
+#[test]
+fn short_leases_retry_sooner() {
+    assert_eq!(retry(Duration::from_secs(6)), Duration::from_millis(500));
+    assert_eq!(retry(MIN_LEASE), Duration::from_millis(250));
+    assert_eq!(retry(Duration::from_secs(600)), Duration::from_secs(5));
 }
 
 #[tokio::test(start_paused = true)]
