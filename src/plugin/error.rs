@@ -12,9 +12,9 @@ pub enum PluginError {
         waited: String,
         reason: String,
     },
-    /// `path` is `" FILE"` when one was named.
-    #[error("cannot load the kubeconfig{path}: {message}")]
-    Kubeconfig { path: String, message: String },
+    /// `" FILE: why"` or `": why"`.
+    #[error("cannot load the kubeconfig{0}")]
+    Kubeconfig(String),
     #[error("no cluster configured (--kubeconfig, KUBECONFIG, ~/.kube/config or in-cluster): {0}")]
     NoConfig(String),
     #[error("cannot reach the API server at {url}: {detail}")]

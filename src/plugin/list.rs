@@ -265,7 +265,7 @@ async fn target_state(
     };
     let namespace = lock.metadata.namespace.as_deref();
     let Some(resource) = discovered.find(&group, &plural) else {
-        let unreadable = discovered.failures.iter().any(|f| f.group == group);
+        let unreadable = discovered.failures.iter().any(|(g, _)| *g == group);
         // Not served at all: no such object can exist.
         return if unreadable { "-" } else { "missing" };
     };

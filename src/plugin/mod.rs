@@ -132,25 +132,17 @@ impl Cluster {
         let config = kubeconfig::load(args.kubeconfig.as_deref(), args.context.as_deref())
             .await
             .map_err(|e| match e {
-                KubeconfigError::File { path, message } => PluginError::Kubeconfig {
-                    path: format!(" {}", path.display()),
-                    message,
-                },
-                KubeconfigError::Context(message) => PluginError::Kubeconfig {
-                    path: String::new(),
-                    message,
-                },
                 KubeconfigError::NoConfig(message) => PluginError::NoConfig(message),
+                KubeconfigError::File { .. } => PluginError::Kubeconfig(format!(" {e}")),
+                KubeconfigError::Context(message) => {
+                    PluginError::Kubeconfig(format!(": {message}"))
+                }
             })?;
         let url = config.cluster_url.to_string();
         let url = url.strip_suffix('/').unwrap_or(&url).to_owned();
         let default_namespace = config.default_namespace.clone();
-        let client = kubeconfig::client(config, error::detail).map_err(|message| {
-            PluginError::Kubeconfig {
-                path: String::new(),
-                message,
-            }
-        })?;
+        let client = kubeconfig::client(config, error::detail)
+            .map_err(|message| PluginError::Kubeconfig(format!(": {message}")))?;
         Ok(Cluster {
             client,
             url,
@@ -191,8 +183,7 @@ impl Cluster {
                 hint: match discovered.failures.as_slice() {
                     [] => String::new(),
                     failures => {
-                        let failures: Vec<_> =
-                            failures.iter().map(|f| f.message.as_str()).collect();
+                        let failures: Vec<_> = failures.iter().map(|(_, m)| m.as_str()).collect();
                         format!(" (discovery failed for {})", failures.join("; "))
                     }
                 },
