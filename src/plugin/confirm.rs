@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 
 use super::error::{detail, status_code};
 use super::{Cluster, PluginError, Target, lock_api};
-use crate::api::LockKey;
+use crate::api::{LockKey, LockMode, LockOperation, LockSpec};
 
 const POLL: Duration = Duration::from_millis(250);
 /// The annotation a dry-run UPDATE sets (never stored).
@@ -29,6 +29,26 @@ pub(super) enum Probe {
     None,
     /// A lock of CREATE or CONNECT only, which no dry run can show: its status alone confirms.
     Status,
+}
+
+impl Probe {
+    /// Missing objects are found out by the dry run (404); a lock on fields may let the probe's
+    /// annotation through, so its status alone says.
+    pub(super) fn for_spec(spec: &LockSpec) -> Probe {
+        let asks = |op| spec.operations().contains(&op);
+        if spec.mode == Some(LockMode::Warn) {
+            Probe::None
+        } else if asks(LockOperation::Delete) {
+            Probe::Delete
+        } else if asks(LockOperation::Update)
+            && spec.fields.is_none()
+            && spec.except_fields.is_none()
+        {
+            Probe::Update
+        } else {
+            Probe::Status
+        }
+    }
 }
 
 /// Waits up to `timeout` for `lock` to be in force on `target`; how it was confirmed, as the

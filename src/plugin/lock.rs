@@ -120,33 +120,12 @@ pub(super) async fn take(
             });
         }
     }
-    let reason = args
-        .reason
-        .as_ref()
-        .map(|r| format!(": {r}"))
-        .unwrap_or_default();
+    let reason = (args.reason.as_ref()).map_or(String::new(), |r| format!(": {r}"));
     // An unenforced lock (--force-unenforced) can never be confirmed: do not wait for it.
     let confirmed = match args.wait && target.unenforced().is_none() {
         false => String::new(),
         true => {
-            let asks = |op| match operations.as_slice() {
-                [] => matches!(op, LockOperation::Update | LockOperation::Delete),
-                ops => ops.contains(&op),
-            };
-            // Missing objects are found out by the dry run (404).
-            let probe = if args.warn {
-                Probe::None
-            } else if asks(LockOperation::Delete) {
-                Probe::Delete
-            } else if asks(LockOperation::Update)
-                && args.fields.is_empty()
-                && args.except_fields.is_empty()
-            {
-                // A lock on fields may let the probe's annotation through: its status says.
-                Probe::Update
-            } else {
-                Probe::Status
-            };
+            let probe = Probe::for_spec(&new);
             confirm::confirm(&cluster, &target, &lock, probe, args.timeout).await?
         }
     };
