@@ -58,18 +58,9 @@ pub(super) async fn list(
     }
 
     // Each spec as the webhook reads it: one it cannot read is listed as what fails closed.
-    let specs: Vec<LockSpec> = objects
-        .iter()
-        .map(|o| {
-            let (spec, problem) = spec::read(o);
-            if let Some(problem) = problem {
-                let name = o.metadata.name.as_deref().unwrap_or_default();
-                let lock = match o.metadata.namespace.as_deref() {
-                    Some(ns) => format!("Lock {ns}/{name}"),
-                    None => format!("ClusterLock {name}"),
-                };
-                notes.push(spec::unreadable(&lock, &problem));
-            }
+    let specs: Vec<LockSpec> = (objects.iter().map(spec::read))
+        .map(|(spec, note)| {
+            notes.extend(note);
             spec
         })
         .collect();
@@ -90,31 +81,17 @@ pub(super) async fn list(
     let blocked = blocked(&cluster, namespace.as_deref(), &mut notes).await;
 
     let now = Timestamp::now();
-    let mut header = vec![
-        "NAME",
-        "KIND",
-        "COVERS",
-        "OPERATIONS",
-        "TARGET",
-        "OWNER",
-        "MODE",
-        "ENFORCED",
-        "BLOCKED",
-        "EXPIRES",
-        "HOLDER",
-        "REASON",
-    ];
-    if args.all_namespaces {
-        header.insert(0, "NAMESPACE");
-    }
-    let rows: Vec<Vec<String>> = objects
-        .iter()
-        .zip(&specs)
-        .zip(targets)
+    let header = "NAMESPACE NAME KIND COVERS OPERATIONS TARGET OWNER MODE ENFORCED BLOCKED EXPIRES HOLDER REASON";
+    let skip = usize::from(!args.all_namespaces);
+    let rows: Vec<Vec<String>> = (objects.iter().zip(&specs).zip(targets))
         .map(|((o, spec), target)| {
             let name = o.metadata.name.clone().unwrap_or_default();
             let namespace = o.metadata.namespace.as_deref();
-            let mut row = vec![
+            let uid = o.metadata.uid.as_deref().unwrap_or_default();
+            let row = [
+                namespace.unwrap_or("-").to_owned(),
+                name.clone(),
+                lock_kind(namespace.is_some()).as_str().to_owned(),
                 spec::describe_covers(&name, spec),
                 spec::operations(spec),
                 target.to_owned(),
@@ -124,26 +101,18 @@ pub(super) async fn list(
                     false => spec::mode(spec).to_owned(),
                 },
                 enforced(o),
-                blocked.as_ref().map_or("-".to_owned(), |b| {
-                    let uid = o.metadata.uid.as_deref().unwrap_or_default();
+                (blocked.as_ref()).map_or("-".to_owned(), |b| {
                     b.get(uid).copied().unwrap_or(0).to_string()
                 }),
                 spec::time_left(spec, now),
-                spec.holder
-                    .as_ref()
-                    .map_or("-".to_owned(), spec::holder_cell),
+                (spec.holder.as_ref()).map_or("-".to_owned(), spec::holder_cell),
                 (spec.reason.as_deref().unwrap_or_default())
                     .split_whitespace()
                     .collect::<Vec<_>>()
                     .join(" "),
             ];
-            row.insert(0, lock_kind(namespace.is_some()).as_str().to_owned());
-            row.insert(0, name);
-            if args.all_namespaces {
-                row.insert(0, namespace.unwrap_or("-").to_owned());
-            }
             // Every cell is the Lock's own text: a reason or holder may carry control characters.
-            row.into_iter()
+            (row.into_iter().skip(skip))
                 .map(|cell| api::escape(&cell).into_owned())
                 .collect()
         })
@@ -159,7 +128,7 @@ pub(super) async fn list(
         ));
     }
     Ok(Report {
-        stdout: table(&header, &rows),
+        stdout: table(&header.split(' ').skip(skip).collect::<Vec<_>>(), &rows),
         notes,
         exit_code: 0,
     })

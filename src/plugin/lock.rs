@@ -219,8 +219,8 @@ pub(super) async fn unlock(
         Err(e) if status_code(&e) == Some(404) => return Err(no_lock(String::new())),
         Err(e) => return Err(cluster.failed(&e, format!("cannot read {lock}"))),
     };
-    let (lock_spec, problem) = spec::read(&existing);
-    notes.extend(problem.map(|problem| spec::unreadable(&lock, &problem)));
+    let (lock_spec, note) = spec::read(&existing);
+    notes.extend(note);
     if !spec::covers(&lock_spec, &target.resource.group, &target.resource.plural) {
         let why = match spec::describe_covers(&lock.name, &lock_spec) {
             covered if covered == "no resource" => format!(" ({lock} covers no resource)"),

@@ -9,7 +9,7 @@ use kube::api::DynamicObject;
 use super::cli::LockArgs;
 use super::discovery::qualified;
 use crate::admission::decide;
-use crate::api::{Exemptions, Holder, LockMode, LockOperation, LockSpec, ResourceRule};
+use crate::api::{Exemptions, Holder, LockKey, LockMode, LockOperation, LockSpec, ResourceRule};
 
 /// The spec of a new lock on `plural` in `group`, from the flags (`operations` sorted, without
 /// repeats).
@@ -77,19 +77,18 @@ pub(super) fn holder_cell(holder: &Holder) -> String {
 }
 
 /// The spec of a lock object as the webhook reads it ([`crate::locks::parse`]): for a spec it
-/// cannot read, what of it fails closed, and why it cannot be read.
+/// cannot read, what of it fails closed, and a note saying why, in the webhook's words.
 pub(super) fn read(object: &DynamicObject) -> (LockSpec, Option<String>) {
     let kind = super::lock_kind(object.metadata.namespace.is_some());
-    match crate::locks::parse::lock_ref(kind, object) {
-        Some(lock) => (lock.spec, lock.problem),
-        // Every object the API server serves has a name.
-        None => (LockSpec::default(), None),
-    }
-}
-
-/// The note on a lock whose spec cannot be read, in the words of the webhook's warning.
-pub(super) fn unreadable(lock: &impl std::fmt::Display, problem: &str) -> String {
-    format!("{lock}: unreadable spec, fails closed until fixed: {problem}")
+    // Every object the API server serves has a name.
+    let Some(lock) = crate::locks::parse::lock_ref(kind, object) else {
+        return (LockSpec::default(), None);
+    };
+    let (namespace, name) = (lock.namespace, lock.name);
+    let key = LockKey { namespace, name };
+    let note =
+        (lock.problem).map(|p| format!("{key}: unreadable spec, fails closed until fixed: {p}"));
+    (lock.spec, note)
 }
 
 /// Whether the spec covers objects of `plural` in `group`, as the webhook decides it.
@@ -370,10 +369,10 @@ mod tests {
         let configmaps = json!([{"apiGroups": [""], "resources": ["configmaps"]}]);
         let (kept, problem) = read_lock(json!({"mode": "Audit", "resources": configmaps,
                                               "operations": ["DELETE"]}));
+        let note =
+            "Lock prod/web: unreadable spec, fails closed until fixed: spec.mode: unknown variant";
         assert!(
-            problem
-                .as_deref()
-                .is_some_and(|p| p.starts_with("spec.mode: unknown variant")),
+            problem.as_deref().is_some_and(|p| p.starts_with(note)),
             "{problem:?}"
         );
         assert_eq!(describe_covers("web", &kept), "configmaps");
