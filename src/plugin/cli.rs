@@ -8,6 +8,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use clap::error::ErrorKind;
 use clap::{Args, CommandFactory, Parser, Subcommand};
 use k8s_openapi::jiff::Timestamp;
 
@@ -298,30 +299,51 @@ pub enum Invocation {
 }
 
 /// Parses the whole command line, `argv[0]` included: `kubectl-unlock` unlocks, anything else
-/// locks. Help and version requests come back as the `clap::Error` that prints them.
+/// locks. A malformed RESOURCE/NAME is a bad command line like any other, found before any
+/// cluster is read; help and version requests come back as the `clap::Error` that prints them.
 pub fn parse<I, T>(args: I) -> Result<Invocation, clap::Error>
 where
     I: IntoIterator<Item = T>,
     T: Into<OsString>,
 {
-    let args: Vec<OsString> = args.into_iter().map(Into::into).collect();
+    let mut args: Vec<OsString> = args.into_iter().map(Into::into).collect();
+    if args.get(1).is_some_and(|word| word == "help") {
+        args.remove(1);
+        args.push("--help".into());
+    }
     let unlock = args
         .first()
         .and_then(|argv0| Path::new(argv0).file_stem())
         .is_some_and(|stem| stem == UNLOCK_BINARY);
-    if unlock {
-        UnlockCli::try_parse_from(args).map(Invocation::Unlock)
+    let usage = |message: String| clap::Error::raw(ErrorKind::InvalidValue, message + "\n");
+    let (invocation, target) = if unlock {
+        let cli = UnlockCli::try_parse_from(args)?;
+        let target = cli.target.clone();
+        (Invocation::Unlock(cli), target)
     } else {
         let cli = LockCli::try_parse_from(args)?;
         if cli.lock.lease.is_some() && cli.lock.command.is_empty() {
             let message =
                 "--lease applies to a lock held while a command runs: give the COMMAND after --\n";
-            return Err(
-                LockCli::command().error(clap::error::ErrorKind::MissingRequiredArgument, message)
-            );
+            return Err(LockCli::command().error(ErrorKind::MissingRequiredArgument, message));
         }
-        Ok(Invocation::Lock(Box::new(cli)))
-    }
+        if cli.command.is_some() {
+            return Ok(Invocation::Lock(Box::new(cli)));
+        }
+        if let [first, rest @ ..] = cli.lock.target.as_slice()
+            && first == "unlock"
+        {
+            let target = rest.first().map_or("RESOURCE/NAME", String::as_str);
+            return Err(usage(format!(
+                "to unlock, run `kubectl unlock {target}` (kubectl-unlock is this binary under another name: \
+                 if it is missing, link it beside kubectl-lock with `ln -s kubectl-lock kubectl-unlock`)"
+            )));
+        }
+        let target = cli.lock.target.clone();
+        (Invocation::Lock(Box::new(cli)), target)
+    };
+    super::parse_target(&target).map_err(|e| usage(e.to_string()))?;
+    Ok(invocation)
 }
 
 /// A usage error as one line: clap's message without the usage and tips that follow it.

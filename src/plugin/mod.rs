@@ -21,7 +21,7 @@ use kube::api::{Api, ApiResource, DynamicObject};
 use crate::api::{self, LockKey, LockKind};
 use crate::kubeconfig::{self, KubeconfigError};
 use cli::ConnectionArgs;
-pub use cli::{Invocation, LockCommand, one_line};
+pub use cli::{Invocation, LockCommand, one_line, parse};
 use discovery::{Discovered, ResolveError, ResourceArg, ResourceType};
 pub use error::PluginError;
 
@@ -32,44 +32,6 @@ pub struct Report {
     pub stdout: String,
     pub notes: Vec<String>,
     pub exit_code: u8,
-}
-
-/// Parses the whole command line ([`cli::parse`]) and checks the object it names before any
-/// cluster is loaded: a malformed RESOURCE/NAME is a bad command line like any other (exit 2),
-/// `help` prints the help, and `kubectl-lock unlock ...` says how to unlock.
-pub fn parse<I, T>(args: I) -> Result<Invocation, clap::Error>
-where
-    I: IntoIterator<Item = T>,
-    T: Into<std::ffi::OsString>,
-{
-    let mut args: Vec<std::ffi::OsString> = args.into_iter().map(Into::into).collect();
-    if args.get(1).is_some_and(|word| word == "help") {
-        args.remove(1);
-        args.push("--help".into());
-    }
-    let invocation = cli::parse(args)?;
-    let usage =
-        |message: String| clap::Error::raw(clap::error::ErrorKind::InvalidValue, message + "\n");
-    let words = match &invocation {
-        Invocation::Lock(cli) if cli.command.is_none() => {
-            if let [first, rest @ ..] = cli.lock.target.as_slice()
-                && first == "unlock"
-            {
-                let target = rest.first().map_or("RESOURCE/NAME", String::as_str);
-                return Err(usage(format!(
-                    "to unlock, run `kubectl unlock {target}` (kubectl-unlock is this binary under another name: \
-                     if it is missing, link it beside kubectl-lock with `ln -s kubectl-lock kubectl-unlock`)"
-                )));
-            }
-            &cli.lock.target
-        }
-        Invocation::Unlock(cli) => &cli.target,
-        Invocation::Lock(_) => return Ok(invocation),
-    };
-    match parse_target(words) {
-        Ok(_) => Ok(invocation),
-        Err(e) => Err(usage(e.to_string())),
-    }
 }
 
 /// Runs a parsed command line against the cluster its flags name.
