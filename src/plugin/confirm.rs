@@ -10,7 +10,7 @@ use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams};
 use serde_json::{Value, json};
 
 use super::error::{detail, status_code};
-use super::{Cluster, PluginError, Target, lock_api};
+use super::{Cluster, PluginError, Target};
 use crate::api::{LockKey, LockMode, LockOperation, LockSpec};
 
 const POLL: Duration = Duration::from_millis(250);
@@ -62,7 +62,7 @@ pub(super) async fn confirm(
 ) -> Result<String, PluginError> {
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
-        let pending = match lock_api(cluster, lock).get(&lock.name).await {
+        let pending = match lock.api(cluster.client.clone()).get(&lock.name).await {
             Ok(object) => match assess(&object, probe) {
                 Assessment::Done(confirmed) => return Ok(confirmed),
                 Assessment::Fatal(why) => return Err(not_in_force(lock, None, why)),

@@ -12,8 +12,8 @@ use kube::api::{Api, DynamicObject, ListParams};
 use super::cli::{ConnectionArgs, ListArgs};
 use super::discovery::Discovered;
 use super::error::{detail, status_code};
-use super::{Cluster, PluginError, Report, lock_kind, lock_resource, owner, spec};
-use crate::api::{self, LockSpec};
+use super::{Cluster, PluginError, Report, owner, spec};
+use crate::api::{self, LockKind, LockSpec};
 use crate::events::{BLOCKED, REPORTING_CONTROLLER};
 
 const CONCURRENT_LOOKUPS: usize = 8;
@@ -28,7 +28,7 @@ pub(super) async fn list(
     let mut notes = vec![];
     let params = ListParams::default();
     let locks = cluster
-        .api(&lock_resource(true), namespace.as_deref())
+        .api(&LockKind::Lock.api_resource(), namespace.as_deref())
         .list(&params)
         .await
         .map_err(|e| match &namespace {
@@ -36,7 +36,11 @@ pub(super) async fn list(
             None => cluster.failed(&e, "cannot list Locks"),
         })?;
     // Who may only read one namespace's Locks still gets them listed.
-    let cluster_locks = match cluster.api(&lock_resource(false), None).list(&params).await {
+    let cluster_locks = match cluster
+        .api(&LockKind::ClusterLock.api_resource(), None)
+        .list(&params)
+        .await
+    {
         Ok(list) => list.items,
         Err(e) if namespace.is_some() && status_code(&e) == Some(403) => {
             notes.push(format!("ClusterLocks are not listed: {}", detail(&e)));
@@ -91,7 +95,12 @@ pub(super) async fn list(
             let row = [
                 namespace.unwrap_or("-").to_owned(),
                 name.clone(),
-                lock_kind(namespace.is_some()).as_str().to_owned(),
+                (if namespace.is_some() {
+                    "Lock"
+                } else {
+                    "ClusterLock"
+                })
+                .to_owned(),
                 spec::describe_covers(&name, spec),
                 spec::operations(spec),
                 target.to_owned(),

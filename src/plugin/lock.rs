@@ -12,7 +12,7 @@ use super::confirm::{self, Probe};
 use super::error::{detail, status_code};
 use super::owner;
 use super::spec;
-use super::{Cluster, PluginError, Report, Target, collector, lock_resource};
+use super::{Cluster, PluginError, Report, Target, collector};
 use crate::api::{Holder, LockKey, LockOperation, LockSpec};
 
 /// A lock held while a command runs (`kubectl lock ... -- COMMAND`): `expires_at` is one lease
@@ -91,13 +91,12 @@ pub(super) async fn take(
     );
     let new = spec::new(args, resource, &operations, expires_at, holder);
     let lock = target.lock();
-    let namespaced = lock.namespace.is_some();
     let spec = serde_json::to_value(&new).expect("a LockSpec has string keys only");
-    let mut object = DynamicObject::new(&lock.name, &lock_resource(namespaced))
+    let mut object = DynamicObject::new(&lock.name, &lock.api_resource())
         .data(serde_json::json!({ "spec": spec }));
     object.metadata.namespace = lock.namespace.clone();
     object.metadata.owner_references = owner.clone().map(|owner| vec![owner]);
-    let api = super::lock_api(&cluster, &lock);
+    let api = lock.api(cluster.client.clone());
     match api.create(&PostParams::default(), &object).await {
         Ok(object) => {
             if let Some(held) = &held {
@@ -209,7 +208,7 @@ pub(super) async fn unlock(
     let mut notes = vec![];
     let target = Target::resolve(&cluster, connection, words, &mut notes).await?;
     let lock = target.lock();
-    let api = super::lock_api(&cluster, &lock);
+    let api = lock.api(cluster.client.clone());
     let no_lock = |why: String| PluginError::NoLock {
         target: target.to_string(),
         why,

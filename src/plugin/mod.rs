@@ -18,7 +18,7 @@ mod spec;
 use clap::CommandFactory;
 use kube::api::{Api, ApiResource, DynamicObject};
 
-use crate::api::{self, LockKey, LockKind};
+use crate::api::{self, LockKey};
 use crate::kubeconfig::{self, KubeconfigError};
 use cli::ConnectionArgs;
 pub use cli::{Invocation, LockCommand, one_line, parse};
@@ -210,7 +210,10 @@ impl Target {
             None if is_namespace => &self.name,
             None => return None,
         };
-        api::is_excluded_namespace(namespace).then(|| unenforced_because(namespace))
+        api::is_excluded_namespace(namespace).then(|| format!(
+            "the webhook registration leaves out namespace \"{namespace}\" (nothing in {} is sent to the webhook)",
+            api::EXCLUDED_NAMESPACES.join(" or ")
+        ))
     }
 
     fn lock(&self) -> LockKey {
@@ -230,29 +233,6 @@ impl std::fmt::Display for Target {
             None => Ok(()),
         }
     }
-}
-
-fn lock_api(cluster: &Cluster, lock: &LockKey) -> Api<DynamicObject> {
-    cluster.api(&lock.api_resource(), lock.namespace.as_deref())
-}
-
-fn unenforced_because(namespace: &str) -> String {
-    format!(
-        "the webhook registration leaves out namespace \"{namespace}\" (nothing in {} is sent to the webhook)",
-        api::EXCLUDED_NAMESPACES.join(" or ")
-    )
-}
-
-fn lock_kind(namespaced: bool) -> LockKind {
-    if namespaced {
-        LockKind::Lock
-    } else {
-        LockKind::ClusterLock
-    }
-}
-
-fn lock_resource(namespaced: bool) -> ApiResource {
-    lock_kind(namespaced).api_resource()
 }
 
 fn parse_target(words: &[String]) -> Result<(ResourceArg, String), PluginError> {

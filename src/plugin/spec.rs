@@ -9,7 +9,9 @@ use kube::api::DynamicObject;
 use super::cli::LockArgs;
 use super::discovery::qualified;
 use crate::admission::decide;
-use crate::api::{Exemptions, Holder, LockKey, LockMode, LockOperation, LockSpec, ResourceRule};
+use crate::api::{
+    Exemptions, Holder, LockKey, LockKind, LockMode, LockOperation, LockSpec, ResourceRule,
+};
 
 /// The spec of a new lock on `plural` in `group`, from the flags (`operations` sorted, without
 /// repeats).
@@ -79,7 +81,7 @@ pub(super) fn holder_cell(holder: &Holder) -> String {
 /// The spec of a lock object as the webhook reads it ([`crate::locks::parse`]): for a spec it
 /// cannot read, what of it fails closed, and a note saying why, in the webhook's words.
 pub(super) fn read(object: &DynamicObject) -> (LockSpec, Option<String>) {
-    let kind = super::lock_kind(object.metadata.namespace.is_some());
+    let kind = LockKind::for_namespace(object.metadata.namespace.as_deref().unwrap_or(""));
     // Every object the API server serves has a name.
     let Some(lock) = crate::locks::parse::lock_ref(kind, object) else {
         return (LockSpec::default(), None);
