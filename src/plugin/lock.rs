@@ -13,6 +13,7 @@ use super::error::{detail, status_code};
 use super::owner;
 use super::spec;
 use super::{Cluster, PluginError, Report, Target, collector};
+use crate::admission::decide;
 use crate::api::{Holder, LockKey, LockOperation, LockSpec};
 
 /// A lock held while a command runs (`kubectl lock ... -- COMMAND`): `expires_at` is one lease
@@ -220,7 +221,8 @@ pub(super) async fn unlock(
     };
     let (lock_spec, note) = spec::read(&existing);
     notes.extend(note);
-    if !spec::covers(&lock_spec, &target.resource.group, &target.resource.plural) {
+    let (group, plural) = (&target.resource.group, &target.resource.plural);
+    if !decide::covers_resource(&lock_spec, group, plural, None) {
         let why = match spec::describe_covers(&lock.name, &lock_spec) {
             covered if covered == "no resource" => format!(" ({lock} covers no resource)"),
             covered => format!(" ({lock} covers {covered} only)"),

@@ -8,7 +8,6 @@ use kube::api::DynamicObject;
 
 use super::cli::LockArgs;
 use super::discovery::qualified;
-use crate::admission::decide;
 use crate::api::{
     Exemptions, Holder, LockKey, LockKind, LockMode, LockOperation, LockSpec, ResourceRule,
 };
@@ -91,11 +90,6 @@ pub(super) fn read(object: &DynamicObject) -> (LockSpec, Option<String>) {
     let note =
         (lock.problem).map(|p| format!("{key}: unreadable spec, fails closed until fixed: {p}"));
     (lock.spec, note)
-}
-
-/// Whether the spec covers objects of `plural` in `group`, as the webhook decides it.
-pub(super) fn covers(spec: &LockSpec, group: &str, plural: &str) -> bool {
-    decide::covers_resource(spec, group, plural, None)
 }
 
 /// The `(group, resource)` pairs `spec.resources` names; `None` without `resources`.
@@ -308,53 +302,37 @@ mod tests {
 
     #[test]
     fn what_a_spec_covers() {
-        let deployments =
-            spec(json!({ "resources": [{ "apiGroups": ["apps"], "resources": ["deployments"] }] }));
-        assert!(covers(&deployments, "apps", "deployments"));
-        assert!(!covers(&deployments, "", "services"));
-        assert!(covers(&spec(json!({})), "", "services"));
-        assert!(covers(&LockSpec::default(), "", "services"));
-        let wild = spec(json!({ "resources": [{ "apiGroups": ["*"], "resources": ["*"] }] }));
-        assert!(covers(&wild, "rbac.authorization.k8s.io", "roles"));
-
-        assert_eq!(describe_covers("web", &deployments), "deployments.apps");
-        assert_eq!(
-            describe_covers("web", &spec(json!({}))),
-            "any resource named web"
-        );
-        let two = spec(
-            json!({ "resources": [{ "apiGroups": ["", "apps"], "resources": ["configmaps"] }],
-            "selector": { "matchLabels": { "app": "web" },
-              "matchExpressions": [{ "key": "tier", "operator": "In", "values": ["a", "b"] },
-                                   { "key": "canary", "operator": "DoesNotExist" }] } }),
-        );
-        assert_eq!(
-            describe_covers("web", &two),
-            "configmaps,configmaps.apps selector app=web,tier in (a,b),!canary"
-        );
-        let selector = spec(json!({ "selector": { "matchLabels": { "app": "web" } } }));
-        assert_eq!(describe_covers("web", &selector), "selector app=web");
-
-        assert_eq!(
-            single_resource(&deployments),
-            Some(("apps".into(), "deployments".into()))
-        );
-        for not_one in [spec(json!({})), two, selector, wild] {
-            assert_eq!(single_resource(&not_one), None, "{not_one:?}");
-        }
-    }
-
-    /// A rule with an empty list matches nothing in the webhook, so it covers nothing here.
-    #[test]
-    fn empty_lists_cover_nothing_as_in_the_decision() {
-        for value in [
-            json!({"resources": [{"apiGroups": [], "resources": ["configmaps"]}]}),
-            json!({"resources": [{"apiGroups": [""], "resources": []}]}),
+        let selector = json!({ "matchLabels": { "app": "web" },
+            "matchExpressions": [{ "key": "tier", "operator": "In", "values": ["a", "b"] },
+                                 { "key": "canary", "operator": "DoesNotExist" }] });
+        let rule = |groups: Value, resources: Value| json!({ "resources": [{ "apiGroups": groups, "resources": resources }] });
+        for (value, covers, single) in [
+            (
+                rule(json!(["apps"]), json!(["deployments"])),
+                "deployments.apps",
+                Some(("apps", "deployments")),
+            ),
+            (json!({}), "any resource named web", None),
+            (rule(json!(["*"]), json!(["*"])), "*.*", None),
+            (
+                json!({ "resources": [{ "apiGroups": ["", "apps"], "resources": ["configmaps"] }],
+                        "selector": selector }),
+                "configmaps,configmaps.apps selector app=web,tier in (a,b),!canary",
+                None,
+            ),
+            (
+                json!({ "selector": { "matchLabels": { "app": "web" } } }),
+                "selector app=web",
+                None,
+            ),
+            // A rule with an empty list matches nothing in the webhook: no resource here.
+            (rule(json!([]), json!(["configmaps"])), "no resource", None),
+            (rule(json!([""]), json!([])), "no resource", None),
         ] {
-            let spec = spec(value);
-            assert!(!covers(&spec, "", "configmaps"), "{spec:?}");
-            assert_eq!(describe_covers("x", &spec), "no resource");
-            assert_eq!(single_resource(&spec), None);
+            let spec = spec(value.clone());
+            assert_eq!(describe_covers("web", &spec), covers, "{value}");
+            let single = single.map(|(g, r)| (g.to_owned(), r.to_owned()));
+            assert_eq!(single_resource(&spec), single, "{value}");
         }
     }
 
