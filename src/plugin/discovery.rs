@@ -294,55 +294,46 @@ mod tests {
         ]
     }
 
-    fn resolved(text: &str) -> Result<String, ResolveError> {
-        let types = types();
-        resolve(&ResourceArg::parse(text), &types)
-            .map(|t| format!("{}/{}", t.qualified(), t.version))
-    }
-
     #[test]
     fn names_resolve_as_in_kubectl() {
+        let types = types();
+        let ok = |want: &str| Ok(want.to_owned());
         for (text, want) in [
-            ("configmaps", "configmaps/v1"),
-            ("configmap", "configmaps/v1"),
-            ("cm", "configmaps/v1"),
-            ("ConfigMap", "configmaps/v1"),
-            ("deployments", "deployments.apps/v1"),
-            ("deploy", "deployments.apps/v1"),
-            ("deployment.apps", "deployments.apps/v1"),
-            ("Deployment.apps", "deployments.apps/v1"),
-            ("deploy.apps", "deployments.apps/v1"),
-            ("deployments.v1beta1.apps", "deployments.apps/v1beta1"),
-            ("deployments.v1.apps", "deployments.apps/v1"),
+            ("configmaps", ok("configmaps/v1")),
+            ("configmap", ok("configmaps/v1")),
+            ("cm", ok("configmaps/v1")),
+            ("ConfigMap", ok("configmaps/v1")),
+            ("deployments", ok("deployments.apps/v1")),
+            ("deploy", ok("deployments.apps/v1")),
+            ("deployment.apps", ok("deployments.apps/v1")),
+            ("Deployment.apps", ok("deployments.apps/v1")),
+            ("deploy.apps", ok("deployments.apps/v1")),
+            ("deployments.v1beta1.apps", ok("deployments.apps/v1beta1")),
+            ("deployments.v1.apps", ok("deployments.apps/v1")),
             // Built-in resources win over the same name in other groups.
-            ("pods", "pods/v1"),
-            ("events", "events/v1"),
-            ("events.events.k8s.io", "events.events.k8s.io/v1"),
+            ("pods", ok("pods/v1")),
+            ("events", ok("events/v1")),
+            ("events.events.k8s.io", ok("events.events.k8s.io/v1")),
             (
                 "gateways.networking.istio.io",
-                "gateways.networking.istio.io/v1",
+                ok("gateways.networking.istio.io/v1"),
             ),
-            ("gw", "gateways.networking.istio.io/v1"),
+            ("gw", ok("gateways.networking.istio.io/v1")),
+            ("widgetz", Err(ResolveError::Unknown)),
+            ("deployments.extensions", Err(ResolveError::Unknown)),
+            ("deployments.v2.apps", Err(ResolveError::Unknown)),
+            (
+                "gateways",
+                Err(ResolveError::Ambiguous(vec![
+                    "gateways.networking.istio.io".into(),
+                    "gateways.gateway.networking.k8s.io".into(),
+                ])),
+            ),
         ] {
-            assert_eq!(resolved(text).as_deref(), Ok(want), "{text}");
+            let resolved = resolve(&ResourceArg::parse(text), &types)
+                .map(|t| format!("{}/{}", t.qualified(), t.version));
+            assert_eq!(resolved, want, "{text}");
         }
-    }
-
-    #[test]
-    fn unknown_and_ambiguous_names() {
-        assert_eq!(resolved("widgetz"), Err(ResolveError::Unknown));
-        assert_eq!(
-            resolved("deployments.extensions"),
-            Err(ResolveError::Unknown)
-        );
-        assert_eq!(resolved("deployments.v2.apps"), Err(ResolveError::Unknown));
-        assert_eq!(
-            resolved("gateways"),
-            Err(ResolveError::Ambiguous(vec![
-                "gateways.networking.istio.io".into(),
-                "gateways.gateway.networking.k8s.io".into()
-            ]))
-        );
     }
 
     #[test]

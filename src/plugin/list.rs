@@ -18,7 +18,6 @@ use crate::events::{BLOCKED, REPORTING_CONTROLLER};
 
 const CONCURRENT_LOOKUPS: usize = 8;
 
-/// Lists the locks as a table.
 pub(super) async fn list(
     connection: &ConnectionArgs,
     args: &ListArgs,
@@ -207,8 +206,7 @@ fn enforced(lock: &DynamicObject) -> String {
 /// The MODE of a lock the webhook never hears of.
 const UNENFORCED: &str = "unenforced";
 
-/// The status reason of a lock in a namespace the registration's namespaceSelector (namespaces
-/// that opt in) does not select.
+/// The status reason of a lock in a namespace the registration's namespaceSelector leaves out.
 const NOT_SELECTED: &str = "NamespaceNotSelected";
 
 /// A Lock in a namespace the registration leaves out, or a ClusterLock that can only cover one

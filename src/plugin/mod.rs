@@ -34,7 +34,6 @@ pub struct Report {
     pub exit_code: u8,
 }
 
-/// Runs a parsed command line against the cluster its flags name.
 pub async fn run(invocation: Invocation) -> Result<Report, PluginError> {
     match invocation {
         Invocation::Lock(cli) => match cli.command {
@@ -69,7 +68,6 @@ fn completion(shell: cli::PluginShell) -> String {
     String::from_utf8_lossy(&script).into_owned()
 }
 
-/// `kubectl lock man DIR`: the pages of both command lines.
 fn man_pages(dir: &std::path::Path) -> Result<Report, PluginError> {
     use crate::cli::generate::write_man_pages;
     write_man_pages(cli::LockCli::command(), dir)

@@ -35,7 +35,6 @@ const NOT_FOUND: u8 = 127;
 /// The waits between the tries to delete the lock.
 const REMOVAL_RETRIES: [Duration; 2] = [Duration::from_millis(500), Duration::from_secs(2)];
 
-/// Holds the lock of `args.target` while `args.command` runs.
 pub(super) async fn run(
     connection: &ConnectionArgs,
     args: &LockArgs,
@@ -185,7 +184,6 @@ fn pass_on(pid: u32, signal: i32) {
     }
 }
 
-/// A notice of the lease, as one line for stderr.
 fn tell(notice: &Notice, lock: &str, lease: Duration) -> String {
     match notice {
         Notice::Failing { left, why } => format!(
