@@ -91,9 +91,9 @@ async fn renewals_failures_and_notices() {
     };
     let lost = || RenewError::Lost("Lock prod/web was deleted".into());
     // (script, seconds run, times of the tries, notices, lost)
-    let cases: [(Vec<Result<(), RenewError>>, u64, &[u64], Vec<Notice>, bool); 4] = [
+    let cases = [
         // Every third of the lease, one lease ahead.
-        (vec![], 90, &[20, 40, 60, 80], vec![], false),
+        (vec![], 90, &[20, 40, 60, 80][..], vec![], false),
         // Fails from 20 s on, retried every 5 s until the try at 55 s; told only near the end.
         (
             vec![failed(); 7],
