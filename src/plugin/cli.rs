@@ -419,36 +419,15 @@ mod tests {
 
     #[test]
     fn lock_flags() {
-        let cli = lock(&[
-            "deploy",
-            "web",
-            "-n",
-            "prod",
-            "--for",
-            "1h 30m",
-            "--operations",
-            "delete,UPDATE",
-            "--operations",
-            "DELETE",
-            "--exempt-user",
-            "alice",
-            "--exempt-user",
-            "bob",
-            "--warn",
-        ])
-        .expect("parses");
+        let flags = "deploy web -n prod --for 1h30m --operations delete,UPDATE --operations DELETE \
+                     --exempt-user alice --exempt-user bob --warn";
+        let cli = lock(&flags.split_whitespace().collect::<Vec<_>>()).expect("parses");
         assert!(cli.command.is_none());
         assert_eq!(cli.lock.target, ["deploy", "web"]);
         assert_eq!(cli.connection.namespace.as_deref(), Some("prod"));
         assert_eq!(cli.lock.duration, Some(Duration::from_secs(5400)));
-        assert_eq!(
-            cli.lock.operations,
-            [
-                LockOperation::Delete,
-                LockOperation::Update,
-                LockOperation::Delete
-            ]
-        );
+        let (update, delete) = (LockOperation::Update, LockOperation::Delete);
+        assert_eq!(cli.lock.operations, [delete, update, delete]);
         assert_eq!(cli.lock.exempt_users, ["alice", "bob"]);
         assert!(cli.lock.warn && !cli.lock.allow_missing);
         assert!(cli.lock.wait, "waits by default");
