@@ -67,13 +67,9 @@ pub(super) async fn confirm(
                 Assessment::Done(confirmed) => return Ok(confirmed),
                 Assessment::Fatal(why) => return Err(not_in_force(lock, None, why)),
                 Assessment::Pending(why) => why,
-                Assessment::Try(n) => match try_refusal(cluster, target, lock, probe).await {
-                    Tried::Refused => return Ok(format!(" (enforced by {n})")),
-                    Tried::Missing => return Ok(untried(n)),
-                    Tried::Allowed => format!(
-                        "{n} instance(s) enforce it, but a dry run of the guarded operation was allowed: the namespace or resource is not sent to the webhook (check the ValidatingWebhookConfiguration), or the API server that answered calls an instance that has not seen the lock"
-                    ),
-                    Tried::Other(why) => why,
+                Assessment::Try(n) => match try_refusal(cluster, target, lock, probe, n).await {
+                    Ok(confirmed) => return Ok(confirmed),
+                    Err(why) => why,
                 },
             },
             Err(e) if status_code(&e) == Some(404) => {
@@ -155,16 +151,15 @@ pub(super) fn assess(object: &DynamicObject, probe: Probe) -> Assessment {
     }
 }
 
-#[derive(Debug)]
-enum Tried {
-    Refused,
-    Missing,
-    Allowed,
-    Other(String),
-}
-
-/// Dry-runs the guarded operation on the target; `Refused` only when this lock refused it.
-async fn try_refusal(cluster: &Cluster, target: &Target, lock: &LockKey, probe: Probe) -> Tried {
+/// Dry-runs the guarded operation on the target, enforced by `n` instances: confirmed only when
+/// this lock refused it (or the object does not exist), else why not.
+async fn try_refusal(
+    cluster: &Cluster,
+    target: &Target,
+    lock: &LockKey,
+    probe: Probe,
+    n: usize,
+) -> Result<String, String> {
     let api = cluster.api(&target.resource.api_resource(), target.namespace.as_deref());
     let result = match probe {
         Probe::Delete => {
@@ -187,20 +182,22 @@ async fn try_refusal(cluster: &Cluster, target: &Target, lock: &LockKey, probe: 
         }
     };
     match result {
-        Ok(()) => Tried::Allowed,
-        Err(e) => classify(&e, lock),
+        Ok(()) => Err(format!(
+            "{n} instance(s) enforce it, but a dry run of the guarded operation was allowed: the namespace or resource is not sent to the webhook (check the ValidatingWebhookConfiguration), or the API server that answered calls an instance that has not seen the lock"
+        )),
+        Err(e) => classify(&e, lock, n),
     }
 }
 
-fn classify(error: &kube::Error, lock: &LockKey) -> Tried {
+fn classify(error: &kube::Error, lock: &LockKey, n: usize) -> Result<String, String> {
     let message = detail(error);
     match status_code(error) {
-        Some(404) => Tried::Missing,
-        _ if names_lock(&message, &lock.to_string()) => Tried::Refused,
-        _ if message.starts_with("admission webhook ") => Tried::Other(format!(
+        Some(404) => Ok(untried(n)),
+        _ if names_lock(&message, &lock.to_string()) => Ok(format!(" (enforced by {n})")),
+        _ if message.starts_with("admission webhook ") => Err(format!(
             "another admission webhook refused the dry run first, so it cannot show this lock: {message}"
         )),
-        _ => Tried::Other(format!("the dry run could not be made: {message}")),
+        _ => Err(format!("the dry run could not be made: {message}")),
     }
 }
 
@@ -292,11 +289,11 @@ mod tests {
         for (message, want) in [
             (
                 format!("{locked} Lock prod/web: freeze (to unlock: kubectl delete lock web -n prod)"),
-                "Refused",
+                "Ok(\" (enforced by 2)\")",
             ),
             (
                 format!("{locked} Lock prod/a: x; Lock prod/web (to unlock: kubectl delete lock a web -n prod)"),
-                "Refused",
+                "Ok(\" (enforced by 2)\")",
             ),
             (format!("{locked} Lock prod/web-selector"), "another admission webhook"),
             (
@@ -310,7 +307,7 @@ mod tests {
             ),
         ] {
             let status = kube::core::Status::failure(&message, "Forbidden").with_code(403);
-            let tried = format!("{:?}", classify(&kube::Error::Api(status.boxed()), &lock));
+            let tried = format!("{:?}", classify(&kube::Error::Api(status.boxed()), &lock, 2));
             assert!(tried.contains(want), "{message}: {tried}");
         }
     }
