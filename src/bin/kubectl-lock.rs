@@ -5,10 +5,10 @@
 
 use std::process::ExitCode;
 
-use anyhow::Context;
 use kube_object_lock::plugin;
 
-fn main() -> ExitCode {
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
     // One crypto provider for the kube client, as in the webhook binary.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let invocation = match plugin::parse(std::env::args_os()) {
@@ -23,17 +23,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime");
-    let result = match runtime {
-        Ok(runtime) => runtime
-            .block_on(plugin::run(invocation))
-            .map_err(|e| (e.exit_code(), anyhow::Error::new(e))),
-        Err(e) => Err((1, e)),
-    };
-    match result {
+    match plugin::run(invocation).await {
         Ok(report) => {
             print!("{}", report.stdout);
             for note in report.notes {
@@ -41,13 +31,11 @@ fn main() -> ExitCode {
             }
             ExitCode::from(report.exit_code)
         }
-        Err((code, e)) => {
-            let message = kube_object_lock::error_chain(e.as_ref());
-            eprintln!(
-                "error: {}",
-                message.split_whitespace().collect::<Vec<_>>().join(" ")
-            );
-            ExitCode::from(code)
+        Err(e) => {
+            let message = kube_object_lock::error_chain(&e);
+            let message = message.split_whitespace().collect::<Vec<_>>().join(" ");
+            eprintln!("error: {message}");
+            ExitCode::from(e.exit_code())
         }
     }
 }

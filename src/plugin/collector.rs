@@ -9,45 +9,25 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{DynamicObject, Patch, PatchParams};
 use kube::core::GroupVersion;
 
-use super::error::status_code;
+use super::error::{detail, status_code};
 use super::{Cluster, Target};
 
-/// The finalizer of an owner deleted in the foreground: it stays until its blocking dependents
-/// are gone.
+/// The finalizer of an owner deleted in the foreground, until its blocking dependents are gone.
 const FOREGROUND: &str = "foregroundDeletion";
 /// The name of the owner the prompt refers to. The collector tells owners apart by uid, and the
 /// uid of the prompt's owner is no object's.
 const ABSENT_OWNER: &str = "kube-object-lock-collector-prompt";
-/// How long the prompt may be refused by a webhook instance that has not yet seen the unlock.
+/// Tries while a webhook instance that has not yet seen the unlock refuses the prompt.
 const PROMPT_RETRIES: u32 = 20;
 
-/// Why the collector is waiting to delete an object.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Waiting {
-    /// Its owner is gone (background deletion).
-    OwnerGone(String),
-    /// Its owner is being deleted in the foreground, waiting for it.
-    OwnerTerminating(String),
-}
-
-impl std::fmt::Display for Waiting {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Waiting::OwnerGone(owner) => write!(f, "its owner {owner} is gone"),
-            Waiting::OwnerTerminating(owner) => {
-                write!(f, "its owner {owner} is being deleted in the foreground")
-            }
-        }
-    }
-}
-
-/// Whether the collector is waiting to delete `object`, by looking up its owners. An owner whose
-/// type or existence cannot be told counts as present: this only ever adds a remark.
+/// Why the collector is waiting to delete `object` (`its owner Job/x is gone`), if it is, by
+/// looking up its owners. An owner whose type or existence cannot be told counts as present:
+/// this only ever adds a remark.
 pub(super) async fn waiting(
     cluster: &Cluster,
     target: &Target,
     object: &DynamicObject,
-) -> Option<Waiting> {
+) -> Option<String> {
     let owners = object
         .metadata
         .owner_references
@@ -72,20 +52,23 @@ pub(super) async fn waiting(
             .then_some(target.namespace.as_deref())
             .flatten();
         let api = cluster.api(&resource.api_resource(), namespace);
-        let described = format!("{} {}", owner.kind, owner.name);
+        let gone_now = Some(format!("its owner {} {} is gone", owner.kind, owner.name));
         match api.get(&owner.name).await {
             Ok(found) if found.metadata.uid.as_deref() == Some(owner.uid.as_str()) => {
                 let finalizers = found.metadata.finalizers.unwrap_or_default();
                 if found.metadata.deletion_timestamp.is_some()
                     && finalizers.iter().any(|f| f == FOREGROUND)
                 {
-                    return Some(Waiting::OwnerTerminating(described));
+                    return Some(format!(
+                        "its owner {} {} is being deleted in the foreground",
+                        owner.kind, owner.name
+                    ));
                 }
                 // A live owner: the collector has nothing to do with this object.
                 return None;
             }
-            Ok(_) => gone = Some(Waiting::OwnerGone(described)),
-            Err(e) if status_code(&e) == Some(404) => gone = Some(Waiting::OwnerGone(described)),
+            Ok(_) => gone = gone_now,
+            Err(e) if status_code(&e) == Some(404) => gone = gone_now,
             Err(_) => return None,
         }
     }
@@ -130,19 +113,19 @@ pub(super) async fn prompt(
             // Gone already: the collector was quicker.
             Err(e) if status_code(&e) == Some(404) => return Ok(()),
             Err(e) if status_code(&e) == Some(409) => {
-                last = super::error::detail(&e);
+                last = detail(&e);
                 object = match api.get(&target.name).await {
                     Ok(again) if again.metadata.uid.as_deref() == Some(uid.as_str()) => again,
                     Ok(_) => return Ok(()),
                     Err(e) if status_code(&e) == Some(404) => return Ok(()),
-                    Err(e) => return Err(super::error::detail(&e)),
+                    Err(e) => return Err(detail(&e)),
                 };
             }
             Err(e) if status_code(&e) == Some(403) => {
-                last = super::error::detail(&e);
+                last = detail(&e);
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
-            Err(e) => return Err(super::error::detail(&e)),
+            Err(e) => return Err(detail(&e)),
         }
     }
     Err(last)

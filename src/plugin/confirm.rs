@@ -9,119 +9,67 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams};
 use serde_json::{Value, json};
 
-use super::error::{NotInForce, detail, status_code};
-use super::{Cluster, PluginError, Target, lock_api};
-use crate::api::LockKey;
+use super::error::{detail, status_code};
+use super::{Cluster, PluginError, Target};
+use crate::api::{LockKey, LockMode, LockOperation, LockSpec};
 
-/// How often the status is read and the dry run tried.
 const POLL: Duration = Duration::from_millis(250);
 /// The annotation a dry-run UPDATE sets (never stored).
 pub const PROBE_ANNOTATION: &str = "objectlock.dev/lock-check";
 
+const NO_INSTANCE: &str = "no kube-object-lock instance has reported it as enforced (status.enforcedBy is empty): is the webhook running, and may it patch locks/status?";
+
 /// The operation whose dry run must be refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Probe {
-    /// DELETE the object.
     Delete,
-    /// UPDATE it (an annotation, in a dry run).
+    /// UPDATE an annotation.
     Update,
     /// Nothing to try: a Warn-mode lock.
     None,
-    /// Nothing a dry run can show: a lock of CREATE or CONNECT only (the object exists, and
-    /// CONNECT has no dry run). Confirmed by its status alone.
+    /// A lock of CREATE or CONNECT only, which no dry run can show: its status alone confirms.
     Status,
 }
 
-/// How a lock was confirmed.
-#[derive(Debug, PartialEq, Eq)]
-pub(super) enum Confirmed {
-    /// Refused a dry run; enforced by this many instances.
-    Enforced(usize),
-    /// Enforced by this many instances; the object does not exist, so no dry run was tried.
-    EnforcedUntried(usize),
-    /// Enforced by this many instances; a lock of CREATE or CONNECT only, which no dry run
-    /// can show.
-    EnforcedByStatus(usize),
-    /// A Warn-mode lock an instance has seen.
-    Warned,
-}
-
-impl Confirmed {
-    /// ` (enforced by 2)`, for the `locked ...` line.
-    pub fn suffix(&self) -> String {
-        match self {
-            Confirmed::Enforced(n) => format!(" (enforced by {n})"),
-            Confirmed::EnforcedUntried(n) => {
-                format!(" (enforced by {n}; not tried: the object does not exist)")
-            }
-            Confirmed::EnforcedByStatus(n) => {
-                format!(" (enforced by {n}; not tried: no dry run shows CREATE or CONNECT)")
-            }
-            Confirmed::Warned => {
-                " (seen by the webhook; mode Warn: changes are allowed with a warning)".to_owned()
-            }
+impl Probe {
+    /// Missing objects are found out by the dry run (404); a lock on fields may let the probe's
+    /// annotation through, so its status alone says.
+    pub(super) fn for_spec(spec: &LockSpec) -> Probe {
+        let asks = |op| spec.operations().contains(&op);
+        if spec.mode == Some(LockMode::Warn) {
+            Probe::None
+        } else if asks(LockOperation::Delete) {
+            Probe::Delete
+        } else if asks(LockOperation::Update)
+            && spec.fields.is_none()
+            && spec.except_fields.is_none()
+        {
+            Probe::Update
+        } else {
+            Probe::Status
         }
     }
 }
 
-/// Why a lock is not (yet) confirmed.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) enum Pending {
-    /// No status entry yet.
-    NoInstance,
-    /// The lock's namespace is left out of the registration, or not selected by the operator's
-    /// requirements in it: the status says so, with this message.
-    NotSent(String),
-    /// Enforced, yet the dry run was allowed.
-    DryRunAllowed(usize),
-    /// Another webhook refused the dry run first.
-    OtherWebhook(String),
-    /// The dry run could not be made (RBAC, an error).
-    CannotTry(String),
-}
-
-impl std::fmt::Display for Pending {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Pending::NoInstance => write!(
-                f,
-                "no kube-object-lock instance has reported it as enforced (status.enforcedBy is empty): is the webhook running, and may it patch locks/status?"
-            ),
-            Pending::NotSent(why) => write!(f, "the webhook is never sent its objects: {why}"),
-            Pending::DryRunAllowed(n) => write!(
-                f,
-                "{n} instance(s) enforce it, but a dry run of the guarded operation was allowed: the namespace or resource is not sent to the webhook (check the ValidatingWebhookConfiguration), or the API server that answered calls an instance that has not seen the lock"
-            ),
-            Pending::OtherWebhook(message) => write!(
-                f,
-                "another admission webhook refused the dry run first, so it cannot show this lock: {message}"
-            ),
-            Pending::CannotTry(message) => write!(f, "the dry run could not be made: {message}"),
-        }
-    }
-}
-
-/// Waits up to `timeout` for `lock` to be in force on `target`.
+/// Waits up to `timeout` for `lock` to be in force on `target`; how it was confirmed, as the
+/// end of the `locked ...` line.
 pub(super) async fn confirm(
     cluster: &Cluster,
     target: &Target,
     lock: &LockKey,
     probe: Probe,
     timeout: Duration,
-) -> Result<Confirmed, PluginError> {
+) -> Result<String, PluginError> {
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
-        let pending = match lock_api(cluster, lock).get(&lock.name).await {
+        let pending = match lock.api(cluster.client.clone()).get(&lock.name).await {
             Ok(object) => match assess(&object, probe) {
                 Assessment::Done(confirmed) => return Ok(confirmed),
-                Assessment::Fatal(why) => return Err(not_in_force(lock, None, &why)),
+                Assessment::Fatal(why) => return Err(not_in_force(lock, None, why)),
                 Assessment::Pending(why) => why,
-                Assessment::Try(instances) => match try_refusal(cluster, target, lock, probe).await
-                {
-                    Tried::Refused => return Ok(Confirmed::Enforced(instances)),
-                    Tried::Missing => return Ok(Confirmed::EnforcedUntried(instances)),
-                    Tried::Allowed => Pending::DryRunAllowed(instances),
-                    Tried::Other(why) => why,
+                Assessment::Try(n) => match try_refusal(cluster, target, lock, probe, n).await {
+                    Ok(confirmed) => return Ok(confirmed),
+                    Err(why) => why,
                 },
             },
             Err(e) if status_code(&e) == Some(404) => {
@@ -130,32 +78,39 @@ pub(super) async fn confirm(
                     detail: detail(&e),
                 });
             }
-            Err(e) => Pending::CannotTry(format!("cannot read {lock}: {}", detail(&e))),
+            Err(e) => format!(
+                "the dry run could not be made: cannot read {lock}: {}",
+                detail(&e)
+            ),
         };
         let now = tokio::time::Instant::now();
         if now >= deadline {
-            return Err(not_in_force(lock, Some(timeout), &pending));
+            return Err(not_in_force(lock, Some(timeout), pending));
         }
         tokio::time::sleep(POLL.min(deadline - now)).await;
     }
 }
 
-fn not_in_force(lock: &LockKey, waited: Option<Duration>, why: &Pending) -> PluginError {
-    PluginError::from(NotInForce {
+fn untried(n: usize) -> String {
+    format!(" (enforced by {n}; not tried: the object does not exist)")
+}
+
+fn not_in_force(lock: &LockKey, waited: Option<Duration>, reason: String) -> PluginError {
+    PluginError::NotInForce {
         lock: lock.to_string(),
         waited: waited
             .map(|w| format!(" after {}", humantime::format_duration(w)))
             .unwrap_or_default(),
-        reason: why.to_string(),
-    })
+        reason,
+    }
 }
 
 /// What the lock's status says.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) enum Assessment {
-    Done(Confirmed),
-    Fatal(Pending),
-    Pending(Pending),
+    Done(String),
+    Fatal(String),
+    Pending(String),
     /// Enforced by this many instances: try the dry run.
     Try(usize),
 }
@@ -170,7 +125,7 @@ pub(super) fn assess(object: &DynamicObject, probe: Probe) -> Assessment {
     // The plugin cannot read the registration; the instances can, and say so in the status.
     if matches!(reason, "NotSentToWebhook" | "NamespaceNotSelected") {
         let message = enforced.and_then(|c| c["message"].as_str()).unwrap_or("");
-        return Assessment::Fatal(Pending::NotSent(message.to_owned()));
+        return Assessment::Fatal(format!("the webhook is never sent its objects: {message}"));
     }
     let current = |v: &Value| v["observedGeneration"].as_i64().unwrap_or(0) >= generation;
     let instances = status["enforcedBy"]
@@ -182,25 +137,29 @@ pub(super) fn assess(object: &DynamicObject, probe: Probe) -> Assessment {
         && reason == "WarnMode"
         && enforced.is_some_and(current)
     {
-        return Assessment::Done(Confirmed::Warned);
+        return Assessment::Done(
+            " (seen by the webhook; mode Warn: changes are allowed with a warning)".to_owned(),
+        );
     }
     match (instances, probe) {
-        (0, _) => Assessment::Pending(Pending::NoInstance),
-        (n, Probe::None) => Assessment::Done(Confirmed::EnforcedUntried(n)),
-        (n, Probe::Status) => Assessment::Done(Confirmed::EnforcedByStatus(n)),
+        (0, _) => Assessment::Pending(NO_INSTANCE.to_owned()),
+        (n, Probe::None) => Assessment::Done(untried(n)),
+        (n, Probe::Status) => Assessment::Done(format!(
+            " (enforced by {n}; not tried: no dry run shows CREATE or CONNECT)"
+        )),
         (n, _) => Assessment::Try(n),
     }
 }
 
-enum Tried {
-    Refused,
-    Missing,
-    Allowed,
-    Other(Pending),
-}
-
-/// Dry-runs the guarded operation on the target; `Refused` only when this lock refused it.
-async fn try_refusal(cluster: &Cluster, target: &Target, lock: &LockKey, probe: Probe) -> Tried {
+/// Dry-runs the guarded operation on the target, enforced by `n` instances: confirmed only when
+/// this lock refused it (or the object does not exist), else why not.
+async fn try_refusal(
+    cluster: &Cluster,
+    target: &Target,
+    lock: &LockKey,
+    probe: Probe,
+    n: usize,
+) -> Result<String, String> {
     let api = cluster.api(&target.resource.api_resource(), target.namespace.as_deref());
     let result = match probe {
         Probe::Delete => {
@@ -223,20 +182,22 @@ async fn try_refusal(cluster: &Cluster, target: &Target, lock: &LockKey, probe: 
         }
     };
     match result {
-        Ok(()) => Tried::Allowed,
-        Err(e) => classify(&e, lock),
+        Ok(()) => Err(format!(
+            "{n} instance(s) enforce it, but a dry run of the guarded operation was allowed: the namespace or resource is not sent to the webhook (check the ValidatingWebhookConfiguration), or the API server that answered calls an instance that has not seen the lock"
+        )),
+        Err(e) => classify(&e, lock, n),
     }
 }
 
-fn classify(error: &kube::Error, lock: &LockKey) -> Tried {
+fn classify(error: &kube::Error, lock: &LockKey, n: usize) -> Result<String, String> {
     let message = detail(error);
     match status_code(error) {
-        Some(404) => Tried::Missing,
-        _ if names_lock(&message, &lock.to_string()) => Tried::Refused,
-        _ if message.starts_with("admission webhook ") => {
-            Tried::Other(Pending::OtherWebhook(message))
-        }
-        _ => Tried::Other(Pending::CannotTry(message)),
+        Some(404) => Ok(untried(n)),
+        _ if names_lock(&message, &lock.to_string()) => Ok(format!(" (enforced by {n})")),
+        _ if message.starts_with("admission webhook ") => Err(format!(
+            "another admission webhook refused the dry run first, so it cannot show this lock: {message}"
+        )),
+        _ => Err(format!("the dry run could not be made: {message}")),
     }
 }
 
@@ -270,51 +231,50 @@ mod tests {
     #[test]
     fn status_decides_whether_to_try() {
         let entry = |g: i64| json!({"instance": "cp-1", "observedGeneration": g, "since": "2026-01-01T00:00:00Z"});
-        assert_eq!(
-            assess(&object(2, json!(null)), Probe::Delete),
-            Assessment::Pending(Pending::NoInstance)
-        );
-        assert_eq!(
-            assess(&object(2, json!({"enforcedBy": [entry(1)]})), Probe::Delete),
-            Assessment::Pending(Pending::NoInstance),
-            "an entry for an older generation does not count"
-        );
-        assert_eq!(
-            assess(
-                &object(2, json!({"enforcedBy": [entry(2), entry(3)]})),
-                Probe::Update
-            ),
-            Assessment::Try(2)
-        );
-        assert_eq!(
-            assess(&object(2, json!({"enforcedBy": [entry(2)]})), Probe::None),
-            Assessment::Done(Confirmed::EnforcedUntried(1))
-        );
         let warn = json!({"conditions": [{"type": "Enforced", "status": "False", "reason": "WarnMode", "message": "m", "observedGeneration": 2}]});
-        assert_eq!(
-            assess(&object(2, warn), Probe::None),
-            Assessment::Done(Confirmed::Warned)
-        );
         let excluded = json!({"conditions": [{"type": "Enforced", "status": "False", "reason": "NotSentToWebhook", "message": "namespace kube-system is left out"}]});
-        assert_eq!(
-            assess(&object(1, excluded), Probe::Delete),
-            Assessment::Fatal(Pending::NotSent("namespace kube-system is left out".into()))
-        );
+        let pending = Assessment::Pending(NO_INSTANCE.into());
+        for (status, probe, want) in [
+            (json!(null), Probe::Delete, pending.clone()),
+            // An entry for an older generation does not count.
+            (json!({"enforcedBy": [entry(1)]}), Probe::Delete, pending),
+            (
+                json!({"enforcedBy": [entry(2), entry(3)]}),
+                Probe::Update,
+                Assessment::Try(2),
+            ),
+            (
+                json!({"enforcedBy": [entry(2)]}),
+                Probe::None,
+                Assessment::Done(untried(1)),
+            ),
+            (
+                warn,
+                Probe::None,
+                Assessment::Done(
+                    " (seen by the webhook; mode Warn: changes are allowed with a warning)".into(),
+                ),
+            ),
+            (
+                excluded,
+                Probe::Delete,
+                Assessment::Fatal(
+                    "the webhook is never sent its objects: namespace kube-system is left out"
+                        .into(),
+                ),
+            ),
+        ] {
+            assert_eq!(assess(&object(2, status.clone()), probe), want, "{status}");
+        }
         // Not selected by the registration's namespaceSelector: never waited for either, even
         // with another instance's entry still there, nor as a Warn-mode lock.
         let message = "namespace dev is not selected by the webhook registration's namespaceSelector (lockable=true)";
         let unselected = json!({"enforcedBy": [entry(1)], "conditions": [{"type": "Enforced", "status": "False", "reason": "NamespaceNotSelected", "message": message, "observedGeneration": 1}]});
         for probe in [Probe::Delete, Probe::Update, Probe::None] {
-            let assessment = assess(&object(1, unselected.clone()), probe);
-            assert_eq!(
-                assessment,
-                Assessment::Fatal(Pending::NotSent(message.into())),
-                "{probe:?}"
-            );
-            let Assessment::Fatal(pending) = assessment else {
-                unreachable!()
+            let Assessment::Fatal(why) = assess(&object(1, unselected.clone()), probe) else {
+                panic!("{probe:?}: not fatal")
             };
-            let error = not_in_force(&LockKey::lock("dev", "web"), None, &pending).to_string();
+            let error = not_in_force(&LockKey::lock("dev", "web"), None, why).to_string();
             assert!(
                 error.contains("Lock dev/web") && error.contains("(lockable=true)"),
                 "the refusal gives the reason: {error}"
@@ -325,36 +285,30 @@ mod tests {
     #[test]
     fn only_a_refusal_by_this_lock_confirms() {
         let lock = LockKey::lock("prod", "web");
-        let refused = |message: &str| {
-            kube::Error::Api(Box::new(
-                kube::core::Status::failure(message, "Forbidden").with_code(403),
-            ))
-        };
-        let ours = refused(
-            "admission webhook \"namespaced.objectlock.dev\" denied the request: configmaps \"web\" in namespace \"prod\" is locked by Lock prod/web: freeze (to unlock: kubectl delete lock web -n prod)",
-        );
-        assert!(matches!(classify(&ours, &lock), Tried::Refused));
-        let both = refused(
-            "admission webhook \"namespaced.objectlock.dev\" denied the request: configmaps \"web\" in namespace \"prod\" is locked by Lock prod/a: x; Lock prod/web (to unlock: kubectl delete lock a web -n prod)",
-        );
-        assert!(matches!(classify(&both, &lock), Tried::Refused));
-        let other_lock = refused(
-            "admission webhook \"namespaced.objectlock.dev\" denied the request: configmaps \"web\" in namespace \"prod\" is locked by Lock prod/web-selector",
-        );
-        assert!(matches!(
-            classify(&other_lock, &lock),
-            Tried::Other(Pending::OtherWebhook(_))
-        ));
-        let other = refused("admission webhook \"policy.example.com\" denied the request: no");
-        assert!(
-            matches!(classify(&other, &lock), Tried::Other(Pending::OtherWebhook(m)) if m.contains("policy.example.com"))
-        );
-        let rbac = refused(
-            "configmaps \"web\" is forbidden: User \"bob\" cannot delete resource \"configmaps\"",
-        );
-        assert!(matches!(
-            classify(&rbac, &lock),
-            Tried::Other(Pending::CannotTry(_))
-        ));
+        let locked = "admission webhook \"namespaced.objectlock.dev\" denied the request: configmaps \"web\" in namespace \"prod\" is locked by";
+        for (message, want) in [
+            (
+                format!("{locked} Lock prod/web: freeze (to unlock: kubectl delete lock web -n prod)"),
+                "Ok(\" (enforced by 2)\")",
+            ),
+            (
+                format!("{locked} Lock prod/a: x; Lock prod/web (to unlock: kubectl delete lock a web -n prod)"),
+                "Ok(\" (enforced by 2)\")",
+            ),
+            (format!("{locked} Lock prod/web-selector"), "another admission webhook"),
+            (
+                "admission webhook \"policy.example.com\" denied the request: no".into(),
+                "another admission webhook",
+            ),
+            (
+                "configmaps \"web\" is forbidden: User \"bob\" cannot delete resource \"configmaps\""
+                    .into(),
+                "the dry run could not be made",
+            ),
+        ] {
+            let status = kube::core::Status::failure(&message, "Forbidden").with_code(403);
+            let tried = format!("{:?}", classify(&kube::Error::Api(status.boxed()), &lock, 2));
+            assert!(tried.contains(want), "{message}: {tried}");
+        }
     }
 }

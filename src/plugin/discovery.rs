@@ -10,16 +10,13 @@ use kube::api::{ApiResource, GroupVersionKind};
 
 use crate::api;
 
-/// One resource type, as discovery describes it.
+/// One resource type, as discovery describes it at `version` (`preferred`: the group's preferred
+/// version); `group` is `""` for the core group.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ResourceType {
-    /// API group, `""` for the core group.
     pub group: String,
-    /// The version it was discovered at.
     pub version: String,
-    /// Whether that version is the group's preferred one.
     pub preferred: bool,
-    /// Plural resource name (`deployments`).
     pub plural: String,
     pub singular: String,
     pub kind: String,
@@ -28,18 +25,15 @@ pub struct ResourceType {
 }
 
 impl ResourceType {
-    /// What `Api::<DynamicObject>` needs to talk about it.
     pub fn api_resource(&self) -> ApiResource {
         let gvk = GroupVersionKind::gvk(&self.group, &self.version, &self.kind);
         ApiResource::from_gvk_with_plural(&gvk, &self.plural)
     }
 
-    /// `Lock` or `ClusterLock` themselves.
     pub fn is_lock(&self) -> bool {
         self.group == api::GROUP && [api::LOCKS, api::CLUSTER_LOCKS].contains(&self.plural.as_str())
     }
 
-    /// The resource as kubectl names it in messages: `configmaps`, `deployments.apps`.
     pub fn qualified(&self) -> String {
         qualified(&self.group, &self.plural)
     }
@@ -75,14 +69,12 @@ pub fn qualified(group: &str, plural: &str) -> String {
     }
 }
 
-/// What a user wrote for a resource, split as kubectl splits it.
+/// What a user wrote for a resource (`text`), split as kubectl splits it: the resource part
+/// lower-cased (`deploy`), and the groups (and versions) it may be qualified with (none: any).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ResourceArg {
-    /// What was written, for messages.
     pub text: String,
-    /// The resource part, lower-cased (`deploy`, `deployment`).
     name: String,
-    /// The groups (and versions) it may be qualified with; empty: any group.
     groups: Vec<(String, Option<String>)>,
 }
 
@@ -150,11 +142,10 @@ fn looks_like_version(text: &str) -> bool {
             .any(|l| level.strip_prefix(l).is_some_and(digits))
 }
 
-/// Why a resource could not be resolved.
+/// Why a resource could not be resolved: no match, or the qualified names of equal matches.
 #[derive(Debug, PartialEq, Eq)]
 pub enum ResolveError {
     Unknown,
-    /// Several resources match equally well: their qualified names.
     Ambiguous(Vec<String>),
 }
 
@@ -191,27 +182,16 @@ pub fn resolve<'a>(
     Err(ResolveError::Unknown)
 }
 
-/// The resource types discovery found, and the group versions it could not read.
+/// The resource types discovery found (core group first, then the server's order), and each
+/// document it could not read as `(group, "group/version: error")`: the rest is still usable,
+/// as kubectl uses it (an aggregated API that is down, say).
 #[derive(Debug, Default)]
 pub struct Discovered {
-    /// Core group first, then the groups in the server's order.
     pub types: Vec<ResourceType>,
-    /// Each discovery document that could not be read (an aggregated API that is down, say);
-    /// the rest is still usable, as kubectl uses it.
-    pub failures: Vec<DiscoveryFailure>,
-}
-
-/// A discovery document that could not be read.
-#[derive(Debug)]
-pub struct DiscoveryFailure {
-    /// Its group (`""`: core).
-    pub group: String,
-    /// `group/version: error`.
-    pub message: String,
+    pub failures: Vec<(String, String)>,
 }
 
 impl Discovered {
-    /// The preferred version of `plural` in `group`.
     pub fn find(&self, group: &str, plural: &str) -> Option<&ResourceType> {
         self.types
             .iter()
@@ -271,10 +251,10 @@ pub async fn discover(
             Ok(list) => discovered
                 .types
                 .extend(ResourceType::from_list(&list, *preferred)),
-            Err(e) => discovered.failures.push(DiscoveryFailure {
-                group: gv.split_once('/').map_or("", |(group, _)| group).to_owned(),
-                message: format!("{gv}: {}", super::error::detail(&e)),
-            }),
+            Err(e) => discovered.failures.push((
+                gv.split_once('/').map_or("", |(group, _)| group).to_owned(),
+                format!("{gv}: {}", super::error::detail(&e)),
+            )),
         }
     }
     Ok(discovered)
@@ -314,55 +294,46 @@ mod tests {
         ]
     }
 
-    fn resolved(text: &str) -> Result<String, ResolveError> {
-        let types = types();
-        resolve(&ResourceArg::parse(text), &types)
-            .map(|t| format!("{}/{}", t.qualified(), t.version))
-    }
-
     #[test]
     fn names_resolve_as_in_kubectl() {
+        let types = types();
+        let ok = |want: &str| Ok(want.to_owned());
         for (text, want) in [
-            ("configmaps", "configmaps/v1"),
-            ("configmap", "configmaps/v1"),
-            ("cm", "configmaps/v1"),
-            ("ConfigMap", "configmaps/v1"),
-            ("deployments", "deployments.apps/v1"),
-            ("deploy", "deployments.apps/v1"),
-            ("deployment.apps", "deployments.apps/v1"),
-            ("Deployment.apps", "deployments.apps/v1"),
-            ("deploy.apps", "deployments.apps/v1"),
-            ("deployments.v1beta1.apps", "deployments.apps/v1beta1"),
-            ("deployments.v1.apps", "deployments.apps/v1"),
+            ("configmaps", ok("configmaps/v1")),
+            ("configmap", ok("configmaps/v1")),
+            ("cm", ok("configmaps/v1")),
+            ("ConfigMap", ok("configmaps/v1")),
+            ("deployments", ok("deployments.apps/v1")),
+            ("deploy", ok("deployments.apps/v1")),
+            ("deployment.apps", ok("deployments.apps/v1")),
+            ("Deployment.apps", ok("deployments.apps/v1")),
+            ("deploy.apps", ok("deployments.apps/v1")),
+            ("deployments.v1beta1.apps", ok("deployments.apps/v1beta1")),
+            ("deployments.v1.apps", ok("deployments.apps/v1")),
             // Built-in resources win over the same name in other groups.
-            ("pods", "pods/v1"),
-            ("events", "events/v1"),
-            ("events.events.k8s.io", "events.events.k8s.io/v1"),
+            ("pods", ok("pods/v1")),
+            ("events", ok("events/v1")),
+            ("events.events.k8s.io", ok("events.events.k8s.io/v1")),
             (
                 "gateways.networking.istio.io",
-                "gateways.networking.istio.io/v1",
+                ok("gateways.networking.istio.io/v1"),
             ),
-            ("gw", "gateways.networking.istio.io/v1"),
+            ("gw", ok("gateways.networking.istio.io/v1")),
+            ("widgetz", Err(ResolveError::Unknown)),
+            ("deployments.extensions", Err(ResolveError::Unknown)),
+            ("deployments.v2.apps", Err(ResolveError::Unknown)),
+            (
+                "gateways",
+                Err(ResolveError::Ambiguous(vec![
+                    "gateways.networking.istio.io".into(),
+                    "gateways.gateway.networking.k8s.io".into(),
+                ])),
+            ),
         ] {
-            assert_eq!(resolved(text).as_deref(), Ok(want), "{text}");
+            let resolved = resolve(&ResourceArg::parse(text), &types)
+                .map(|t| format!("{}/{}", t.qualified(), t.version));
+            assert_eq!(resolved, want, "{text}");
         }
-    }
-
-    #[test]
-    fn unknown_and_ambiguous_names() {
-        assert_eq!(resolved("widgetz"), Err(ResolveError::Unknown));
-        assert_eq!(
-            resolved("deployments.extensions"),
-            Err(ResolveError::Unknown)
-        );
-        assert_eq!(resolved("deployments.v2.apps"), Err(ResolveError::Unknown));
-        assert_eq!(
-            resolved("gateways"),
-            Err(ResolveError::Ambiguous(vec![
-                "gateways.networking.istio.io".into(),
-                "gateways.gateway.networking.k8s.io".into()
-            ]))
-        );
     }
 
     #[test]

@@ -1,12 +1,6 @@
-//! The lease of a lock held while a command runs (`kubectl lock ... -- COMMAND`).
-//!
-//! The lock's `spec.expiresAt` is kept one lease ahead of now, renewed every third of the lease.
-//! So if `kubectl lock` is killed (SIGKILL, the machine lost) and cannot remove the lock, the
-//! lock lapses by itself within one lease, while a renewal that fails once or twice is retried
-//! well before the lease runs out. The webhook enforces `expiresAt` as it does any expiry.
-//!
-//! Time is tokio's: the schedule runs on [`Instant`], and the wall-clock times written are
-//! derived from it ([`Clock`]), so the whole schedule runs under a paused clock in tests.
+//! The lease of a lock held while a command runs: `spec.expiresAt` is kept one lease ahead of
+//! now, renewed every third of it, so a killed `kubectl lock` leaves a lock that lapses within
+//! one lease. Time is tokio's ([`Clock`] derives the wall times), so tests pause it.
 
 use std::time::Duration;
 
@@ -14,7 +8,6 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-/// The lease when `--lease` is not given.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
 /// The shortest lease: a renewal every second.
 pub const MIN_LEASE: Duration = Duration::from_secs(3);
@@ -27,7 +20,6 @@ pub struct Clock {
 }
 
 impl Clock {
-    /// Anchors tokio's clock to the wall clock now.
     pub fn start() -> Clock {
         Clock {
             wall: Timestamp::now(),
@@ -45,71 +37,41 @@ impl Clock {
     }
 }
 
-/// Why a renewal failed.
+/// Why a renewal failed: `Lost`, the lock is gone or was replaced; `Failed`, this try only.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RenewError {
-    /// The lock is gone or was replaced: no renewal can succeed.
     Lost(String),
-    /// This try failed; another may not.
     Failed(String),
 }
 
 /// Writes a lock's `expiresAt`.
 pub trait Renew {
-    /// Sets `expiresAt` of the lock to `expires_at`.
     fn renew(
         &mut self,
         expires_at: Timestamp,
     ) -> impl std::future::Future<Output = Result<(), RenewError>>;
 }
 
-/// What the lease has to say, for stderr.
+/// What the lease has to say, for stderr: a renewal failed with `left` on the lease, the lease
+/// ran out, renewals work again, or the lock is gone (renewals stop).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Notice {
-    /// A renewal failed and the lease runs out in `left` unless one succeeds.
-    Failing {
-        /// Time left on the lease.
-        left: Duration,
-        why: String,
-    },
-    /// The lease ran out: the lock no longer applies until a renewal succeeds.
+    Failing { left: Duration, why: String },
     Lapsed { why: String },
-    /// Renewed again after a [`Notice::Failing`] or [`Notice::Lapsed`].
     Recovered,
-    /// The lock is gone: renewals stop.
     Lost(String),
 }
 
-/// The renewal schedule: every third of the lease, retried when it fails.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Schedule {
-    /// How far ahead of now `expiresAt` is kept.
-    pub lease: Duration,
-}
-
-impl Schedule {
-    /// Time between two successful renewals.
-    pub fn period(&self) -> Duration {
-        self.lease / 3
-    }
-
-    /// Time between two tries after a failure: a twelfth of the lease, 250 ms to 5 s.
-    pub fn retry(&self) -> Duration {
-        (self.lease / 12).clamp(Duration::from_millis(250), Duration::from_secs(5))
-    }
-
-    /// Whether a failure with `left` on the lease is worth telling: the lease is about to run
-    /// out (less than a renewal period left, so at least one more renewal failed before).
-    pub fn warns(&self, left: Duration) -> bool {
-        left < self.period()
-    }
+/// Time between two tries after a failure: a twelfth of the lease, 250 ms to 5 s.
+fn retry(lease: Duration) -> Duration {
+    (lease / 12).clamp(Duration::from_millis(250), Duration::from_secs(5))
 }
 
 /// Keeps the lease of the lock that `created` announces, whose `expiresAt` was written as the
 /// wall time of `expires` (the first lease, counted from before the lock was created). Returns
 /// only when the lock is lost; until then renews it forever, so drop it to stop.
 pub async fn keep<R: Renew + Clone>(
-    schedule: Schedule,
+    lease: Duration,
     clock: Clock,
     expires: Instant,
     mut created: watch::Receiver<Option<R>>,
@@ -124,18 +86,19 @@ pub async fn keep<R: Renew + Clone>(
         return std::future::pending().await;
     };
     let mut expires = expires;
-    let mut next = expires - schedule.lease + schedule.period();
+    let period = lease / 3;
+    let mut next = expires - lease + period;
     // Told Failing or Lapsed since the last success.
     let mut troubled = false;
     let mut lapsed = false;
     loop {
         tokio::time::sleep_until(next).await;
         let now = Instant::now();
-        let until = now + schedule.lease;
+        let until = now + lease;
         match renewer.renew(clock.wall(until)).await {
             Ok(()) => {
                 expires = until;
-                next = now + schedule.period();
+                next = now + period;
                 if std::mem::take(&mut troubled) {
                     notify(Notice::Recovered);
                 }
@@ -153,11 +116,12 @@ pub async fn keep<R: Renew + Clone>(
                         notify(Notice::Lapsed { why });
                         troubled = true;
                     }
-                } else if schedule.warns(left) {
+                } else if left < period {
+                    // About to run out: at least one more renewal failed before.
                     notify(Notice::Failing { left, why });
                     troubled = true;
                 }
-                next = now + schedule.retry();
+                next = now + retry(lease);
             }
         }
     }

@@ -1,22 +1,23 @@
 //! `kubectl lock list`: the Locks of a namespace (or all namespaces) and the ClusterLocks, with
-//! what each covers and whether its target exists.
+//! what each covers, whether its target exists, how many instances enforce it (ENFORCED) and how
+//! many refusals its `Blocked` events record (BLOCKED, as far back as the API server keeps events).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 
 use futures::StreamExt;
+use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DynamicObject, ListParams};
+use kube::api::{Api, DynamicObject, ListParams};
 
 use super::cli::{ConnectionArgs, ListArgs};
 use super::discovery::Discovered;
 use super::error::{detail, status_code};
-use super::{Cluster, PluginError, Report, activity, lock_kind, lock_resource, owner, spec};
-use crate::api::{self, LockSpec};
+use super::{Cluster, PluginError, Report, owner, spec};
+use crate::api::{self, LockKind, LockSpec};
+use crate::events::{BLOCKED, REPORTING_CONTROLLER};
 
-/// Target lookups in flight at once.
 const CONCURRENT_LOOKUPS: usize = 8;
 
-/// Lists the locks as a table.
 pub(super) async fn list(
     connection: &ConnectionArgs,
     args: &ListArgs,
@@ -26,7 +27,7 @@ pub(super) async fn list(
     let mut notes = vec![];
     let params = ListParams::default();
     let locks = cluster
-        .api(&lock_resource(true), namespace.as_deref())
+        .api(&LockKind::Lock.api_resource(), namespace.as_deref())
         .list(&params)
         .await
         .map_err(|e| match &namespace {
@@ -34,7 +35,11 @@ pub(super) async fn list(
             None => cluster.failed(&e, "cannot list Locks"),
         })?;
     // Who may only read one namespace's Locks still gets them listed.
-    let cluster_locks = match cluster.api(&lock_resource(false), None).list(&params).await {
+    let cluster_locks = match cluster
+        .api(&LockKind::ClusterLock.api_resource(), None)
+        .list(&params)
+        .await
+    {
         Ok(list) => list.items,
         Err(e) if namespace.is_some() && status_code(&e) == Some(403) => {
             notes.push(format!("ClusterLocks are not listed: {}", detail(&e)));
@@ -56,18 +61,9 @@ pub(super) async fn list(
     }
 
     // Each spec as the webhook reads it: one it cannot read is listed as what fails closed.
-    let specs: Vec<LockSpec> = objects
-        .iter()
-        .map(|o| {
-            let (spec, problem) = spec::read(o);
-            if let Some(problem) = problem {
-                let name = o.metadata.name.as_deref().unwrap_or_default();
-                let lock = match o.metadata.namespace.as_deref() {
-                    Some(ns) => format!("Lock {ns}/{name}"),
-                    None => format!("ClusterLock {name}"),
-                };
-                notes.push(spec::unreadable(&lock, &problem));
-            }
+    let specs: Vec<LockSpec> = (objects.iter().map(spec::read))
+        .map(|(spec, note)| {
+            notes.extend(note);
             spec
         })
         .collect();
@@ -88,31 +84,22 @@ pub(super) async fn list(
     let blocked = blocked(&cluster, namespace.as_deref(), &mut notes).await;
 
     let now = Timestamp::now();
-    let mut header = vec![
-        "NAME",
-        "KIND",
-        "COVERS",
-        "OPERATIONS",
-        "TARGET",
-        "OWNER",
-        "MODE",
-        "ENFORCED",
-        "BLOCKED",
-        "EXPIRES",
-        "HOLDER",
-        "REASON",
-    ];
-    if args.all_namespaces {
-        header.insert(0, "NAMESPACE");
-    }
-    let rows: Vec<Vec<String>> = objects
-        .iter()
-        .zip(&specs)
-        .zip(targets)
+    let header = "NAMESPACE NAME KIND COVERS OPERATIONS TARGET OWNER MODE ENFORCED BLOCKED EXPIRES HOLDER REASON";
+    let skip = usize::from(!args.all_namespaces);
+    let rows: Vec<Vec<String>> = (objects.iter().zip(&specs).zip(targets))
         .map(|((o, spec), target)| {
             let name = o.metadata.name.clone().unwrap_or_default();
             let namespace = o.metadata.namespace.as_deref();
-            let mut row = vec![
+            let uid = o.metadata.uid.as_deref().unwrap_or_default();
+            let row = [
+                namespace.unwrap_or("-").to_owned(),
+                name.clone(),
+                (if namespace.is_some() {
+                    "Lock"
+                } else {
+                    "ClusterLock"
+                })
+                .to_owned(),
                 spec::describe_covers(&name, spec),
                 spec::operations(spec),
                 target.to_owned(),
@@ -121,24 +108,19 @@ pub(super) async fn list(
                     true => UNENFORCED.to_owned(),
                     false => spec::mode(spec).to_owned(),
                 },
-                activity::enforced(o),
-                blocked.as_ref().map_or("-".to_owned(), |b| b.of(o)),
+                enforced(o),
+                (blocked.as_ref()).map_or("-".to_owned(), |b| {
+                    b.get(uid).copied().unwrap_or(0).to_string()
+                }),
                 spec::time_left(spec, now),
-                spec.holder
-                    .as_ref()
-                    .map_or("-".to_owned(), spec::holder_cell),
+                (spec.holder.as_ref()).map_or("-".to_owned(), spec::holder_cell),
                 (spec.reason.as_deref().unwrap_or_default())
                     .split_whitespace()
                     .collect::<Vec<_>>()
                     .join(" "),
             ];
-            row.insert(0, lock_kind(namespace.is_some()).as_str().to_owned());
-            row.insert(0, name);
-            if args.all_namespaces {
-                row.insert(0, namespace.unwrap_or("-").to_owned());
-            }
             // Every cell is the Lock's own text: a reason or holder may carry control characters.
-            row.into_iter()
+            (row.into_iter().skip(skip))
                 .map(|cell| api::escape(&cell).into_owned())
                 .collect()
         })
@@ -154,27 +136,35 @@ pub(super) async fn list(
         ));
     }
     Ok(Report {
-        stdout: table(&header, &rows),
+        stdout: table(&header.split(' ').skip(skip).collect::<Vec<_>>(), &rows),
         notes,
         exit_code: 0,
     })
 }
 
-/// Refusals recorded for the locks listed: the events of `namespace` (all when `None`), and of
-/// `default`, where the events of ClusterLocks are. `None` (with a note) when they cannot be read.
+/// Refusal counts (the sum of the events' series counts) by the uid of the lock they regard:
+/// the events of `namespace` (all when `None`), and of `default`, where the events of
+/// ClusterLocks are. `None` (with a note) when they cannot be read.
 async fn blocked(
     cluster: &Cluster,
     namespace: Option<&str>,
     notes: &mut Vec<String>,
-) -> Option<activity::Blocked> {
+) -> Option<HashMap<String, i64>> {
     let mut namespaces = vec![namespace];
     if namespace.is_some_and(|ns| ns != "default") {
         namespaces.push(Some("default"));
     }
-    let mut total = activity::Blocked::default();
+    let params = ListParams::default().fields(&format!(
+        "reason={BLOCKED},reportingController={REPORTING_CONTROLLER}"
+    ));
+    let mut total = HashMap::new();
     for ns in namespaces {
-        match activity::Blocked::read(&cluster.client, ns).await {
-            Ok(found) => total.merge(found),
+        let api: Api<Event> = match ns {
+            Some(ns) => Api::namespaced(cluster.client.clone(), ns),
+            None => Api::all(cluster.client.clone()),
+        };
+        match api.list(&params).await {
+            Ok(events) => count_blocked(&mut total, &events.items),
             Err(e) => {
                 notes.push(format!(
                     "BLOCKED is not shown: cannot list events.events.k8s.io{}: {}",
@@ -189,11 +179,34 @@ async fn blocked(
     Some(total)
 }
 
+fn count_blocked(total: &mut HashMap<String, i64>, events: &[Event]) {
+    for event in events {
+        let uid = event.regarding.as_ref().and_then(|r| r.uid.clone());
+        if let Some(uid) = uid.filter(|u| !u.is_empty()) {
+            let count = event.series.as_ref().map_or(1, |s| s.count).max(1);
+            *total.entry(uid).or_default() += i64::from(count);
+        }
+    }
+}
+
+/// ENFORCED: instances enforcing the lock's current generation; `-` without any status.
+fn enforced(lock: &DynamicObject) -> String {
+    let generation = lock.metadata.generation.unwrap_or(0);
+    match lock.data["status"]["enforcedBy"].as_array() {
+        None if lock.data["status"]["enforcedCount"].is_null() => "-".to_owned(),
+        None => "0".to_owned(),
+        Some(entries) => entries
+            .iter()
+            .filter(|e| e["observedGeneration"].as_i64().unwrap_or(0) >= generation)
+            .count()
+            .to_string(),
+    }
+}
+
 /// The MODE of a lock the webhook never hears of.
 const UNENFORCED: &str = "unenforced";
 
-/// The status reason of a lock in a namespace the registration's namespaceSelector (namespaces
-/// that opt in) does not select.
+/// The status reason of a lock in a namespace the registration's namespaceSelector leaves out.
 const NOT_SELECTED: &str = "NamespaceNotSelected";
 
 /// A Lock in a namespace the registration leaves out, or a ClusterLock that can only cover one
@@ -228,7 +241,7 @@ async fn target_state(
     };
     let namespace = lock.metadata.namespace.as_deref();
     let Some(resource) = discovered.find(&group, &plural) else {
-        let unreadable = discovered.failures.iter().any(|f| f.group == group);
+        let unreadable = discovered.failures.iter().any(|(g, _)| *g == group);
         // Not served at all: no such object can exist.
         return if unreadable { "-" } else { "missing" };
     };
@@ -320,6 +333,55 @@ mod tests {
         assert!(!unenforced(&lock("prod", "Enforcing"), &spec));
         assert!(unenforced(&lock("prod", NOT_SELECTED), &spec));
         assert!(unenforced(&lock("kube-system", "Enforcing"), &spec));
+    }
+
+    #[test]
+    fn enforced_and_blocked_columns() {
+        let lock = |generation: i64, status: serde_json::Value| -> DynamicObject {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "objectlock.dev/v1alpha1", "kind": "Lock",
+                "metadata": {"name": "web", "namespace": "prod", "generation": generation},
+                "status": status,
+            }))
+            .expect("an object")
+        };
+        let entry = |g: i64| serde_json::json!({"instance": "cp", "observedGeneration": g, "since": "2026-01-01T00:00:00Z"});
+        assert_eq!(enforced(&lock(1, serde_json::Value::Null)), "-");
+        assert_eq!(
+            enforced(&lock(1, serde_json::json!({"enforcedCount": 0}))),
+            "0"
+        );
+        let current = serde_json::json!({"enforcedBy": [entry(2), entry(1)]});
+        assert_eq!(enforced(&lock(2, current)), "1");
+
+        let event = |regarding: serde_json::Value, series: serde_json::Value| -> Event {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {}, "eventTime": null, "regarding": regarding, "series": series,
+            }))
+            .expect("an event")
+        };
+        let series = |count: i32| serde_json::json!({"count": count, "lastObservedTime": "2026-01-01T00:00:00.000000Z"});
+        let mut total = HashMap::new();
+        count_blocked(
+            &mut total,
+            &[
+                event(serde_json::json!({"uid": "u-1"}), series(57)),
+                event(serde_json::json!({"uid": "u-1"}), serde_json::Value::Null),
+                event(serde_json::json!({"uid": "u-2"}), series(3)),
+                event(serde_json::json!({}), series(5)),
+            ],
+        );
+        count_blocked(
+            &mut total,
+            &[event(
+                serde_json::json!({"uid": "u-1"}),
+                serde_json::Value::Null,
+            )],
+        );
+        assert_eq!(
+            total,
+            HashMap::from([("u-1".into(), 59), ("u-2".into(), 3)])
+        );
     }
 
     #[test]

@@ -2,43 +2,33 @@
 
 use std::time::Duration;
 
+use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, DynamicObject, PostParams, Preconditions};
 use tokio::sync::watch;
 
 use super::cli::{ConnectionArgs, LockArgs};
 use super::confirm::{self, Probe};
-use super::error::status_code;
+use super::error::{detail, status_code};
 use super::owner;
-use super::spec::{self, NewSpec};
-use super::{Cluster, PluginError, Report, Target, collector, lock_resource};
-use crate::api::LockKey;
-use crate::api::LockOperation;
+use super::spec;
+use super::{Cluster, PluginError, Report, Target, collector};
+use crate::admission::decide;
+use crate::api::{Holder, LockKey, LockOperation, LockSpec};
 
-/// Creates the lock of the object `args.target` names.
-pub(super) async fn lock(
-    connection: &ConnectionArgs,
-    args: &LockArgs,
-) -> Result<Report, PluginError> {
-    take(connection, args, None).await
-}
-
-/// A lock held for as long as a command runs, on a lease (`kubectl lock ... -- COMMAND`).
+/// A lock held while a command runs (`kubectl lock ... -- COMMAND`): `expires_at` is one lease
+/// from now, and `created` is told the lock as soon as it exists, before it is confirmed.
 pub(super) struct Held<'a> {
     pub lease: Duration,
-    /// The first `expiresAt`: one lease from now.
     pub expires_at: Timestamp,
-    /// Told the lock as soon as it is created, before it is confirmed.
     pub created: &'a watch::Sender<Option<Created>>,
 }
 
-/// A lock this process created.
+/// A lock this process created; its uid is a precondition of every later write.
 #[derive(Clone)]
 pub(super) struct Created {
-    /// Its `Api`, through the plugin's client.
     pub api: Api<DynamicObject>,
     pub key: LockKey,
-    /// Its uid, a precondition of every later write.
     pub uid: String,
 }
 
@@ -93,29 +83,21 @@ pub(super) async fn take(
     };
     let holder = match args.no_holder {
         true => None,
-        false => Some(super::holder::caller(&cluster).await?),
+        false => Some(caller(&cluster).await?),
     };
 
-    let new = NewSpec {
-        group: &target.resource.group,
-        plural: &target.resource.plural,
-        reason: args.reason.as_deref(),
-        operations: &operations,
-        exempt_users: &args.exempt_users,
-        expires_at,
-        warn: args.warn,
-        holder,
-        fields: &args.fields,
-        except_fields: &args.except_fields,
-    };
+    let resource = (
+        target.resource.group.as_str(),
+        target.resource.plural.as_str(),
+    );
+    let new = spec::new(args, resource, &operations, expires_at, holder);
     let lock = target.lock();
-    let namespaced = lock.namespace.is_some();
-    let spec = serde_json::to_value(new.to_spec()).expect("a LockSpec has string keys only");
-    let mut object = DynamicObject::new(&lock.name, &lock_resource(namespaced))
+    let spec = serde_json::to_value(&new).expect("a LockSpec has string keys only");
+    let mut object = DynamicObject::new(&lock.name, &lock.api_resource())
         .data(serde_json::json!({ "spec": spec }));
     object.metadata.namespace = lock.namespace.clone();
     object.metadata.owner_references = owner.clone().map(|owner| vec![owner]);
-    let api = super::lock_api(&cluster, &lock);
+    let api = lock.api(cluster.client.clone());
     match api.create(&PostParams::default(), &object).await {
         Ok(object) => {
             if let Some(held) = &held {
@@ -138,50 +120,26 @@ pub(super) async fn take(
             });
         }
     }
-    let reason = args
-        .reason
-        .as_ref()
-        .map(|r| format!(": {r}"))
-        .unwrap_or_default();
+    let reason = (args.reason.as_ref()).map_or(String::new(), |r| format!(": {r}"));
     // An unenforced lock (--force-unenforced) can never be confirmed: do not wait for it.
     let confirmed = match args.wait && target.unenforced().is_none() {
         false => String::new(),
         true => {
-            let asks = |op| match operations.as_slice() {
-                [] => matches!(op, LockOperation::Update | LockOperation::Delete),
-                ops => ops.contains(&op),
-            };
-            // Missing objects are found out by the dry run (404).
-            let probe = if args.warn {
-                Probe::None
-            } else if asks(LockOperation::Delete) {
-                Probe::Delete
-            } else if asks(LockOperation::Update)
-                && args.fields.is_empty()
-                && args.except_fields.is_empty()
-            {
-                // A lock on fields may let the probe's annotation through: its status says.
-                Probe::Update
-            } else {
-                Probe::Status
-            };
-            confirm::confirm(&cluster, &target, &lock, probe, args.timeout)
-                .await?
-                .suffix()
+            let probe = Probe::for_spec(&new);
+            confirm::confirm(&cluster, &target, &lock, probe, args.timeout).await?
         }
     };
     let owned = (owner.as_ref())
         .map(|o| format!("; owned by {}", owner::short(o)))
         .unwrap_or_default();
     let summary = match &held {
-        None => new.summary(),
+        None => spec::summary(&new),
         Some(held) => format!(
             "{}; lease {}",
-            NewSpec {
+            spec::summary(&LockSpec {
                 expires_at: None,
                 ..new
-            }
-            .summary(),
+            }),
             humantime::format_duration(held.lease)
         ),
     };
@@ -191,6 +149,31 @@ pub(super) async fn take(
         notes,
         exit_code: 0,
     })
+}
+
+/// The caller as a lock's `spec.holder`: the API server's own answer (`kubectl auth whoami`),
+/// so the holder written is exactly what the lock policy compares on create.
+async fn caller(cluster: &Cluster) -> Result<Holder, PluginError> {
+    let review = Api::<SelfSubjectReview>::all(cluster.client.clone())
+        .create(&PostParams::default(), &SelfSubjectReview::default())
+        .await
+        .map_err(|e| {
+            cluster.failed(
+                &e,
+                "cannot tell who you are to hold the lock (kubectl auth whoami; --no-holder skips it)",
+            )
+        })?;
+    match review
+        .status
+        .and_then(|s| s.user_info)
+        .and_then(|u| u.username)
+    {
+        Some(username) if !username.is_empty() => Ok(Holder::for_user(&username)),
+        _ => Err(PluginError::Usage(
+            "the API server did not say who you are (kubectl auth whoami): lock with --no-holder"
+                .to_owned(),
+        )),
+    }
 }
 
 /// `expiresAt` from `--for` (from `now`, whole seconds) or `--until` (in the future).
@@ -226,7 +209,7 @@ pub(super) async fn unlock(
     let mut notes = vec![];
     let target = Target::resolve(&cluster, connection, words, &mut notes).await?;
     let lock = target.lock();
-    let api = super::lock_api(&cluster, &lock);
+    let api = lock.api(cluster.client.clone());
     let no_lock = |why: String| PluginError::NoLock {
         target: target.to_string(),
         why,
@@ -236,9 +219,10 @@ pub(super) async fn unlock(
         Err(e) if status_code(&e) == Some(404) => return Err(no_lock(String::new())),
         Err(e) => return Err(cluster.failed(&e, format!("cannot read {lock}"))),
     };
-    let (lock_spec, problem) = spec::read(&existing);
-    notes.extend(problem.map(|problem| spec::unreadable(&lock, &problem)));
-    if !spec::covers(&lock_spec, &target.resource.group, &target.resource.plural) {
+    let (lock_spec, note) = spec::read(&existing);
+    notes.extend(note);
+    let (group, plural) = (&target.resource.group, &target.resource.plural);
+    if !decide::covers_resource(&lock_spec, group, plural, None) {
         let why = match spec::describe_covers(&lock.name, &lock_spec) {
             covered if covered == "no resource" => format!(" ({lock} covers no resource)"),
             covered => format!(" ({lock} covers {covered} only)"),
@@ -269,7 +253,7 @@ pub(super) async fn unlock(
             (Some(holder), Some(403)) => PluginError::Held {
                 lock: lock.to_string(),
                 holder: holder.to_string(),
-                detail: super::error::detail(&e),
+                detail: detail(&e),
             },
             _ => cluster.failed(&e, format!("cannot delete {lock}")),
         }),

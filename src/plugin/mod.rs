@@ -1,21 +1,13 @@
-//! `kubectl lock` and `kubectl unlock`: a kubectl plugin that locks one object by creating its
-//! `Lock` (or `ClusterLock`), unlocks it by deleting that lock, and lists the locks with what
-//! they cover.
-//!
-//! One binary, `kubectl-lock`, also installed as `kubectl-unlock` ([`cli::parse`] tells them
-//! apart by the name it was started as). Resources are resolved through API discovery the way
-//! kubectl resolves them ([`discovery`]). Locks travel as `DynamicObject`s of
-//! `objectlock.dev/v1alpha1`, but their specs are the crate's [`crate::api::LockSpec`], and what
-//! a spec covers is the decision's own [`crate::admission::decide::covers_resource`]: a lock
-//! means the same to the plugin as to the webhook.
+//! `kubectl lock` and `kubectl unlock` (one binary, told apart by the name it runs as): lock one
+//! object by creating its `Lock` (or `ClusterLock`), unlock it by deleting that lock, list the
+//! locks. Invariant: a spec is the crate's [`crate::api::LockSpec`] and what it covers is the
+//! webhook's own [`crate::admission::decide::covers_resource`].
 
-mod activity;
 pub mod cli;
 mod collector;
 mod confirm;
 pub mod discovery;
 mod error;
-mod holder;
 mod lease;
 mod list;
 mod lock;
@@ -26,62 +18,22 @@ mod spec;
 use clap::CommandFactory;
 use kube::api::{Api, ApiResource, DynamicObject};
 
-use crate::api::{self, LockKey, LockKind};
+use crate::api::{self, LockKey};
 use crate::kubeconfig::{self, KubeconfigError};
 use cli::ConnectionArgs;
-pub use cli::{Invocation, LockCommand, one_line};
+pub use cli::{Invocation, LockCommand, one_line, parse};
 use discovery::{Discovered, ResolveError, ResourceArg, ResourceType};
 pub use error::PluginError;
 
-/// What a successful command prints.
+/// What a successful command prints: stdout, one-line notes for stderr, and the exit status (0,
+/// or the command's with `kubectl lock ... -- COMMAND`).
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Report {
     pub stdout: String,
-    /// Remarks for stderr, each one line (a `--namespace` that was ignored, an empty list).
     pub notes: Vec<String>,
-    /// The exit status: 0, or a command's (`kubectl lock ... -- COMMAND`).
     pub exit_code: u8,
 }
 
-/// Parses the whole command line ([`cli::parse`]) and checks the object it names before any
-/// cluster is loaded: a malformed RESOURCE/NAME is a bad command line like any other (exit 2),
-/// `help` prints the help, and `kubectl-lock unlock ...` says how to unlock.
-pub fn parse<I, T>(args: I) -> Result<Invocation, clap::Error>
-where
-    I: IntoIterator<Item = T>,
-    T: Into<std::ffi::OsString>,
-{
-    let mut args: Vec<std::ffi::OsString> = args.into_iter().map(Into::into).collect();
-    if args.get(1).is_some_and(|word| word == "help") {
-        args.remove(1);
-        args.push("--help".into());
-    }
-    let invocation = cli::parse(args)?;
-    let usage =
-        |message: String| clap::Error::raw(clap::error::ErrorKind::InvalidValue, message + "\n");
-    let words = match &invocation {
-        Invocation::Lock(cli) if cli.command.is_none() => {
-            if let [first, rest @ ..] = cli.lock.target.as_slice()
-                && first == "unlock"
-            {
-                let target = rest.first().map_or("RESOURCE/NAME", String::as_str);
-                return Err(usage(format!(
-                    "to unlock, run `kubectl unlock {target}` (kubectl-unlock is this binary under another name: \
-                     if it is missing, link it beside kubectl-lock with `ln -s kubectl-lock kubectl-unlock`)"
-                )));
-            }
-            &cli.lock.target
-        }
-        Invocation::Unlock(cli) => &cli.target,
-        Invocation::Lock(_) => return Ok(invocation),
-    };
-    match parse_target(words) {
-        Ok(_) => Ok(invocation),
-        Err(e) => Err(usage(e.to_string())),
-    }
-}
-
-/// Runs a parsed command line against the cluster its flags name.
 pub async fn run(invocation: Invocation) -> Result<Report, PluginError> {
     match invocation {
         Invocation::Lock(cli) => match cli.command {
@@ -91,7 +43,9 @@ pub async fn run(invocation: Invocation) -> Result<Report, PluginError> {
                 ..Report::default()
             }),
             Some(LockCommand::Man(args)) => man_pages(&args.dir),
-            None if cli.lock.command.is_empty() => lock::lock(&cli.connection, &cli.lock).await,
+            None if cli.lock.command.is_empty() => {
+                lock::take(&cli.connection, &cli.lock, None).await
+            }
             None => run::run(&cli.connection, &cli.lock).await,
         },
         Invocation::Unlock(cli) => lock::unlock(&cli.connection, &cli.target, cli.no_nudge).await,
@@ -114,7 +68,6 @@ fn completion(shell: cli::PluginShell) -> String {
     String::from_utf8_lossy(&script).into_owned()
 }
 
-/// `kubectl lock man DIR`: the pages of both command lines.
 fn man_pages(dir: &std::path::Path) -> Result<Report, PluginError> {
     use crate::cli::generate::write_man_pages;
     write_man_pages(cli::LockCli::command(), dir)
@@ -126,12 +79,11 @@ fn man_pages(dir: &std::path::Path) -> Result<Report, PluginError> {
     Ok(Report::default())
 }
 
-/// A client for the cluster named by the flags, the kubeconfig or the in-cluster account.
+/// A client for the cluster named by the flags, the kubeconfig or the in-cluster account; `url`
+/// for messages.
 struct Cluster {
     client: kube::Client,
-    /// The API server, for messages.
     url: String,
-    /// The context's namespace, else `default`.
     default_namespace: String,
 }
 
@@ -140,25 +92,17 @@ impl Cluster {
         let config = kubeconfig::load(args.kubeconfig.as_deref(), args.context.as_deref())
             .await
             .map_err(|e| match e {
-                KubeconfigError::File { path, message } => PluginError::Kubeconfig {
-                    path: format!(" {}", path.display()),
-                    message,
-                },
-                KubeconfigError::Context(message) => PluginError::Kubeconfig {
-                    path: String::new(),
-                    message,
-                },
                 KubeconfigError::NoConfig(message) => PluginError::NoConfig(message),
+                KubeconfigError::File { .. } => PluginError::Kubeconfig(format!(" {e}")),
+                KubeconfigError::Context(message) => {
+                    PluginError::Kubeconfig(format!(": {message}"))
+                }
             })?;
         let url = config.cluster_url.to_string();
         let url = url.strip_suffix('/').unwrap_or(&url).to_owned();
         let default_namespace = config.default_namespace.clone();
-        let client = kubeconfig::client(config, error::detail).map_err(|message| {
-            PluginError::Kubeconfig {
-                path: String::new(),
-                message,
-            }
-        })?;
+        let client = kubeconfig::client(config, error::detail)
+            .map_err(|message| PluginError::Kubeconfig(format!(": {message}")))?;
         Ok(Cluster {
             client,
             url,
@@ -166,7 +110,6 @@ impl Cluster {
         })
     }
 
-    /// The namespace the flags name, else the context's.
     fn namespace(&self, args: &ConnectionArgs) -> String {
         (args.namespace.clone()).unwrap_or_else(|| self.default_namespace.clone())
     }
@@ -185,7 +128,6 @@ impl Cluster {
             .map_err(|e| self.failed(&e, "cannot read the API resources (discovery)"))
     }
 
-    /// The resource type `arg` names.
     async fn resolve(&self, arg: &ResourceArg) -> Result<ResourceType, PluginError> {
         let discovered = self
             .discover(arg.groups().as_ref(), arg.has_version())
@@ -201,8 +143,7 @@ impl Cluster {
                 hint: match discovered.failures.as_slice() {
                     [] => String::new(),
                     failures => {
-                        let failures: Vec<_> =
-                            failures.iter().map(|f| f.message.as_str()).collect();
+                        let failures: Vec<_> = failures.iter().map(|(_, m)| m.as_str()).collect();
                         format!(" (discovery failed for {})", failures.join("; "))
                     }
                 },
@@ -210,7 +151,6 @@ impl Cluster {
         }
     }
 
-    /// `Api<DynamicObject>` for `resource` in `namespace` (`None`: cluster-scoped).
     fn api(&self, resource: &ApiResource, namespace: Option<&str>) -> Api<DynamicObject> {
         match namespace {
             Some(ns) => Api::namespaced_with(self.client.clone(), ns, resource),
@@ -219,7 +159,7 @@ impl Cluster {
     }
 }
 
-/// One object: its resource type, name and namespace (`None` when cluster-scoped).
+/// One object; `namespace` is `None` when it is cluster-scoped.
 struct Target {
     resource: ResourceType,
     name: String,
@@ -268,10 +208,12 @@ impl Target {
             None if is_namespace => &self.name,
             None => return None,
         };
-        api::is_excluded_namespace(namespace).then(|| unenforced_because(namespace))
+        api::is_excluded_namespace(namespace).then(|| format!(
+            "the webhook registration leaves out namespace \"{namespace}\" (nothing in {} is sent to the webhook)",
+            api::EXCLUDED_NAMESPACES.join(" or ")
+        ))
     }
 
-    /// The lock of this object: same name, same namespace.
     fn lock(&self) -> LockKey {
         LockKey {
             name: self.name.clone(),
@@ -291,34 +233,6 @@ impl std::fmt::Display for Target {
     }
 }
 
-/// The `Api` of a lock, through the plugin's client.
-fn lock_api(cluster: &Cluster, lock: &LockKey) -> Api<DynamicObject> {
-    cluster.api(&lock.api_resource(), lock.namespace.as_deref())
-}
-
-/// Why nothing in `namespace` is enforced.
-fn unenforced_because(namespace: &str) -> String {
-    format!(
-        "the webhook registration leaves out namespace \"{namespace}\" (nothing in {} is sent to the webhook)",
-        api::EXCLUDED_NAMESPACES.join(" or ")
-    )
-}
-
-/// `Lock` (namespaced) or `ClusterLock`.
-fn lock_kind(namespaced: bool) -> LockKind {
-    if namespaced {
-        LockKind::Lock
-    } else {
-        LockKind::ClusterLock
-    }
-}
-
-/// The `ApiResource` of `Lock` (namespaced) or `ClusterLock`.
-fn lock_resource(namespaced: bool) -> ApiResource {
-    lock_kind(namespaced).api_resource()
-}
-
-/// `RESOURCE/NAME`, or `RESOURCE NAME`.
 fn parse_target(words: &[String]) -> Result<(ResourceArg, String), PluginError> {
     let (resource, name) = match words {
         [one] => one.split_once('/').unwrap_or((one, "")),
@@ -332,46 +246,4 @@ fn parse_target(words: &[String]) -> Result<(ResourceArg, String), PluginError> 
         )));
     }
     Ok((ResourceArg::parse(resource), name.to_owned()))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn target(words: &[&str]) -> Result<(String, String), String> {
-        let words: Vec<String> = words.iter().map(|w| w.to_string()).collect();
-        parse_target(&words)
-            .map(|(arg, name)| (arg.text, name))
-            .map_err(|e| e.to_string())
-    }
-
-    #[test]
-    fn targets() {
-        let ok = |r: &str, n: &str| Ok((r.to_owned(), n.to_owned()));
-        assert_eq!(target(&["deploy/web"]), ok("deploy", "web"));
-        assert_eq!(
-            target(&["Deployment.apps", "web"]),
-            ok("Deployment.apps", "web")
-        );
-        for bad in [
-            &["web"][..],
-            &["deploy/"],
-            &["/web"],
-            &["deploy/web/x"],
-            &["deploy/web", "x"],
-        ] {
-            let err = target(bad).expect_err("refused");
-            assert!(err.starts_with("expected RESOURCE/NAME"), "{err}");
-        }
-    }
-
-    #[test]
-    fn lock_names() {
-        let lock = LockKey::lock("prod", "web");
-        assert_eq!(lock.to_string(), "Lock prod/web");
-        let cluster = LockKey::cluster_lock("prod");
-        assert_eq!(cluster.to_string(), "ClusterLock prod");
-        assert_eq!(lock_resource(false).plural, api::CLUSTER_LOCKS);
-        assert_eq!(lock_resource(true).api_version, api::API_VERSION);
-    }
 }

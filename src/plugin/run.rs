@@ -3,7 +3,6 @@
 //! Invariant: the lock is removed when the command ends, whatever the way; only SIGKILL leaves it,
 //! and then its lease makes it lapse. The exit status is the command's, or one of the codes below.
 
-use std::ffi::OsString;
 use std::io;
 use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
@@ -20,47 +19,40 @@ use tokio::time::Instant;
 
 use super::cli::{ConnectionArgs, LockArgs};
 use super::error::{detail, status_code};
-use super::lease::{self, Clock, Notice, Renew, RenewError, Schedule};
+use super::lease::{self, Clock, Notice, Renew, RenewError};
 use super::lock::{self, Created, Held};
 use super::{PluginError, Report};
 
-/// The command exited 0, but the lock could not be removed.
-pub const NOT_REMOVED: u8 = 122;
-/// Not run: a lock of the object's name exists.
-pub const ALREADY_LOCKED: u8 = 123;
-/// Not run: the lock was not in force within `--timeout`.
-pub const NOT_IN_FORCE: u8 = 124;
-/// Not run: the lock could not be taken.
-pub const NOT_TAKEN: u8 = 125;
-/// Not run: the command cannot be executed.
-pub const CANNOT_EXECUTE: u8 = 126;
-/// Not run: no such command.
-pub const NOT_FOUND: u8 = 127;
+// Exit statuses, as the help text lists them: the command exited 0 but the lock is still there;
+// the command was not run because...
+const NOT_REMOVED: u8 = 122;
+const ALREADY_LOCKED: u8 = 123;
+const NOT_IN_FORCE: u8 = 124;
+const NOT_TAKEN: u8 = 125;
+const CANNOT_EXECUTE: u8 = 126;
+const NOT_FOUND: u8 = 127;
 
-/// Tries to delete the lock, and the waits between them.
+/// The waits between the tries to delete the lock.
 const REMOVAL_RETRIES: [Duration; 2] = [Duration::from_millis(500), Duration::from_secs(2)];
 
-/// Holds the lock of `args.target` while `args.command` runs.
 pub(super) async fn run(
     connection: &ConnectionArgs,
     args: &LockArgs,
 ) -> Result<Report, PluginError> {
     let lease_length = args.lease.unwrap_or(lease::DEFAULT_LEASE);
-    let mut signals = Signals::listen().map_err(|e| not_run(NOT_TAKEN, signal_setup(e)))?;
+    let mut signals = Signals::listen().map_err(|e| {
+        let detail = e.to_string();
+        let command = "the signal handlers".to_owned();
+        not_run(NOT_TAKEN, PluginError::CannotRun { command, detail })
+    })?;
     let clock = Clock::start();
     let first_expiry = Instant::now() + lease_length;
     let (created_tx, created_rx) = watch::channel(None::<Created>);
     let name =
         || (created_tx.borrow().as_ref()).map_or("the lock".to_owned(), |c| c.key.to_string());
-    let lease = lease::keep(
-        Schedule {
-            lease: lease_length,
-        },
-        clock,
-        first_expiry,
-        created_rx,
-        |notice| eprintln!("{}", tell(&notice, &name(), lease_length)),
-    );
+    let lease = lease::keep(lease_length, clock, first_expiry, created_rx, |notice| {
+        eprintln!("{}", tell(&notice, &name(), lease_length))
+    });
     tokio::pin!(lease);
     let mut lost = false;
 
@@ -84,7 +76,7 @@ pub(super) async fn run(
         Ok(Err(e)) => {
             let code = match &e {
                 PluginError::AlreadyLocked { .. } => ALREADY_LOCKED,
-                PluginError::NotInForce(_) => NOT_IN_FORCE,
+                PluginError::NotInForce { .. } => NOT_IN_FORCE,
                 _ => NOT_TAKEN,
             };
             remove_or_tell(created.as_ref()).await;
@@ -104,8 +96,13 @@ pub(super) async fn run(
         eprintln!("note: {note}");
     }
 
-    let command = describe(&args.command);
-    let mut child = match spawn(&args.command) {
+    let (program, program_args) = (args.command.split_first()).expect("run only with a COMMAND");
+    let command = format!("'{}'", program.to_string_lossy());
+    // With the terminal, environment and process group of this process.
+    let spawned = tokio::process::Command::new(program)
+        .args(program_args)
+        .spawn();
+    let mut child = match spawned {
         Ok(child) => child,
         Err(e) => {
             remove_or_tell(created.as_ref()).await;
@@ -124,7 +121,9 @@ pub(super) async fn run(
         tokio::select! {
             status = child.wait() => break status,
             Some(origin) = signals.rx.recv() => {
-                if let (Some(pid), true) = (child.id(), forwarded(&origin.cause)) {
+                // Not one the kernel sent (a key at the terminal, a hangup): the command's
+                // process group received it too.
+                if let (Some(pid), false) = (child.id(), matches!(origin.cause, Cause::Kernel)) {
                     pass_on(pid, origin.signal);
                 }
             }
@@ -156,27 +155,6 @@ fn not_run(code: u8, error: PluginError) -> PluginError {
     }
 }
 
-fn signal_setup(e: io::Error) -> PluginError {
-    PluginError::CannotRun {
-        command: "the signal handlers".to_owned(),
-        detail: e.to_string(),
-    }
-}
-
-/// The command, with the terminal, environment and process group of this process.
-fn spawn(command: &[OsString]) -> io::Result<tokio::process::Child> {
-    let (program, args) = command
-        .split_first()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no command given"))?;
-    tokio::process::Command::new(program).args(args).spawn()
-}
-
-/// `'./migrate.sh'`, for messages.
-fn describe(command: &[OsString]) -> String {
-    let program = command.first().map(|p| p.to_string_lossy().into_owned());
-    format!("'{}'", program.unwrap_or_default())
-}
-
 /// The exit status of `kubectl lock` for the command's: its code, or 128+N for signal N.
 fn exit_status(status: ExitStatus) -> u8 {
     match (status.code(), status.signal()) {
@@ -195,12 +173,6 @@ fn signal_name(signal: i32) -> String {
         .map_or_else(|| format!("signal {signal}"), str::to_owned)
 }
 
-/// Whether a signal received is passed to the command: not one the kernel sent (a key at the
-/// terminal, a hangup), which the command's process group received too.
-fn forwarded(cause: &Cause) -> bool {
-    !matches!(cause, Cause::Kernel)
-}
-
 fn pass_on(pid: u32, signal: i32) {
     let pid = i32::try_from(pid)
         .ok()
@@ -212,7 +184,6 @@ fn pass_on(pid: u32, signal: i32) {
     }
 }
 
-/// A notice of the lease, as one line for stderr.
 fn tell(notice: &Notice, lock: &str, lease: Duration) -> String {
     match notice {
         Notice::Failing { left, why } => format!(
@@ -230,35 +201,12 @@ fn tell(notice: &Notice, lock: &str, lease: Duration) -> String {
     }
 }
 
-/// Deletes the lock this process created, if any, trying a few times; says on stderr how to do
-/// it by hand when it cannot. False when it is still there.
+/// Deletes the lock this process created, if any (its uid a precondition), trying a few times;
+/// says on stderr how to do it by hand when it cannot. False when it is still there.
 async fn remove_or_tell(created: Option<&Created>) -> bool {
     let Some(created) = created else {
         return true;
     };
-    let mut waits = REMOVAL_RETRIES.iter();
-    loop {
-        let error = match remove(created).await {
-            Ok(()) => return true,
-            Err(e) => e,
-        };
-        match waits.next() {
-            Some(wait) => tokio::time::sleep(*wait).await,
-            None => {
-                eprintln!(
-                    "error: cannot remove {}: {}; remove it with: {}",
-                    created.key,
-                    detail(&error),
-                    created.key.unlock_command()
-                );
-                return false;
-            }
-        }
-    }
-}
-
-/// Deletes the lock with its uid as a precondition; one already gone is fine.
-async fn remove(created: &Created) -> Result<(), kube::Error> {
     let params = DeleteParams {
         preconditions: Some(Preconditions {
             uid: Some(created.uid.clone()),
@@ -266,11 +214,20 @@ async fn remove(created: &Created) -> Result<(), kube::Error> {
         }),
         ..DeleteParams::default()
     };
-    match created.api.delete(&created.key.name, &params).await {
-        Ok(_) => Ok(()),
-        // Gone (kubectl unlock), or replaced by another lock of that name: not ours to delete.
-        Err(e) if matches!(status_code(&e), Some(404 | 409)) => Ok(()),
-        Err(e) => Err(e),
+    let mut waits = REMOVAL_RETRIES.iter();
+    loop {
+        let error = match created.api.delete(&created.key.name, &params).await {
+            // Gone (kubectl unlock), or replaced by another lock of that name: not ours to delete.
+            Err(e) if !matches!(status_code(&e), Some(404 | 409)) => e,
+            _ => return true,
+        };
+        let Some(wait) = waits.next() else {
+            let (key, command) = (&created.key, created.key.unlock_command());
+            let detail = detail(&error);
+            eprintln!("error: cannot remove {key}: {detail}; remove it with: {command}");
+            return false;
+        };
+        tokio::time::sleep(*wait).await;
     }
 }
 
@@ -341,15 +298,6 @@ impl Drop for Signals {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use signal_hook::low_level::siginfo::Sent;
-
-    #[test]
-    fn signals_from_the_terminal_are_not_sent_twice() {
-        assert!(!forwarded(&Cause::Kernel));
-        assert!(forwarded(&Cause::Sent(Sent::User)));
-        assert!(forwarded(&Cause::Sent(Sent::TKill)));
-        assert!(forwarded(&Cause::Unknown));
-    }
 
     #[test]
     fn exit_statuses() {

@@ -6,81 +6,65 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::DynamicObject;
 
+use super::cli::LockArgs;
 use super::discovery::qualified;
-use crate::admission::decide;
-use crate::api::{Exemptions, Holder, LockMode, LockOperation, LockSpec, ResourceRule};
+use crate::api::{
+    Exemptions, Holder, LockKey, LockKind, LockMode, LockOperation, LockSpec, ResourceRule,
+};
 
-/// What `kubectl lock` writes into a new lock's spec.
-pub(super) struct NewSpec<'a> {
-    pub group: &'a str,
-    pub plural: &'a str,
-    pub reason: Option<&'a str>,
-    /// Sorted, without repeats; empty: every operation.
-    pub operations: &'a [LockOperation],
-    pub exempt_users: &'a [String],
-    pub expires_at: Option<Timestamp>,
-    pub warn: bool,
-    pub holder: Option<Holder>,
-    /// `--fields`; empty: the whole object.
-    pub fields: &'a [String],
-    /// `--except-fields`.
-    pub except_fields: &'a [String],
+/// The spec of a new lock on `plural` in `group`, from the flags (`operations` sorted, without
+/// repeats).
+pub(super) fn new(
+    args: &LockArgs,
+    (group, plural): (&str, &str),
+    operations: &[LockOperation],
+    expires_at: Option<Timestamp>,
+    holder: Option<Holder>,
+) -> LockSpec {
+    let some = |list: &[String]| (!list.is_empty()).then(|| list.to_vec());
+    LockSpec {
+        reason: args.reason.clone(),
+        operations: (!operations.is_empty()).then(|| operations.to_vec()),
+        resources: Some(vec![ResourceRule {
+            api_groups: vec![group.to_owned()],
+            resources: vec![plural.to_owned()],
+        }]),
+        selector: None,
+        exempt: some(&args.exempt_users).map(|users| Exemptions {
+            users,
+            ..Exemptions::default()
+        }),
+        expires_at: expires_at.map(Time),
+        mode: args.warn.then_some(LockMode::Warn),
+        holder,
+        fields: some(&args.fields),
+        except_fields: some(&args.except_fields),
+    }
 }
 
-impl NewSpec<'_> {
-    /// The spec, covering `plural` in `group` only.
-    pub fn to_spec(&self) -> LockSpec {
-        LockSpec {
-            reason: self.reason.map(str::to_owned),
-            operations: (!self.operations.is_empty()).then(|| self.operations.to_vec()),
-            resources: Some(vec![ResourceRule {
-                api_groups: vec![self.group.to_owned()],
-                resources: vec![self.plural.to_owned()],
-            }]),
-            selector: None,
-            exempt: (!self.exempt_users.is_empty()).then(|| Exemptions {
-                users: self.exempt_users.to_vec(),
-                ..Exemptions::default()
-            }),
-            expires_at: self.expires_at.map(Time),
-            mode: self.warn.then_some(LockMode::Warn),
-            holder: self.holder.clone(),
-            fields: (!self.fields.is_empty()).then(|| self.fields.to_vec()),
-            except_fields: (!self.except_fields.is_empty()).then(|| self.except_fields.to_vec()),
-        }
+/// `UPDATE, DELETE; warn only; exempt alice; until 2026-11-22T05:00:00Z`.
+pub(super) fn summary(spec: &LockSpec) -> String {
+    let operations = spec.operations().iter().map(|o| o.as_str());
+    let mut parts = vec![operations.collect::<Vec<_>>().join(", ")];
+    if let Some(fields) = &spec.fields {
+        parts.push(format!("fields {}", fields.join(", ")));
     }
-
-    /// `UPDATE, DELETE; warn only; exempt alice; until 2026-11-22T05:00:00Z`.
-    pub fn summary(&self) -> String {
-        let operations = match self.operations {
-            [] => "UPDATE, DELETE".to_owned(),
-            some => some
-                .iter()
-                .map(|o| o.as_str())
-                .collect::<Vec<_>>()
-                .join(", "),
-        };
-        let mut parts = vec![operations];
-        if !self.fields.is_empty() {
-            parts.push(format!("fields {}", self.fields.join(", ")));
-        }
-        if !self.except_fields.is_empty() {
-            parts.push(format!("all but {}", self.except_fields.join(", ")));
-        }
-        if self.warn {
-            parts.push("warn only".into());
-        }
-        if !self.exempt_users.is_empty() {
-            parts.push(format!("exempt {}", self.exempt_users.join(", ")));
-        }
-        if let Some(at) = self.expires_at {
-            parts.push(format!("until {at}"));
-        }
-        if let Some(holder) = &self.holder {
-            parts.push(format!("held by {holder}"));
-        }
-        parts.join("; ")
+    if let Some(except) = &spec.except_fields {
+        parts.push(format!("all but {}", except.join(", ")));
     }
+    if spec.mode == Some(LockMode::Warn) {
+        parts.push("warn only".into());
+    }
+    if let Some(exempt) = &spec.exempt {
+        parts.push(format!("exempt {}", exempt.users.join(", ")));
+    }
+    if let Some(at) = &spec.expires_at {
+        parts.push(format!("until {}", at.0));
+    }
+    if let Some(holder) = &spec.holder {
+        parts.push(format!("held by {holder}"));
+    }
+    parts.join("; ")
 }
 
 /// A holder in one table cell: `alice`, `group:ops`, `sa:backup/snapshotter`.
@@ -94,24 +78,18 @@ pub(super) fn holder_cell(holder: &Holder) -> String {
 }
 
 /// The spec of a lock object as the webhook reads it ([`crate::locks::parse`]): for a spec it
-/// cannot read, what of it fails closed, and why it cannot be read.
+/// cannot read, what of it fails closed, and a note saying why, in the webhook's words.
 pub(super) fn read(object: &DynamicObject) -> (LockSpec, Option<String>) {
-    let kind = super::lock_kind(object.metadata.namespace.is_some());
-    match crate::locks::parse::lock_ref(kind, object) {
-        Some(lock) => (lock.spec, lock.problem),
-        // Every object the API server serves has a name.
-        None => (LockSpec::default(), None),
-    }
-}
-
-/// The note on a lock whose spec cannot be read, in the words of the webhook's warning.
-pub(super) fn unreadable(lock: &impl std::fmt::Display, problem: &str) -> String {
-    format!("{lock}: unreadable spec, fails closed until fixed: {problem}")
-}
-
-/// Whether the spec covers objects of `plural` in `group`, as the webhook decides it.
-pub(super) fn covers(spec: &LockSpec, group: &str, plural: &str) -> bool {
-    decide::covers_resource(spec, group, plural, None)
+    let kind = LockKind::for_namespace(object.metadata.namespace.as_deref().unwrap_or(""));
+    // Every object the API server serves has a name.
+    let Some(lock) = crate::locks::parse::lock_ref(kind, object) else {
+        return (LockSpec::default(), None);
+    };
+    let (namespace, name) = (lock.namespace, lock.name);
+    let key = LockKey { namespace, name };
+    let note =
+        (lock.problem).map(|p| format!("{key}: unreadable spec, fails closed until fixed: {p}"));
+    (lock.spec, note)
 }
 
 /// The `(group, resource)` pairs `spec.resources` names; `None` without `resources`.
@@ -272,22 +250,30 @@ mod tests {
 
     #[test]
     fn a_new_spec_has_only_what_was_asked() {
-        let at: Timestamp = "2026-11-22T05:00:00Z".parse().expect("time");
-        let users = vec!["alice".to_owned()];
-        let fields = vec!["spec.template".to_owned()];
-        let full = NewSpec {
-            group: "apps",
-            plural: "deployments",
-            reason: Some("release freeze"),
-            operations: &[LockOperation::Delete],
-            exempt_users: &users,
-            expires_at: Some(at),
-            warn: true,
-            holder: Some(Holder::for_user("system:serviceaccount:backup:snapshotter")),
-            fields: &fields,
-            except_fields: &[],
+        let args = |flags: &[&str]| match crate::plugin::cli::parse(
+            ["kubectl-lock", "deploy/web"].iter().chain(flags),
+        ) {
+            Ok(crate::plugin::cli::Invocation::Lock(cli)) => cli.lock,
+            other => panic!("{other:?}"),
         };
-        let written = full.to_spec();
+        let at: Timestamp = "2026-11-22T05:00:00Z".parse().expect("time");
+        let flags = [
+            "--reason",
+            "release freeze",
+            "--exempt-user",
+            "alice",
+            "--warn",
+            "--fields",
+            "spec.template",
+        ];
+        let holder = Holder::for_user("system:serviceaccount:backup:snapshotter");
+        let written = new(
+            &args(&flags),
+            ("apps", "deployments"),
+            &[LockOperation::Delete],
+            Some(at),
+            Some(holder),
+        );
         assert_eq!(written.validate(), Ok(()));
         assert_eq!(
             serde_json::to_value(&written).expect("json"),
@@ -303,77 +289,50 @@ mod tests {
             })
         );
         assert_eq!(
-            full.summary(),
+            summary(&written),
             "DELETE; fields spec.template; warn only; exempt alice; until 2026-11-22T05:00:00Z; held by service account \"backup/snapshotter\""
         );
-        let bare = NewSpec {
-            group: "",
-            plural: "configmaps",
-            reason: None,
-            operations: &[],
-            exempt_users: &[],
-            expires_at: None,
-            warn: false,
-            holder: None,
-            fields: &[],
-            except_fields: &[],
-        };
+        let bare = new(&args(&[]), ("", "configmaps"), &[], None, None);
         assert_eq!(
-            serde_json::to_value(bare.to_spec()).expect("json"),
+            serde_json::to_value(&bare).expect("json"),
             json!({ "resources": [{ "apiGroups": [""], "resources": ["configmaps"] }] })
         );
-        assert_eq!(bare.summary(), "UPDATE, DELETE");
+        assert_eq!(summary(&bare), "UPDATE, DELETE");
     }
 
     #[test]
     fn what_a_spec_covers() {
-        let deployments =
-            spec(json!({ "resources": [{ "apiGroups": ["apps"], "resources": ["deployments"] }] }));
-        assert!(covers(&deployments, "apps", "deployments"));
-        assert!(!covers(&deployments, "", "services"));
-        assert!(covers(&spec(json!({})), "", "services"));
-        assert!(covers(&LockSpec::default(), "", "services"));
-        let wild = spec(json!({ "resources": [{ "apiGroups": ["*"], "resources": ["*"] }] }));
-        assert!(covers(&wild, "rbac.authorization.k8s.io", "roles"));
-
-        assert_eq!(describe_covers("web", &deployments), "deployments.apps");
-        assert_eq!(
-            describe_covers("web", &spec(json!({}))),
-            "any resource named web"
-        );
-        let two = spec(
-            json!({ "resources": [{ "apiGroups": ["", "apps"], "resources": ["configmaps"] }],
-            "selector": { "matchLabels": { "app": "web" },
-              "matchExpressions": [{ "key": "tier", "operator": "In", "values": ["a", "b"] },
-                                   { "key": "canary", "operator": "DoesNotExist" }] } }),
-        );
-        assert_eq!(
-            describe_covers("web", &two),
-            "configmaps,configmaps.apps selector app=web,tier in (a,b),!canary"
-        );
-        let selector = spec(json!({ "selector": { "matchLabels": { "app": "web" } } }));
-        assert_eq!(describe_covers("web", &selector), "selector app=web");
-
-        assert_eq!(
-            single_resource(&deployments),
-            Some(("apps".into(), "deployments".into()))
-        );
-        for not_one in [spec(json!({})), two, selector, wild] {
-            assert_eq!(single_resource(&not_one), None, "{not_one:?}");
-        }
-    }
-
-    /// A rule with an empty list matches nothing in the webhook, so it covers nothing here.
-    #[test]
-    fn empty_lists_cover_nothing_as_in_the_decision() {
-        for value in [
-            json!({"resources": [{"apiGroups": [], "resources": ["configmaps"]}]}),
-            json!({"resources": [{"apiGroups": [""], "resources": []}]}),
+        let selector = json!({ "matchLabels": { "app": "web" },
+            "matchExpressions": [{ "key": "tier", "operator": "In", "values": ["a", "b"] },
+                                 { "key": "canary", "operator": "DoesNotExist" }] });
+        let rule = |groups: Value, resources: Value| json!({ "resources": [{ "apiGroups": groups, "resources": resources }] });
+        for (value, covers, single) in [
+            (
+                rule(json!(["apps"]), json!(["deployments"])),
+                "deployments.apps",
+                Some(("apps", "deployments")),
+            ),
+            (json!({}), "any resource named web", None),
+            (rule(json!(["*"]), json!(["*"])), "*.*", None),
+            (
+                json!({ "resources": [{ "apiGroups": ["", "apps"], "resources": ["configmaps"] }],
+                        "selector": selector }),
+                "configmaps,configmaps.apps selector app=web,tier in (a,b),!canary",
+                None,
+            ),
+            (
+                json!({ "selector": { "matchLabels": { "app": "web" } } }),
+                "selector app=web",
+                None,
+            ),
+            // A rule with an empty list matches nothing in the webhook: no resource here.
+            (rule(json!([]), json!(["configmaps"])), "no resource", None),
+            (rule(json!([""]), json!([])), "no resource", None),
         ] {
-            let spec = spec(value);
-            assert!(!covers(&spec, "", "configmaps"), "{spec:?}");
-            assert_eq!(describe_covers("x", &spec), "no resource");
-            assert_eq!(single_resource(&spec), None);
+            let spec = spec(value.clone());
+            assert_eq!(describe_covers("web", &spec), covers, "{value}");
+            let single = single.map(|(g, r)| (g.to_owned(), r.to_owned()));
+            assert_eq!(single_resource(&spec), single, "{value}");
         }
     }
 
@@ -390,10 +349,10 @@ mod tests {
         let configmaps = json!([{"apiGroups": [""], "resources": ["configmaps"]}]);
         let (kept, problem) = read_lock(json!({"mode": "Audit", "resources": configmaps,
                                               "operations": ["DELETE"]}));
+        let note =
+            "Lock prod/web: unreadable spec, fails closed until fixed: spec.mode: unknown variant";
         assert!(
-            problem
-                .as_deref()
-                .is_some_and(|p| p.starts_with("spec.mode: unknown variant")),
+            problem.as_deref().is_some_and(|p| p.starts_with(note)),
             "{problem:?}"
         );
         assert_eq!(describe_covers("web", &kept), "configmaps");

@@ -70,8 +70,7 @@ async fn keep_for(fake: &Fake, seconds: u64) -> (Vec<Notice>, Option<String>) {
     let clock = clock();
     let (_tx, rx) = watch::channel(Some(fake.clone()));
     let mut notices = vec![];
-    let schedule = Schedule { lease: LEASE };
-    let kept = keep(schedule, clock, Instant::now() + LEASE, rx, |n| {
+    let kept = keep(LEASE, clock, Instant::now() + LEASE, rx, |n| {
         notices.push(n)
     });
     let lost = tokio::select! {
@@ -82,44 +81,7 @@ async fn keep_for(fake: &Fake, seconds: u64) -> (Vec<Notice>, Option<String>) {
 }
 
 #[tokio::test(start_paused = true)]
-async fn renewed_every_third_of_the_lease_one_lease_ahead() {
-    let fake = Fake::new(vec![]);
-    let (notices, lost) = keep_for(&fake, 90).await;
-    assert_eq!(
-        fake.calls(),
-        [
-            (20, wall(80)),
-            (40, wall(100)),
-            (60, wall(120)),
-            (80, wall(140))
-        ]
-    );
-    assert_eq!((notices, lost), (vec![], None));
-}
-
-#[tokio::test(start_paused = true)]
-async fn failures_are_retried_and_told_only_near_the_end() {
-    // Fails from 20 s on, every 5 s, until the try at 55 s.
-    let fake = Fake::new(vec![failed(); 7]);
-    let (notices, _) = keep_for(&fake, 80).await;
-    let times: Vec<u64> = fake.calls().iter().map(|(at, _)| *at).collect();
-    assert_eq!(times, [20, 25, 30, 35, 40, 45, 50, 55, 75]);
-    // Each try asks for a full lease from its own time.
-    assert_eq!(fake.calls()[7], (55, wall(115)));
-    let failing = |left: u64| Notice::Failing {
-        left: Duration::from_secs(left),
-        why: "HTTP 500".into(),
-    };
-    assert_eq!(notices, [failing(15), failing(10), Notice::Recovered]);
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_lapsed_lease_is_told_once_and_still_renewed() {
-    // Fails from 20 s to 70 s included: the lease ends at 60 s.
-    let fake = Fake::new(vec![failed(); 11]);
-    let (notices, _) = keep_for(&fake, 76).await;
-    let times: Vec<u64> = fake.calls().iter().map(|(at, _)| *at).collect();
-    assert_eq!(times, [20, 25, 30, 35, 40, 45, 50, 55, 60, 65, 70, 75]);
+async fn renewals_failures_and_notices() {
     let failing = |left: u64| Notice::Failing {
         left: Duration::from_secs(left),
         why: "HTTP 500".into(),
@@ -127,26 +89,54 @@ async fn a_lapsed_lease_is_told_once_and_still_renewed() {
     let lapsed = Notice::Lapsed {
         why: "HTTP 500".into(),
     };
-    assert_eq!(
-        notices,
-        [
-            failing(15),
-            failing(10),
-            failing(5),
-            lapsed,
-            Notice::Recovered
-        ]
-    );
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_lost_lock_stops_the_renewals() {
-    let lost = RenewError::Lost("Lock prod/web was deleted".into());
-    let fake = Fake::new(vec![Ok(()), Err(lost)]);
-    let (notices, lost) = keep_for(&fake, 300).await;
-    assert_eq!(fake.calls().len(), 2);
-    assert_eq!(lost.as_deref(), Some("Lock prod/web was deleted"));
-    assert_eq!(notices, [Notice::Lost("Lock prod/web was deleted".into())]);
+    let lost = || RenewError::Lost("Lock prod/web was deleted".into());
+    // (script, seconds run, times of the tries, notices, lost)
+    let cases = [
+        // Every third of the lease, one lease ahead.
+        (vec![], 90, &[20, 40, 60, 80][..], vec![], false),
+        // Fails from 20 s on, retried every 5 s until the try at 55 s; told only near the end.
+        (
+            vec![failed(); 7],
+            80,
+            &[20, 25, 30, 35, 40, 45, 50, 55, 75],
+            vec![failing(15), failing(10), Notice::Recovered],
+            false,
+        ),
+        // Fails from 20 s to 70 s included: the lease ends at 60 s, told once, still renewed.
+        (
+            vec![failed(); 11],
+            76,
+            &[20, 25, 30, 35, 40, 45, 50, 55, 60, 65, 70, 75],
+            vec![
+                failing(15),
+                failing(10),
+                failing(5),
+                lapsed,
+                Notice::Recovered,
+            ],
+            false,
+        ),
+        // A lost lock stops the renewals.
+        (
+            vec![Ok(()), Err(lost())],
+            300,
+            &[20, 40],
+            vec![Notice::Lost("Lock prod/web was deleted".into())],
+            true,
+        ),
+    ];
+    for (script, seconds, times, notices, lost) in cases {
+        let fake = Fake::new(script);
+        let (told, gone) = keep_for(&fake, seconds).await;
+        let calls = fake.calls();
+        // Each try asks for a full lease from its own time.
+        for (at, expires) in &calls {
+            assert_eq!(*expires, wall(at + 60), "{times:?}");
+        }
+        let tried: Vec<u64> = calls.iter().map(|(at, _)| *at).collect();
+        assert_eq!((tried.as_slice(), told), (times, notices));
+        assert_eq!(gone.is_some(), lost);
+    }
 }
 
 /// Nothing is renewed before the lock exists; the schedule counts from the first lease.
@@ -154,13 +144,7 @@ async fn a_lost_lock_stops_the_renewals() {
 async fn renewals_wait_for_the_lock_and_count_from_its_lease() {
     let fake = Fake::new(vec![]);
     let (tx, rx) = watch::channel(None);
-    let kept = keep(
-        Schedule { lease: LEASE },
-        clock(),
-        Instant::now() + LEASE,
-        rx,
-        |_| {},
-    );
+    let kept = keep(LEASE, clock(), Instant::now() + LEASE, rx, |_| {});
     let created = async {
         tokio::time::sleep(Duration::from_secs(12)).await;
         tx.send_replace(Some(fake.clone()));
@@ -175,33 +159,18 @@ async fn renewals_wait_for_the_lock_and_count_from_its_lease() {
     // A sender dropped without a lock: nothing, ever.
     let (tx, rx) = watch::channel::<Option<Fake>>(None);
     drop(tx);
-    let kept = keep(
-        Schedule { lease: LEASE },
-        clock(),
-        Instant::now(),
-        rx,
-        |_| {},
-    );
+    let kept = keep(LEASE, clock(), Instant::now(), rx, |_| {});
     tokio::select! {
         _ = kept => panic!("not lost"),
         () = tokio::time::sleep(Duration::from_secs(600)) => {}
     }
 }
 
-#[tokio::test(start_paused = true)]
-async fn short_leases_retry_sooner() {
-    let short = Schedule {
-        lease: Duration::from_secs(6),
-    };
-    assert_eq!(short.period(), Duration::from_secs(2));
-    assert_eq!(short.retry(), Duration::from_millis(500));
-    assert!(short.warns(Duration::from_millis(1999)) && !short.warns(Duration::from_secs(2)));
-    let shortest = Schedule { lease: MIN_LEASE };
-    assert_eq!(shortest.retry(), Duration::from_millis(250));
-    let long = Schedule {
-        lease: Duration::from_secs(600),
-    };
-    assert_eq!(long.retry(), Duration::from_secs(5));
+#[test]
+fn short_leases_retry_sooner() {
+    assert_eq!(retry(Duration::from_secs(6)), Duration::from_millis(500));
+    assert_eq!(retry(MIN_LEASE), Duration::from_millis(250));
+    assert_eq!(retry(Duration::from_secs(600)), Duration::from_secs(5));
 }
 
 #[tokio::test(start_paused = true)]

@@ -9,6 +9,7 @@ use anyhow::{Result, bail, ensure};
 use serde_json::json;
 
 use super::enforcement::{lock_events, wait_for};
+use super::plugin::expect;
 use crate::kubectl::Out;
 use crate::suite::{Ctx, skip};
 
@@ -157,15 +158,11 @@ fn owned_configmap(ctx: &Ctx, ns: &str, child: &str, block_owner: bool) -> Resul
 
 /// The command succeeded and said `text` on stderr.
 fn noted(out: &Out, text: &str) -> Result<()> {
-    ensure!(
+    expect(
+        out,
         out.ok() && out.stderr.contains(text),
-        "`{}` ({:?}): expected a note with: {text}\n    stdout: {}\n    stderr: {}",
-        out.cmd,
-        out.code(),
-        out.stdout.trim(),
-        out.stderr.trim()
-    );
-    Ok(())
+        &format!("a note with: {text}"),
+    )
 }
 
 /// Waits until `path` is gone, at most `within` after `since`; returns how long after `since`.

@@ -7,20 +7,13 @@ use anyhow::{Result, ensure};
 use serde_json::json;
 
 use super::enforcement::wait_for;
-use super::plugin::table;
+use super::plugin::{expect, table};
 use crate::kubectl::Out;
 use crate::suite::{Ctx, locked};
 
 fn ends_with(out: &Out, suffix: &str) -> Result<()> {
-    ensure!(
-        out.ok() && out.stdout.ends_with(suffix),
-        "`{}`: expected stdout `...{suffix}`, got (exit {:?}) {} {}",
-        out.cmd,
-        out.code(),
-        out.stdout.trim(),
-        out.stderr.trim()
-    );
-    Ok(())
+    let holds = out.ok() && out.stdout.ends_with(suffix);
+    expect(out, holds, &format!("stdout `...{suffix}`"))
 }
 
 pub fn run(ctx: &Ctx) -> Result<()> {

@@ -46,31 +46,30 @@ pub(super) fn table(text: &str) -> Vec<Row> {
         .collect()
 }
 
-pub(super) fn stdout_starts(out: &Out, prefix: &str) -> Result<()> {
+/// `Ok` when `holds`; else what was `expected` of `out`, and what it was.
+pub(super) fn expect(out: &Out, holds: bool, expected: &str) -> Result<()> {
+    let (cmd, code) = (&out.cmd, out.code());
+    let (stdout, stderr) = (out.stdout.trim(), out.stderr.trim());
     ensure!(
-        out.ok() && out.stdout.starts_with(prefix),
-        "`{}`: expected stdout `{prefix}...`, got (exit {:?}) {} {}",
-        out.cmd,
-        out.code(),
-        out.stdout.trim(),
-        out.stderr.trim()
+        holds,
+        "`{cmd}`: expected {expected}, got exit {code:?}\n    stdout: {stdout}\n    stderr: {stderr}"
     );
     Ok(())
 }
 
+pub(super) fn stdout_starts(out: &Out, prefix: &str) -> Result<()> {
+    let holds = out.ok() && out.stdout.starts_with(prefix);
+    expect(out, holds, &format!("stdout `{prefix}...`"))
+}
+
 pub(super) fn fails(out: &Out, code: i32, text: &str) -> Result<()> {
-    ensure!(
-        out.code() == Some(code)
-            && out.stderr.lines().count() == 1
-            && out.stderr.starts_with("error: ")
-            && out.stderr.contains(text),
-        "`{}`: expected exit {code} and one line `error: ...{text}...`, got exit {:?}: {}{}",
-        out.cmd,
-        out.code(),
-        out.stderr.trim(),
-        out.stdout.trim()
-    );
-    Ok(())
+    let line = out.stderr.lines().count() == 1 && out.stderr.starts_with("error: ");
+    let holds = out.code() == Some(code) && line && out.stderr.contains(text);
+    expect(
+        out,
+        holds,
+        &format!("exit {code} and one line `error: ...{text}...`"),
+    )
 }
 
 pub fn run(ctx: &Ctx) -> Result<()> {

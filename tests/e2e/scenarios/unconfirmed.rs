@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, bail, ensure};
 use serde_json::{Value, json};
 
+use super::plugin::expect;
 use crate::kubectl::Out;
 use crate::suite::Ctx;
 
@@ -36,15 +37,8 @@ pub fn run(ctx: &Ctx) -> Result<()> {
 
 /// Exit `code`, one line on stderr that is exactly `error: {text}`.
 fn fails_with(out: &Out, code: i32, text: &str) -> Result<()> {
-    ensure!(
-        out.code() == Some(code) && out.stderr.trim_end() == format!("error: {text}"),
-        "`{}`: expected exit {code} and `error: {text}`, got exit {:?}: {}{}",
-        out.cmd,
-        out.code(),
-        out.stderr.trim(),
-        out.stdout.trim()
-    );
-    Ok(())
+    let holds = out.code() == Some(code) && out.stderr.trim_end() == format!("error: {text}");
+    expect(out, holds, &format!("exit {code} and `error: {text}`"))
 }
 
 fn excluded(ctx: &Ctx, name: &str) -> Result<()> {
