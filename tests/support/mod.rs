@@ -105,40 +105,6 @@ impl TestServer {
         metrics: Arc<Metrics>,
         tune: impl FnOnce(&mut Settings),
     ) -> TestServer {
-        TestServer::start_reporting(certs, source, metrics, None, tune).await
-    }
-
-    /// The production wiring on `api`: the watch-fed lock source, and lock status and events
-    /// written as instance `cp-1`, decided from that source's index.
-    pub async fn start_reporting_on(api: &fake_apiserver::FakeApiServer) -> TestServer {
-        use kube_object_lock::locks::apiserver::KubeSource;
-        use kube_object_lock::reporting::Reporting;
-        let metrics = Arc::new(Metrics::new());
-        let source = KubeSource::with_metrics(api.client(), cache_config(), metrics.source.clone());
-        let refresh = tokio::spawn(source.watch());
-        let reporting = Reporting::start(
-            api.client(),
-            "cp-1".into(),
-            metrics.enforcement.clone(),
-            source.index().clone(),
-            None,
-        );
-        let source = Source {
-            source: Arc::new(source),
-            refresh: Some(refresh),
-            client: None,
-        };
-        TestServer::start_reporting(Certs::new(), source, metrics, Some(reporting), |_| {}).await
-    }
-
-    /// Like [`TestServer::start_full`], writing lock status and events through `reporting`.
-    pub async fn start_reporting(
-        certs: Certs,
-        source: Source,
-        metrics: Arc<Metrics>,
-        reporting: Option<kube_object_lock::reporting::Reporting>,
-        tune: impl FnOnce(&mut Settings),
-    ) -> TestServer {
         init();
         let mut settings = Settings::default();
         settings.server.listen = "127.0.0.1:0".parse().expect("addr");
@@ -146,12 +112,9 @@ impl TestServer {
         settings.tls.key = Some(certs.path("tls.key"));
         settings.metrics.listen = "127.0.0.1:0".to_owned();
         tune(&mut settings);
-        let mut webhook = Webhook::bind_with_source(settings, source, metrics)
+        let webhook = Webhook::bind_with_source(settings, source, metrics)
             .await
             .expect("webhook binds");
-        if let Some(reporting) = reporting {
-            webhook = webhook.with_reporting(reporting);
-        }
         let addr = webhook.local_addr();
         let metrics_addr = webhook.metrics_addr();
         let (tx, rx) = oneshot::channel::<()>();
