@@ -224,7 +224,7 @@ async fn a_label_read_that_fails_follows_on_lookup_error() {
             "timeout",
         ),
     ] {
-        setup.api.set_object_fault(fault.clone());
+        setup.api.set_object_fault(Some(fault.clone()));
         let before = setup.label_reads(outcome).await;
         let answer = setup.review(eviction(NS, "db-0")).await;
         assert_eq!(answer["allowed"], false, "{fault:?}: deny by default");
@@ -252,7 +252,7 @@ async fn a_label_read_that_fails_follows_on_lookup_error() {
             setup.review(eviction("staging", "db-0")).await["allowed"],
             true
         );
-        setup.api.clear_object_fault();
+        setup.api.set_object_fault(None);
         assert_eq!(
             setup.review(eviction(NS, "web-0")).await["allowed"],
             true,
@@ -264,7 +264,9 @@ async fn a_label_read_that_fails_follows_on_lookup_error() {
 #[tokio::test]
 async fn a_slow_answer_within_the_timeout_is_waited_for() {
     let setup = setup(|_| {}).await;
-    setup.api.set_object_fault(Fault::Delay(LOOKUP_TIMEOUT / 3));
+    setup
+        .api
+        .set_object_fault(Some(Fault::Delay(LOOKUP_TIMEOUT / 3)));
     let answer = setup.review(eviction(NS, "db-0")).await;
     assert_eq!(answer["status"]["code"], 403, "{answer}");
     assert_eq!(setup.review(eviction(NS, "web-0")).await["allowed"], true);
@@ -285,7 +287,7 @@ async fn the_eviction_of_a_pod_that_is_gone_has_nothing_to_lock() {
 #[tokio::test]
 async fn on_lookup_error_allow_lets_the_eviction_through_with_a_warning() {
     let setup = setup(|s| s.on_lookup_error = OnLookupError::Allow).await;
-    setup.api.set_object_fault(Fault::Status(403));
+    setup.api.set_object_fault(Some(Fault::Status(403)));
     let answer = setup.review(eviction(NS, "db-0")).await;
     assert_eq!(answer["allowed"], true, "{answer}");
     let warning = answer["warnings"][0].as_str().unwrap_or("");

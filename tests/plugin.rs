@@ -332,7 +332,7 @@ async fn owners_are_referenced_by_uid() {
         .await
         .ok();
     let owner =
-        &c.api.cluster_lock("view").expect("ClusterLock view")["metadata"]["ownerReferences"][0];
+        &c.api.lock("", "view").expect("ClusterLock view")["metadata"]["ownerReferences"][0];
     assert_eq!(
         (owner["apiVersion"].as_str(), owner["name"].as_str()),
         (Some("v1"), Some("prod"))
@@ -452,7 +452,7 @@ async fn cluster_scoped_targets_get_a_cluster_lock() {
              \"{USER}\"): production\n"
         )
     );
-    let lock = c.api.cluster_lock("prod").expect("ClusterLock prod");
+    let lock = c.api.lock("", "prod").expect("ClusterLock prod");
     assert_eq!(lock["kind"], "ClusterLock");
     assert_eq!(
         lock["spec"],
@@ -476,7 +476,7 @@ async fn cluster_scoped_targets_get_a_cluster_lock() {
         "note: clusterroles.rbac.authorization.k8s.io are cluster-scoped: --namespace prod is \
          ignored\n"
     );
-    let lock = c.api.cluster_lock("view").expect("ClusterLock view");
+    let lock = c.api.lock("", "view").expect("ClusterLock view");
     assert_eq!(
         lock["spec"]["resources"],
         json!([{ "apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles"] }])

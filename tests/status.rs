@@ -17,12 +17,8 @@ use serde_json::{Value, json};
 use support::fake_apiserver::FakeApiServer;
 use tokio::sync::watch;
 
-fn status_of(api: &FakeApiServer, ns: Option<&str>, name: &str) -> Value {
-    let lock = match ns {
-        Some(ns) => api.lock(ns, name),
-        None => api.cluster_lock(name),
-    };
-    lock.map(|l| l["status"].clone()).unwrap_or(Value::Null)
+fn status_of(api: &FakeApiServer, ns: &str, name: &str) -> Value {
+    (api.lock(ns, name)).map_or(Value::Null, |l| l["status"].clone())
 }
 
 fn instances(status: &Value) -> Vec<String> {
@@ -100,7 +96,7 @@ async fn a_retry_no_longer_needed_is_dropped_not_spun_on() {
     });
     let status = support::until(
         "enforced",
-        || status_of(&api, Some("prod"), "web"),
+        || status_of(&api, "prod", "web"),
         |s| instances(s) == ["cp-1"],
     )
     .await;
@@ -121,7 +117,7 @@ async fn a_retry_no_longer_needed_is_dropped_not_spun_on() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let during = polls.load(std::sync::atomic::Ordering::Relaxed) - before;
     assert!(during <= 2, "the writer was polled {during} times at rest");
-    assert_eq!(instances(&status_of(&api, Some("prod"), "web")), ["cp-1"]);
+    assert_eq!(instances(&status_of(&api, "prod", "web")), ["cp-1"]);
     writer.abort();
 }
 
@@ -150,10 +146,8 @@ async fn each_lock_is_written_once_and_a_change_to_one_lock_writes_only_that_loc
         metrics.clone(),
         std::future::pending(),
     ));
-    let all_enforced = || {
-        (0..LOCKS)
-            .all(|i| instances(&status_of(&api, Some(&format!("ns-{i}")), "held")) == ["cp-1"])
-    };
+    let all_enforced =
+        || (0..LOCKS).all(|i| instances(&status_of(&api, &format!("ns-{i}"), "held")) == ["cp-1"]);
     support::until("every lock enforced", all_enforced, |done| *done).await;
     // A change to a lock that sorts after every other, looked at once it has been written: the
     // watch delivers events in order and the writer takes changed locks in key order, so once its
@@ -166,7 +160,7 @@ async fn each_lock_is_written_once_and_a_change_to_one_lock_writes_only_that_loc
             move || {
                 (
                     counted(),
-                    condition(&status_of(api_ref, Some("zz-last"), "held")).1,
+                    condition(&status_of(api_ref, "zz-last", "held")).1,
                 )
             },
             move |(writes, why)| *writes >= count && why == reason,
@@ -180,7 +174,7 @@ async fn each_lock_is_written_once_and_a_change_to_one_lock_writes_only_that_loc
     api.create_lock("ns-7", "held", json!({"mode": "Warn"}));
     support::until(
         "the changed lock rewritten",
-        || status_of(&api, Some("ns-7"), "held"),
+        || status_of(&api, "ns-7", "held"),
         |s| condition(s).1 == "WarnMode",
     )
     .await;
