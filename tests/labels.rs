@@ -210,7 +210,7 @@ async fn a_label_read_that_fails_follows_on_lookup_error() {
     for (fault, needle, outcome) in [
         (
             Fault::Status(403),
-            "the webhook's identity may not get pods: grant it get on pods (pods \"db-0\" is forbidden: User",
+            "the webhook's identity may not get pods: grant it get on pods (/api/v1/namespaces/prod/pods/db-0 is forbidden: User",
             "forbidden",
         ),
         (

@@ -45,7 +45,7 @@ const DISCOVERY: [(&str, &[(&str, &str, bool, &[&str])]); 4] = [
     ),
 ];
 
-/// Seeds `api` with the discovery documents of [`DISCOVERY`], `whoami` and empty event lists.
+/// Seeds `api` with the discovery documents of [`DISCOVERY`] and `whoami`.
 fn serve_discovery(api: &FakeApiServer) {
     let mut groups = Vec::new();
     for (group_version, resources) in DISCOVERY {
@@ -80,15 +80,6 @@ fn serve_discovery(api: &FakeApiServer) {
         json!({ "apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview",
             "metadata": {}, "status": { "userInfo": user } }),
     );
-    let events = json!({ "apiVersion": "events.k8s.io/v1", "kind": "EventList", "metadata": {}, "items": [] });
-    for path in [
-        "/events",
-        "/namespaces/prod/events",
-        "/namespaces/staging/events",
-        "/namespaces/default/events",
-    ] {
-        api.answer(&format!("/apis/events.k8s.io/v1{path}"), events.clone());
-    }
 }
 
 const LOCK_BIN: &str = env!("CARGO_BIN_EXE_kubectl-lock");

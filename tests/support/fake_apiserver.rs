@@ -2,10 +2,10 @@
 //! (accept and never answer), drop or expire (410) watches, refuse connections, answer scripted
 //! error statuses, and count requests. Plain HTTP/1.1 on `127.0.0.1:0`, for a real `kube::Client`.
 //!
-//! It holds Locks and ClusterLocks (LIST, GET, POST, DELETE, merge PATCH, WATCH from a
-//! resourceVersion; a PATCH of `status` replaces it, as for one field manager), and any other
-//! object as a path → JSON store (GET; POST adds; PATCH merges). API semantics (server-side
-//! apply between managers, validation, discovery) are the end-to-end suite's.
+//! Objects are JSON by path, under one resourceVersion counter: GET, LIST and WATCH (from a
+//! resourceVersion) of a collection, POST, DELETE (uid precondition), merge or apply PATCH (a
+//! PATCH of `status` replaces it, as one field manager's). API semantics (server-side apply
+//! between managers, validation, discovery) are the end-to-end suite's.
 #![allow(dead_code)] // each test binary uses a different part of this module
 
 use std::collections::{BTreeMap, VecDeque};
@@ -21,20 +21,8 @@ use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 use tokio::{net::TcpListener, sync::watch, task::JoinHandle, task::JoinSet, time::Instant};
 
-const PREFIX: &str = "/apis/objectlock.dev/v1alpha1/";
+const PREFIX: &str = "/apis/objectlock.dev/v1alpha1";
 type Body = UnsyncBoxBody<Bytes, Infallible>;
-/// `(plural, namespace ("" when cluster-scoped), name)`.
-type Key = (&'static str, String, String);
-
-/// The key of Lock `namespace/name`, or of ClusterLock `name` when `namespace` is "".
-fn key(namespace: &str, name: &str) -> Key {
-    let plural = if namespace.is_empty() {
-        "clusterlocks"
-    } else {
-        "locks"
-    };
-    (plural, namespace.into(), name.into())
-}
 
 /// A scripted answer to the requests a fault is set for.
 #[derive(Clone, Debug)]
@@ -51,9 +39,10 @@ pub enum Fault {
 #[derive(Default)]
 struct State {
     rv: u64,
-    locks: BTreeMap<Key, Value>,
-    /// Every change to a lock: (resourceVersion, event type, key, object).
-    history: Vec<(u64, &'static str, Key, Value)>,
+    /// Every object by path (`/api/v1/namespaces/prod/pods/db-0`), and scripted answers.
+    objects: BTreeMap<String, Value>,
+    /// Every change: (resourceVersion, event type, path, object).
+    history: Vec<(u64, &'static str, String, Value)>,
     /// A watch from before this resourceVersion gets 410 Gone.
     compacted_rv: u64,
     /// Bumped by [`FakeApiServer::drop_watches`]: open streams of an older generation end.
@@ -63,8 +52,6 @@ struct State {
     object_fault: Option<Fault>,
     watch_fault: Option<Fault>,
     patch_faults: VecDeque<u16>,
-    /// Objects other than locks, by path (`/api/v1/namespaces/prod/pods/db-0`).
-    others: BTreeMap<String, Value>,
     /// Every request as `"METHOD /path?query"`.
     log: Vec<String>,
 }
@@ -112,7 +99,6 @@ impl FakeApiServer {
         server
     }
 
-    /// `"http://127.0.0.1:PORT"`.
     pub fn url(&self) -> String {
         self.inner.url.clone()
     }
@@ -126,39 +112,44 @@ impl FakeApiServer {
     /// Creates Lock `namespace/name` (ClusterLock `name` when `namespace` is ""), event
     /// `ADDED`; if it exists, replaces its spec (event `MODIFIED`).
     pub fn create_lock(&self, namespace: &str, name: &str, spec: Value) {
-        self.put(key(namespace, name), json!({ "spec": spec }));
+        let kind = if namespace.is_empty() {
+            "ClusterLock"
+        } else {
+            "Lock"
+        };
+        let lock = json!({ "apiVersion": "objectlock.dev/v1alpha1", "kind": kind, "spec": spec });
+        self.put(&lock_path(namespace, name), lock);
     }
 
     /// Deletes a lock (event `DELETED`); false if there was none.
     pub fn delete_lock(&self, namespace: &str, name: &str) -> bool {
-        self.remove(&key(namespace, name)).is_some()
+        self.remove(&lock_path(namespace, name)).is_some()
     }
 
     /// The lock as a GET returns it (namespace "" for a ClusterLock).
     pub fn lock(&self, namespace: &str, name: &str) -> Option<Value> {
-        self.state().locks.get(&key(namespace, name)).cloned()
+        self.state()
+            .objects
+            .get(&lock_path(namespace, name))
+            .cloned()
     }
 
-    /// Adds an object, with a uid, to the collection at `collection`, e.g.
+    /// Adds an object to the collection at `collection`, e.g.
     /// `add_object("/apis/apps/v1/namespaces/prod/deployments", json!({"metadata": {"name": "web"}}))`.
-    pub fn add_object(&self, collection: &str, mut object: Value) {
+    pub fn add_object(&self, collection: &str, object: Value) {
         let name = object["metadata"]["name"].as_str().expect("metadata.name");
-        let path = format!("{collection}/{name}");
-        let mut st = self.state();
-        let uid = format!("00000000-0000-4000-9000-{:012x}", st.others.len());
-        object["metadata"]["uid"] = json!(uid);
-        st.others.insert(path, object);
+        self.put(&format!("{collection}/{name}"), object);
     }
 
-    /// Answers every GET and POST of `path` (any query) with `body`, e.g. a discovery document.
+    /// Answers every GET and POST of `path` with `body` (a discovery document, a review).
     pub fn answer(&self, path: &str, body: Value) {
-        self.state().others.insert(path.into(), body);
+        self.state().objects.insert(path.into(), body);
     }
 
-    /// The objects other than locks whose path starts with `prefix` (events written, ...).
+    /// The objects whose path starts with `prefix`.
     pub fn objects(&self, prefix: &str) -> Vec<Value> {
         let st = self.state();
-        let found = st.others.iter().filter(|(p, _)| p.starts_with(prefix));
+        let found = st.objects.iter().filter(|(p, _)| p.starts_with(prefix));
         found.map(|(_, object)| object.clone()).collect()
     }
 
@@ -169,18 +160,17 @@ impl FakeApiServer {
 
     /// LIST requests of locks whose `path?query` contains `path_contains` (faulted ones too).
     pub fn list_calls(&self, path_contains: &str) -> usize {
-        self.lists(|target| !target.contains("watch=") && target.contains(path_contains))
+        self.lock_reads(|target| !target.contains("watch=") && target.contains(path_contains))
     }
 
     pub fn watch_calls(&self) -> usize {
-        self.lists(|target| target.contains("watch="))
+        self.lock_reads(|target| target.contains("watch="))
     }
 
-    fn lists(&self, wanted: impl Fn(&str) -> bool) -> usize {
+    fn lock_reads(&self, wanted: impl Fn(&str) -> bool) -> usize {
         let st = self.state();
         let gets = st.log.iter().filter_map(|r| r.strip_prefix("GET "));
-        let lists = gets.filter(|t| t.starts_with(PREFIX));
-        let lists = lists.filter(|t| t.split('?').next().is_some_and(|p| p.ends_with("locks")));
+        let lists = gets.filter(|t| t.starts_with(PREFIX) && is_collection(t.split('?').next()));
         lists.filter(|t| wanted(t)).count()
     }
 
@@ -207,7 +197,7 @@ impl FakeApiServer {
         self.state().watch_fault = fault;
     }
 
-    /// Answers the next `count` PATCHes of locks (or their status) with a `Status` of `code`.
+    /// Answers the next `count` PATCHes with a `Status` of `code`.
     pub fn fail_patches(&self, count: usize, code: u16) {
         (self.state().patch_faults).extend(std::iter::repeat_n(code, count));
     }
@@ -264,51 +254,58 @@ impl FakeApiServer {
         self.inner.changed.send_replace(());
     }
 
-    /// Records a change under a new resourceVersion; returns the object as stored.
-    fn emit(&self, kind: &'static str, key: Key, mut object: Value) -> Value {
+    /// Stores `object` at `path` (ADDED or MODIFIED), keeping the uid of the one it replaces,
+    /// and its status unless `object` has one.
+    fn put(&self, path: &str, mut object: Value) -> Value {
         let mut st = self.state();
+        let old = st.objects.get(path).cloned();
         st.rv += 1;
         let rv = st.rv;
-        object["metadata"]["resourceVersion"] = json!(rv.to_string());
-        st.history.push((rv, kind, key.clone(), object.clone()));
+        if let Some(status) = old.as_ref().and_then(|o| o.get("status"))
+            && object.get("status").is_none()
+        {
+            object["status"] = status.clone();
+        }
+        let meta = &mut object["metadata"];
+        let segments: Vec<&str> = path.split('/').collect();
+        if let [.., "namespaces", ns, _, _] = segments[..] {
+            meta["namespace"] = json!(ns);
+        }
+        meta["name"] = json!(segments.last());
+        let uid = old.as_ref().map(|o| o["metadata"]["uid"].clone());
+        meta["uid"] = uid.unwrap_or_else(|| json!(format!("00000000-0000-4000-8000-{rv:012x}")));
+        meta["resourceVersion"] = json!(rv.to_string());
+        meta["creationTimestamp"] = json!("2026-01-01T00:00:00Z");
+        let kind = if old.is_some() { "MODIFIED" } else { "ADDED" };
+        self.record(st, kind, path, object)
+    }
+
+    /// Removes the object at `path`: DELETED, under a new resourceVersion (as etcd does).
+    fn remove(&self, path: &str) -> Option<Value> {
+        let mut st = self.state();
+        let mut object = st.objects.get(path).cloned()?;
+        st.rv += 1;
+        object["metadata"]["resourceVersion"] = json!(st.rv.to_string());
+        Some(self.record(st, "DELETED", path, object))
+    }
+
+    fn record(
+        &self,
+        mut st: MutexGuard<'_, State>,
+        kind: &'static str,
+        path: &str,
+        object: Value,
+    ) -> Value {
+        let rv = st.rv;
+        st.history.push((rv, kind, path.into(), object.clone()));
         if kind == "DELETED" {
-            st.locks.remove(&key);
+            st.objects.remove(path);
         } else {
-            st.locks.insert(key, object.clone());
+            st.objects.insert(path.into(), object.clone());
         }
         drop(st);
         self.notify();
         object
-    }
-
-    /// Stores `body` under `key`, keeping the uid and status of the lock it replaces.
-    fn put(&self, key: Key, mut body: Value) -> Value {
-        let old = self.state().locks.get(&key).cloned();
-        let (plural, ns, name) = key.clone();
-        let cluster = plural == "clusterlocks";
-        body["apiVersion"] = json!("objectlock.dev/v1alpha1");
-        body["kind"] = json!(if cluster { "ClusterLock" } else { "Lock" });
-        // The status belongs to its subresource: a write of the spec keeps it.
-        if let Some(status) = old.as_ref().and_then(|o| o.get("status")) {
-            body["status"] = status.clone();
-        }
-        let rv = self.state().rv;
-        let new_uid = || json!(format!("00000000-0000-4000-8000-{rv:012x}"));
-        let meta = &mut body["metadata"];
-        meta["name"] = json!(name);
-        if !cluster {
-            meta["namespace"] = json!(ns);
-        }
-        meta["uid"] = old
-            .as_ref()
-            .map_or_else(new_uid, |o| o["metadata"]["uid"].clone());
-        meta["creationTimestamp"] = json!("2026-01-01T00:00:00Z");
-        self.emit(if old.is_some() { "MODIFIED" } else { "ADDED" }, key, body)
-    }
-
-    fn remove(&self, key: &Key) -> Option<Value> {
-        let object = self.state().locks.get(key).cloned()?;
-        Some(self.emit("DELETED", key.clone(), object))
     }
 
     async fn handle(self, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
@@ -317,159 +314,116 @@ impl FakeApiServer {
         let (method, path, query) = (&parts.method, parts.uri.path(), parts.uri.query());
         let target = parts.uri.path_and_query().map_or(path, |p| p.as_str());
         self.state().log.push(format!("{method} {target}"));
+        let apply = (parts.headers.get(http::header::CONTENT_TYPE))
+            .is_some_and(|t| t.as_bytes().starts_with(b"application/apply-patch"));
         let body = body.collect().await.map(|b| b.to_bytes());
         let body: Value = serde_json::from_slice(&body.unwrap_or_default()).unwrap_or_default();
-        let segments: Vec<&str> = path.strip_prefix(PREFIX).unwrap_or("").split('/').collect();
-        let (plural, ns, name, status) = match segments[..] {
-            ["locks"] => ("locks", None, None, false),
-            ["clusterlocks"] => ("clusterlocks", None, None, false),
-            ["clusterlocks", n] => ("clusterlocks", None, Some(n), false),
-            ["clusterlocks", n, "status"] => ("clusterlocks", None, Some(n), true),
-            ["namespaces", ns, "locks"] => ("locks", Some(ns), None, false),
-            ["namespaces", ns, "locks", n] => ("locks", Some(ns), Some(n), false),
-            ["namespaces", ns, "locks", n, "status"] => ("locks", Some(ns), Some(n), true),
-            _ => return Ok(reply(self.other(method, path, body).await)),
-        };
-        let key: Key = (plural, ns.unwrap_or("").into(), name.unwrap_or("").into());
-        let what = format!("{plural}.objectlock.dev \"{}\"", key.2);
         let param = |name: &str| {
             let mut pairs = query.unwrap_or("").split('&');
             pairs.find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
         };
-        if *method == Method::GET && name.is_none() && matches!(param("watch"), Some("true" | "1"))
-        {
-            let injected = self.state().watch_fault.clone();
-            match injected {
-                Some(Fault::Status(code)) => return Ok(reply(fault(code, "watch", &what))),
-                Some(Fault::Delay(delay)) => tokio::time::sleep(delay).await,
-                _ => {}
-            }
-            let since = param("resourceVersion").and_then(|rv| rv.parse().ok());
-            let timeout = param("timeoutSeconds").and_then(|t| t.parse().ok());
-            let ns = ns.map(str::to_string);
-            let holds = move |(p, n, _): &Key| *p == plural && ns.as_ref().is_none_or(|ns| ns == n);
-            return Ok(self.watch(Box::new(holds), since, timeout));
+        let watching = *method == Method::GET && matches!(param("watch"), Some("true" | "1"));
+        let verb = if watching {
+            "watch".into()
+        } else {
+            method.as_str().to_lowercase()
+        };
+        let fault = match (verb.as_str(), path.starts_with(PREFIX)) {
+            ("watch", _) => self.state().watch_fault.clone(),
+            ("get", true) => self.state().fault.clone(),
+            ("get", false) => self.state().object_fault.clone(),
+            _ => None,
+        };
+        match fault {
+            Some(Fault::Status(code)) => return Ok(reply(refuse(code, &verb, path))),
+            Some(Fault::Delay(delay)) => tokio::time::sleep(delay).await,
+            _ => {}
         }
-        if *method == Method::GET {
-            let verb = if name.is_some() { "get" } else { "list" };
-            let injected = self.state().fault.clone();
-            if let Some(answer) = inject(injected, verb, &what).await {
-                return Ok(reply(answer));
-            }
-        }
-        Ok(reply(
-            self.lock_request(method, key, ns, status, body, &what),
-        ))
-    }
-
-    fn lock_request(
-        &self,
-        method: &Method,
-        key: Key,
-        ns: Option<&str>,
-        status_only: bool,
-        body: Value,
-        what: &str,
-    ) -> (u16, Value) {
-        let not_found = || (404, status(404, &format!("{what} not found")));
-        let current = self.state().locks.get(&key).cloned();
-        // A uid in a patch or a precondition that is not the lock's: it was replaced meanwhile.
+        let current = self.state().objects.get(path).cloned();
+        // A uid in a patch or a precondition that is not the object's: it was replaced.
         let replaced =
-            |lock: &Value, uid: &Value| uid.is_string() && lock["metadata"]["uid"] != *uid;
-        match *method {
-            Method::GET if key.2.is_empty() => {
-                let st = self.state();
-                let items: Vec<Value> = (st.locks.iter())
-                    .filter(|((p, n, _), _)| *p == key.0 && ns.is_none_or(|ns| ns == n))
-                    .map(|(_, lock)| lock.clone())
-                    .collect();
-                let metadata = json!({ "resourceVersion": st.rv.to_string() });
-                let v = "objectlock.dev/v1alpha1";
-                let list = json!({ "apiVersion": v, "kind": "List", "metadata": metadata, "items": items });
-                (200, list)
+            |object: &Value, uid: &Value| uid.is_string() && object["metadata"]["uid"] != *uid;
+        let answer = match *method {
+            Method::GET if watching => {
+                let since = param("resourceVersion").and_then(|rv| rv.parse().ok());
+                let timeout = param("timeoutSeconds").and_then(|t| t.parse().ok());
+                return Ok(self.watch(path, since, timeout));
             }
-            Method::GET => current.map_or_else(not_found, |lock| (200, lock)),
+            Method::GET => match current {
+                Some(object) => (200, object),
+                None if is_collection(Some(path)) => (200, self.list(path)),
+                None => not_found(path),
+            },
+            // A scripted answer to a POST (`kubectl auth whoami`).
+            Method::POST if current.is_some() => (201, current.unwrap_or_default()),
             Method::POST => {
-                let name = body["metadata"]["name"].as_str().unwrap_or_default();
-                let key = (key.0, key.1, name.to_string());
-                if self.state().locks.contains_key(&key) {
-                    let what = format!("{}.objectlock.dev \"{name}\"", key.0);
-                    return (409, status(409, &format!("{what} already exists")));
+                let path = format!(
+                    "{path}/{}",
+                    body["metadata"]["name"].as_str().unwrap_or_default()
+                );
+                let exists = self.state().objects.contains_key(&path);
+                if exists {
+                    (409, status(409, &format!("{path} already exists")))
+                } else {
+                    (201, self.put(&path, body))
                 }
-                (201, self.put(key, body))
             }
             Method::PATCH => {
-                if let Some(code) = self.state().patch_faults.pop_front() {
-                    return fault(code, "patch", what);
+                let fault = self.state().patch_faults.pop_front();
+                let (target, status_only) = path
+                    .strip_suffix("/status")
+                    .map_or((path, false), |p| (p, true));
+                let current = self.state().objects.get(target).cloned();
+                match (fault, current) {
+                    (Some(code), _) => refuse(code, "patch", path),
+                    (None, None) if !apply => not_found(path),
+                    (None, Some(object)) if replaced(&object, &body["metadata"]["uid"]) => {
+                        let msg = format!("{path} is invalid: metadata.uid: field is immutable");
+                        (422, status(422, &msg))
+                    }
+                    (None, object) => {
+                        let mut object = object.unwrap_or_default();
+                        if status_only {
+                            object["status"] = body["status"].clone();
+                        } else {
+                            merge_patch(&mut object, &body);
+                        }
+                        (200, self.put(target, object))
+                    }
                 }
-                let Some(mut lock) = current else {
-                    return not_found();
-                };
-                if replaced(&lock, &body["metadata"]["uid"]) {
-                    let msg = format!("{what} is invalid: metadata.uid: field is immutable");
-                    return (422, status(422, &msg));
-                }
-                if status_only {
-                    lock["status"] = body["status"].clone();
-                    return (200, self.emit("MODIFIED", key, lock));
-                }
-                merge_patch(&mut lock, &body);
-                (200, self.put(key, lock))
             }
             Method::DELETE => match current {
-                None => not_found(),
-                Some(lock) if replaced(&lock, &body["preconditions"]["uid"]) => {
-                    let msg = format!("Operation cannot be fulfilled on {what}: the UID differs");
+                None => not_found(path),
+                Some(object) if replaced(&object, &body["preconditions"]["uid"]) => {
+                    let msg = format!("Operation cannot be fulfilled on {path}: the UID differs");
                     let mut conflict = status(409, &msg);
                     conflict["reason"] = json!("Conflict");
                     (409, conflict)
                 }
-                Some(_) => (200, self.remove(&key).expect("present")),
+                Some(_) => (200, self.remove(path).expect("present")),
             },
             _ => (405, status(405, "not faked")),
-        }
+        };
+        Ok(reply(answer))
     }
 
-    /// Any other path: GET of what was added; POST adds (or answers what was); PATCH merges.
-    async fn other(&self, method: &Method, path: &str, body: Value) -> (u16, Value) {
-        let mut segments = path.rsplit('/');
-        let (name, plural) = (segments.next().unwrap_or(""), segments.next().unwrap_or(""));
-        let what = format!("{plural} \"{name}\"");
-        if *method == Method::GET {
-            let injected = self.state().object_fault.clone();
-            if let Some(answer) = inject(injected, "get", &what).await {
-                return answer;
-            }
-        }
-        let mut st = self.state();
-        match (method, st.others.get(path)) {
-            (&Method::GET | &Method::POST, Some(object)) => (200, object.clone()),
-            (&Method::GET, None) => (404, status(404, &format!("{what} not found"))),
-            (&Method::POST, None) => {
-                let name = body["metadata"]["name"].as_str().unwrap_or_default();
-                st.others.insert(format!("{path}/{name}"), body.clone());
-                (201, body)
-            }
-            _ => {
-                let object = st.others.entry(path.into()).or_insert(json!({}));
-                merge_patch(object, &body);
-                (200, object.clone())
-            }
-        }
+    fn list(&self, collection: &str) -> Value {
+        let st = self.state();
+        let items: Vec<&Value> = (st.objects.iter())
+            .filter(|(path, _)| holds(collection, path))
+            .map(|(_, object)| object)
+            .collect();
+        let metadata = json!({ "resourceVersion": st.rv.to_string() });
+        json!({ "apiVersion": "v1", "kind": "List", "metadata": metadata, "items": items })
     }
 
     /// A watch: HTTP 200, one JSON event per line, from `since` (or the current objects).
-    fn watch(
-        &self,
-        holds: Box<dyn Fn(&Key) -> bool + Send>,
-        since: Option<u64>,
-        timeout: Option<u64>,
-    ) -> Response<Body> {
+    fn watch(&self, collection: &str, since: Option<u64>, timeout: Option<u64>) -> Response<Body> {
         let st = self.state();
         let mut queue = VecDeque::new();
         let since = since.filter(|rv| *rv > 0).unwrap_or_else(|| {
-            let current = st.locks.iter().filter(|(k, _)| holds(k));
-            queue.extend(current.map(|(_, lock)| ("ADDED", lock.clone())));
+            let current = st.objects.iter().filter(|(p, _)| holds(collection, p));
+            queue.extend(current.map(|(_, object)| ("ADDED", object.clone())));
             st.rv
         });
         let expired = since < st.compacted_rv;
@@ -483,7 +437,7 @@ impl FakeApiServer {
         }
         let cursor = Cursor {
             server: self.clone(),
-            holds,
+            collection: collection.into(),
             since,
             generation: st.generation,
             changes: self.inner.changed.subscribe(),
@@ -500,7 +454,7 @@ impl FakeApiServer {
 /// One open watch stream.
 struct Cursor {
     server: FakeApiServer,
-    holds: Box<dyn Fn(&Key) -> bool + Send>,
+    collection: String,
     /// Every change up to this resourceVersion has been looked at.
     since: u64,
     generation: u64,
@@ -527,7 +481,8 @@ async fn next_event(mut c: Cursor) -> Option<(Result<Frame<Bytes>, Infallible>, 
             if st.generation != c.generation {
                 return None;
             }
-            let new = (st.history.iter()).filter(|(rv, _, key, _)| *rv > c.since && (c.holds)(key));
+            let new = (st.history.iter())
+                .filter(|(rv, _, p, _)| *rv > c.since && holds(&c.collection, p));
             c.queue
                 .extend(new.map(|(_, kind, _, object)| (*kind, object.clone())));
             c.since = st.rv;
@@ -541,15 +496,39 @@ async fn next_event(mut c: Cursor) -> Option<(Result<Frame<Bytes>, Infallible>, 
     }
 }
 
-/// Sleeps for a `Delay`; for a `Status`, the answer to send instead.
-async fn inject(fault: Option<Fault>, verb: &str, what: &str) -> Option<(u16, Value)> {
-    match fault? {
-        Fault::Status(code) => Some(self::fault(code, verb, what)),
-        Fault::Delay(delay) | Fault::Cut(delay) => {
-            tokio::time::sleep(delay).await;
-            None
-        }
+/// The path of Lock `namespace/name`, or of ClusterLock `name` when `namespace` is "".
+fn lock_path(namespace: &str, name: &str) -> String {
+    match namespace {
+        "" => format!("{PREFIX}/clusterlocks/{name}"),
+        ns => format!("{PREFIX}/namespaces/{ns}/locks/{name}"),
     }
+}
+
+/// Whether `path` names a collection (`/api/v1/namespaces/prod/pods`), not one object.
+fn is_collection(path: Option<&str>) -> bool {
+    let segments: Vec<&str> = path.unwrap_or("").split('/').skip(1).collect();
+    let group_version = if segments.first() == Some(&"api") {
+        2
+    } else {
+        3
+    };
+    segments.len() > group_version && (segments.len() - group_version) % 2 == 1
+}
+
+/// Whether the object at `path` is in `collection`; a namespaced resource's cluster-wide
+/// collection (`/apis/objectlock.dev/v1alpha1/locks`) holds every namespace's.
+fn holds(collection: &str, path: &str) -> bool {
+    let (parent, (group_version, plural)) =
+        match (path.rsplit_once('/'), collection.rsplit_once('/')) {
+            (Some((parent, _)), Some(split)) => (parent, split),
+            _ => return false,
+        };
+    let namespaced = parent
+        .strip_prefix(group_version)
+        .and_then(|p| p.strip_prefix("/namespaces/"));
+    parent == collection
+        || namespaced
+            .is_some_and(|p| p.split('/').nth(1) == Some(plural) && p.matches('/').count() == 1)
 }
 
 /// RFC 7386 JSON merge patch.
@@ -585,13 +564,16 @@ fn status(code: u16, message: &str) -> Value {
         "message": message, "reason": reason, "code": code })
 }
 
-/// The scripted answer `code` to a `verb` of `what` (`pods "db-0"`).
-fn fault(code: u16, verb: &str, what: &str) -> (u16, Value) {
+fn not_found(path: &str) -> (u16, Value) {
+    (404, status(404, &format!("{path} not found")))
+}
+
+/// The scripted answer `code` to a `verb` of `path`.
+fn refuse(code: u16, verb: &str, path: &str) -> (u16, Value) {
     let injected = "fault injected by FakeApiServer";
+    let user = "system:serviceaccount:kube-object-lock:kube-object-lock";
     let message = match code {
-        403 => format!(
-            "{what} is forbidden: User \"system:serviceaccount:kube-object-lock:kube-object-lock\" cannot {verb} it ({injected})"
-        ),
+        403 => format!("{path} is forbidden: User \"{user}\" cannot {verb} it ({injected})"),
         _ => format!("Internal error occurred: {injected}"),
     };
     (code, status(code, &message))

@@ -177,9 +177,7 @@ impl TestServer {
 
     /// Signals shutdown and waits for the drain.
     pub async fn stop(mut self) -> Drain {
-        if let Some(tx) = self.shutdown.take() {
-            let _ = tx.send(());
-        }
+        self.signal_stop();
         self.handle
             .take()
             .expect("running")
@@ -190,9 +188,7 @@ impl TestServer {
 
 impl Drop for TestServer {
     fn drop(&mut self) {
-        if let Some(tx) = self.shutdown.take() {
-            let _ = tx.send(());
-        }
+        self.signal_stop();
     }
 }
 
@@ -413,22 +409,10 @@ pub async fn until<T: std::fmt::Debug>(
     read: impl Fn() -> T,
     check: impl Fn(&T) -> bool,
 ) -> T {
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let value = read();
-        if check(&value) {
-            return value;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{what}: never happened; last: {value:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_async(what, || std::future::ready(read()), check).await
 }
 
-/// Like [`until`], for a read that awaits (a request, a scrape): polls until `check` holds, 10 s
-/// at most.
+/// Like [`until`], for a read that awaits (a request, a scrape).
 pub async fn until_async<T: std::fmt::Debug, F: std::future::Future<Output = T>>(
     what: &str,
     read: impl Fn() -> F,
