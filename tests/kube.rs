@@ -513,7 +513,7 @@ async fn a_silent_api_server_makes_the_index_stale_and_it_recovers() {
     assert_eq!(probes, requests.len(), "only the probe asks: {requests:?}");
 
     // Frozen: connections stay open, nothing is answered, nothing ends.
-    setup.api.freeze();
+    setup.api.freeze(true);
     let frozen = Instant::now();
     let kinds = [LockKind::Lock, LockKind::ClusterLock];
     let health = support::until(
@@ -546,7 +546,7 @@ async fn a_silent_api_server_makes_the_index_stale_and_it_recovers() {
         .create_lock(NS, "locked-a", json!({"reason": "while frozen"}));
 
     // Answering again: a fresh list and watch, and lookups are answered from the index.
-    setup.api.thaw();
+    setup.api.freeze(false);
     let thawed = Instant::now();
     support::until(
         "both kinds live again",

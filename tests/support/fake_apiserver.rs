@@ -118,12 +118,12 @@ impl FakeApiServer {
             "Lock"
         };
         let lock = json!({ "apiVersion": "objectlock.dev/v1alpha1", "kind": kind, "spec": spec });
-        self.put(&lock_path(namespace, name), lock);
+        self.change(&lock_path(namespace, name), Some(lock));
     }
 
     /// Deletes a lock (event `DELETED`); false if there was none.
     pub fn delete_lock(&self, namespace: &str, name: &str) -> bool {
-        self.remove(&lock_path(namespace, name)).is_some()
+        self.change(&lock_path(namespace, name), None).is_some()
     }
 
     /// The lock as a GET returns it (namespace "" for a ClusterLock).
@@ -138,7 +138,7 @@ impl FakeApiServer {
     /// `add_object("/apis/apps/v1/namespaces/prod/deployments", json!({"metadata": {"name": "web"}}))`.
     pub fn add_object(&self, collection: &str, object: Value) {
         let name = object["metadata"]["name"].as_str().expect("metadata.name");
-        self.put(&format!("{collection}/{name}"), object);
+        self.change(&format!("{collection}/{name}"), Some(object));
     }
 
     /// Answers every GET and POST of `path` with `body` (a discovery document, a review).
@@ -217,14 +217,9 @@ impl FakeApiServer {
     }
 
     /// Freezes the server as SIGSTOP does: connections are accepted, nothing is answered and
-    /// open watches send nothing, until [`FakeApiServer::thaw`] (then what waited is answered).
-    pub fn freeze(&self) {
-        self.state().frozen = true;
-        self.notify();
-    }
-
-    pub fn thaw(&self) {
-        self.state().frozen = false;
+    /// open watches send nothing, until `freeze(false)` (then what waited is answered).
+    pub fn freeze(&self, frozen: bool) {
+        self.state().frozen = frozen;
         self.notify();
     }
 
@@ -254,49 +249,35 @@ impl FakeApiServer {
         self.inner.changed.send_replace(());
     }
 
-    /// Stores `object` at `path` (ADDED or MODIFIED), keeping the uid of the one it replaces,
-    /// and its status unless `object` has one.
-    fn put(&self, path: &str, mut object: Value) -> Value {
+    /// Stores `object` at `path` (ADDED or MODIFIED, keeping the uid of the one it replaces, and
+    /// its status unless `object` has one) or, for `None`, deletes it (DELETED), under a new
+    /// resourceVersion (as etcd does); returns the object.
+    fn change(&self, path: &str, object: Option<Value>) -> Option<Value> {
         let mut st = self.state();
         let old = st.objects.get(path).cloned();
+        let (kind, mut object) = match (object, &old) {
+            (None, old) => ("DELETED", old.clone()?),
+            (Some(mut new), Some(old)) => {
+                if new.get("status").is_none() && old.get("status").is_some() {
+                    new["status"] = old["status"].clone();
+                }
+                new["metadata"]["uid"] = old["metadata"]["uid"].clone();
+                ("MODIFIED", new)
+            }
+            (Some(mut new), None) => {
+                new["metadata"]["uid"] = json!(format!("00000000-0000-4000-8000-{:012x}", st.rv));
+                ("ADDED", new)
+            }
+        };
         st.rv += 1;
-        let rv = st.rv;
-        if let Some(status) = old.as_ref().and_then(|o| o.get("status"))
-            && object.get("status").is_none()
-        {
-            object["status"] = status.clone();
-        }
-        let meta = &mut object["metadata"];
+        let (rv, meta) = (st.rv, &mut object["metadata"]);
         let segments: Vec<&str> = path.split('/').collect();
         if let [.., "namespaces", ns, _, _] = segments[..] {
             meta["namespace"] = json!(ns);
         }
         meta["name"] = json!(segments.last());
-        let uid = old.as_ref().map(|o| o["metadata"]["uid"].clone());
-        meta["uid"] = uid.unwrap_or_else(|| json!(format!("00000000-0000-4000-8000-{rv:012x}")));
         meta["resourceVersion"] = json!(rv.to_string());
         meta["creationTimestamp"] = json!("2026-01-01T00:00:00Z");
-        let kind = if old.is_some() { "MODIFIED" } else { "ADDED" };
-        self.record(st, kind, path, object)
-    }
-
-    /// Removes the object at `path`: DELETED, under a new resourceVersion (as etcd does).
-    fn remove(&self, path: &str) -> Option<Value> {
-        let mut st = self.state();
-        let mut object = st.objects.get(path).cloned()?;
-        st.rv += 1;
-        object["metadata"]["resourceVersion"] = json!(st.rv.to_string());
-        Some(self.record(st, "DELETED", path, object))
-    }
-
-    fn record(
-        &self,
-        mut st: MutexGuard<'_, State>,
-        kind: &'static str,
-        path: &str,
-        object: Value,
-    ) -> Value {
-        let rv = st.rv;
         st.history.push((rv, kind, path.into(), object.clone()));
         if kind == "DELETED" {
             st.objects.remove(path);
@@ -305,7 +286,7 @@ impl FakeApiServer {
         }
         drop(st);
         self.notify();
-        object
+        Some(object)
     }
 
     async fn handle(self, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
@@ -323,19 +304,15 @@ impl FakeApiServer {
             pairs.find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
         };
         let watching = *method == Method::GET && matches!(param("watch"), Some("true" | "1"));
-        let verb = if watching {
-            "watch".into()
-        } else {
-            method.as_str().to_lowercase()
-        };
-        let fault = match (verb.as_str(), path.starts_with(PREFIX)) {
-            ("watch", _) => self.state().watch_fault.clone(),
-            ("get", true) => self.state().fault.clone(),
-            ("get", false) => self.state().object_fault.clone(),
+        let verb = if watching { "watch" } else { "read" };
+        let fault = match (watching, *method == Method::GET, path.starts_with(PREFIX)) {
+            (true, _, _) => self.state().watch_fault.clone(),
+            (_, true, true) => self.state().fault.clone(),
+            (_, true, false) => self.state().object_fault.clone(),
             _ => None,
         };
         match fault {
-            Some(Fault::Status(code)) => return Ok(reply(refuse(code, &verb, path))),
+            Some(Fault::Status(code)) => return Ok(reply(refuse(code, verb, path))),
             Some(Fault::Delay(delay)) => tokio::time::sleep(delay).await,
             _ => {}
         }
@@ -357,15 +334,12 @@ impl FakeApiServer {
             // A scripted answer to a POST (`kubectl auth whoami`).
             Method::POST if current.is_some() => (201, current.unwrap_or_default()),
             Method::POST => {
-                let path = format!(
-                    "{path}/{}",
-                    body["metadata"]["name"].as_str().unwrap_or_default()
-                );
-                let exists = self.state().objects.contains_key(&path);
-                if exists {
+                let name = body["metadata"]["name"].as_str().unwrap_or_default();
+                let path = format!("{path}/{name}");
+                if self.state().objects.contains_key(&path) {
                     (409, status(409, &format!("{path} already exists")))
                 } else {
-                    (201, self.put(&path, body))
+                    (201, self.change(&path, Some(body)).unwrap_or_default())
                 }
             }
             Method::PATCH => {
@@ -388,7 +362,7 @@ impl FakeApiServer {
                         } else {
                             merge_patch(&mut object, &body);
                         }
-                        (200, self.put(target, object))
+                        (200, self.change(target, Some(object)).unwrap_or_default())
                     }
                 }
             }
@@ -400,7 +374,7 @@ impl FakeApiServer {
                     conflict["reason"] = json!("Conflict");
                     (409, conflict)
                 }
-                Some(_) => (200, self.remove(path).expect("present")),
+                Some(_) => (200, self.change(path, None).unwrap_or_default()),
             },
             _ => (405, status(405, "not faked")),
         };
