@@ -4,8 +4,7 @@
 //!
 //! Objects are JSON by path, under one resourceVersion counter: GET, LIST and WATCH (from a
 //! resourceVersion) of a collection, POST, DELETE (uid precondition), merge or apply PATCH (a
-//! PATCH of `status` replaces it, as one field manager's). API semantics (server-side apply
-//! between managers, validation, discovery) are the end-to-end suite's.
+//! PATCH of `status` replaces it). API semantics are the end-to-end suite's.
 #![allow(dead_code)] // each test binary uses a different part of this module
 
 use std::collections::{BTreeMap, VecDeque};
@@ -112,13 +111,7 @@ impl FakeApiServer {
     /// Creates Lock `namespace/name` (ClusterLock `name` when `namespace` is ""), event
     /// `ADDED`; if it exists, replaces its spec (event `MODIFIED`).
     pub fn create_lock(&self, namespace: &str, name: &str, spec: Value) {
-        let kind = if namespace.is_empty() {
-            "ClusterLock"
-        } else {
-            "Lock"
-        };
-        let lock = json!({ "apiVersion": "objectlock.dev/v1alpha1", "kind": kind, "spec": spec });
-        self.change(&lock_path(namespace, name), Some(lock));
+        self.change(&lock_path(namespace, name), Some(json!({ "spec": spec })));
     }
 
     /// Deletes a lock (event `DELETED`); false if there was none.
@@ -160,25 +153,11 @@ impl FakeApiServer {
 
     /// LIST requests of locks whose `path?query` contains `path_contains` (faulted ones too).
     pub fn list_calls(&self, path_contains: &str) -> usize {
-        self.lock_reads(|target| !target.contains("watch=") && target.contains(path_contains))
-    }
-
-    pub fn watch_calls(&self) -> usize {
-        self.lock_reads(|target| target.contains("watch="))
-    }
-
-    fn lock_reads(&self, wanted: impl Fn(&str) -> bool) -> usize {
         let st = self.state();
         let gets = st.log.iter().filter_map(|r| r.strip_prefix("GET "));
         let lists = gets.filter(|t| t.starts_with(PREFIX) && is_collection(t.split('?').next()));
-        lists.filter(|t| wanted(t)).count()
-    }
-
-    /// GETs of objects other than locks so far whose path contains `path_contains`.
-    pub fn object_gets(&self, path_contains: &str) -> usize {
-        let st = self.state();
-        let gets = st.log.iter().filter_map(|r| r.strip_prefix("GET "));
-        gets.filter(|t| !t.starts_with(PREFIX) && t.contains(path_contains))
+        lists
+            .filter(|t| !t.contains("watch=") && t.contains(path_contains))
             .count()
     }
 
@@ -391,15 +370,10 @@ impl FakeApiServer {
         json!({ "apiVersion": "v1", "kind": "List", "metadata": metadata, "items": items })
     }
 
-    /// A watch: HTTP 200, one JSON event per line, from `since` (or the current objects).
+    /// A watch: HTTP 200, one JSON event per line, of the changes after `since` (or from now).
     fn watch(&self, collection: &str, since: Option<u64>, timeout: Option<u64>) -> Response<Body> {
-        let st = self.state();
-        let mut queue = VecDeque::new();
-        let since = since.filter(|rv| *rv > 0).unwrap_or_else(|| {
-            let current = st.objects.iter().filter(|(p, _)| holds(collection, p));
-            queue.extend(current.map(|(_, object)| ("ADDED", object.clone())));
-            st.rv
-        });
+        let (st, mut queue) = (self.state(), VecDeque::new());
+        let since = since.unwrap_or(st.rv);
         let expired = since < st.compacted_rv;
         if expired {
             let msg = format!("too old resource version: {since} ({})", st.compacted_rv);
@@ -481,11 +455,7 @@ fn lock_path(namespace: &str, name: &str) -> String {
 /// Whether `path` names a collection (`/api/v1/namespaces/prod/pods`), not one object.
 fn is_collection(path: Option<&str>) -> bool {
     let segments: Vec<&str> = path.unwrap_or("").split('/').skip(1).collect();
-    let group_version = if segments.first() == Some(&"api") {
-        2
-    } else {
-        3
-    };
+    let group_version = 2 + usize::from(segments.first() != Some(&"api"));
     segments.len() > group_version && (segments.len() - group_version) % 2 == 1
 }
 

@@ -283,16 +283,10 @@ impl HttpsClient {
     pub async fn send(&self, request: http::Request<Full<Bytes>>) -> Reply {
         let work = async {
             let response = self.client.request(request).await.expect("request sent");
-            let status = response.status().as_u16();
-            let version = response.version();
-            let headers = response.headers().clone();
-            let body = response
-                .into_body()
-                .collect()
-                .await
-                .expect("body read")
-                .to_bytes()
-                .to_vec();
+            let (head, body) = response.into_parts();
+            let body = body.collect().await.expect("body read").to_bytes().to_vec();
+            let (status, version) = (head.status.as_u16(), head.version);
+            let headers = head.headers;
             Reply {
                 status,
                 version,
