@@ -14,8 +14,11 @@ use support::fake_apiserver::FakeApiServer;
 /// Who every client of the fake is (`kubectl auth whoami`).
 const USER: &str = "jane@example.com";
 
-/// The resources the fake serves, by group version: (plural, kind, namespaced, short names).
-const DISCOVERY: [(&str, &[(&str, &str, bool, &[&str])]); 4] = [
+/// A served resource: plural, kind, namespaced, short names.
+type Resource = (&'static str, &'static str, bool, &'static [&'static str]);
+
+/// The resources the fake serves, by group version.
+const DISCOVERY: [(&str, &[Resource]); 4] = [
     (
         "v1",
         &[
