@@ -1,7 +1,8 @@
-//! Lock status writes counted against the fake API server (which keeps what one instance
-//! applies to the status subresource): one write per lock, only changed locks written again, a
-//! retry no longer needed dropped. Status semantics between instances (server-side apply) are
-//! checked end to end (`enforcement-visible`, `two-apiservers`, `unconfirmed`, `namespace-opt-in`).
+//! Lock status as one instance writes it, against the fake API server (which keeps what one
+//! instance applies to the status subresource): why a lock is not enforced, withdrawal while the
+//! source is unhealthy, one write per lock, a retry no longer needed dropped. Status between
+//! instances (server-side apply) is checked end to end (`enforcement-visible`, `two-apiservers`,
+//! `sigterm-withdraw`, `unconfirmed`, `namespace-opt-in`).
 
 mod support;
 
@@ -16,6 +17,31 @@ use kube_object_lock::status::{KnownLock, LockSnapshot};
 use serde_json::{Value, json};
 use support::fake_apiserver::FakeApiServer;
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// Instance `name`'s status writer, fed by its own lock view; both stop when dropped.
+struct Instance([JoinHandle<()>; 2]);
+
+impl Instance {
+    fn start(api: &FakeApiServer, name: &str) -> Instance {
+        let (snapshots, feed) = support::lock_view(api.client());
+        let writer = writer::run(
+            api.client(),
+            name.to_owned(),
+            snapshots,
+            DecisionInputs::default(),
+            EnforcementMetrics::default(),
+            std::future::pending(),
+        );
+        Instance([tokio::spawn(writer), tokio::spawn(feed)])
+    }
+}
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        self.0.iter().for_each(JoinHandle::abort);
+    }
+}
 
 fn status_of(api: &FakeApiServer, ns: &str, name: &str) -> Value {
     (api.lock(ns, name)).map_or(Value::Null, |l| l["status"].clone())
@@ -44,6 +70,53 @@ fn condition(status: &Value) -> (String, String) {
     )
 }
 
+#[tokio::test]
+async fn locks_that_are_not_enforced_say_why() {
+    support::init();
+    let api = FakeApiServer::start().await;
+    api.create_lock("prod", "warn", json!({"mode": "Warn"}));
+    api.create_lock("prod", "old", json!({"expiresAt": "2020-01-01T00:00:00Z"}));
+    api.create_lock("kube-system", "coredns", json!({}));
+    // Expires while the instance runs: it withdraws at that moment, with no event to wake it.
+    let soon = k8s_openapi::jiff::Timestamp::now() + std::time::Duration::from_secs(2);
+    let soon = k8s_openapi::jiff::Timestamp::from_second(soon.as_second() + 1).expect("time");
+    api.create_lock("prod", "soon", json!({"expiresAt": soon.to_string()}));
+    let _a = Instance::start(&api, "cp-1");
+
+    for (name, ns, reason) in [
+        ("warn", "prod", "WarnMode"),
+        ("old", "prod", "Expired"),
+        ("coredns", "kube-system", "NotSentToWebhook"),
+    ] {
+        let status = support::until(
+            reason,
+            || status_of(&api, ns, name),
+            |s| !s["conditions"].is_null(),
+        )
+        .await;
+        assert_eq!(
+            condition(&status),
+            ("False".into(), reason.into()),
+            "{name}"
+        );
+        assert!(instances(&status).is_empty(), "{name}: {status}");
+        assert_eq!(status["enforcedCount"], 0, "{name}");
+    }
+    support::until(
+        "soon is enforced first",
+        || status_of(&api, "prod", "soon"),
+        |s| instances(s) == ["cp-1"],
+    )
+    .await;
+    let status = support::until(
+        "soon expires",
+        || status_of(&api, "prod", "soon"),
+        |s| condition(s).1 == "Expired",
+    )
+    .await;
+    assert!(instances(&status).is_empty(), "{status}");
+}
+
 /// A snapshot holding Lock prod/web as stored, with `status` for its status.
 fn web_snapshot(api: &FakeApiServer, healthy: bool, status: Value) -> LockSnapshot {
     let mut object = api.lock("prod", "web").expect("lock");
@@ -54,6 +127,45 @@ fn web_snapshot(api: &FakeApiServer, healthy: bool, status: Value) -> LockSnapsh
         healthy,
         locks: imbl::OrdMap::unit(LockKey::lock("prod", "web"), Arc::new(lock)),
     }
+}
+
+#[tokio::test]
+async fn an_unhealthy_source_withdraws_the_instance_and_a_healthy_one_returns_it() {
+    support::init();
+    let api = FakeApiServer::start().await;
+    api.create_lock("prod", "web", json!({}));
+    let snapshot = |healthy: bool, status: Value| web_snapshot(&api, healthy, status);
+    let (tx, rx) = watch::channel(snapshot(true, Value::Null));
+    let writer = tokio::spawn(writer::run(
+        api.client(),
+        "cp-1".into(),
+        rx,
+        DecisionInputs::default(),
+        EnforcementMetrics::default(),
+        std::future::pending(),
+    ));
+    let status = support::until(
+        "enforced",
+        || status_of(&api, "prod", "web"),
+        |s| instances(s) == ["cp-1"],
+    )
+    .await;
+    tx.send_replace(snapshot(false, status));
+    let status = support::until(
+        "withdrawn",
+        || status_of(&api, "prod", "web"),
+        |s| instances(s).is_empty(),
+    )
+    .await;
+    assert_eq!(status["enforcedCount"], 0);
+    tx.send_replace(snapshot(true, status));
+    support::until(
+        "back",
+        || status_of(&api, "prod", "web"),
+        |s| instances(s) == ["cp-1"] && s["enforcedCount"] == 1,
+    )
+    .await;
+    writer.abort();
 }
 
 /// A future counting how often it is polled: a task at rest is not polled at all.
