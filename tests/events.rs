@@ -122,7 +122,20 @@ async fn a_client_retrying_in_a_loop_makes_one_series_and_at_most_two_writes() {
         writes[0].starts_with(&format!("POST {collection}")),
         "{writes:?}"
     );
-    let events = api.objects(&collection);
+    let events: kube::Api<kube::api::DynamicObject> = kube::Api::namespaced_with(
+        api.client(),
+        NS,
+        &kube::api::ApiResource::erase::<k8s_openapi::api::events::v1::Event>(&()),
+    );
+    let events = serde_json::to_value(
+        events
+            .list(&Default::default())
+            .await
+            .expect("listed")
+            .items,
+    )
+    .expect("json");
+    let events = events.as_array().expect("items");
     assert_eq!(events.len(), 1, "one series: {events:#?}");
     let event = &events[0];
     let name = event["metadata"]["name"].as_str().unwrap_or_default();

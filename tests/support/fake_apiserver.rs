@@ -30,8 +30,7 @@ pub enum Fault {
     Status(u16),
     /// Sleep this long, then answer normally.
     Delay(Duration),
-    /// (Watches only) end the stream this long after it started, as a proxy cutting long
-    /// requests does.
+    /// (Watches) end the stream this long after it started, as a proxy cutting requests does.
     Cut(Duration),
 }
 
@@ -108,8 +107,7 @@ impl FakeApiServer {
         kube::Client::try_from(config).expect("kube client for the fake apiserver")
     }
 
-    /// Creates Lock `namespace/name` (ClusterLock `name` when `namespace` is ""), event
-    /// `ADDED`; if it exists, replaces its spec (event `MODIFIED`).
+    /// Creates (or replaces the spec of) Lock `namespace/name`, ClusterLock `name` for ns "".
     pub fn create_lock(&self, namespace: &str, name: &str, spec: Value) {
         self.change(&lock_path(namespace, name), Some(json!({ "spec": spec })));
     }
@@ -137,13 +135,6 @@ impl FakeApiServer {
     /// Answers every GET and POST of `path` with `body` (a discovery document, a review).
     pub fn answer(&self, path: &str, body: Value) {
         self.state().objects.insert(path.into(), body);
-    }
-
-    /// The objects whose path starts with `prefix`.
-    pub fn objects(&self, prefix: &str) -> Vec<Value> {
-        let st = self.state();
-        let found = st.objects.iter().filter(|(p, _)| p.starts_with(prefix));
-        found.map(|(_, object)| object.clone()).collect()
     }
 
     /// Every request as `"METHOD /path?query"`, in arrival order.
@@ -181,8 +172,7 @@ impl FakeApiServer {
         (self.state().patch_faults).extend(std::iter::repeat_n(code, count));
     }
 
-    /// Compacts history as etcd does (bumping the resourceVersion, as other objects would):
-    /// every watch from an older resourceVersion gets an `ERROR` 410 event. Open streams go on.
+    /// Compacts history as etcd does: a watch from an older resourceVersion gets `ERROR` 410.
     pub fn compact(&self) {
         let mut st = self.state();
         st.rv += 1;
@@ -459,8 +449,7 @@ fn is_collection(path: Option<&str>) -> bool {
     segments.len() > group_version && (segments.len() - group_version) % 2 == 1
 }
 
-/// Whether the object at `path` is in `collection`; a namespaced resource's cluster-wide
-/// collection (`/apis/objectlock.dev/v1alpha1/locks`) holds every namespace's.
+/// Whether the object at `path` is in `collection` (`…/v1alpha1/locks`: every namespace's).
 fn holds(collection: &str, path: &str) -> bool {
     let (parent, (group_version, plural)) =
         match (path.rsplit_once('/'), collection.rsplit_once('/')) {
