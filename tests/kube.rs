@@ -19,7 +19,7 @@ use kube_object_lock::locks::index::WatchState;
 use kube_object_lock::metrics::Metrics;
 use kube_object_lock::settings::Settings;
 use serde_json::{Value, json};
-use support::fake_apiserver::{FakeApiServer, Fault, WatchFault};
+use support::fake_apiserver::{FakeApiServer, Fault};
 use support::{TestServer, fixture, sample};
 
 const NS: &str = "demo-015226";
@@ -208,9 +208,15 @@ impl Setup {
         }
     }
 
+    /// WATCH requests so far.
+    fn watches(&self) -> usize {
+        let log = self.api.request_log();
+        log.iter().filter(|r| r.contains("watch=")).count()
+    }
+
     /// Lookups made by the fallback for the fixture namespace so far.
     fn namespace_lists(&self) -> usize {
-        self.api.list_calls_exact(NS_LOCKS)
+        self.api.list_calls(NS_LOCKS)
     }
 }
 
@@ -226,7 +232,7 @@ async fn with_the_watch_live_lookups_make_no_api_requests() {
             .create_lock(&format!("ns-{i}"), "locked-a", json!({}));
     }
     setup.wait_ready().await;
-    let watch_lists = setup.api.list_calls();
+    let watch_lists = setup.api.list_calls("");
     let client = setup.server.http1();
     let url = setup.server.url("/validate");
     let burst = (0..32).map(|i| {
@@ -276,7 +282,7 @@ async fn with_the_watch_live_lookups_make_no_api_requests() {
             "{ns:?}"
         );
     }
-    let lookups = setup.api.list_calls() - watch_lists;
+    let lookups = setup.api.list_calls("") - watch_lists;
     println!("332 admissions over 201 namespaces with the watch live: {lookups} LIST call(s)");
     assert_eq!(lookups, 0, "{:?}", setup.api.request_log());
     assert_eq!(setup.source.metrics().cache_loads.get(), 0);
@@ -286,7 +292,7 @@ async fn with_the_watch_live_lookups_make_no_api_requests() {
 async fn watch_forbidden_falls_back_to_list_and_enforces_within_the_bound() {
     let api = FakeApiServer::start().await;
     // An identity that may list but not watch.
-    api.set_watch_fault(WatchFault::Status(403));
+    api.set_watch_fault(Some(Fault::Status(403)));
     let setup = setup_with(api, TTL, BOUND, |_| {}).await;
     setup.wait_lock_watch(WatchState::Stale).await;
     // A cached "no lock" from the fallback...
@@ -319,7 +325,7 @@ async fn watch_forbidden_falls_back_to_list_and_enforces_within_the_bound() {
         ) > 1.7e9
     );
     // Watch allowed again: live, and lookups stop LISTing.
-    setup.api.clear_watch_fault();
+    setup.api.set_watch_fault(None);
     setup.wait_ready().await;
     let lists = setup.namespace_lists();
     for _ in 0..10 {
@@ -335,7 +341,7 @@ async fn while_the_watch_fails_every_retry_lists_so_the_index_holds_new_locks() 
     // The narrowed registration follows the index, so the index must learn of a new Lock even
     // when no watch can run; a resume that never lists (here for up to 600 s) would not.
     let api = FakeApiServer::start().await;
-    api.set_watch_fault(WatchFault::Status(403));
+    api.set_watch_fault(Some(Fault::Status(403)));
     let setup = setup_with(api, TTL, Duration::from_secs(600), |_| {}).await;
     setup.wait_lock_watch(WatchState::Stale).await;
     setup.api.create_lock(NS, "locked-a", json!({}));
@@ -370,7 +376,7 @@ async fn while_stale_an_acknowledged_lock_is_seen_by_the_next_admission() {
     // With the default cache.ttl, a fallback LIST is never reused by a later lookup, so there is
     // no window in which a stored Lock is missed (an API server restart, before the watch is back).
     let api = FakeApiServer::start().await;
-    api.set_watch_fault(WatchFault::Status(403));
+    api.set_watch_fault(Some(Fault::Status(403)));
     let setup = setup_with(api, Settings::default().cache.ttl, BOUND, |_| {}).await;
     setup.wait_lock_watch(WatchState::Stale).await;
     for round in 0..5 {
@@ -404,7 +410,7 @@ async fn a_watch_error_makes_the_index_stale_at_once() {
     )
     .await;
     setup.wait_ready().await;
-    setup.api.set_watch_fault(WatchFault::Status(403));
+    setup.api.set_watch_fault(Some(Fault::Status(403)));
     setup.api.drop_watches();
     setup.wait_lock_watch(WatchState::Stale).await;
     // Nothing is at hand any more: every lookup asks the API server.
@@ -427,14 +433,15 @@ async fn etcd_compaction_enforces_within_the_bound() {
     let setup = setup_with(api, TTL, BOUND, |_| {}).await;
     setup.wait_ready().await;
     assert!(setup.allowed("configmap-delete-locked.json").await);
-    let lists = setup.api.list_calls_for("/v1alpha1/locks?");
-    setup.api.expire_watches();
+    let lists = setup.api.list_calls("/v1alpha1/locks?");
+    setup.api.compact();
+    setup.api.drop_watches();
     setup
         .lock_is_enforced_within_the_bound("etcd compaction")
         .await;
     setup.wait_lock_watch(WatchState::Live).await;
     assert!(
-        setup.api.list_calls_for("/v1alpha1/locks?") > lists,
+        setup.api.list_calls("/v1alpha1/locks?") > lists,
         "the 410 made the watch list again: {:?}",
         setup.api.request_log()
     );
@@ -444,10 +451,10 @@ async fn etcd_compaction_enforces_within_the_bound() {
 async fn a_proxy_cutting_watches_does_not_stop_enforcement() {
     let setup = setup_with(FakeApiServer::start().await, TTL, BOUND, |_| {}).await;
     setup.wait_ready().await;
-    let watches = setup.api.watch_calls();
+    let watches = setup.watches();
     setup
         .api
-        .set_watch_fault(WatchFault::Cut(Duration::from_millis(50)));
+        .set_watch_fault(Some(Fault::Cut(Duration::from_millis(50))));
     setup.api.drop_watches();
     assert!(setup.allowed("configmap-delete-locked.json").await);
     setup.lock_is_enforced_within_the_bound("proxy cut").await;
@@ -458,7 +465,7 @@ async fn a_proxy_cutting_watches_does_not_stop_enforcement() {
         .await;
     support::until(
         "each cut watch was resumed",
-        || setup.api.watch_calls(),
+        || setup.watches(),
         |calls| *calls > watches + 2,
     )
     .await;
@@ -472,7 +479,7 @@ async fn a_watch_that_does_not_come_back_goes_stale_after_the_bound() {
     // The watch ends cleanly and its resume hangs: no error, only the bound tells.
     setup
         .api
-        .set_watch_fault(WatchFault::Delay(Duration::from_secs(30)));
+        .set_watch_fault(Some(Fault::Delay(Duration::from_secs(30))));
     setup.api.drop_watches();
     setup.wait_lock_watch(WatchState::Stale).await;
     setup
@@ -512,7 +519,7 @@ async fn a_silent_api_server_makes_the_index_stale_and_it_recovers() {
     assert_eq!(probes, requests.len(), "only the probe asks: {requests:?}");
 
     // Frozen: connections stay open, nothing is answered, nothing ends.
-    setup.api.freeze();
+    setup.api.freeze(true);
     let frozen = Instant::now();
     let kinds = [LockKind::Lock, LockKind::ClusterLock];
     let health = support::until(
@@ -545,7 +552,7 @@ async fn a_silent_api_server_makes_the_index_stale_and_it_recovers() {
         .create_lock(NS, "locked-a", json!({"reason": "while frozen"}));
 
     // Answering again: a fresh list and watch, and lookups are answered from the index.
-    setup.api.thaw();
+    setup.api.freeze(false);
     let thawed = Instant::now();
     support::until(
         "both kinds live again",
@@ -575,13 +582,13 @@ async fn a_restarted_webhook_enforces_before_and_after_its_first_sync() {
     let api = FakeApiServer::start().await;
     api.create_lock(NS, "locked-b", json!({}));
     // The watch is slow to start: lookups LIST meanwhile.
-    api.set_watch_fault(WatchFault::Delay(Duration::from_secs(2)));
+    api.set_watch_fault(Some(Fault::Delay(Duration::from_secs(2))));
     let setup = setup_with(api, TTL, BOUND, |_| {}).await;
     assert!(!setup.source.is_ready());
     setup
         .lock_is_enforced_within_the_bound("webhook restart")
         .await;
-    setup.api.clear_watch_fault();
+    setup.api.set_watch_fault(None);
     setup.wait_ready().await;
     let lists = setup.namespace_lists();
     assert!(!setup.allowed("configmap-delete-locked.json").await);
@@ -597,7 +604,7 @@ async fn an_unreadable_lock_fails_closed_for_its_own_name_only() {
     for watch in [true, false] {
         let api = FakeApiServer::start().await;
         if !watch {
-            api.set_watch_fault(WatchFault::Status(403));
+            api.set_watch_fault(Some(Fault::Status(403)));
         }
         let setup = setup_with(
             api,
@@ -677,16 +684,13 @@ async fn a_dropped_or_expired_watch_recovers() {
     let setup = setup(Duration::from_secs(600), |_| {}).await;
     setup.wait_ready().await;
     assert!(setup.allowed("configmap-delete-locked.json").await);
-    let watches = setup.api.watch_calls();
+    let watches = setup.watches();
     setup.api.drop_watches();
     setup.api.create_lock(NS, "locked-a", json!({}));
     setup
         .until_allowed_is("configmap-delete-locked.json", false)
         .await;
-    assert!(
-        setup.api.watch_calls() > watches,
-        "the watch was re-established"
-    );
+    assert!(setup.watches() > watches, "the watch was re-established");
 
     // History compacted while the watch is down: the watcher gets 410 Gone and re-lists.
     let restarts = || {
@@ -726,7 +730,7 @@ async fn api_outage_gives_the_configured_decision_within_the_lookup_timeout() {
     setup.api.create_lock(NS, "locked-a", json!({}));
     setup.wait_ready().await;
     // Lookups reach the API server only while the index is stale.
-    setup.api.set_watch_fault(WatchFault::Status(403));
+    setup.api.set_watch_fault(Some(Fault::Status(403)));
     setup.api.drop_watches();
     setup.wait_lock_watch(WatchState::Stale).await;
 
@@ -754,7 +758,7 @@ async fn api_outage_gives_the_configured_decision_within_the_lookup_timeout() {
             "kube_object_lock_lookup_errors_total{{reason=\"{reason}\",decision=\"deny\"}}"
         );
         let before = sample(&setup.server.scrape().await, &lookup_errors);
-        setup.api.set_fault(fault.clone());
+        setup.api.set_fault(Some(fault.clone()));
         // The cause: the cached entry's TTL passes, so the next lookup lists (counted below).
         tokio::time::sleep(setup.ttl + Duration::from_millis(10)).await;
         let started = Instant::now();
@@ -792,7 +796,7 @@ async fn api_outage_gives_the_configured_decision_within_the_lookup_timeout() {
         // reserve the name), so it follows on_lookup_error like the others.
         assert!(setup.allowed("pod-status-update.json").await);
         assert!(!setup.allowed("configmap-create.json").await);
-        setup.api.clear_fault();
+        setup.api.set_fault(None);
         assert!(
             setup.allowed("configmap-delete-unlocked.json").await,
             "recovers"
@@ -808,7 +812,7 @@ async fn api_outage_gives_the_configured_decision_within_the_lookup_timeout() {
 async fn metrics_count_admissions_and_the_watch() {
     let setup = setup(Duration::from_secs(600), |_| {}).await;
     setup.api.create_lock(NS, "locked-a", json!({}));
-    setup.api.create_cluster_lock("lock-demo-reader", json!({}));
+    setup.api.create_lock("", "lock-demo-reader", json!({}));
     setup.wait_ready().await;
     // One more through the watch itself.
     setup.api.create_lock(NS, "locked-b", json!({}));

@@ -1,5 +1,6 @@
 //! `kubectl lock` / `kubectl unlock` end to end: the real binary as a subprocess, configured by a
-//! kubeconfig file, against the fake API server (discovery, objects and locks on the wire).
+//! kubeconfig file, against the fake API server answering the discovery documents below, a few
+//! objects and the locks. The real discovery is the end-to-end scenarios' (`plugin`, ...).
 
 mod support;
 
@@ -8,7 +9,81 @@ use std::process::Command;
 
 use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
-use support::fake_apiserver::{FakeApiServer, USER};
+use support::fake_apiserver::FakeApiServer;
+
+/// Who every client of the fake is (`kubectl auth whoami`).
+const USER: &str = "jane@example.com";
+
+/// A served resource: plural, kind, namespaced, short names.
+type Resource = (&'static str, &'static str, bool, &'static [&'static str]);
+
+/// The resources the fake serves, by group version.
+const DISCOVERY: [(&str, &[Resource]); 4] = [
+    (
+        "v1",
+        &[
+            ("configmaps", "ConfigMap", true, &["cm"]),
+            ("namespaces", "Namespace", false, &["ns"]),
+            ("pods", "Pod", true, &["po"]),
+            ("services", "Service", true, &["svc"]),
+        ],
+    ),
+    (
+        "apps/v1",
+        &[("deployments", "Deployment", true, &["deploy"])],
+    ),
+    (
+        "rbac.authorization.k8s.io/v1",
+        &[
+            ("clusterroles", "ClusterRole", false, &[]),
+            ("roles", "Role", true, &[]),
+        ],
+    ),
+    (
+        "objectlock.dev/v1alpha1",
+        &[
+            ("clusterlocks", "ClusterLock", false, &["clk"]),
+            ("locks", "Lock", true, &["lk"]),
+        ],
+    ),
+];
+
+/// Seeds `api` with the discovery documents of [`DISCOVERY`] and `whoami`.
+fn serve_discovery(api: &FakeApiServer) {
+    let mut groups = Vec::new();
+    for (group_version, resources) in DISCOVERY {
+        let resources: Vec<Value> = (resources.iter())
+            .map(|(name, kind, namespaced, short)| {
+                json!({ "name": name, "singularName": kind.to_lowercase(), "namespaced": namespaced,
+                    "kind": kind, "shortNames": short,
+                    "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"] })
+            })
+            .collect();
+        let list = json!({ "kind": "APIResourceList", "apiVersion": "v1",
+            "groupVersion": group_version, "resources": resources });
+        match group_version.split_once('/') {
+            None => api.answer("/api/v1", list),
+            Some((group, version)) => {
+                api.answer(&format!("/apis/{group_version}"), list);
+                let version = json!({ "groupVersion": group_version, "version": version });
+                groups.push(
+                    json!({ "name": group, "versions": [version], "preferredVersion": version }),
+                );
+            }
+        }
+    }
+    api.answer("/api", json!({ "kind": "APIVersions", "versions": ["v1"] }));
+    api.answer(
+        "/apis",
+        json!({ "kind": "APIGroupList", "apiVersion": "v1", "groups": groups }),
+    );
+    let user = json!({ "username": USER, "groups": ["system:authenticated"] });
+    api.answer(
+        "/apis/authentication.k8s.io/v1/selfsubjectreviews",
+        json!({ "apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview",
+            "metadata": {}, "status": { "userInfo": user } }),
+    );
+}
 
 const LOCK_BIN: &str = env!("CARGO_BIN_EXE_kubectl-lock");
 
@@ -59,6 +134,7 @@ impl Cluster {
     async fn start() -> Cluster {
         support::init();
         let api = FakeApiServer::start().await;
+        serve_discovery(&api);
         let meta = |name: &str| json!({ "metadata": { "name": name } });
         api.add_object("/api/v1/namespaces/prod/configmaps", meta("app-config"));
         api.add_object("/apis/apps/v1/namespaces/prod/deployments", meta("web"));
@@ -250,7 +326,7 @@ async fn owners_are_referenced_by_uid() {
         .await
         .ok();
     let owner =
-        &c.api.cluster_lock("view").expect("ClusterLock view")["metadata"]["ownerReferences"][0];
+        &c.api.lock("", "view").expect("ClusterLock view")["metadata"]["ownerReferences"][0];
     assert_eq!(
         (owner["apiVersion"].as_str(), owner["name"].as_str()),
         (Some("v1"), Some("prod"))
@@ -370,7 +446,7 @@ async fn cluster_scoped_targets_get_a_cluster_lock() {
              \"{USER}\"): production\n"
         )
     );
-    let lock = c.api.cluster_lock("prod").expect("ClusterLock prod");
+    let lock = c.api.lock("", "prod").expect("ClusterLock prod");
     assert_eq!(lock["kind"], "ClusterLock");
     assert_eq!(
         lock["spec"],
@@ -394,7 +470,7 @@ async fn cluster_scoped_targets_get_a_cluster_lock() {
         "note: clusterroles.rbac.authorization.k8s.io are cluster-scoped: --namespace prod is \
          ignored\n"
     );
-    let lock = c.api.cluster_lock("view").expect("ClusterLock view");
+    let lock = c.api.lock("", "view").expect("ClusterLock view");
     assert_eq!(
         lock["spec"]["resources"],
         json!([{ "apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles"] }])

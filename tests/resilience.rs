@@ -15,7 +15,7 @@ use kube_object_lock::api::LockSpec;
 use kube_object_lock::app::Source;
 use kube_object_lock::locks::{LockRef, StaticSource};
 use serde_json::{Value, json};
-use support::fake_apiserver::{FakeApiServer, Fault, WatchFault};
+use support::fake_apiserver::{FakeApiServer, Fault};
 use support::{Certs, TestServer, client_tls, fixture, lock_yaml};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -607,7 +607,7 @@ async fn a_slow_lock_lookup_across_sigterm_is_answered() {
     let api = FakeApiServer::start().await;
     api.create_lock(NS, LOCKED, json!({"reason": "VM snapshot in progress"}));
     // With the watch refused, lookups LIST the namespace (the watch-fed index cannot answer).
-    api.set_watch_fault(WatchFault::Status(403));
+    api.set_watch_fault(Some(Fault::Status(403)));
     let kubeconfig = tempfile::NamedTempFile::new().expect("kubeconfig");
     std::fs::write(
         kubeconfig.path(),
@@ -645,8 +645,8 @@ async fn a_slow_lock_lookup_across_sigterm_is_answered() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let path = format!("/namespaces/{NS}/locks");
-    let lists_before = api.list_calls_for(&path);
-    api.set_fault(Fault::Delay(Duration::from_secs(2)));
+    let lists_before = api.list_calls(&path);
+    api.set_fault(Some(Fault::Delay(Duration::from_secs(2))));
 
     let mut conn = Conn::open(server.addr, &certs.path("ca.crt")).await;
     conn.send(&with_uid(
@@ -657,7 +657,7 @@ async fn a_slow_lock_lookup_across_sigterm_is_answered() {
     .expect("send");
     // The webhook is now waiting on its LIST of the namespace's locks.
     let deadline = Instant::now() + HANG;
-    while api.list_calls_for(&path) == lists_before {
+    while api.list_calls(&path) == lists_before {
         assert!(
             Instant::now() < deadline,
             "no lookup reached the API server:\n{}",

@@ -113,19 +113,6 @@ impl Rest {
         })
     }
 
-    /// Runs `future` on the suite's runtime.
-    pub fn block_on<F: std::future::Future>(&self, future: F) -> F::Output {
-        self.rt.block_on(future)
-    }
-
-    /// The same calls through another client (another server), on the same runtime.
-    pub fn with_client(&self, client: kube::Client) -> Rest {
-        Rest {
-            client,
-            rt: self.rt.clone(),
-        }
-    }
-
     /// Sends `method path` with an optional body (`content_type` applies to it).
     pub fn call(
         &self,

@@ -105,40 +105,6 @@ impl TestServer {
         metrics: Arc<Metrics>,
         tune: impl FnOnce(&mut Settings),
     ) -> TestServer {
-        TestServer::start_reporting(certs, source, metrics, None, tune).await
-    }
-
-    /// The production wiring on `api`: the watch-fed lock source, and lock status and events
-    /// written as instance `cp-1`, decided from that source's index.
-    pub async fn start_reporting_on(api: &fake_apiserver::FakeApiServer) -> TestServer {
-        use kube_object_lock::locks::apiserver::KubeSource;
-        use kube_object_lock::reporting::Reporting;
-        let metrics = Arc::new(Metrics::new());
-        let source = KubeSource::with_metrics(api.client(), cache_config(), metrics.source.clone());
-        let refresh = tokio::spawn(source.watch());
-        let reporting = Reporting::start(
-            api.client(),
-            "cp-1".into(),
-            metrics.enforcement.clone(),
-            source.index().clone(),
-            None,
-        );
-        let source = Source {
-            source: Arc::new(source),
-            refresh: Some(refresh),
-            client: None,
-        };
-        TestServer::start_reporting(Certs::new(), source, metrics, Some(reporting), |_| {}).await
-    }
-
-    /// Like [`TestServer::start_full`], writing lock status and events through `reporting`.
-    pub async fn start_reporting(
-        certs: Certs,
-        source: Source,
-        metrics: Arc<Metrics>,
-        reporting: Option<kube_object_lock::reporting::Reporting>,
-        tune: impl FnOnce(&mut Settings),
-    ) -> TestServer {
         init();
         let mut settings = Settings::default();
         settings.server.listen = "127.0.0.1:0".parse().expect("addr");
@@ -146,12 +112,9 @@ impl TestServer {
         settings.tls.key = Some(certs.path("tls.key"));
         settings.metrics.listen = "127.0.0.1:0".to_owned();
         tune(&mut settings);
-        let mut webhook = Webhook::bind_with_source(settings, source, metrics)
+        let webhook = Webhook::bind_with_source(settings, source, metrics)
             .await
             .expect("webhook binds");
-        if let Some(reporting) = reporting {
-            webhook = webhook.with_reporting(reporting);
-        }
         let addr = webhook.local_addr();
         let metrics_addr = webhook.metrics_addr();
         let (tx, rx) = oneshot::channel::<()>();
@@ -214,9 +177,7 @@ impl TestServer {
 
     /// Signals shutdown and waits for the drain.
     pub async fn stop(mut self) -> Drain {
-        if let Some(tx) = self.shutdown.take() {
-            let _ = tx.send(());
-        }
+        self.signal_stop();
         self.handle
             .take()
             .expect("running")
@@ -227,9 +188,7 @@ impl TestServer {
 
 impl Drop for TestServer {
     fn drop(&mut self) {
-        if let Some(tx) = self.shutdown.take() {
-            let _ = tx.send(());
-        }
+        self.signal_stop();
     }
 }
 
@@ -324,16 +283,10 @@ impl HttpsClient {
     pub async fn send(&self, request: http::Request<Full<Bytes>>) -> Reply {
         let work = async {
             let response = self.client.request(request).await.expect("request sent");
-            let status = response.status().as_u16();
-            let version = response.version();
-            let headers = response.headers().clone();
-            let body = response
-                .into_body()
-                .collect()
-                .await
-                .expect("body read")
-                .to_bytes()
-                .to_vec();
+            let (head, body) = response.into_parts();
+            let body = body.collect().await.expect("body read").to_bytes().to_vec();
+            let (status, version) = (head.status.as_u16(), head.version);
+            let headers = head.headers;
             Reply {
                 status,
                 version,
@@ -450,22 +403,10 @@ pub async fn until<T: std::fmt::Debug>(
     read: impl Fn() -> T,
     check: impl Fn(&T) -> bool,
 ) -> T {
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let value = read();
-        if check(&value) {
-            return value;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{what}: never happened; last: {value:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_async(what, || std::future::ready(read()), check).await
 }
 
-/// Like [`until`], for a read that awaits (a request, a scrape): polls until `check` holds, 10 s
-/// at most.
+/// Like [`until`], for a read that awaits (a request, a scrape).
 pub async fn until_async<T: std::fmt::Debug, F: std::future::Future<Output = T>>(
     what: &str,
     read: impl Fn() -> F,

@@ -9,7 +9,6 @@ mod confirm;
 mod create_connect;
 mod enforcement;
 mod excluded;
-mod fake_parity;
 mod fields;
 mod latency;
 mod lookup_allow;
@@ -84,7 +83,6 @@ pub fn all() -> Vec<Scenario> {
         parallel("plugin-command", command::run),
         parallel("plugin-confirm", confirm::run),
         parallel("excluded-namespaces", excluded::run),
-        parallel("fake-parity", fake_parity::run),
         parallel("enforcement-visible", enforcement::run),
         parallel("warn-events", warn_events::run),
         parallel("metrics", metrics::run),
