@@ -2,7 +2,8 @@
 //! writes, sends it writes to locked objects only (counted by the API server's own
 //! `apiserver_admission_webhook_request_total`), goes broad when the ClusterLocks alone exceed
 //! `registration.max_names` (a namespace's Locks beyond it widen only their namespace),
-//! and with the webhook stopped refuses only writes to locked objects. Figures: lock to
+//! and with the webhook stopped refuses only writes to locked objects; another writer's change of
+//! an entry is put back and counted (`registration_undone`). Figures: lock to
 //! enforcement including the registration update, and the cost per write of unlocked objects
 //! with 0 to just under 2,000 locked names (the default bound), one client and 16.
 
@@ -45,6 +46,8 @@ pub fn run(ctx: &Ctx) -> Result<()> {
         "the registration does not name {ns}/locked: {}",
         conditions(ctx)?
     );
+
+    undone_is_put_back(ctx, &format!("|{ns}/locked|"))?;
 
     // Unlocked writes are decided in the API server; locked ones reach the webhook.
     let n = 40;
@@ -381,6 +384,42 @@ pub fn is_base_entry(name: &str) -> bool {
 /// Whether a `may-be-locked` condition of the registration names `key` (`|ns/name|`).
 pub(super) fn registered(ctx: &Ctx, key: &str) -> Result<bool> {
     Ok(conditions(ctx)?.contains(key))
+}
+
+/// Another writer changes what the instance wrote (the namespaced entry's condition, made
+/// broad): the instance writes it back, naming `key` again, and counts the write as undone.
+fn undone_is_put_back(ctx: &Ctx, key: &str) -> Result<()> {
+    const UNDONE: &str = "kube_object_lock_registration_undone_total";
+    let before = scrape(METRICS_PORT)?.get(UNDONE);
+    let stored = ctx.rest().get(&format!("{VWC}/{REGISTRATION}"))?;
+    ensure!(stored.ok(), "GET the registration: {}", stored.code);
+    let webhooks = stored.body["webhooks"].as_array().context("no webhooks")?;
+    let entry = (webhooks.iter())
+        .position(|w| w["name"] == NAMESPACED)
+        .context("no namespaced entry")?;
+    let condition = (webhooks[entry]["matchConditions"]
+        .as_array()
+        .into_iter()
+        .flatten())
+    .position(|c| c["name"] == "may-be-locked")
+    .context("no may-be-locked condition")?;
+    ctx.json_patch(
+        "validatingwebhookconfiguration",
+        REGISTRATION,
+        &json!([{"op": "replace", "value": "true",
+            "path": format!("/webhooks/{entry}/matchConditions/{condition}/expression")}]),
+    )?;
+    let start = Instant::now();
+    while !(registered(ctx, key)? && scrape(METRICS_PORT)?.get(UNDONE) > before) {
+        ensure!(
+            start.elapsed() < Duration::from_secs(10),
+            "another writer's change was not put back and counted within 10 s ({UNDONE} {before} -> {}): {}",
+            scrape(METRICS_PORT)?.get(UNDONE),
+            conditions(ctx)?
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok(())
 }
 
 /// Calls the API server made to the namespaced webhook so far (its own metric).
