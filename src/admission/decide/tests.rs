@@ -75,7 +75,15 @@ fn run(
             .cloned()
             .collect()
     });
-    Ok(decide(req, &lookup, &scope_set, contents.as_ref(), now()))
+    Ok(decide(
+        req,
+        &lookup,
+        &scope_set,
+        contents.as_ref(),
+        None,
+        &Objects::unknown(),
+        now(),
+    ))
 }
 
 /// Plans and decides an UPDATE whose objects are `old` and `new`, in the locks of `prod`.
@@ -84,7 +92,7 @@ fn run_update(req: &AdmissionRequest, namespaced: &[LockRef], old: Value, new: V
         panic!("needs a lookup")
     };
     let objects = Objects::from_values(old, new);
-    decide_update(
+    decide(
         req,
         &lookup,
         &locks(namespaced),
@@ -1484,9 +1492,20 @@ fn run_reading(
     };
     let set = locks(namespaced);
     match labels_needed(req, &set, now()) {
-        None => (None, decide(req, &lookup, &set, None, now())),
+        None => (
+            None,
+            decide(req, &lookup, &set, None, None, &Objects::unknown(), now()),
+        ),
         Some(target) => {
-            let verdict = decide_with_labels(req, &lookup, &set, None, &labels, policy, now());
+            let verdict = decide(
+                req,
+                &lookup,
+                &set,
+                None,
+                Some((&labels, policy)),
+                &Objects::unknown(),
+                now(),
+            );
             (Some(target.to_string()), verdict)
         }
     }

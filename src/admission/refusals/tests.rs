@@ -24,7 +24,15 @@ fn verdict(req: &AdmissionRequest, set: &LockSet) -> Verdict {
     let Triage::Lookup(lookup) = decide::triage(req) else {
         panic!("needs a lookup")
     };
-    decide::decide(req, &lookup, set, None, Timestamp::now())
+    decide::decide(
+        req,
+        &lookup,
+        set,
+        None,
+        None,
+        &crate::admission::changes::Objects::unknown(),
+        Timestamp::now(),
+    )
 }
 
 fn spec(value: serde_json::Value) -> LockSpec {
@@ -123,7 +131,15 @@ fn namespace_deletion_is_recorded_on_the_locks_inside() {
         panic!("lookup")
     };
     let cluster = LockSet::default();
-    let refused = decide::decide(&req, &lookup, &cluster, Some(&contents), Timestamp::now());
+    let refused = decide::decide(
+        &req,
+        &lookup,
+        &cluster,
+        Some(&contents),
+        None,
+        &crate::admission::changes::Objects::unknown(),
+        Timestamp::now(),
+    );
     let found = refusing_locks(&refused, &cluster, Some(&contents));
     assert_eq!(found.len(), 1);
     assert_eq!(
@@ -191,8 +207,7 @@ fn the_note_names_the_field_that_changed() {
         json!({"data": {"k": "1"}}),
         json!({"data": {"k": "2"}}),
     );
-    let refused =
-        decide::decide_update(&req, &lookup, &set, None, None, &objects, Timestamp::now());
+    let refused = decide::decide(&req, &lookup, &set, None, None, &objects, Timestamp::now());
     sink.record_verdict(&req, &refused, &set, None);
     let notes: Vec<String> = drain(&mut rx).into_iter().map(|r| r.note).collect();
     assert_eq!(
