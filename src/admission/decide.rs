@@ -70,8 +70,9 @@ pub enum Triage<'a> {
 }
 
 /// What kind of answer a verdict is, for logs and metrics.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Outcome {
+    #[default]
     Allowed,
     Warned,
     Denied,
@@ -99,7 +100,7 @@ pub struct Refusal {
     pub message: String,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct Verdict {
     pub refusal: Option<Refusal>,
     pub warnings: Vec<String>,
@@ -118,15 +119,7 @@ pub struct Verdict {
 
 impl Verdict {
     pub fn allow() -> Self {
-        Verdict {
-            refusal: None,
-            warnings: Vec::new(),
-            audit_annotations: BTreeMap::new(),
-            outcome: Outcome::Allowed,
-            locks: Vec::new(),
-            warned: Vec::new(),
-            changed: Vec::new(),
-        }
+        Verdict::default()
     }
 
     fn deny(code: u16, reason: &'static str, message: String) -> Self {
@@ -343,10 +336,10 @@ impl<'a> Applicable<'a> {
             verdict = verdict.annotate("unchanged-locks", names(&self.unchanged));
         }
         if !changed.is_empty() {
-            let list = (changed.iter())
-                .map(|(key, path)| format!("{key}: {path}"))
-                .collect::<Vec<_>>()
-                .join(", ");
+            let list = join(
+                changed.iter().map(|(key, path)| format!("{key}: {path}")),
+                ", ",
+            );
             verdict = verdict.annotate("changed-fields", list);
             verdict.changed = changed;
         }
@@ -355,10 +348,10 @@ impl<'a> Applicable<'a> {
             verdict.warned = self.warning.iter().map(|l| l.key()).collect();
         }
         if !self.exempted.is_empty() {
-            let list = (self.exempted.iter())
-                .map(|(lock, how)| format!("{lock} ({how})"))
-                .collect::<Vec<_>>()
-                .join(", ");
+            let list = join(
+                self.exempted.iter().map(|(l, how)| format!("{l} ({how})")),
+                ", ",
+            );
             verdict = verdict.annotate("exempted-by", list);
         }
         if !self.expired.is_empty() {
@@ -532,11 +525,15 @@ fn exemption(spec: &LockSpec, user: &UserInfo) -> Option<String> {
 }
 
 fn names(locks: &[&LockRef]) -> String {
-    locks
-        .iter()
-        .map(|l| l.to_string())
+    join(locks, ", ")
+}
+
+pub(super) fn join<T: std::fmt::Display>(items: impl IntoIterator<Item = T>, sep: &str) -> String {
+    items
+        .into_iter()
+        .map(|i| i.to_string())
         .collect::<Vec<_>>()
-        .join(", ")
+        .join(sep)
 }
 
 fn deny_locked(req: &AdmissionRequest, what: &str, found: &Applicable) -> Verdict {
@@ -589,11 +586,7 @@ fn unlock_command(locks: &[&LockRef]) -> String {
     match locks {
         [one] => one.unlock_command(),
         _ => {
-            let list = locks
-                .iter()
-                .map(|l| l.name.as_str())
-                .collect::<Vec<_>>()
-                .join(" ");
+            let list = join(locks.iter().map(|l| &l.name), " ");
             match locks.first().and_then(|l| l.namespace.as_deref()) {
                 Some(ns) => format!("kubectl delete lock {list} -n {ns}"),
                 None => format!("kubectl delete clusterlock {list}"),
@@ -777,10 +770,7 @@ fn deny_namespace_deletion(req: &AdmissionRequest, namespace: &str, locks: &[&Lo
         .iter()
         .map(|name| LockKey::lock(namespace, name))
         .collect();
-    let annotation = (verdict.locks.iter())
-        .map(LockKey::to_string)
-        .collect::<Vec<_>>()
-        .join(",");
+    let annotation = join(&verdict.locks, ",");
     verdict.annotate("namespace-locks", annotation)
 }
 

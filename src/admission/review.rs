@@ -362,15 +362,9 @@ fn log_verdict(req: &AdmissionRequest, verdict: &Verdict, elapsed: Duration) {
     }
     let namespace = req.object_namespace().unwrap_or("");
     let name = req.object_name().unwrap_or("");
-    let locks = (verdict.locks.iter())
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join(",");
+    let locks = decide::join(&verdict.locks, ",");
     if verdict.outcome == Outcome::Denied {
-        let changed = (verdict.changed.iter())
-            .map(|(_, path)| path.as_str())
-            .collect::<Vec<_>>()
-            .join(",");
+        let changed = decide::join(verdict.changed.iter().map(|(_, path)| path), ",");
         info!(uid = %req.uid, operation = req.operation.as_str(), resource = %req.resource_path(),
             %namespace, %name, user = %req.user_info.username, lock = %locks, %changed,
             dry_run = req.dry_run.unwrap_or(false), "denied");

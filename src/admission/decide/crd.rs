@@ -104,10 +104,7 @@ pub fn crd_deletion(
         1 => ("lock", "protects"),
         _ => ("locks", "protect"),
     };
-    let unlock = (listed.iter())
-        .map(|l| l.unlock_command())
-        .collect::<Vec<_>>()
-        .join("; ");
+    let unlock = super::join(listed.iter().map(|l| l.unlock_command()), "; ");
     let message = format!(
         "deleting {CRD_RESOURCE}.{CRD_GROUP} \"{crd}\" would delete every {plural}.{group} object, with no admission for them, and {count} {plural_locks} {verb} some ({}{more}) (to unlock: {unlock})",
         names(listed),

@@ -145,9 +145,8 @@ fn rule_1_update_and_delete_of_a_locked_object_are_denied_with_403() {
 fn rule_1_a_lock_without_reason_still_locks() {
     let req = request(json!({}));
     let lock = LockRef::lock("prod", "app-config", LockSpec::default());
-    let verdict = decided(&req, &[lock]);
     assert_eq!(
-        verdict.refusal.expect("denied").message,
+        refused(&req, &[lock]),
         "configmaps \"app-config\" in namespace \"prod\" is locked by Lock prod/app-config (to unlock: kubectl delete lock app-config -n prod)"
     );
 }
@@ -220,9 +219,8 @@ fn rule_2_create_is_refused_by_a_lock_asking_for_it() {
         "app-config",
         json!({"operations": ["CREATE"], "reason": "reserved"}),
     );
-    let verdict = decided(&create("app-config", json!({})), &[reserve.clone()]);
     assert_eq!(
-        verdict.refusal.expect("denied").message,
+        refused(&create("app-config", json!({})), &[reserve.clone()]),
         "cannot create: configmaps \"app-config\" in namespace \"prod\" is locked by Lock prod/app-config: reserved (to unlock: kubectl delete lock app-config -n prod)"
     );
     // The default lock (UPDATE and DELETE) lets the name be created: a StatefulSet recreates
@@ -298,9 +296,8 @@ fn rule_2_connect_to_a_pod_is_refused_by_a_lock_asking_for_it() {
         ("portforward", "port-forward"),
         ("proxy", "proxy"),
     ] {
-        let verdict = decided(&connect("db-0", sub), &[guard.clone()]);
         assert_eq!(
-            verdict.refusal.expect("denied").message,
+            refused(&connect("db-0", sub), &[guard.clone()]),
             format!(
                 "cannot {verb}: pods \"db-0\" in namespace \"prod\" is locked by Lock prod/db-0: VM snapshot (to unlock: kubectl delete lock db-0 -n prod)"
             )
@@ -826,12 +823,11 @@ fn selector_locks_cover_matching_objects_whatever_their_name() {
     let labelled = |name: &str, labels: Value| {
         update(json!({"name": name, "oldObject": {"metadata": {"name": name, "labels": labels}}}))
     };
-    let verdict = decided(
-        &labelled("web-1", json!({"app": "web", "tier": "fe"})),
-        &[freeze.clone()],
-    );
     assert_eq!(
-        verdict.refusal.expect("denied").message,
+        refused(
+            &labelled("web-1", json!({"app": "web", "tier": "fe"})),
+            &[freeze.clone()],
+        ),
         "configmaps \"web-1\" in namespace \"prod\" is locked by Lock prod/freeze: release (to unlock: kubectl delete lock freeze -n prod)"
     );
     assert!(allows(
@@ -1305,18 +1301,16 @@ fn rule_8_only_locks_that_would_refuse_deleting_their_objects_block_the_namespac
         "web",
         json!({"resources": [{"apiGroups": ["apps"], "resources": ["deployments"]}], "operations": ["DELETE"]}),
     );
-    let verdict = decided(&namespace_delete(alice.clone()), &[deployments]);
     assert_eq!(
-        verdict.refusal.expect("denied").message,
+        refused(&namespace_delete(alice.clone()), &[deployments]),
         "deleting namespaces \"doomed\" would delete the objects locked by 1 Lock in it (web) (to unlock: kubectl delete locks --all -n doomed)"
     );
 
     // Exempting the user deleting the namespace is not enough: the namespace controller deletes
     // the objects, and the lock would refuse it, leaving the namespace Terminating.
     let alice_may = in_doomed("held", json!({"exempt": {"users": ["alice"]}}));
-    let verdict = decided(&namespace_delete(alice), &[alice_may.clone()]);
     assert_eq!(
-        verdict.refusal.expect("denied").message,
+        refused(&namespace_delete(alice), &[alice_may.clone()]),
         "deleting namespaces \"doomed\" would delete the objects locked by 1 Lock in it (held); user alice is exempt from Lock doomed/held, but the namespace controller, which deletes the objects, is not (to unlock: kubectl delete locks --all -n doomed)"
     );
     let bob = json!({"username": "bob", "groups": []});
