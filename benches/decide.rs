@@ -77,7 +77,16 @@ fn ours(body: &[u8], locks: &Locks, now: Timestamp) -> Vec<u8> {
             // As the review asks it of every lookup; no lock here has a selector.
             let needed = decide::labels_needed(&parsed.request, &scope, now);
             assert!(needed.is_none(), "no selector lock, no label read");
-            decide::decide(&parsed.request, &lookup, &scope, contents.as_deref(), now)
+            let unknown = kube_object_lock::admission::changes::Objects::unknown();
+            decide::decide(
+                &parsed.request,
+                &lookup,
+                &scope,
+                contents.as_deref(),
+                None,
+                &unknown,
+                now,
+            )
         }
     };
     serde_json::to_vec(&kube_object_lock::admission::response::respond(
@@ -226,7 +235,7 @@ fn field_comparison(c: &mut Criterion) {
             true => Objects::from_review(&body),
             false => Objects::unknown(),
         };
-        decide::decide_update(&parsed.request, &lookup, locks, None, None, &objects, now)
+        decide::decide(&parsed.request, &lookup, locks, None, None, &objects, now)
     };
     assert!(!decide(&whole, false).allowed());
     assert!(decide(&fields, true).allowed());

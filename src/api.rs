@@ -1,12 +1,6 @@
-//! The `Lock` and `ClusterLock` custom resources.
-//!
-//! A lock is identified by where it lives, not by what it says: a `Lock` named `x` in namespace
-//! `ns` locks every namespaced object named `x` in `ns`; a `ClusterLock` named `x` locks every
-//! cluster-scoped object named `x`. The spec only adds context, so it may be empty, and the
-//! generated CRD defaults it to `{}` so that `kubectl create` of a bare lock works and every lock
-//! read back from the API server has a spec.
-//!
-//! Field docs become the CRD's descriptions, which is what `kubectl explain lock.spec` shows.
+//! The `Lock` and `ClusterLock` custom resources: a lock locks the object of its name in its
+//! namespace (or cluster-wide); the spec only adds context, so it may be empty (defaults to `{}`).
+//! Doc comments on the CRD types are the CRD's descriptions (`kubectl explain lock.spec`).
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
     CustomResourceDefinition, JSONSchemaProps,
@@ -18,23 +12,15 @@ use kube::{CustomResource, CustomResourceExt, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-/// The API group of the lock resources.
 pub const GROUP: &str = "objectlock.dev";
-/// The served (and stored) version of the lock resources.
 pub const VERSION: &str = "v1alpha1";
-/// `apiVersion` of both lock kinds.
 pub const API_VERSION: &str = "objectlock.dev/v1alpha1";
-/// Plural resource name of [`Lock`].
 pub const LOCKS: &str = "locks";
-/// Plural resource name of [`ClusterLock`].
 pub const CLUSTER_LOCKS: &str = "clusterlocks";
 
-/// Which of the two lock resources a lock is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum LockKind {
-    /// A namespaced `Lock`.
     Lock,
-    /// A cluster-scoped `ClusterLock`.
     ClusterLock,
 }
 
@@ -48,7 +34,6 @@ impl LockKind {
         }
     }
 
-    /// `Lock` or `ClusterLock`.
     pub fn as_str(self) -> &'static str {
         match self {
             LockKind::Lock => "Lock",
@@ -56,7 +41,6 @@ impl LockKind {
         }
     }
 
-    /// `locks` or `clusterlocks`.
     pub fn plural(self) -> &'static str {
         match self {
             LockKind::Lock => LOCKS,
@@ -64,8 +48,7 @@ impl LockKind {
         }
     }
 
-    /// The kind's `ApiResource`, for `Api<DynamicObject>`: every reader of Locks reads them raw,
-    /// so that one spec this version cannot parse does not fail a whole list.
+    /// For `Api<DynamicObject>`: Locks are read raw, so one spec that does not parse fails alone.
     pub fn api_resource(self) -> kube::api::ApiResource {
         match self {
             LockKind::Lock => kube::api::ApiResource::erase::<Lock>(&()),
@@ -84,9 +67,7 @@ impl std::fmt::Display for LockKind {
 /// of a lock in the index, verdicts, status, events, the registration and the plugin.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct LockKey {
-    /// The Lock's namespace; `None` for a ClusterLock.
     pub namespace: Option<String>,
-    /// The lock's name, which is also the name of the object it locks.
     pub name: String,
 }
 
@@ -105,7 +86,6 @@ impl LockKey {
         }
     }
 
-    /// `Lock` or `ClusterLock`.
     pub fn kind(&self) -> LockKind {
         if self.namespace.is_some() {
             LockKind::Lock
@@ -119,12 +99,10 @@ impl LockKey {
         self.namespace.as_deref().unwrap_or("")
     }
 
-    /// The `ApiResource` of the lock's kind.
     pub fn api_resource(&self) -> kube::api::ApiResource {
         self.kind().api_resource()
     }
 
-    /// An `Api` for the lock's kind, in its namespace.
     pub fn api(&self, client: kube::Client) -> kube::Api<kube::api::DynamicObject> {
         match &self.namespace {
             Some(ns) => kube::Api::namespaced_with(client, ns, &self.api_resource()),
@@ -132,7 +110,6 @@ impl LockKey {
         }
     }
 
-    /// The kubectl command that removes this lock.
     pub fn unlock_command(&self) -> String {
         match &self.namespace {
             Some(ns) => format!("kubectl delete lock {} -n {ns}", self.name),
@@ -151,22 +128,16 @@ impl std::fmt::Display for LockKey {
     }
 }
 
-/// Namespaces the webhook registration leaves out (`namespaceSelector`): the control plane's
-/// own traffic there must never wait on the webhook. Nothing in them is sent to the webhook, so
-/// a Lock in one of them, or a ClusterLock on one of these Namespaces, is never enforced. The
-/// registration and `kubectl lock` both read this list.
+/// Namespaces the registration leaves out (the control plane's own traffic never waits on the
+/// webhook): a Lock in one, or a ClusterLock on one, is never enforced.
 pub const EXCLUDED_NAMESPACES: [&str; 2] = ["kube-system", "kube-node-lease"];
 
-/// True when nothing in `namespace` (nor the Namespace itself) is sent to the webhook.
 pub fn is_excluded_namespace(namespace: &str) -> bool {
     EXCLUDED_NAMESPACES.contains(&namespace)
 }
 
-/// `text` a Lock supplies (a reason, a holder, a name) as it may be shown on a terminal or in a
-/// log line: control characters (ESC, CR, newline...) and the bidirectional overrides that can
-/// reorder what is shown are written as escapes (`\u{1b}`, `\r`), everything else as it is.
-/// The one place such text is made safe for refusals, warnings, events and `kubectl lock list`:
-/// a Lock from a file, or created before the CRD refused control characters, may hold them.
+/// Text a Lock supplies, safe for a terminal or a log line: control characters and bidirectional
+/// overrides are written as escapes (`\u{1b}`, `\r`).
 pub fn escape(text: &str) -> std::borrow::Cow<'_, str> {
     let unsafe_char =
         |c: char| c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
@@ -288,8 +259,7 @@ pub struct LockSpec {
     pub except_fields: Option<Vec<String>>,
 }
 
-/// The CRD's check of a list of field paths: every one parses, and the message names the
-/// first that does not.
+/// The CRD's check of a list of field paths; the message names the first that does not parse.
 fn field_paths_rule(field: &str) -> Rule {
     let pattern = crate::fieldpath::PATTERN;
     Rule::new(format!("self.all(p, p.matches(r'{pattern}'))")).message(Message::Expression(
@@ -307,13 +277,11 @@ impl LockSpec {
             .unwrap_or(&[LockOperation::Update, LockOperation::Delete])
     }
 
-    /// True once `expiresAt` has passed.
     pub fn is_expired(&self, now: Timestamp) -> bool {
         self.expires_at.as_ref().is_some_and(|t| t.0 <= now)
     }
 
-    /// The checks the CRD schema makes, for locks that do not come through the API server
-    /// (lock files): `Err` names the field.
+    /// The CRD schema's checks, for lock files: `Err` names the field.
     pub fn validate(&self) -> Result<(), String> {
         if let Some(reason) = &self.reason
             && reason.chars().count() > 1024
@@ -670,7 +638,6 @@ pub struct LockCondition {
     pub observed_generation: Option<i64>,
 }
 
-/// The two CRDs, ready to apply: `spec` is optional and defaults to `{}`.
 pub fn crds() -> [CustomResourceDefinition; 2] {
     [
         optional_spec(Lock::crd()),
@@ -678,7 +645,6 @@ pub fn crds() -> [CustomResourceDefinition; 2] {
     ]
 }
 
-/// The two CRDs as one multi-document YAML stream, as `kubectl apply -f -` takes it.
 pub fn crds_yaml() -> Result<String, serde_saphyr::ser_error::Error> {
     let mut out = String::new();
     for crd in crds() {

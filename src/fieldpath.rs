@@ -15,9 +15,7 @@ pub const MAX_PATH_CHARS: usize = 512;
     "{path:?} is not a field path: {why} (write spec.template or metadata.annotations['example.com/key'])"
 )]
 pub struct PathError {
-    /// The path as written.
     pub path: String,
-    /// What is wrong with it.
     pub why: &'static str,
 }
 
@@ -92,7 +90,6 @@ impl FieldPath {
         Ok(FieldPath(keys))
     }
 
-    /// The keys from the root.
     pub fn keys(&self) -> &[String] {
         &self.0
     }
@@ -105,7 +102,6 @@ impl FieldPath {
             .filter(|v| !v.is_null())
     }
 
-    /// The root: the whole object.
     pub(crate) fn root() -> FieldPath {
         FieldPath(Vec::new())
     }

@@ -1,12 +1,5 @@
-//! What an UPDATE changes: field paths, and the comparison of a request's `oldObject` with its
-//! `object`.
-//!
-//! Pure: JSON in, answers out. A field path is written as `kubectl explain` and the downward API
-//! write them (`spec.template`, `metadata.annotations['example.com/key']`); a list is compared
-//! whole. A field set to `null` is the same as an absent one (the API server stores neither).
-//! Server-maintained metadata ([`SERVER_MAINTAINED`]) never counts as a change. The object's
-//! `status` does count: where the API server keeps it apart (a resource with a status
-//! subresource), it resets it before admission, so it arrives unchanged.
+//! What an UPDATE changes: `oldObject` against `object`, by field path. Pure. Lists compare
+//! whole; `null` is absent; server-maintained metadata ([`SERVER_MAINTAINED`]) never counts.
 
 use std::cell::OnceCell;
 
@@ -22,8 +15,6 @@ pub const SERVER_MAINTAINED: [&str; 3] = [
     "metadata.generation",
 ];
 
-/// True when the value at `path` differs between `old` and `new` (added, removed, or another
-/// value).
 pub fn changed(old: &Value, new: &Value, path: &FieldPath) -> bool {
     !same(path.get(old), path.get(new))
 }
@@ -44,9 +35,7 @@ fn same(a: Option<&Value>, b: Option<&Value>) -> bool {
     }
 }
 
-/// The first place where `new` differs from `old`, outside `kept` and the server-maintained
-/// metadata; `None` when they are the same there. Maps are compared key by key, anything else
-/// whole.
+/// The first place where `new` differs from `old`, outside `kept` and server-maintained metadata.
 pub fn first_change_outside(old: &Value, new: &Value, kept: &[FieldPath]) -> Option<FieldPath> {
     let mut skipped: Vec<FieldPath> = SERVER_MAINTAINED
         .iter()
@@ -108,8 +97,7 @@ fn as_map(value: Option<&Value>) -> Option<Option<&serde_json::Map<String, Value
     }
 }
 
-/// True when the only change from `old` to `new` (server-maintained metadata aside) is the
-/// removal of finalizers: what a Terminating object's controllers do.
+/// True when the only change is the removal of finalizers (a Terminating object's controllers).
 pub fn only_finalizers_removed(old: &Value, new: &Value) -> bool {
     let finalizers = FieldPath::parse("metadata.finalizers").expect("a valid path");
     let list = |v: &Value| -> Vec<Value> {
@@ -124,20 +112,15 @@ pub fn only_finalizers_removed(old: &Value, new: &Value) -> bool {
     removed && first_change_outside(old, new, std::slice::from_ref(&finalizers)).is_none()
 }
 
-/// How an UPDATE reaches the object.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Write {
     /// The object itself, or a subresource whose reviews carry it (`pods/resize`, ...).
     Object,
     /// The `status` subresource: it may change the status, and what else it carries counts.
     Status,
-    /// The `scale` subresource: its reviews carry autoscaling/v1 Scales, whose `spec.replicas`
-    /// is the object's `spec.replicas` for the built-in kinds. For a custom resource the field
-    /// is the CRD's `specReplicasPath`, which the review does not name.
-    Scale {
-        /// True for a custom resource.
-        custom: bool,
-    },
+    /// The `scale` subresource: an autoscaling/v1 Scale, whose `spec.replicas` is the object's
+    /// (for a custom resource, its CRD's `specReplicasPath`).
+    Scale { custom: bool },
 }
 
 /// The change of an UPDATE that a lock freezes.
@@ -145,15 +128,12 @@ pub enum Write {
 pub struct Frozen {
     /// The frozen field that changed; `None` when the objects could not be compared.
     pub path: Option<String>,
-    /// Whether a refusal names the field: always for a lock on fields, a status write or a
-    /// Terminating object, where the refusal would otherwise surprise.
+    /// Whether a refusal names the field (a lock on fields, a status write, a Terminating object).
     pub named: bool,
 }
 
-/// What `fields` / `exceptFields` of a lock, as read from `spec`, make of an UPDATE of `write`
-/// from `objects`: the change it freezes, or `None` when the update changes nothing it
-/// freezes (nothing at all, only server-maintained metadata, a status through `status`, only
-/// fields left free, or, on a `terminating` object, only the removal of finalizers).
+/// The change of an UPDATE that a lock's `fields` / `exceptFields` freeze, or `None` when it
+/// changes nothing frozen.
 pub fn frozen_change(
     fields: Option<&[String]>,
     except_fields: Option<&[String]>,
@@ -228,9 +208,7 @@ pub fn frozen_change(
     }
 }
 
-/// The `object` and `oldObject` of an UPDATE, read from the review's body only when a decision
-/// asks for them (a lock covers the update): parsing a large object costs more than all the
-/// rest of a review.
+/// The `object` and `oldObject` of an UPDATE, parsed from the body only when a lock covers it.
 pub struct Objects<'b> {
     body: Option<&'b [u8]>,
     pair: OnceCell<Option<(Value, Value)>>,
@@ -252,7 +230,6 @@ struct Pair {
 }
 
 impl<'b> Objects<'b> {
-    /// The objects of the AdmissionReview in `body`, read on first use.
     pub fn from_review(body: &'b [u8]) -> Objects<'b> {
         Objects {
             body: Some(body),
@@ -278,14 +255,12 @@ impl<'b> Objects<'b> {
         }
     }
 
-    /// With the field of a custom resource its `scale` subresource writes (its CRD's
-    /// `specReplicasPath`, `.spec.size`); unknown, every lock covering a scale freezes it.
+    /// With the field a custom resource's scale writes; unknown, every lock on a scale freezes it.
     pub fn with_scaled_field(mut self, field: Option<FieldPath>) -> Self {
         self.scaled = field;
         self
     }
 
-    /// The field a custom resource's scale writes, when known.
     pub fn scaled_field(&self) -> Option<&FieldPath> {
         self.scaled.as_ref()
     }

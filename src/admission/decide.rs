@@ -1,12 +1,6 @@
-//! The admission decision: request facts and the locks that apply in, a verdict out.
-//!
-//! Pure and synchronous on purpose: every rule (and every trap from the API server's side, such
-//! as evictions arriving as CREATE or DELETECOLLECTION items without a name) is a row in a
-//! table test, without a server or a cluster. It runs in steps so the caller knows what to
-//! fetch: [`triage`] says whether locks are needed at all and which; [`decide`] reads them. For an
-//! eviction or a scale, whose reviews do not carry the labels of the pod or scaled object,
-//! [`labels_needed`] says between the two whether a selector Lock makes those labels worth
-//! reading, and [`decide_with_labels`] decides with what reading them gave.
+//! The admission decision, pure: request facts and the locks that apply in, a verdict out.
+//! [`triage`] says which locks to read, [`labels_needed`] / [`scaled_field_needed`] what else
+//! to read, [`decide`] decides (see docs/design/admission.md).
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -29,8 +23,7 @@ use crate::settings::OnLookupError;
 
 /// How many Locks a namespace-deletion denial names.
 const NAMED_IN_NAMESPACE_DENIAL: usize = 5;
-/// Longer warnings are cut here, at the length the API server itself may cut each warning to
-/// (256 characters), so that the cut is ours and marked (`…`), never a lock name lost silently.
+/// The API server may cut each warning at 256 characters: we cut first, and mark it (`…`).
 const MAX_WARNING_CHARS: usize = 256;
 
 /// Why a request was allowed without reading any lock.
@@ -49,7 +42,6 @@ pub enum Exempt {
 }
 
 impl Exempt {
-    /// A short label for logs.
     pub fn as_str(self) -> &'static str {
         match self {
             Exempt::Create => "create",
@@ -71,30 +63,24 @@ pub struct Lookup<'a> {
     pub contents_of: Option<&'a str>,
 }
 
-/// The first step's answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Triage<'a> {
-    /// Decided already; no lock needs reading.
     Allow(Exempt),
-    /// Read these locks, then call [`decide`].
     Lookup(Lookup<'a>),
 }
 
 /// What kind of answer a verdict is, for logs and metrics.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Outcome {
-    /// Allowed, nothing to say.
+    #[default]
     Allowed,
-    /// Allowed, with a warning for the user.
     Warned,
-    /// Refused because of a lock.
     Denied,
-    /// The locks could not be read; decided by `on_lookup_error`.
+    /// The locks could not be read: decided by `on_lookup_error`.
     Error,
 }
 
 impl Outcome {
-    /// `allowed`, `warned`, `denied` or `error`.
     pub fn as_str(self) -> &'static str {
         match self {
             Outcome::Allowed => "allowed",
@@ -110,21 +96,16 @@ impl Outcome {
 pub struct Refusal {
     /// The HTTP code the user sees (403 for a lock; 503 when locks could not be read).
     pub code: u16,
-    /// `Forbidden` or `ServiceUnavailable`.
     pub reason: &'static str,
-    /// The message kubectl prints.
     pub message: String,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct Verdict {
-    /// Present when the request is refused.
     pub refusal: Option<Refusal>,
-    /// Shown by kubectl, one line each.
     pub warnings: Vec<String>,
     /// Recorded in the audit log as `<webhook name>/<key>`.
     pub audit_annotations: BTreeMap<String, String>,
-    /// The kind of answer.
     pub outcome: Outcome,
     /// The locks that refused it (for a Namespace DELETE, those the message names), for logs
     /// and events.
@@ -138,15 +119,7 @@ pub struct Verdict {
 
 impl Verdict {
     pub fn allow() -> Self {
-        Verdict {
-            refusal: None,
-            warnings: Vec::new(),
-            audit_annotations: BTreeMap::new(),
-            outcome: Outcome::Allowed,
-            locks: Vec::new(),
-            warned: Vec::new(),
-            changed: Vec::new(),
-        }
+        Verdict::default()
     }
 
     fn deny(code: u16, reason: &'static str, message: String) -> Self {
@@ -174,7 +147,6 @@ impl Verdict {
         self
     }
 
-    /// True when the request may proceed.
     pub fn allowed(&self) -> bool {
         self.refusal.is_none()
     }
@@ -210,118 +182,53 @@ pub fn triage<'a>(req: &'a AdmissionRequest<'_>) -> Triage<'a> {
     })
 }
 
-/// Step two: the verdict, given the lock set named by `lookup.scope`, for a Namespace DELETE
-/// the lock set of that namespace, and the current time (for `expiresAt`).
-///
-/// Every lock that covers the object, the resource and the operation, has not expired and does
-/// not exempt the user is counted; the most restrictive wins: one Enforce lock refuses (the
-/// message names every Enforce lock), Warn locks only warn.
-///
-/// A selector Lock selects by the labels the request carries; for an eviction or a scale, which
-/// carry none of the object's, it selects nothing here: see [`decide_with_labels`].
-pub fn decide(
-    req: &AdmissionRequest,
-    lookup: &Lookup<'_>,
-    scope_locks: &LockSet,
-    contents: Option<&LockSet>,
-    now: Timestamp,
-) -> Verdict {
-    decide_reading(
-        req,
-        lookup,
-        scope_locks,
-        contents,
-        None,
-        &Objects::unknown(),
-        now,
-    )
-}
-
-/// [`decide`] or [`decide_with_labels`] (when `labels` holds what was read, with the policy
-/// for what could not be), for an UPDATE with its `objects`: a lock refuses only a change of
-/// what it freezes (its `fields`, all but its `exceptFields`, or the whole object), so a write
-/// that changes nothing passes. Without objects every UPDATE counts as a change.
-pub fn decide_update(
-    req: &AdmissionRequest,
-    lookup: &Lookup<'_>,
-    scope_locks: &LockSet,
-    contents: Option<&LockSet>,
-    labels: Option<(&Labels, OnLookupError)>,
-    objects: &Objects,
-    now: Timestamp,
-) -> Verdict {
-    decide_reading(req, lookup, scope_locks, contents, labels, objects, now)
-}
-
-/// Step one and a half, after reading the locks: the object whose labels a selector Lock of
-/// `locks` needs and the request does not carry (the pod of an eviction, the object of a
-/// Scale). `None` for every other request, and when no selector Lock could cover this one: one
-/// that covers the operation (an eviction is a DELETE, a scale an UPDATE) and the resource,
-/// has not expired and does not exempt the user.
+/// Step one and a half: the object whose labels a selector Lock that could cover the request
+/// needs and the review does not carry (the pod of an eviction, the object of a Scale).
 pub fn labels_needed<'a>(
     req: &'a AdmissionRequest<'_>,
     locks: &LockSet,
     now: Timestamp,
 ) -> Option<Target<'a>> {
     let target = target(req)?;
-    let operation = lock_operation(req);
-    let needed = locks.iter().any(|lock| {
-        let spec = &lock.spec;
-        spec.selector.is_some()
-            && covers_request(spec, req, operation)
-            && !spec.is_expired(now)
-            && exemption(spec, &req.user_info).is_none()
-    });
-    needed.then_some(target)
+    could_cover(req, locks, now, |spec| spec.selector.is_some()).then_some(target)
 }
 
 /// Step one and a half, for a scale of a custom resource: the resource whose CRD's
-/// `specReplicasPath` a lock on fields covering it needs (its review carries a Scale, which
-/// does not say which field of the object it writes). `None` for every other request, and
-/// when no such lock covers it.
+/// `specReplicasPath` a lock on fields covering it needs (a Scale does not say what it writes).
 pub fn scaled_field_needed<'a>(
     req: &'a AdmissionRequest<'_>,
     locks: &LockSet,
     now: Timestamp,
 ) -> Option<&'a Resource<'a>> {
-    if !matches!(write(req), Some(Write::Scale { custom: true })) {
-        return None;
-    }
+    let custom = matches!(write(req), Some(Write::Scale { custom: true }));
+    let fields = |spec: &LockSpec| spec.fields.is_some() || spec.except_fields.is_some();
+    (custom && could_cover(req, locks, now, fields)).then_some(&req.resource)
+}
+
+/// Whether a lock of `locks` that is `kind` covers the request's operation and resource, has
+/// not expired and does not exempt the user.
+fn could_cover(
+    req: &AdmissionRequest,
+    locks: &LockSet,
+    now: Timestamp,
+    kind: impl Fn(&LockSpec) -> bool,
+) -> bool {
     let operation = lock_operation(req);
-    let needed = locks.iter().any(|lock| {
+    locks.iter().any(|lock| {
         let spec = &lock.spec;
-        (spec.fields.is_some() || spec.except_fields.is_some())
+        kind(spec)
             && covers_request(spec, req, operation)
             && !spec.is_expired(now)
             && exemption(spec, &req.user_info).is_none()
-    });
-    needed.then_some(&req.resource)
+    })
 }
 
-/// Step two, when [`labels_needed`] named an object: the verdict with its `labels` as read. The
-/// selector Locks that need labels that could not be read follow `policy` when one of them is
-/// in Enforce mode (unless another Lock refuses anyway), and add a warning when all are Warn.
-pub fn decide_with_labels(
-    req: &AdmissionRequest,
-    lookup: &Lookup<'_>,
-    scope_locks: &LockSet,
-    contents: Option<&LockSet>,
-    labels: &Labels,
-    policy: OnLookupError,
-    now: Timestamp,
-) -> Verdict {
-    decide_reading(
-        req,
-        lookup,
-        scope_locks,
-        contents,
-        Some((labels, policy)),
-        &Objects::unknown(),
-        now,
-    )
-}
-
-fn decide_reading(
+/// Step two: the verdict, given the lock set of `lookup.scope`, for a Namespace DELETE the
+/// lock set of that namespace, for an eviction or a scale the `labels` read (with the policy
+/// for what could not be), for an UPDATE its `objects` (without them every UPDATE counts as a
+/// change), and the time (for `expiresAt`). The most restrictive lock wins: one Enforce lock
+/// refuses (the message names every Enforce lock), Warn locks only warn.
+pub fn decide(
     req: &AdmissionRequest,
     lookup: &Lookup<'_>,
     scope_locks: &LockSet,
@@ -341,12 +248,7 @@ fn decide_reading(
     });
     let unknown = unreadable.filter(|_| !found.unknown.is_empty());
     let mut verdict = if !found.enforcing.is_empty() {
-        deny_locked(
-            req,
-            &describe_object(req, lookup.name),
-            &found.enforcing,
-            &found.changed,
-        )
+        deny_locked(req, &describe_object(req, lookup.name), &found)
     } else if let Some((error, policy)) = unknown {
         labels_unreadable(req, lookup.name, &found.unknown, error, policy)
     } else if let Some(contents) = contents.filter(|set| !set.is_empty()) {
@@ -412,8 +314,7 @@ impl<'a> Applicable<'a> {
         }
     }
 
-    /// ` (spec.template changed)` for a lock whose refusal names the field, after `before`
-    /// (`" "` or `""`), or nothing.
+    /// `(spec.template changed)` after `before` for a lock whose refusal names the field.
     fn changed_text(&self, lock: &LockRef, before: &str) -> String {
         let key = lock.key();
         (self.changed.iter())
@@ -423,8 +324,7 @@ impl<'a> Applicable<'a> {
             .unwrap_or_default()
     }
 
-    /// The audit annotations (and the Warn-mode keys) every verdict carries about the locks
-    /// that did not refuse it.
+    /// The audit annotations every verdict carries about the locks that did not refuse it.
     fn annotate(&self, mut verdict: Verdict) -> Verdict {
         let counted = |key: &LockKey| verdict.locks.contains(key) || verdict.warned.contains(key);
         let changed: Vec<(LockKey, String)> = (self.changed.iter())
@@ -436,10 +336,10 @@ impl<'a> Applicable<'a> {
             verdict = verdict.annotate("unchanged-locks", names(&self.unchanged));
         }
         if !changed.is_empty() {
-            let list = (changed.iter())
-                .map(|(key, path)| format!("{key}: {path}"))
-                .collect::<Vec<_>>()
-                .join(", ");
+            let list = join(
+                changed.iter().map(|(key, path)| format!("{key}: {path}")),
+                ", ",
+            );
             verdict = verdict.annotate("changed-fields", list);
             verdict.changed = changed;
         }
@@ -448,10 +348,10 @@ impl<'a> Applicable<'a> {
             verdict.warned = self.warning.iter().map(|l| l.key()).collect();
         }
         if !self.exempted.is_empty() {
-            let list = (self.exempted.iter())
-                .map(|(lock, how)| format!("{lock} ({how})"))
-                .collect::<Vec<_>>()
-                .join(", ");
+            let list = join(
+                self.exempted.iter().map(|(l, how)| format!("{l} ({how})")),
+                ", ",
+            );
             verdict = verdict.annotate("exempted-by", list);
         }
         if !self.expired.is_empty() {
@@ -461,11 +361,8 @@ impl<'a> Applicable<'a> {
     }
 }
 
-/// The locks of `locks` that cover the request. `read` holds the labels read for
-/// [`labels_needed`], when the request carries none of its own; selector locks then select by
-/// them. When the labels are not known either way, `unknown_labels` says whether they were
-/// sought and could not be read (the selector locks then go to `unknown`) or are simply absent
-/// (a selector then selects nothing).
+/// The locks of `locks` that cover the request; selector locks select by the request's labels,
+/// else by those `read` for [`labels_needed`], else go to `unknown`.
 fn applicable<'a>(
     req: &AdmissionRequest,
     name: &str,
@@ -514,7 +411,6 @@ fn applicable<'a>(
     found
 }
 
-/// How an UPDATE writes its object; `None` for every other operation.
 fn write(req: &AdmissionRequest) -> Option<Write> {
     if req.operation != Operation::Update {
         return None;
@@ -528,7 +424,7 @@ fn write(req: &AdmissionRequest) -> Option<Write> {
     })
 }
 
-/// The lock operation a request is: an eviction deletes the pod.
+/// An eviction deletes the pod.
 fn lock_operation(req: &AdmissionRequest) -> LockOperation {
     match req.operation {
         Operation::Update => LockOperation::Update,
@@ -538,11 +434,8 @@ fn lock_operation(req: &AdmissionRequest) -> LockOperation {
     }
 }
 
-/// What a CONNECT to a pod's subresource does, as kubectl words it; `None` for subresources
-/// that reach no pod's containers.
-///
-/// `proxy` belongs with the others: it carries HTTP to the pod's ports, as `port-forward` does
-/// (a Service's or a Node's proxy is not the pod's, and is left alone).
+/// What a CONNECT to a pod's subresource does, as kubectl words it; `None` for those that reach
+/// no pod's containers (`proxy` carries HTTP to the pod's ports, as `port-forward` does).
 fn connect_verb(subresource: Option<&str>) -> Option<&'static str> {
     match subresource? {
         "exec" => Some("exec"),
@@ -553,7 +446,6 @@ fn connect_verb(subresource: Option<&str>) -> Option<&'static str> {
     }
 }
 
-/// Whether a lock's `operations` and `resources` cover the request.
 fn covers_request(spec: &LockSpec, req: &AdmissionRequest, operation: LockOperation) -> bool {
     spec.operations().contains(&operation)
         && covers_resource(
@@ -564,9 +456,7 @@ fn covers_request(spec: &LockSpec, req: &AdmissionRequest, operation: LockOperat
         )
 }
 
-/// The object an eviction, a scale or a CONNECT acts on, whose labels its review does not carry:
-/// the request's own resource and name (`pods` for `pods/eviction` and `pods/exec`,
-/// `deployments.apps` for `deployments/scale`). `None` for every other request.
+/// The object an eviction, a scale or a CONNECT acts on, whose labels its review does not carry.
 fn target<'a>(req: &'a AdmissionRequest<'_>) -> Option<Target<'a>> {
     let elsewhere = is_eviction(req)
         || req.operation == Operation::Connect
@@ -585,10 +475,8 @@ fn target<'a>(req: &'a AdmissionRequest<'_>) -> Option<Target<'a>> {
     })
 }
 
-/// Whether a lock's `resources` cover `resource` in `group` (and its `subresource`, if any):
-/// no `resources` covers every resource; `*` matches any group or resource; a rule naming a
-/// resource covers its subresources too, and `resource/subresource` names one subresource.
-/// An empty list matches nothing. The plugin asks the same question, through this function.
+/// Whether a lock's `resources` cover `resource` in `group` (and its `subresource`): none
+/// covers all; `*` matches any; a resource covers its subresources, `resource/sub` only one.
 pub fn covers_resource(
     spec: &LockSpec,
     group: &str,
@@ -637,19 +525,19 @@ fn exemption(spec: &LockSpec, user: &UserInfo) -> Option<String> {
 }
 
 fn names(locks: &[&LockRef]) -> String {
-    locks
-        .iter()
-        .map(|l| l.to_string())
-        .collect::<Vec<_>>()
-        .join(", ")
+    join(locks, ", ")
 }
 
-fn deny_locked(
-    req: &AdmissionRequest,
-    what: &str,
-    locks: &[&LockRef],
-    changed: &[(LockKey, Frozen)],
-) -> Verdict {
+pub(super) fn join<T: std::fmt::Display>(items: impl IntoIterator<Item = T>, sep: &str) -> String {
+    items
+        .into_iter()
+        .map(|i| i.to_string())
+        .collect::<Vec<_>>()
+        .join(sep)
+}
+
+fn deny_locked(req: &AdmissionRequest, what: &str, found: &Applicable) -> Verdict {
+    let locks = &found.enforcing;
     let mut message = String::new();
     match lock_operation(req) {
         _ if is_eviction(req) => message.push_str("cannot evict: "),
@@ -664,12 +552,7 @@ fn deny_locked(
     let described: Vec<String> = locks
         .iter()
         .map(|lock| {
-            let key = lock.key();
-            let field = (changed.iter())
-                .find(|(k, frozen)| *k == key && frozen.named)
-                .and_then(|(_, frozen)| frozen.path.as_deref())
-                .map(|path| format!(" ({path} changed)"))
-                .unwrap_or_default();
+            let field = found.changed_text(lock, " ");
             match lock
                 .spec
                 .reason
@@ -703,11 +586,7 @@ fn unlock_command(locks: &[&LockRef]) -> String {
     match locks {
         [one] => one.unlock_command(),
         _ => {
-            let list = locks
-                .iter()
-                .map(|l| l.name.as_str())
-                .collect::<Vec<_>>()
-                .join(" ");
+            let list = join(locks.iter().map(|l| &l.name), " ");
             match locks.first().and_then(|l| l.namespace.as_deref()) {
                 Some(ns) => format!("kubectl delete lock {list} -n {ns}"),
                 None => format!("kubectl delete clusterlock {list}"),
@@ -716,7 +595,6 @@ fn unlock_command(locks: &[&LockRef]) -> String {
     }
 }
 
-/// The verdict when the locks could not be read.
 pub fn decide_unreadable(
     req: &AdmissionRequest,
     lookup: &Lookup<'_>,
@@ -735,11 +613,9 @@ pub fn decide_unreadable(
     )
 }
 
-/// What `policy` answers when something the decision needs could not be read: a 503 with
-/// `refusal`, or an allow with `warning`; a Terminating object's update and a status write are
-/// allowed either way (refusing the one could wedge the object, the other stop every
-/// controller's reporting while the locks cannot be read), with nothing to add. The outcome is an error, and
-/// `annotation` the audit annotation `lookup-error`.
+/// What `policy` answers when something needed could not be read: a 503 with `refusal`, or an
+/// allow with `warning`. A Terminating object's update and a status write pass either way (so
+/// neither wedges an object nor stops controllers' reporting).
 fn by_policy(
     req: &AdmissionRequest,
     policy: OnLookupError,
@@ -796,9 +672,8 @@ fn labels_unreadable(
     )
 }
 
-/// Who deletes a Namespace's contents once its deletion is admitted: the namespace controller
-/// of kube-controller-manager, with its own service account (`--use-service-account-credentials`,
-/// as kubeadm runs it). Its DELETE of each object goes through admission like anyone's.
+/// Who deletes a Namespace's contents: kube-controller-manager's namespace controller, with its
+/// own service account (`--use-service-account-credentials`, as kubeadm runs it).
 fn namespace_controller() -> UserInfo<'static> {
     UserInfo {
         username: "system:serviceaccount:kube-system:namespace-controller".into(),
@@ -812,10 +687,8 @@ fn namespace_controller() -> UserInfo<'static> {
     }
 }
 
-/// Whether a lock's `resources` name anything that deleting its namespace removes: every
-/// object is deleted, but a rule naming only subresources (`deployments/scale`) never sees a
-/// DELETE, and what the registration never sends (the lock kinds, events, leases, reviews) is
-/// never locked ([`subresources::may_be_sent`]).
+/// Whether a lock's `resources` name an object resource the registration sends (a rule naming
+/// only subresources never sees a DELETE).
 fn covers_deletable(spec: &LockSpec) -> bool {
     let Some(rules) = &spec.resources else {
         return true;
@@ -829,12 +702,9 @@ fn covers_deletable(spec: &LockSpec) -> bool {
     })
 }
 
-/// A Namespace DELETE: deleting a namespace deletes every object in it, one DELETE at a time
-/// by the namespace controller. A Lock in it that would refuse the controller's DELETE of its
-/// objects (it covers DELETE and an object resource, has not expired, is in Enforce mode and
-/// does not exempt the namespace controller) blocks the deletion: otherwise the controller
-/// would delete what it can and stop at the locked objects, leaving the namespace half emptied
-/// and Terminating. Warn and exempting Locks let it through with a warning.
+/// A Namespace DELETE is refused while a Lock in it would refuse the namespace controller's
+/// DELETE of its objects (else the namespace is left half emptied and Terminating); Warn and
+/// exempting Locks let it through with a warning.
 fn namespace_deletion(
     req: &AdmissionRequest,
     namespace: &str,
@@ -900,10 +770,7 @@ fn deny_namespace_deletion(req: &AdmissionRequest, namespace: &str, locks: &[&Lo
         .iter()
         .map(|name| LockKey::lock(namespace, name))
         .collect();
-    let annotation = (verdict.locks.iter())
-        .map(LockKey::to_string)
-        .collect::<Vec<_>>()
-        .join(",");
+    let annotation = join(&verdict.locks, ",");
     verdict.annotate("namespace-locks", annotation)
 }
 

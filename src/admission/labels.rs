@@ -1,11 +1,6 @@
-//! The labels of the object a review acts on but does not carry: the pod of an eviction, the
-//! object a Scale belongs to.
-//!
-//! An eviction's review carries an Eviction and a scale update's an autoscaling/v1 Scale; neither
-//! has the labels of the object it acts on, which a selector Lock needs. The decision says whose
-//! labels it needs ([`crate::admission::decide::labels_needed`]), only when a selector Lock of the
-//! namespace could cover the request; the review reads them through a [`LabelReader`] (the API
-//! server, metadata only, [`apiserver`]) and decides with them. Every other request reads nothing.
+//! The labels of the object a review acts on but does not carry (the pod of an eviction, the
+//! object of a Scale), read through a [`LabelReader`] only when
+//! [`crate::admission::decide::labels_needed`] says a selector Lock needs them.
 
 pub mod apiserver;
 
@@ -20,9 +15,7 @@ use super::request::Resource;
 /// The object whose labels are needed: what a metadata-only GET names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Target<'a> {
-    /// Its resource (`pods`, `deployments` in `apps`) and version.
     pub resource: &'a Resource<'a>,
-    /// The object's namespace; `None` when cluster-scoped.
     pub namespace: Option<&'a str>,
     pub name: &'a str,
 }
@@ -41,7 +34,6 @@ impl fmt::Display for Target<'_> {
 /// What reading a [`Target`]'s labels gave.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Labels {
-    /// Its labels (empty when it has none).
     Read(BTreeMap<String, String>),
     /// It does not exist (404): nothing is left to lock, and the API server answers the
     /// eviction or scale itself (an eviction of a missing pod is a 404).
@@ -53,15 +45,12 @@ pub enum Labels {
 /// Why a target's labels could not be read.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum LabelError {
-    /// No answer within the lookup timeout.
     #[error("no answer within {}ms", .0.as_millis())]
     Timeout(Duration),
-    /// The webhook's identity may not read the object.
     #[error(
         "the webhook's identity may not get {resource}: grant it get on {resource} ({message})"
     )]
     Forbidden {
-        /// `pods`, `deployments.apps`.
         resource: String,
         /// The API server's message.
         message: String,

@@ -1,10 +1,5 @@
-//! Admission: what arrives, what is decided, what is answered.
-//!
-//! `request` holds the slice of an AdmissionReview the decision reads (borrowed from the body by
-//! serde_json), `decide` is the pure decision, `refusals` what it hands on to the event writer,
-//! `subresources` says which subresources change their object, `labels` reads the labels an
-//! eviction or a scale does not carry, and `review` joins them to a lock source: bytes in,
-//! AdmissionReview out.
+//! Admission: `request` (what arrives) → `decide` (pure) → `response` (what is answered),
+//! joined to a lock source by `review`; `refusals` feeds the event writer.
 
 pub mod changes;
 pub mod decide;
@@ -15,7 +10,6 @@ pub mod response;
 pub mod review;
 pub mod subresources;
 
-/// The review path's settings, defined with the other settings.
 pub use crate::settings::{OnLookupError, ReviewPolicy};
 pub use decide::{Outcome, Verdict};
 pub use request::AdmissionRequest;

@@ -1,7 +1,5 @@
-//! What the admission path hands on about its refusals: a record per refusing (or Warn-mode)
-//! lock, queued without waiting for the event writer ([`crate::events`]) to turn into a
-//! Kubernetes Event. Defined here, below both, so that the admission path knows nothing of how
-//! events are written.
+//! A record per refusing (or Warn-mode) lock, queued without waiting for the event writer
+//! ([`crate::events`]) to turn it into a Kubernetes Event.
 
 use tokio::sync::mpsc;
 
@@ -11,24 +9,18 @@ use crate::api::LockKey;
 use crate::locks::{LockRef, LockSet};
 use crate::metrics::{DropLabels, EnforcementMetrics, EventLabels, RefusalLabels};
 
-/// Reason of a refusal by an Enforce lock.
 pub const BLOCKED: &str = "Blocked";
-/// Reason of a change a Warn-mode lock would have refused.
 pub const WOULD_BLOCK: &str = "WouldBlock";
 /// An Event's note is at most 1 KiB.
 const MAX_NOTE_BYTES: usize = 1024;
 
-/// What kind of trace a refusal leaves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Reason {
-    /// Refused by an Enforce lock.
     Blocked,
-    /// Allowed with a warning by a Warn-mode lock.
     WouldBlock,
 }
 
 impl Reason {
-    /// The Event's reason.
     pub fn as_str(self) -> &'static str {
         match self {
             Reason::Blocked => BLOCKED,
@@ -40,12 +32,10 @@ impl Reason {
 /// One refused (or Warn-mode) request, as the event writer needs it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RefusalEvent {
-    /// The lock that refused it.
     pub lock: LockKey,
     pub reason: Reason,
     /// `UPDATE`, `DELETE`, or `CREATE` (of `pods/eviction`).
     pub operation: &'static str,
-    /// The Event's message: who did what to which object.
     pub note: String,
 }
 

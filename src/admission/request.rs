@@ -1,10 +1,5 @@
-//! The parts of an admission request that the decision reads.
-//!
-//! The API server sends whole objects (a Secret's data, a 512 KiB ConfigMap); the decision needs
-//! a handful of strings. These types deserialize only those and let serde skip the rest
-//! unparsed, which keeps large reviews cheap and keeps object bodies out of memory and logs.
-//! The strings are borrowed from the body wherever it holds them as they are (no escapes), so
-//! reading a review allocates next to nothing.
+//! The parts of an admission request the decision reads, borrowed from the body by serde; the
+//! rest (whole objects) is skipped unparsed.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -13,12 +8,9 @@ use serde::Deserialize;
 
 use super::subresources;
 
-/// `admission.k8s.io/v1`, the version the webhook is registered for.
 pub const ADMISSION_V1: &str = "admission.k8s.io/v1";
-/// `admission.k8s.io/v1beta1`, answered in kind because it costs nothing.
 pub const ADMISSION_V1BETA1: &str = "admission.k8s.io/v1beta1";
 
-/// The operation being admitted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum Operation {
@@ -33,7 +25,6 @@ pub enum Operation {
 }
 
 impl Operation {
-    /// The wire name, e.g. `DELETE`.
     pub fn as_str(self) -> &'static str {
         match self {
             Operation::Create => "CREATE",
@@ -44,16 +35,12 @@ impl Operation {
     }
 }
 
-/// A resource: group, version and plural name.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
 pub struct Resource<'a> {
-    /// API group, `""` for the core group.
     #[serde(default, borrow)]
     pub group: Cow<'a, str>,
-    /// API version.
     #[serde(default, borrow)]
     pub version: Cow<'a, str>,
-    /// Plural resource name, e.g. `configmaps`.
     #[serde(borrow)]
     pub resource: Cow<'a, str>,
 }
@@ -69,48 +56,36 @@ impl Resource<'_> {
     }
 }
 
-/// Who is asking.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
 pub struct UserInfo<'a> {
-    /// The user name, e.g. `system:serviceaccount:kube-system:namespace-controller`.
     #[serde(default, borrow)]
     pub username: Cow<'a, str>,
-    /// The user's groups.
     #[serde(default, borrow)]
     pub groups: Vec<Cow<'a, str>>,
 }
 
-/// The metadata fields of `object` / `oldObject` that matter.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ObjectMeta<'a> {
     /// The object's name (the only place a DELETECOLLECTION item carries it).
     #[serde(default, borrow)]
     pub name: Option<Cow<'a, str>>,
-    /// Set once the object is Terminating.
     #[serde(default, borrow)]
     pub deletion_timestamp: Option<Cow<'a, str>>,
-    /// The object's labels, for selector locks. Absent means none: the API server leaves out
-    /// an empty map. Whether these are the labels of the object being changed is for
-    /// [`AdmissionRequest::labels`] to say.
+    /// Absent means none (the API server leaves out an empty map).
     #[serde(default)]
     pub labels: Option<BTreeMap<String, String>>,
 }
 
-/// `object` / `oldObject`, reduced to its metadata.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
 pub struct Object<'a> {
-    /// The object's metadata.
     #[serde(default, borrow)]
     pub metadata: ObjectMeta<'a>,
 }
 
-/// A parsed review: the request and the version to answer in.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ParsedReview<'a> {
-    /// `admission.k8s.io/v1` or `admission.k8s.io/v1beta1`.
     pub api_version: &'static str,
-    /// The request.
     pub request: AdmissionRequest<'a>,
 }
 
@@ -127,7 +102,6 @@ pub(super) struct IncomingReview<'a> {
     pub(super) request: Option<AdmissionRequest<'a>>,
 }
 
-/// An admission request, reduced to what the decision reads.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct AdmissionRequest<'a> {
@@ -146,18 +120,13 @@ pub struct AdmissionRequest<'a> {
     /// Absent for cluster-scoped objects; a Namespace's own name for a Namespace.
     #[serde(default, borrow)]
     pub namespace: Option<Cow<'a, str>>,
-    /// What is being done.
     pub operation: Operation,
-    /// Who is doing it.
     #[serde(borrow)]
     pub user_info: UserInfo<'a>,
-    /// The new object (null on DELETE).
     #[serde(default, borrow)]
     pub object: Option<Object<'a>>,
-    /// The existing object (null on CREATE).
     #[serde(default, borrow)]
     pub old_object: Option<Object<'a>>,
-    /// A dry run; decided the same way, since the webhook has no side effects.
     #[serde(default)]
     pub dry_run: Option<bool>,
 }
@@ -199,7 +168,6 @@ impl AdmissionRequest<'_> {
     }
 
     /// The namespace of a namespaced object; `None` for a cluster-scoped one.
-    ///
     /// A Namespace arrives with `request.namespace` set to its own name, yet it is cluster-scoped.
     pub fn object_namespace(&self) -> Option<&str> {
         if self.is_namespace() {
@@ -208,12 +176,10 @@ impl AdmissionRequest<'_> {
         self.namespace.as_deref().filter(|ns| !ns.is_empty())
     }
 
-    /// True when the request is about a Namespace object (or one of its subresources).
     pub fn is_namespace(&self) -> bool {
         self.resource.group.is_empty() && self.resource.resource == "namespaces"
     }
 
-    /// True when the object is Terminating (finalizers being removed).
     pub fn is_terminating(&self) -> bool {
         [&self.old_object, &self.object].into_iter().any(|o| {
             o.as_ref()
@@ -221,14 +187,9 @@ impl AdmissionRequest<'_> {
         })
     }
 
-    /// The labels of the object as it is before the change (as it is created, for a CREATE),
-    /// or `None` when the request does not carry them: an eviction or a CONNECT (no
-    /// `oldObject`), a `scale` update (its objects are autoscaling/v1 `Scale`s, which have no
-    /// labels), or a subresource whose reviews are not known to carry the object itself.
-    /// `Some` of an empty map is an object without labels.
-    ///
-    /// The difference matters: `tier NotIn (db)` selects an object without labels, but must not
-    /// select a Scale whose Deployment may well be `tier=db`.
+    /// The labels of the object before the change (as created, for a CREATE); `None` when the
+    /// request does not carry them (eviction, CONNECT, scale), `Some` of an empty map when it
+    /// has none: `tier NotIn (db)` selects the latter, never a Scale of a `tier=db` Deployment.
     pub fn labels(&self) -> Option<&BTreeMap<String, String>> {
         static NONE: BTreeMap<String, String> = BTreeMap::new();
         let old = match (self.operation, self.subresource()) {

@@ -1,10 +1,6 @@
-//! From request bytes to response bytes: parse the AdmissionReview, plan, read the locks, decide,
-//! answer.
-//!
-//! A body that is not an AdmissionReview with a `request` cannot be answered (there is no uid to
-//! echo), so it is a [`ReviewError`] that the HTTP layer turns into a 400. Everything else gets an
-//! AdmissionReview carrying the request's uid, in the request's `apiVersion`, even when the locks
-//! cannot be read.
+//! From request bytes to response bytes: parse, triage, read the locks, decide, answer. A body
+//! with no request to answer (no uid to echo) is a [`ReviewError`] (a 400); everything else gets
+//! an AdmissionReview with its uid, in its `apiVersion`, even when the locks cannot be read.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -28,22 +24,16 @@ use crate::settings::ReviewPolicy;
 /// Why a body could not be answered with an AdmissionReview.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ReviewError {
-    /// The body is empty.
     #[error("empty body: expected an AdmissionReview")]
     Empty,
-    /// The body is not JSON of the expected shape.
     #[error("malformed AdmissionReview: {0}")]
     Malformed(String),
-    /// `kind` is not `AdmissionReview`.
     #[error("kind is {0:?}, expected \"AdmissionReview\"")]
     WrongKind(String),
-    /// `apiVersion` is not one the webhook speaks.
     #[error("apiVersion is {0:?}, expected \"admission.k8s.io/v1\" (or v1beta1)")]
     WrongVersion(String),
-    /// There is no `request` to answer (a response was sent, or nothing).
     #[error("the AdmissionReview has no request")]
     NoRequest,
-    /// `request.uid` is empty, so no answer could be matched to it.
     #[error("request.uid is empty")]
     NoUid,
 }
@@ -111,14 +101,11 @@ pub struct Reviewer {
 /// A review's answer, and what it was, for logs and metrics.
 #[derive(Debug)]
 pub struct Answer {
-    /// The response to send.
     pub review: ReviewAnswer,
-    /// What the answer was.
     pub outcome: Outcome,
 }
 
 impl Reviewer {
-    /// A reviewer reading locks from `source`.
     pub fn new(source: Arc<dyn LockSource>, policy: ReviewPolicy) -> Self {
         Reviewer::with_metrics(source, policy, AdmissionMetrics::default())
     }
@@ -151,7 +138,6 @@ impl Reviewer {
         self
     }
 
-    /// The lock source, for readiness.
     pub fn source(&self) -> &Arc<dyn LockSource> {
         &self.source
     }
@@ -179,34 +165,30 @@ impl Reviewer {
                 });
             }
             Triage::Lookup(lookup) => {
+                // Leave the API server a quarter of its own timeout to receive the answer.
+                let timeout = match deadline {
+                    Some(d) if !d.is_zero() => self.policy.lookup_timeout.min(d * 3 / 4),
+                    _ => self.policy.lookup_timeout,
+                };
+                let left = || timeout.saturating_sub(started.elapsed());
                 let read = match self.locks_at_hand(&lookup) {
                     Some(locks) => Ok(locks),
                     // Boxed: the review's future stays small for the answers that never wait.
-                    None => Box::pin(self.read(&lookup, self.lookup_timeout(deadline))).await,
+                    None => Box::pin(self.read(&lookup, timeout)).await,
                 };
                 let now = Timestamp::now();
                 // Only an eviction or a scale that a selector Lock could cover reads labels.
                 let target = (read.as_ref().ok())
                     .and_then(|(scope, _)| decide::labels_needed(req, scope, now));
                 let labels = match target {
-                    Some(target) => {
-                        let timeout = self
-                            .lookup_timeout(deadline)
-                            .saturating_sub(started.elapsed());
-                        Some(Box::pin(self.read_labels(req, target, timeout)).await)
-                    }
+                    Some(target) => Some(Box::pin(self.read_labels(req, target, left())).await),
                     None => None,
                 };
                 // Only a custom resource's scale that a lock on fields covers reads its CRD.
                 let scaled = (read.as_ref().ok())
                     .and_then(|(scope, _)| decide::scaled_field_needed(req, scope, now));
                 let scaled = match scaled {
-                    Some(resource) => {
-                        let timeout = self
-                            .lookup_timeout(deadline)
-                            .saturating_sub(started.elapsed());
-                        Box::pin(self.read_scaled_field(req, resource, timeout)).await
-                    }
+                    Some(resource) => Box::pin(self.read_scaled_field(req, resource, left())).await,
                     None => None,
                 };
                 let objects = Objects::from_review(body).with_scaled_field(scaled);
@@ -241,14 +223,6 @@ impl Reviewer {
         })
     }
 
-    fn lookup_timeout(&self, deadline: Option<Duration>) -> Duration {
-        // Leave the API server a quarter of its own timeout to receive the answer.
-        match deadline {
-            Some(d) if !d.is_zero() => self.policy.lookup_timeout.min(d * 3 / 4),
-            _ => self.policy.lookup_timeout,
-        }
-    }
-
     /// The locks a lookup needs, when the source has them at hand (nearly every lookup, from
     /// the watch-fed index): no future, no timer.
     fn locks_at_hand(&self, lookup: &decide::Lookup<'_>) -> Option<ReadLocks> {
@@ -260,7 +234,6 @@ impl Reviewer {
         Some((scope, contents))
     }
 
-    /// The verdict from the locks read, or from the policy when they could not be.
     fn verdict(
         &self,
         req: &AdmissionRequest<'_>,
@@ -275,8 +248,7 @@ impl Reviewer {
                 let contents = contents.as_deref();
                 // The objects are read from the body only if a lock covers the update.
                 let labels = labels.map(|labels| (labels, self.policy.on_lookup_error));
-                let verdict =
-                    decide::decide_update(req, lookup, &scope, contents, labels, objects, now);
+                let verdict = decide::decide(req, lookup, &scope, contents, labels, objects, now);
                 if let Some(events) = &self.events {
                     events.record_verdict(req, &verdict, &scope, contents);
                 }
@@ -302,7 +274,6 @@ impl Reviewer {
         }
     }
 
-    /// The labels of `target`, read within `timeout`, counted and logged.
     async fn read_labels(
         &self,
         req: &AdmissionRequest<'_>,
@@ -391,15 +362,9 @@ fn log_verdict(req: &AdmissionRequest, verdict: &Verdict, elapsed: Duration) {
     }
     let namespace = req.object_namespace().unwrap_or("");
     let name = req.object_name().unwrap_or("");
-    let locks = (verdict.locks.iter())
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join(",");
+    let locks = decide::join(&verdict.locks, ",");
     if verdict.outcome == Outcome::Denied {
-        let changed = (verdict.changed.iter())
-            .map(|(_, path)| path.as_str())
-            .collect::<Vec<_>>()
-            .join(",");
+        let changed = decide::join(verdict.changed.iter().map(|(_, path)| path), ",");
         info!(uid = %req.uid, operation = req.operation.as_str(), resource = %req.resource_path(),
             %namespace, %name, user = %req.user_info.username, lock = %locks, %changed,
             dry_run = req.dry_run.unwrap_or(false), "denied");

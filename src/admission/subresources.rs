@@ -1,18 +1,10 @@
-//! The subresources of the Kubernetes API server (1.33–1.36) whose writes change the object
-//! they belong to, and what their admission reviews carry.
-//!
-//! The decision locks every subresource (of `status`, what is not status); the registration can only send what it
-//! names, so it names these ([`rule_resources`], used by `cli::manifests`), and a test compares
-//! the two over every subresource the API server serves. Selector locks need to know whether a review carries the
-//! object itself (its labels) or an object of another kind: a `scale` review carries an
-//! autoscaling/v1 `Scale`, which has no labels at all.
+//! The API server's (1.33–1.36) subresources whose writes change their object, what their
+//! reviews carry (the object itself, or e.g. a `Scale` without labels), and the webhook rules
+//! that send them ([`rule_resources`]).
 
-/// Where a subresource is served.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Scope {
-    /// Namespaced resources only.
     Namespaced,
-    /// Cluster-scoped resources only.
     Cluster,
     /// Both (`scale`: Deployments, and any custom resource with a scale subresource).
     Any,
@@ -23,12 +15,9 @@ pub enum Scope {
 pub struct Subresource {
     /// The resource it belongs to; `*` for any.
     pub resource: &'static str,
-    /// The subresource, e.g. `scale`.
     pub name: &'static str,
-    /// Where it is served.
     pub scope: Scope,
-    /// True when `object` and `oldObject` of its reviews are the object itself (so its labels
-    /// are known); false when they are of another kind.
+    /// True when its reviews' objects are the object itself (so its labels are known).
     pub carries_object: bool,
 }
 
@@ -38,7 +27,6 @@ impl Subresource {
         format!("{}/{}", self.resource, self.name)
     }
 
-    /// True when this entry is about `resource`/`name`.
     fn matches(&self, resource: &str, name: &str) -> bool {
         self.name == name && (self.resource == "*" || self.resource == resource)
     }
@@ -95,7 +83,6 @@ pub const CHANGING: &[Subresource] = &[
     },
 ];
 
-/// The entry for `resource`/`name`, if the API server has such a changing subresource.
 pub fn changing(resource: &str, name: &str) -> Option<&'static Subresource> {
     CHANGING.iter().find(|s| s.matches(resource, name))
 }

@@ -1,9 +1,6 @@
-//! Deleting a CustomResourceDefinition deletes every object of it through storage, with no
-//! admission call for the objects. So, as a Namespace's deletion is refused while it holds
-//! Locks, a CRD's deletion is refused while a live Enforce Lock or ClusterLock covering DELETE
-//! names the CRD's resource: its group exactly, and its plural or `*`. A Lock naming every group
-//! (no `resources`, or `*`) is not counted: it names no resource of the CRD, and counting it
-//! would let any Lock in any namespace hold every CRD of the cluster.
+//! A CRD's deletion deletes its objects without admission, so it is refused while a live Enforce
+//! lock covering DELETE names its resource (its group exactly; a lock on every group does not
+//! count, see docs/design/admission.md).
 
 use std::sync::Arc;
 
@@ -14,7 +11,6 @@ use crate::locks::{LockRef, LockSet};
 use crate::settings::OnLookupError;
 use k8s_openapi::jiff::Timestamp;
 
-/// The CustomResourceDefinitions' API group.
 pub const CRD_GROUP: &str = "apiextensions.k8s.io";
 pub const CRD_RESOURCE: &str = "customresourcedefinitions";
 /// How many Locks a refusal names.
@@ -108,10 +104,7 @@ pub fn crd_deletion(
         1 => ("lock", "protects"),
         _ => ("locks", "protect"),
     };
-    let unlock = (listed.iter())
-        .map(|l| l.unlock_command())
-        .collect::<Vec<_>>()
-        .join("; ");
+    let unlock = super::join(listed.iter().map(|l| l.unlock_command()), "; ");
     let message = format!(
         "deleting {CRD_RESOURCE}.{CRD_GROUP} \"{crd}\" would delete every {plural}.{group} object, with no admission for them, and {count} {plural_locks} {verb} some ({}{more}) (to unlock: {unlock})",
         names(listed),

@@ -1,10 +1,5 @@
-//! Labels from the API server: a metadata-only GET of the one object (`PartialObjectMetadata`),
-//! through the webhook's one client.
-//!
-//! A GET per eviction or scale that a selector Lock could cover, rather than a cache fed by a
-//! watch: those requests are rare (a drain, a scale), a GET reads the labels as they are now,
-//! and it needs `get` alone, where a watch would need `list` and `watch` on every pod of those
-//! namespaces and memory for them (BENCHMARKS.md, *Labels for selector locks*).
+//! Labels from the API server: a metadata-only GET of the one object (rare requests, so no
+//! watch-fed cache; see docs/design/admission.md).
 
 use std::collections::BTreeMap;
 
@@ -16,14 +11,12 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 
 use super::{LabelError, LabelReader, Resource, Target};
 
-/// Reads labels with a metadata-only GET.
 #[derive(Clone)]
 pub struct KubeLabels {
     client: Client,
 }
 
 impl KubeLabels {
-    /// A reader through `client`.
     pub fn new(client: Client) -> Self {
         KubeLabels { client }
     }

@@ -1,4 +1,5 @@
 use super::*;
+use crate::admission::changes::Objects;
 use crate::admission::decide::{self, Triage};
 use crate::api::LockSpec;
 use k8s_openapi::jiff::Timestamp;
@@ -20,11 +21,11 @@ fn request(patch: serde_json::Value) -> AdmissionRequest<'static> {
     AdmissionRequest::from_json(base).expect("valid request")
 }
 
-fn verdict(req: &AdmissionRequest, set: &LockSet) -> Verdict {
+fn verdict(req: &AdmissionRequest, set: &LockSet, objects: &Objects) -> Verdict {
     let Triage::Lookup(lookup) = decide::triage(req) else {
         panic!("needs a lookup")
     };
-    decide::decide(req, &lookup, set, None, Timestamp::now())
+    decide::decide(req, &lookup, set, None, None, objects, Timestamp::now())
 }
 
 fn spec(value: serde_json::Value) -> LockSpec {
@@ -40,73 +41,73 @@ fn drain(rx: &mut mpsc::Receiver<RefusalEvent>) -> Vec<RefusalEvent> {
 }
 
 #[test]
-fn a_refusal_is_recorded_against_the_lock_that_refused() {
-    let set: LockSet = [
-        LockRef::lock("prod", "app-config", spec(json!({"reason": "freeze"}))),
-        LockRef::lock("prod", "other", LockSpec::default()),
-    ]
-    .into_iter()
-    .collect();
+fn what_each_verdict_records() {
     let metrics = EnforcementMetrics::default();
     let (sink, mut rx) = EventSink::channel(8, metrics.clone());
-    let req = request(json!({}));
-    sink.record_verdict(&req, &verdict(&req, &set), &set, None);
-    let recorded = drain(&mut rx);
-    assert_eq!(
-        recorded,
-        [RefusalEvent {
-            lock: LockKey {
-                namespace: Some("prod".into()),
-                name: "app-config".into()
-            },
-            reason: Reason::Blocked,
-            operation: "DELETE",
-            note: "DELETE of configmaps \"app-config\" in namespace \"prod\" by alice refused"
-                .into(),
-        }]
-    );
+    let lock = |value| LockRef::lock("prod", "app-config", spec(value));
+    let data = || Objects::from_values(json!({"data": {"k": "1"}}), json!({"data": {"k": "2"}}));
+    let of = "of configmaps \"app-config\" in namespace \"prod\"";
+    // (request, locks, objects, what is recorded: reason, operation, note)
+    let rows = [
+        (
+            json!({}),
+            vec![
+                lock(json!({"reason": "freeze"})),
+                LockRef::lock("prod", "other", LockSpec::default()),
+            ],
+            Objects::unknown(),
+            vec![(
+                Reason::Blocked,
+                "DELETE",
+                format!("DELETE {of} by alice refused"),
+            )],
+        ),
+        (
+            json!({"name": "free", "oldObject": {"metadata": {"name": "free"}}}),
+            vec![lock(json!({}))],
+            Objects::unknown(),
+            vec![],
+        ),
+        (
+            json!({"operation": "UPDATE", "userInfo": {"username": "bob"}}),
+            vec![lock(json!({"mode": "Warn"}))],
+            Objects::unknown(),
+            vec![(
+                Reason::WouldBlock,
+                "UPDATE",
+                format!("UPDATE {of} by bob allowed with a warning (mode Warn)"),
+            )],
+        ),
+        // A dry run is refused like the real thing, but leaves no event.
+        (
+            json!({"dryRun": true}),
+            vec![lock(json!({}))],
+            Objects::unknown(),
+            vec![],
+        ),
+        (
+            json!({"operation": "UPDATE"}),
+            vec![lock(json!({"fields": ["data"]}))],
+            data(),
+            vec![(
+                Reason::Blocked,
+                "UPDATE",
+                format!("UPDATE {of} (data changed) by alice refused"),
+            )],
+        ),
+    ];
+    for (patch, locks, objects, expected) in rows {
+        let set: LockSet = locks.into_iter().collect();
+        let req = request(patch.clone());
+        sink.record_verdict(&req, &verdict(&req, &set, &objects), &set, None);
+        let recorded: Vec<_> = (drain(&mut rx).into_iter())
+            .inspect(|r| assert_eq!(r.lock, LockKey::lock("prod", "app-config")))
+            .map(|r| (r.reason, r.operation, r.note))
+            .collect();
+        assert_eq!(recorded, expected, "{patch}");
+    }
     let labels = EventLabels { reason: BLOCKED };
-    assert_eq!(metrics.refusal_events.get_or_create(&labels).get(), 1);
-
-    // Allowed: nothing recorded.
-    let free = request(json!({"name": "free", "oldObject": {"metadata": {"name": "free"}}}));
-    sink.record_verdict(&free, &verdict(&free, &set), &set, None);
-    assert!(drain(&mut rx).is_empty());
-}
-
-#[test]
-fn warn_mode_locks_record_would_block_and_dry_runs_nothing() {
-    let set: LockSet = [LockRef::lock(
-        "prod",
-        "app-config",
-        spec(json!({"mode": "Warn"})),
-    )]
-    .into_iter()
-    .collect();
-    let (sink, mut rx) = EventSink::channel(8, EnforcementMetrics::default());
-    let req = request(json!({"operation": "UPDATE", "userInfo": {"username": "bob"}}));
-    sink.record_verdict(&req, &verdict(&req, &set), &set, None);
-    let recorded = drain(&mut rx);
-    assert_eq!(recorded.len(), 1);
-    assert_eq!(recorded[0].reason, Reason::WouldBlock);
-    assert_eq!(recorded[0].operation, "UPDATE");
-    assert!(
-        recorded[0].note.contains("by bob allowed with a warning"),
-        "{}",
-        recorded[0].note
-    );
-
-    let dry = request(json!({"dryRun": true}));
-    let enforce: LockSet = [LockRef::lock("prod", "app-config", LockSpec::default())]
-        .into_iter()
-        .collect();
-    let refused = verdict(&dry, &enforce);
-    assert!(
-        !refused.allowed(),
-        "a dry run is refused like the real thing"
-    );
-    sink.record_verdict(&dry, &refused, &enforce, None);
-    assert!(drain(&mut rx).is_empty(), "but leaves no event");
+    assert_eq!(metrics.refusal_events.get_or_create(&labels).get(), 2);
 }
 
 #[test]
@@ -123,7 +124,15 @@ fn namespace_deletion_is_recorded_on_the_locks_inside() {
         panic!("lookup")
     };
     let cluster = LockSet::default();
-    let refused = decide::decide(&req, &lookup, &cluster, Some(&contents), Timestamp::now());
+    let refused = decide::decide(
+        &req,
+        &lookup,
+        &cluster,
+        Some(&contents),
+        None,
+        &Objects::unknown(),
+        Timestamp::now(),
+    );
     let found = refusing_locks(&refused, &cluster, Some(&contents));
     assert_eq!(found.len(), 1);
     assert_eq!(
@@ -171,34 +180,4 @@ fn notes_fit_an_event() {
     assert!(long.len() <= MAX_NOTE_BYTES, "{}", long.len());
     assert!(long.ends_with('…'));
     assert_eq!(clip("short".into()), "short");
-}
-
-#[test]
-fn the_note_names_the_field_that_changed() {
-    let set: LockSet = [LockRef::lock(
-        "prod",
-        "app-config",
-        spec(json!({"fields": ["data"]})),
-    )]
-    .into_iter()
-    .collect();
-    let (sink, mut rx) = EventSink::channel(8, EnforcementMetrics::default());
-    let req = request(json!({"operation": "UPDATE"}));
-    let Triage::Lookup(lookup) = decide::triage(&req) else {
-        panic!("needs a lookup")
-    };
-    let objects = crate::admission::changes::Objects::from_values(
-        json!({"data": {"k": "1"}}),
-        json!({"data": {"k": "2"}}),
-    );
-    let refused =
-        decide::decide_update(&req, &lookup, &set, None, None, &objects, Timestamp::now());
-    sink.record_verdict(&req, &refused, &set, None);
-    let notes: Vec<String> = drain(&mut rx).into_iter().map(|r| r.note).collect();
-    assert_eq!(
-        notes,
-        [
-            "UPDATE of configmaps \"app-config\" in namespace \"prod\" (data changed) by alice refused"
-        ]
-    );
 }
