@@ -23,7 +23,7 @@ use crate::metrics::{Metrics, ScopeLabels, SourceMetrics};
 use crate::registration::conditions::NarrowingBounds;
 use crate::registration::writer::{Narrower, NarrowerConfig};
 use crate::reporting::Reporting;
-use crate::server::{self, Drain, Limits};
+use crate::server::{self, Drain};
 use crate::settings::Settings;
 use crate::systemd;
 use crate::tls::reload::{Reload, Reloader};
@@ -364,7 +364,7 @@ impl Webhook {
             probes: probes.clone(),
             invalid: metrics.invalid.clone(),
         });
-        let limits = Limits::from_settings(&settings.server);
+        let limits = &settings.server;
         let metrics_served = async {
             let Some(listener) = metrics_listener else {
                 return Drain::Complete;
