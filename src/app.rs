@@ -23,7 +23,7 @@ use crate::metrics::{Metrics, ScopeLabels, SourceMetrics};
 use crate::registration::conditions::NarrowingBounds;
 use crate::registration::writer::{Narrower, NarrowerConfig};
 use crate::reporting::Reporting;
-use crate::server::{self, Drain, Limits};
+use crate::server::{self, Drain};
 use crate::settings::Settings;
 use crate::systemd;
 use crate::tls::reload::{Reload, Reloader};
@@ -115,23 +115,6 @@ pub async fn lock_source_with_metrics(
         refresh,
         client: Some(client),
     })
-}
-
-/// The writer keeping the webhook configuration narrowed, when reading locks from a cluster
-/// with `registration.narrow` on. It follows the admission path's lock index.
-fn narrower(settings: &Settings, metrics: &Metrics, client: kube::Client) -> Option<Narrower> {
-    if !settings.registration.narrow {
-        info!("the webhook configuration is not narrowed (registration.narrow = false)");
-        return None;
-    }
-    let config = NarrowerConfig {
-        name: settings.registration.name.clone(),
-        limits: NarrowingBounds {
-            max_names: settings.registration.max_names,
-            ..NarrowingBounds::default()
-        },
-    };
-    Some(Narrower::new(client, config, metrics.registration.clone()))
 }
 
 impl From<KubeconfigError> for StartError {
@@ -253,7 +236,25 @@ impl Webhook {
         let (mut narrowing, mut reporting) = (None, None);
         match source.client.clone().zip(source.source.index()) {
             Some((client, index)) if built => {
-                narrowing = narrower(&settings, &metrics, client.clone());
+                narrowing = if settings.registration.narrow {
+                    let config = NarrowerConfig {
+                        name: settings.registration.name.clone(),
+                        limits: NarrowingBounds {
+                            max_names: settings.registration.max_names,
+                            ..NarrowingBounds::default()
+                        },
+                    };
+                    Some(Narrower::new(
+                        client.clone(),
+                        config,
+                        metrics.registration.clone(),
+                    ))
+                } else {
+                    info!(
+                        "the webhook configuration is not narrowed (registration.narrow = false)"
+                    );
+                    None
+                };
                 let registered = narrowing.as_ref().map(Narrower::registered);
                 let instance = crate::settings::instance_name(&settings.instance.name)
                     .map_err(StartError::Instance)?;
@@ -364,7 +365,7 @@ impl Webhook {
             probes: probes.clone(),
             invalid: metrics.invalid.clone(),
         });
-        let limits = Limits::from_settings(&settings.server);
+        let limits = &settings.server;
         let metrics_served = async {
             let Some(listener) = metrics_listener else {
                 return Drain::Complete;

@@ -26,51 +26,25 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::{Instant, Sleep};
 use tokio_rustls::TlsAcceptor;
+use tokio_util::either::Either;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::settings::ServerSettings;
 
-#[derive(Debug, Clone, Copy)]
-pub struct Limits {
-    pub handshake_timeout: Duration,
-    /// Longest wait for a request's headers: from the handshake for a connection's first
-    /// request, from the first byte of the request for the next ones (HTTP/1.1).
-    pub header_timeout: Duration,
-    /// Longest idle time of a keep-alive connection between requests.
-    pub idle_timeout: Duration,
-    /// Most idle keep-alive connections at once; beyond, a connection closes after its answer.
-    pub max_idle_connections: usize,
-    /// How long open connections may take to finish after the shutdown signal.
-    pub shutdown_grace: Duration,
-}
-
-impl Limits {
-    pub fn from_settings(server: &ServerSettings) -> Limits {
-        Limits {
-            handshake_timeout: server.handshake_timeout,
-            header_timeout: server.header_timeout,
-            idle_timeout: server.idle_timeout,
-            max_idle_connections: server.max_idle_connections,
-            shutdown_grace: server.shutdown_grace,
-        }
-    }
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Drain {
-    /// Every connection finished within the grace period.
     Complete,
     /// The grace period ran out; the remaining connections were dropped.
     TimedOut,
 }
 
 /// Serves `service` on `listener` (over TLS when `tls` is set) until `shutdown` completes,
-/// then stops accepting and waits up to `limits.shutdown_grace` for open connections to finish.
+/// then stops accepting and waits up to `server.shutdown_grace` for open connections to finish.
 pub async fn serve<S, B>(
     listener: TcpListener,
     tls: Option<Arc<rustls::ServerConfig>>,
     service: S,
-    limits: Limits,
+    limits: &ServerSettings,
     shutdown: impl Future<Output = ()>,
 ) -> Drain
 where
@@ -83,6 +57,7 @@ where
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    let limits = Arc::new(limits.clone());
     let acceptor = tls.map(TlsAcceptor::from);
     let graceful = GracefulShutdown::new();
     let draining = Arc::new(AtomicBool::new(false));
@@ -106,42 +81,37 @@ where
             }
         };
         let watcher = graceful.watcher();
-        let acceptor = acceptor.clone();
+        let (acceptor, limits) = (acceptor.clone(), limits.clone());
         let (draining, idle) = (draining.clone(), idle.clone());
         let service = service.clone();
         let connection = async move {
             let _ = tcp.set_nodelay(true);
-            let connection = |h2: bool| Arc::new(Tracker::new(limits, idle, h2));
-            let ended = match acceptor {
-                None => {
-                    let tracker = connection(false);
-                    let service = ConnService::new(service, draining, tracker.clone());
-                    let io = TokioIo::new(Tracked::new(tcp, tracker));
-                    let builder = builder().http1_only();
-                    watcher.watch(builder.serve_connection(io, service)).await
-                }
-                Some(acceptor) => {
-                    let handshake = acceptor.accept(tcp);
-                    let tls = match tokio::time::timeout(limits.handshake_timeout, handshake).await
-                    {
-                        Ok(Ok(tls)) => tls,
-                        Ok(Err(error)) => return debug!(%error, "TLS handshake failed"),
-                        Err(_) => return debug!("TLS handshake timed out"),
-                    };
+            let timeout = limits.handshake_timeout;
+            let (io, h2) = match acceptor {
+                None => (Either::Left(tcp), false),
+                Some(acceptor) => match tokio::time::timeout(timeout, acceptor.accept(tcp)).await {
                     // ALPN already chose the protocol: no sniffing read, which has no deadline.
-                    let h2 = tls.get_ref().1.alpn_protocol() == Some(&b"h2"[..]);
-                    let tracker = connection(h2);
-                    let service = ConnService::new(service, draining, tracker.clone());
-                    let io = TokioIo::new(Tracked::new(tls, tracker));
-                    let builder = if h2 {
-                        builder().http2_only()
-                    } else {
-                        builder().http1_only()
-                    };
-                    watcher.watch(builder.serve_connection(io, service)).await
-                }
+                    Ok(Ok(tls)) => {
+                        let h2 = tls.get_ref().1.alpn_protocol() == Some(&b"h2"[..]);
+                        (Either::Right(tls), h2)
+                    }
+                    Ok(Err(error)) => return debug!(%error, "TLS handshake failed"),
+                    Err(_) => return debug!("TLS handshake timed out"),
+                },
             };
-            if let Err(error) = ended {
+            let tracker = Arc::new(Tracker::new(limits, idle, h2));
+            let service = TowerToHyperService::new(ConnService {
+                inner: service,
+                draining,
+                tracker: tracker.clone(),
+            });
+            let io = TokioIo::new(Tracked::new(io, tracker));
+            let builder = if h2 {
+                builder().http2_only()
+            } else {
+                builder().http1_only()
+            };
+            if let Err(error) = watcher.watch(builder.serve_connection(io, service)).await {
                 debug!(%error, "connection ended with an error");
             }
         };
@@ -202,14 +172,14 @@ enum Expiry {
 /// ([`ConnService`]).
 struct Tracker {
     state: Mutex<(Phase, Option<Waker>)>,
-    limits: Limits,
+    limits: Arc<ServerSettings>,
     idle: Arc<Semaphore>,
     /// HTTP/2 reads frames (pings, window updates) while idle, so reads do not start requests.
     h2: bool,
 }
 
 impl Tracker {
-    fn new(limits: Limits, idle: Arc<Semaphore>, h2: bool) -> Tracker {
+    fn new(limits: Arc<ServerSettings>, idle: Arc<Semaphore>, h2: bool) -> Tracker {
         Tracker {
             state: Mutex::new((Phase::Headers(Instant::now()), None)),
             limits,
@@ -371,20 +341,6 @@ struct ConnService<S> {
     inner: S,
     draining: Arc<AtomicBool>,
     tracker: Arc<Tracker>,
-}
-
-impl<S> ConnService<S> {
-    fn new(
-        inner: S,
-        draining: Arc<AtomicBool>,
-        tracker: Arc<Tracker>,
-    ) -> TowerToHyperService<ConnService<S>> {
-        TowerToHyperService::new(ConnService {
-            inner,
-            draining,
-            tracker,
-        })
-    }
 }
 
 /// Marks its request answered when dropped, also when the request is abandoned midway.

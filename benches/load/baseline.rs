@@ -14,7 +14,7 @@ use anyhow::Context;
 use bytes::{Buf, Bytes};
 use futures::StreamExt;
 use http::{HeaderValue, header};
-use kube_object_lock::server::{self, Limits};
+use kube_object_lock::server;
 use kube_object_lock::settings::Settings;
 use kube_object_lock::tls::{self, CertStore};
 use warp::Filter;
@@ -35,7 +35,7 @@ pub fn serve(addr: &str, cert: &str, key: &str) -> anyhow::Result<()> {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .with_context(|| format!("bind {addr}"))?;
-        let limits = Limits::from_settings(&Settings::default().server);
+        let limits = &Settings::default().server;
         let route = warp::any().and(warp::body::stream()).then(drain_and_answer);
         server::serve(
             listener,

@@ -72,15 +72,6 @@ pub enum FailurePolicy {
     Ignore,
 }
 
-impl FailurePolicy {
-    fn as_str(self) -> &'static str {
-        match self {
-            FailurePolicy::Fail => "Fail",
-            FailurePolicy::Ignore => "Ignore",
-        }
-    }
-}
-
 /// Whom the ClusterRoleBinding names: the webhook's own identity.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Identity {
@@ -189,7 +180,7 @@ pub fn webhook_configuration(reg: &Registration, name: &str) -> ValidatingWebhoo
             ca_bundle: Some(ByteString(reg.ca_bundle.clone())),
             service: None,
         },
-        failure_policy: Some(reg.failure_policy.as_str().to_owned()),
+        failure_policy: Some(format!("{:?}", reg.failure_policy)),
         match_policy: Some("Equivalent".to_owned()),
         // Refusals are recorded as Events, except for dry runs.
         side_effects: "NoneOnDryRun".to_owned(),
