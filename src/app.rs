@@ -70,7 +70,6 @@ pub struct Source {
     pub source: Arc<dyn LockSource>,
     /// The watch or poll task, if any; abort it to stop.
     pub refresh: Option<JoinHandle<()>>,
-    /// The client the source reads the cluster through, shared by every other writer.
     pub client: Option<kube::Client>,
 }
 
@@ -128,8 +127,6 @@ impl From<KubeconfigError> for StartError {
     }
 }
 
-/// The one client of the cluster: the lock source, the registration writer, lock status and
-/// events all go through it.
 async fn kube_client(settings: &Settings) -> Result<kube::Client, StartError> {
     let (path, context) = (&settings.kube.kubeconfig, &settings.kube.context);
     let config = kubeconfig::load(path.as_deref(), context.as_deref()).await?;
@@ -155,15 +152,12 @@ pub struct Webhook {
 }
 
 impl Webhook {
-    /// Loads and checks the certificate, builds the lock source (with, for a cluster, the
-    /// registration writer and lock status and events) and binds the listeners. Fails fast on
-    /// every configuration problem, before any request is served.
+    /// Fails fast on every configuration problem, before any request is served.
     pub async fn bind(settings: Settings) -> Result<Webhook, StartError> {
         Webhook::bind_with(settings, None, Arc::new(Metrics::new())).await
     }
 
-    /// Like [`Webhook::bind`], with a lock source built by the caller (counting, if it counts,
-    /// into `metrics.source`) and nothing written to the cluster.
+    /// Like [`Webhook::bind`] with the caller's lock source; nothing is written to the cluster.
     pub async fn bind_with_source(
         settings: Settings,
         source: Source,
@@ -231,8 +225,6 @@ impl Webhook {
             }
             None => None,
         };
-        // The registration, lock status and events exist only in a cluster, and follow the
-        // lock index.
         let (mut narrowing, mut reporting) = (None, None);
         match source.client.clone().zip(source.source.index()) {
             Some((client, index)) if built => {
@@ -287,7 +279,6 @@ impl Webhook {
         })
     }
 
-    /// The address actually bound (useful with port 0).
     pub fn local_addr(&self) -> SocketAddr {
         self.listener
             .local_addr()
@@ -301,9 +292,8 @@ impl Webhook {
             .and_then(|l| l.local_addr().ok())
     }
 
-    /// Serves until `shutdown` completes, then drains both listeners at once and stops the
-    /// background tasks. Reloads the certificate on its interval and whenever `reload` receives
-    /// (SIGHUP in the binary); tells systemd how it is doing.
+    /// Serves until `shutdown` completes, then drains both listeners; reloads the certificate
+    /// on its interval and on `reload` (SIGHUP).
     pub async fn run(
         self,
         shutdown: impl Future<Output = ()>,
@@ -424,9 +414,7 @@ impl Webhook {
     }
 }
 
-/// Forwards SIGHUP to the returned receiver, for [`Webhook::run`]. The handler is installed
-/// before this returns: until then a SIGHUP (`systemctl reload` right after start) would end
-/// the process, its default action.
+/// Forwards SIGHUP; installed before returning, as a SIGHUP's default action ends the process.
 pub fn reload_signal() -> mpsc::Receiver<()> {
     use tokio::signal::unix::{SignalKind, signal};
     let (tx, rx) = mpsc::channel(1);
@@ -446,8 +434,7 @@ pub fn reload_signal() -> mpsc::Receiver<()> {
     rx
 }
 
-/// Completes on SIGTERM or SIGINT. The handlers are installed when this is called, not when the
-/// future is first polled: a SIGTERM right after READY=1 must drain, not kill.
+/// Completes on SIGTERM or SIGINT; installed at the call, so a SIGTERM right after READY=1 drains.
 pub fn shutdown_signal() -> impl Future<Output = ()> {
     use tokio::signal::unix::{SignalKind, signal};
     let received = |kind, name: &'static str| {

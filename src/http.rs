@@ -1,7 +1,6 @@
-//! The warp routes: `POST /validate`, `GET /healthz`, `GET /readyz`, and `GET /metrics` (with the
-//! probes) on the metrics listener. Invariant: whatever cannot be answered with an AdmissionReview
-//! gets a 4xx with a Kubernetes `Status` body saying why, once its body is in; the routes know
-//! nothing of TLS or sockets ([`crate::server`] serves them).
+//! The warp routes: `POST /validate`, the probes, and `GET /metrics` on the metrics listener.
+//! Invariant: what is not a usable AdmissionReview gets a 4xx with a Kubernetes `Status` body,
+//! once its body is in; the routes know nothing of TLS or sockets.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -32,15 +31,14 @@ pub struct State {
     pub reviewer: Reviewer,
     pub max_body_bytes: u64,
     pub body_timeout: Duration,
-    /// Counts requests that were not a usable AdmissionReview.
     pub invalid: prometheus_client::metrics::counter::Counter,
 }
 
-/// All routes, with every rejection turned into a JSON 4xx.
 pub fn routes(
     state: Arc<State>,
 ) -> impl Filter<Extract = (Response,), Error = Infallible> + Clone + Send + Sync + 'static {
     let probes = probes(state.probes.clone());
+    let invalid = state.invalid.clone();
     let with_state = warp::any().map(move || state.clone());
     let query = warp::query::raw().or(warp::any().map(String::new)).unify();
     let validate = warp::path!("validate")
@@ -50,7 +48,13 @@ pub fn routes(
         .and(query)
         .and(warp::body::stream())
         .and(with_state)
-        .then(validate);
+        .then(answer)
+        .map(move |response: Response| {
+            if response.status().is_client_error() {
+                invalid.inc();
+            }
+            response
+        });
     // Any other path: 404, once the body is in (see [`refuse_early`]).
     let elsewhere = warp::body::stream().then(|mut body| async move {
         let message =
@@ -65,8 +69,7 @@ pub fn routes(
     routes.recover(rejection).unify()
 }
 
-/// `GET /healthz` (the process is healthy) and `GET /readyz` (the lock source has synced);
-/// other paths are rejected, for the caller to answer.
+/// `GET /healthz` and `GET /readyz` (the lock source has synced).
 pub fn probes(
     probes: Probes,
 ) -> impl Filter<Extract = (Response,), Error = warp::Rejection> + Clone + Send + Sync + 'static {
@@ -85,9 +88,7 @@ pub fn probes(
     healthz.or(readyz).unify()
 }
 
-/// `GET /metrics`; `render` produces the body (refreshing scrape-time gauges first). The
-/// probes are served here too: plain HTTP, so a health check needs no client certificate when
-/// the webhook port requires one.
+/// `GET /metrics` and the probes, in plain HTTP: a health check needs no client certificate.
 pub fn metrics_routes(
     render: Arc<dyn Fn() -> String + Send + Sync>,
     probes: Probes,
@@ -117,7 +118,6 @@ pub fn metrics_routes(
         .unify()
 }
 
-/// One header's value, if present: the two `validate` reads, without copying the header map.
 fn header_value(
     name: &'static str,
 ) -> impl Filter<Extract = (Option<HeaderValue>,), Error = Infallible> + Clone + Send + Sync {
@@ -127,30 +127,13 @@ fn header_value(
         .unify()
 }
 
-/// `POST /validate`: every answer that is not an AdmissionReview (a 4xx saying why) is counted
-/// in `invalid_requests`.
-async fn validate(
-    method: Method,
-    content_type: Option<HeaderValue>,
-    content_length: Option<HeaderValue>,
-    query: String,
-    body: impl Stream<Item = Result<impl Buf, warp::Error>> + Unpin,
-    state: Arc<State>,
-) -> Response {
-    let response = answer(method, content_type, content_length, query, body, &state).await;
-    if response.status().is_client_error() {
-        state.invalid.inc();
-    }
-    response
-}
-
 async fn answer(
     method: Method,
     content_type: Option<HeaderValue>,
     content_length: Option<HeaderValue>,
     query: String,
     mut body: impl Stream<Item = Result<impl Buf, warp::Error>> + Unpin,
-    state: &State,
+    state: Arc<State>,
 ) -> Response {
     let body = &mut body;
     if method != Method::POST {
@@ -230,17 +213,12 @@ enum BodyError {
     Read(String),
 }
 
-/// How much of a refused request's body is read and thrown away before the answer, and for how
-/// long at most: the one drain of refused bodies.
+/// How much of a refused request's body is drained before the answer, and for how long.
 const DISCARD_BYTES: usize = 16 * 1024 * 1024;
 const DISCARD_TIME: Duration = Duration::from_secs(2);
 
-/// Answers a request refused before its body was read, once the rest of the body is in (at most
-/// [`DISCARD_BYTES`] within [`DISCARD_TIME`]). Over HTTP/1.1 this is what keeps the connection
-/// usable: a body the service lets go of unread cannot be drained afterwards, and hyper closes
-/// the connection instead. Over HTTP/2, an answer that ends the stream while the client is still
-/// sending races the client's last DATA frames (curl shows `(92) ... PROTOCOL_ERROR` instead of
-/// the 4xx). A body beyond the bounds is answered anyway.
+/// Answers a refused request once its body is drained (within the bounds above): HTTP/1.1
+/// otherwise closes the connection, and HTTP/2 races the client's last DATA frames.
 async fn refuse_early(
     body: &mut (impl Stream<Item = Result<impl Buf, warp::Error>> + Unpin),
     response: Response,
@@ -258,8 +236,7 @@ async fn refuse_early(
     response
 }
 
-/// The whole body, at most `limit` bytes: a body in one chunk, as a review usually comes, is
-/// hyper's own bytes, neither copied nor allocated again.
+/// The whole body, at most `limit` bytes; one chunk is hyper's own bytes, not a copy.
 async fn collect(
     body: impl Stream<Item = Result<impl Buf, warp::Error>> + Unpin,
     limit: u64,

@@ -1,9 +1,8 @@
 //! The accept loop: TCP, a TLS handshake with a deadline, then HTTP/1.1 or HTTP/2 (chosen by
 //! ALPN) through hyper-util, drained with hyper-util's graceful shutdown.
 //!
-//! Invariant: every wait is bounded (handshake, headers, idle keep-alive, drain), and an idle
-//! connection is kept for `server.idle_timeout`, longer than the API server keeps it (90 s).
-//! Why the deadlines are kept here rather than by hyper: `docs/design/serving.md`.
+//! Invariant: every wait is bounded (handshake, headers, idle keep-alive, drain); why the
+//! deadlines are kept here rather than by hyper: `docs/design/serving.md`.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -38,8 +37,7 @@ pub enum Drain {
     TimedOut,
 }
 
-/// Serves `service` on `listener` (over TLS when `tls` is set) until `shutdown` completes,
-/// then stops accepting and waits up to `server.shutdown_grace` for open connections to finish.
+/// Serves until `shutdown` completes, then drains for up to `server.shutdown_grace`.
 pub async fn serve<S, B>(
     listener: TcpListener,
     tls: Option<Arc<rustls::ServerConfig>>,
@@ -118,10 +116,8 @@ where
         connections.spawn(connection.instrument(info_span!("conn", %peer)));
     }
     drop(listener);
-    // A client may have just written a request on an idle keep-alive connection: closing it
-    // now would drop that request unanswered (and the API server does not retry a POST). So
-    // keep serving a moment, telling each HTTP/1.1 client to close after its answer, and only
-    // then close what is still idle.
+    // An idle connection may carry a request just sent (the API server does not retry a POST):
+    // keep serving a moment with `Connection: close`, then close what is still idle.
     draining.store(true, Ordering::SeqCst);
     let delay = drain_delay(limits.shutdown_grace);
     tokio::time::sleep(delay).await;
@@ -138,8 +134,7 @@ where
     }
 }
 
-/// How long connections keep being served after the shutdown signal before idle ones close:
-/// a tenth of the grace, between 100 ms and 2 s.
+/// How long serving goes on after the shutdown signal before idle connections close.
 fn drain_delay(grace: Duration) -> Duration {
     (grace / 10)
         .clamp(Duration::from_millis(100), Duration::from_secs(2))
@@ -152,8 +147,7 @@ enum Phase {
     Headers(Instant),
     /// This many requests are being answered (bounded by `body_timeout` and the service).
     Busy(usize),
-    /// Idle since then: for `idle_timeout` with one of the server's idle slots, without one
-    /// only until the client has read its answer (`Connection: close`, or `header_timeout`).
+    /// Idle since then: `idle_timeout` with an idle slot, else until the answer is read.
     Idle {
         since: Instant,
         slot: Option<OwnedSemaphorePermit>,
@@ -168,8 +162,7 @@ enum Expiry {
     Idle,
 }
 
-/// The phase of one connection, moved by its reads ([`Tracked`]) and its requests
-/// ([`ConnService`]).
+/// The phase of one connection, moved by [`Tracked`] and [`ConnService`].
 struct Tracker {
     state: Mutex<(Phase, Option<Waker>)>,
     limits: Arc<ServerSettings>,
@@ -209,8 +202,7 @@ impl Tracker {
         };
     }
 
-    /// A request was answered (or abandoned). Returns false when the connection goes idle
-    /// without an idle slot: it is to be closed instead of kept.
+    /// A request was answered or abandoned; false when idle without a slot (to be closed).
     fn answered(&self) -> bool {
         let mut state = self.lock();
         match state.0 {
@@ -250,9 +242,8 @@ impl Tracker {
     }
 }
 
-/// An I/O stream that tells its [`Tracker`] when bytes arrive and ends reading when the
-/// tracker's deadline passes: end of stream when idle (hyper closes the connection as cleanly
-/// as if the client had), an error when a request's headers are late (dropped).
+/// An I/O stream reporting reads to its [`Tracker`]; past the deadline it ends reading: end of
+/// stream when idle (a clean close), an error when a request's headers are late.
 struct Tracked<T> {
     io: T,
     tracker: Arc<Tracker>,
@@ -333,9 +324,8 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Tracked<T> {
     }
 }
 
-/// The service of one connection: tracks requests in the connection's [`Tracker`], and adds
-/// `Connection: close` to HTTP/1.1 answers while the server drains or when no idle slot is
-/// left, so the client stops reusing the connection instead of sending into one about to close.
+/// The service of one connection: tracks requests, and adds `Connection: close` to HTTP/1.1
+/// answers while draining or when no idle slot is left.
 #[derive(Clone)]
 struct ConnService<S> {
     inner: S,
@@ -394,8 +384,6 @@ where
     }
 }
 
-/// HTTP/1.1 keep-alive without hyper's header timeout (the [`Tracker`] keeps the deadlines),
-/// HTTP/2 with pings.
 fn builder() -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder

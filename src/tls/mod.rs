@@ -7,7 +7,6 @@ pub mod reload;
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use rustls::ServerConfig;
@@ -99,43 +98,25 @@ pub fn load_pair(cert: &Path, key: &Path) -> Result<CertifiedKey, TlsError> {
 
 /// The certificate handshakes use, swappable at run time.
 #[derive(Debug)]
-pub struct CertStore {
-    current: RwLock<Arc<CertifiedKey>>,
-    /// End of validity of the current certificate (Unix seconds; 0 if unparsable).
-    not_after: AtomicI64,
-}
+pub struct CertStore(RwLock<Arc<CertifiedKey>>);
 
 impl CertStore {
     pub fn new(pair: CertifiedKey) -> Arc<Self> {
-        let store = CertStore {
-            current: RwLock::new(Arc::new(pair.clone())),
-            not_after: AtomicI64::new(0),
-        };
-        store.record_expiry(&pair);
-        Arc::new(store)
+        Arc::new(CertStore(RwLock::new(Arc::new(pair))))
     }
 
     /// Serves `pair` from the next handshake on.
     pub fn replace(&self, pair: CertifiedKey) {
-        self.record_expiry(&pair);
-        *self.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(pair);
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(pair);
     }
 
-    /// End of validity of the served certificate, Unix seconds.
+    /// End of validity of the served certificate, Unix seconds (0 if unparsable).
     pub fn not_after(&self) -> i64 {
-        self.not_after.load(Ordering::Relaxed)
-    }
-
-    fn record_expiry(&self, pair: &CertifiedKey) {
-        let not_after = CertInfo::of(pair).map_or(0, |info| info.not_after);
-        self.not_after.store(not_after, Ordering::Relaxed);
+        CertInfo::of(&self.current()).map_or(0, |info| info.not_after)
     }
 
     pub fn current(&self) -> Arc<CertifiedKey> {
-        self.current
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 }
 
