@@ -145,12 +145,15 @@ fn check_san(san: &str) -> Result<(), &'static str> {
     Ok(())
 }
 
+/// A PEM file's text and mode.
+type Pem = (String, u32);
+
 /// A self-signed CA that may sign leaf certificates only.
 fn make_ca(
     common_name: &str,
     days: u32,
     validity: &impl Fn(&mut CertificateParams, u32),
-) -> Result<(Vec<(String, u32)>, Issuer<'static, KeyPair>), CertsError> {
+) -> Result<(Vec<Pem>, Issuer<'static, KeyPair>), CertsError> {
     let key = KeyPair::generate()?;
     let mut params = CertificateParams::new(Vec::<String>::new())?;
     params.distinguished_name = name(common_name);
