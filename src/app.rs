@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::FutureExt;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -323,10 +324,7 @@ impl Webhook {
         };
         if let Some(refresh) = source.refresh {
             // Dropped when cancelled, which aborts it.
-            let refresh = AbortOnDropHandle::new(refresh);
-            spawn(Box::pin(async move {
-                let _ = refresh.await;
-            }));
+            spawn(Box::pin(AbortOnDropHandle::new(refresh).map(drop)));
         }
         if let Some((narrower, index)) = narrower.zip(source.source.index()) {
             spawn(Box::pin(narrower.run(index)));
@@ -439,27 +437,19 @@ pub fn shutdown_signal() -> impl Future<Output = ()> {
     use tokio::signal::unix::{SignalKind, signal};
     let received = |kind, name: &'static str| {
         let handler = signal(kind);
-        async move {
-            match handler {
-                Ok(mut handler) => {
-                    handler.recv().await;
-                    info!("{name} received");
-                }
-                Err(e) => {
-                    warn!(error = %e, "cannot listen for {name}; only the other signal stops the server");
-                    std::future::pending::<()>().await;
-                }
-            }
-        }
+        Box::pin(async move {
+            let Ok(mut handler) = handler.inspect_err(|e| {
+                warn!(error = %e, "cannot listen for {name}; only the other signal stops the server")
+            }) else {
+                return std::future::pending().await;
+            };
+            handler.recv().await;
+            info!("{name} received");
+        })
     };
     let (term, int) = (
         received(SignalKind::terminate(), "SIGTERM"),
         received(SignalKind::interrupt(), "SIGINT"),
     );
-    async move {
-        tokio::select! {
-            () = term => {}
-            () = int => {}
-        }
-    }
+    futures::future::select(term, int).map(drop)
 }

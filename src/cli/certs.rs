@@ -85,49 +85,34 @@ pub fn generate(req: &CertsRequest) -> Result<Vec<PathBuf>, CertsError> {
         params.not_before = not_before;
         params.not_after = now + Duration::days(i64::from(days));
     };
-    let (ca_cert, ca_key_pem, issuer) = make_ca("kube-object-lock CA", req.ca_days, &validity)?;
-
-    let leaf_key = KeyPair::generate()?;
-    let mut leaf = CertificateParams::new(sans)?;
-    leaf.distinguished_name = name("kube-object-lock");
-    leaf.is_ca = IsCa::ExplicitNoCa;
-    leaf.key_usages = vec![
-        KeyUsagePurpose::DigitalSignature,
-        KeyUsagePurpose::KeyEncipherment,
-    ];
-    leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-    validity(&mut leaf, req.days);
-    let leaf_cert = leaf.signed_by(&leaf_key, &issuer)?;
-
-    let mut pems = vec![
-        (ca_cert.pem(), 0o644),
-        (ca_key_pem, 0o600),
-        (leaf_cert.pem(), 0o644),
-        (leaf_key.serialize_pem(), 0o600),
-    ];
-    if req.client {
-        // A CA of its own: trusting the cluster CA would admit every client it ever signed.
-        let (client_ca, client_ca_key, client_issuer) =
-            make_ca("kube-object-lock client CA", req.ca_days, &validity)?;
-        let client_key = KeyPair::generate()?;
-        let mut client = CertificateParams::new(Vec::<String>::new())?;
-        client.distinguished_name = name(CLIENT_CN);
-        client.is_ca = IsCa::ExplicitNoCa;
-        client.key_usages = vec![
+    let issue = |sans: Vec<String>, cn, usage, issuer: &Issuer<'_, KeyPair>| {
+        let key = KeyPair::generate()?;
+        let mut params = CertificateParams::new(sans)?;
+        params.distinguished_name = name(cn);
+        params.is_ca = IsCa::ExplicitNoCa;
+        params.key_usages = vec![
             KeyUsagePurpose::DigitalSignature,
             KeyUsagePurpose::KeyEncipherment,
         ];
-        client.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-        validity(&mut client, req.days);
-        let client_cert = client.signed_by(&client_key, &client_issuer)?;
-        pems.extend([
-            (client_ca.pem(), 0o644),
-            (client_ca_key, 0o600),
-            (client_cert.pem(), 0o644),
-            (client_key.serialize_pem(), 0o600),
-        ]);
+        params.extended_key_usages = vec![usage];
+        validity(&mut params, req.days);
+        let cert = params.signed_by(&key, issuer)?;
+        Ok::<_, CertsError>([(cert.pem(), 0o644), (key.serialize_pem(), 0o600)])
+    };
+    let (mut pems, issuer) = make_ca("kube-object-lock CA", req.ca_days, &validity)?;
+    pems.extend(issue(
+        sans,
+        "kube-object-lock",
+        ExtendedKeyUsagePurpose::ServerAuth,
+        &issuer,
+    )?);
+    if req.client {
+        // A CA of its own: trusting the cluster CA would admit every client it ever signed.
+        let (client_ca, issuer) = make_ca("kube-object-lock client CA", req.ca_days, &validity)?;
+        pems.extend(client_ca);
+        let usage = ExtendedKeyUsagePurpose::ClientAuth;
+        pems.extend(issue(Vec::new(), CLIENT_CN, usage, &issuer)?);
     }
-
     std::fs::create_dir_all(&req.out).map_err(|source| CertsError::Io {
         path: req.out.clone(),
         source,
@@ -160,21 +145,26 @@ fn check_san(san: &str) -> Result<(), &'static str> {
     Ok(())
 }
 
+/// A PEM file's text and mode.
+type Pem = (String, u32);
+
 /// A self-signed CA that may sign leaf certificates only.
 fn make_ca(
     common_name: &str,
     days: u32,
     validity: &impl Fn(&mut CertificateParams, u32),
-) -> Result<(rcgen::Certificate, String, Issuer<'static, KeyPair>), CertsError> {
+) -> Result<(Vec<Pem>, Issuer<'static, KeyPair>), CertsError> {
     let key = KeyPair::generate()?;
     let mut params = CertificateParams::new(Vec::<String>::new())?;
     params.distinguished_name = name(common_name);
     params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
     params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
     validity(&mut params, days);
-    let cert = params.self_signed(&key)?;
-    let key_pem = key.serialize_pem();
-    Ok((cert, key_pem, Issuer::new(params, key)))
+    let pems = vec![
+        (params.self_signed(&key)?.pem(), 0o644),
+        (key.serialize_pem(), 0o600),
+    ];
+    Ok((pems, Issuer::new(params, key)))
 }
 
 fn name(common_name: &str) -> DistinguishedName {
