@@ -159,45 +159,58 @@ pub fn webhooks(
         template(current, NAMESPACED_ENTRY)?,
         template(current, CLUSTER_ENTRY)?,
     );
-    let broad = "true".to_owned();
-    let (ns_exprs, cluster_exprs) = match &plan.scope {
-        Scope::Narrow {
-            namespaced,
-            cluster,
-        } => (namespaced.iter().collect(), cluster.iter().collect()),
-        // `true` rather than no condition: a condition another field manager (kubectl apply
-        // --server-side of `manifests cluster`) co-owns would survive its removal half-written.
-        Scope::Broad(_) => (vec![&broad], vec![&broad]),
-    };
-    // The base entry's selector carries the operator's requirements into every entry.
-    let base = namespaced.namespace_selector.as_ref();
-    let selector = |index: usize| {
-        let narrowing = match format {
-            Format::Conditions => Narrowing::Broad,
-            Format::Namespaces => selected(plan, index),
-        };
-        namespaced_selector(base, narrowing)
-    };
     let marker = match format {
         Format::Conditions => "",
         Format::Namespaces => FORMAT_MARKER,
     };
-    let mut out = Vec::new();
-    for (template, base, exprs) in [
-        (namespaced, NAMESPACED_ENTRY, ns_exprs),
-        (cluster, CLUSTER_ENTRY, cluster_exprs),
-    ] {
-        for (index, expr) in exprs.into_iter().enumerate() {
+    let exprs = |namespaced| {
+        let exprs = expressions(plan, namespaced).into_iter();
+        exprs.map(|e| format!("{e}{marker}")).collect()
+    };
+    let narrowing = |index| {
+        Some(match format {
+            Format::Conditions => Narrowing::Broad,
+            Format::Namespaces => selected(plan, index),
+        })
+    };
+    Ok(copies(namespaced, NAMESPACED_ENTRY, exprs(true), narrowing)
+        .chain(copies(cluster, CLUSTER_ENTRY, exprs(false), |_| None))
+        .collect())
+}
+
+/// The `may-be-locked` expressions of the namespaced or the cluster-scoped entries. `true`
+/// rather than no condition when broad: a condition another field manager (kubectl apply
+/// --server-side of `manifests cluster`) co-owns would survive its removal half-written.
+fn expressions(plan: &ConditionsPlan, namespaced: bool) -> Vec<String> {
+    match (&plan.scope, namespaced) {
+        (Scope::Narrow { namespaced, .. }, true) => namespaced.clone(),
+        (Scope::Narrow { cluster, .. }, false) => cluster.clone(),
+        (Scope::Broad(_), _) => vec!["true".to_owned()],
+    }
+}
+
+/// Copies of `template` named after `base`, one per expression; with `narrowing`, a namespaced
+/// entry's selector, the template's requirements carried. (A cluster-scoped entry's selector
+/// filters Namespace objects by their own labels: it is kept.)
+fn copies<'a>(
+    template: &'a ValidatingWebhook,
+    base: &'a str,
+    expressions: Vec<String>,
+    narrowing: impl Fn(usize) -> Option<Narrowing<'a>> + 'a,
+) -> impl Iterator<Item = ValidatingWebhook> + 'a {
+    expressions
+        .into_iter()
+        .enumerate()
+        .map(move |(index, expr)| {
             let mut entry = template.clone();
             entry.name = entry_name(base, index);
-            if base == NAMESPACED_ENTRY {
-                entry.namespace_selector = Some(selector(index));
+            if let Some(narrowing) = narrowing(index) {
+                let selector = template.namespace_selector.as_ref();
+                entry.namespace_selector = Some(namespaced_selector(selector, narrowing));
             }
-            set_condition(&mut entry, format!("{expr}{marker}"));
-            out.push(entry);
-        }
-    }
-    Ok(out)
+            set_condition(&mut entry, expr);
+            entry
+        })
 }
 
 fn template<'a>(
@@ -264,14 +277,19 @@ pub fn rbac_rule(name: &str) -> k8s_openapi::api::rbac::v1::PolicyRule {
 
 /// Every desired entry present and equal, and no extra entry of ours left over.
 pub fn is_current(current: &[ValidatingWebhook], desired: &[ValidatingWebhook]) -> bool {
-    let stale = current.iter().any(|w| {
-        (is_extra_entry(&w.name, NAMESPACED_ENTRY) || is_extra_entry(&w.name, CLUSTER_ENTRY))
-            && !desired.iter().any(|d| d.name == w.name)
-    });
-    !stale
-        && desired
-            .iter()
-            .all(|d| current.iter().any(|c| c.name == d.name && c == d))
+    is_current_by(current, desired, |name| {
+        is_extra_entry(name, NAMESPACED_ENTRY) || is_extra_entry(name, CLUSTER_ENTRY)
+    })
+}
+
+/// Every desired entry present and equal, and no other entry `ours` names left over.
+fn is_current_by(
+    current: &[ValidatingWebhook],
+    desired: &[ValidatingWebhook],
+    ours: impl Fn(&str) -> bool,
+) -> bool {
+    let left = |w: &ValidatingWebhook| ours(&w.name) && !desired.iter().any(|d| d.name == w.name);
+    !current.iter().any(left) && desired.iter().all(|d| current.contains(d))
 }
 
 /// What the configuration says, once written and read back.
