@@ -26,7 +26,6 @@ pub struct Reporting {
 
 impl Reporting {
     /// `registered`: what the narrowed configuration names, when this instance keeps one.
-
     pub fn start(
         client: kube::Client,
         instance: String,

@@ -92,7 +92,6 @@ impl KubeSource {
 
     /// Lists and watches Locks and ClusterLocks into the index, beside the liveness probe
     /// ([`super::liveness`]), until dropped.
-
     pub fn watch(&self) -> impl Future<Output = ()> + Send + 'static + use<> {
         let (probe, silence) = liveness::probe(self.shared.client.clone());
         let watch = |kind| KindWatch {

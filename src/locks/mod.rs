@@ -218,7 +218,6 @@ pub trait LockSource: Send + Sync + 'static {
     }
 
     /// Every lock set, when all are at hand and fresh (a CRD deletion is decided on them).
-
     fn all_at_hand(&self) -> Option<Vec<Arc<LockSet>>> {
         let index = self.index()?;
         (index.is_fresh() && index.listed())

@@ -328,7 +328,6 @@ impl KindWatch {
     }
 
     /// Sets the state; logs and publishes the mode when lookups change source.
-
     fn transition(&self, state: WatchState, reason: Option<String>) {
         let Some(previous) = self.index.set_state(self.kind, state, reason.clone()) else {
             return;
