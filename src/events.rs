@@ -23,12 +23,11 @@ use crate::status::LockSnapshot;
 pub const REPORTING_CONTROLLER: &str = "objectlock.dev/kube-object-lock";
 /// A series idle this long is finished; the next refusal starts a new Event (as client-go).
 const SERIES_IDLE: Duration = Duration::from_secs(6 * 60);
-/// Failed writes of one series before its pending count is given up.
+/// Failed writes of one series before its pending count is given up (and counted dropped).
 const MAX_FAILURES: u32 = 3;
 /// How often pending counts are looked at.
 const TICK: Duration = Duration::from_millis(200);
 
-/// How the event writer behaves.
 #[derive(Clone, Debug)]
 pub struct WriterConfig {
     pub instance: String,

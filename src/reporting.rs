@@ -14,7 +14,6 @@ use crate::metrics::EnforcementMetrics;
 use crate::registration::Registered;
 use crate::status::{self, writer::DecisionInputs};
 
-/// The status writer and the event writer of one instance, fed by one lock watch.
 pub struct Reporting {
     /// The admission path's end of the event queue.
     pub events: EventSink,
@@ -26,9 +25,7 @@ pub struct Reporting {
 }
 
 impl Reporting {
-    /// Starts following `index` ([`status::view`]), the status writer ([`status::writer::run`]) and the
-    /// event writer ([`events::run`]) for `instance`. `registered` is what the narrowed
-    /// configuration names, when this instance keeps one.
+    /// `registered`: what the narrowed configuration names, when this instance keeps one.
     pub fn start(
         client: kube::Client,
         instance: String,

@@ -25,13 +25,11 @@ const MAX_RELOADS: usize = 3;
 /// except by lookups that arrived while their LIST ran.
 const MIN_RETENTION: Duration = Duration::from_secs(1);
 
-/// Settings of the Kubernetes source.
 #[derive(Debug, Clone, Copy)]
 pub struct CacheConfig {
     /// How long after a fallback LIST of a namespace started a lookup may still reuse it; zero:
     /// only lookups that arrived before it started.
     pub ttl: Duration,
-    /// How many namespaces the fallback cache keeps at most.
     pub max_namespaces: u64,
     /// How long the index is trusted while its watch reconnects after a clean end.
     pub stale_after: Duration,
@@ -88,15 +86,12 @@ impl KubeSource {
         &self.shared.metrics
     }
 
-    /// The index: which locks this instance knows and enforces, and the watch's health.
     pub fn index(&self) -> &Arc<LockIndex> {
         &self.shared.index
     }
 
-    /// Lists and watches Locks and ClusterLocks into the index until the returned future is
-    /// dropped. Errors are logged and retried with a backoff of at most a second, forever.
-    /// Beside the watches, a liveness probe asks the API server twice a second and makes the
-    /// index stale when it goes silent ([`super::liveness`]).
+    /// Lists and watches Locks and ClusterLocks into the index, beside the liveness probe
+    /// ([`super::liveness`]), until dropped.
     pub fn watch(&self) -> impl Future<Output = ()> + Send + 'static + use<> {
         let (probe, silence) = liveness::probe(self.shared.client.clone());
         let watch = |kind| KindWatch {

@@ -12,18 +12,14 @@ use tokio::sync::watch;
 
 use super::{LockCounts, LockKind, LockRef, LockSet};
 
-/// What the watch of one kind is doing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WatchState {
-    /// Nothing listed yet: the index knows nothing.
     NotSynced,
-    /// Listed, and a watch stream is open: the index is current.
+    /// Listed, and a watch stream is open.
     Live,
-    /// The watch stream ended cleanly (server timeout, a proxy closing it) and is being resumed
-    /// from where it stopped; the index is trusted for at most `stale_after`.
+    /// The watch ended cleanly and is being resumed; trusted for at most `stale_after`.
     Reconnecting,
-    /// The watch failed (or did not come back within `stale_after`): lookups ask the API server
-    /// until a fresh list and watch succeed.
+    /// Lookups ask the API server until a fresh list and watch succeed.
     Stale,
 }
 
@@ -38,15 +34,13 @@ impl WatchState {
     }
 }
 
-/// The health of one kind's watch.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Health {
     pub state: WatchState,
-    /// When the state began (monotonic, for the staleness bound).
+    /// When the state began (monotonic, for the staleness bound; wall clock, for metrics).
     pub since: Instant,
-    /// When the state began (wall clock, for metrics and status).
     pub since_wall: SystemTime,
-    /// Why, when the state is not `Live` (the last error).
+    /// The last error, when not `Live`.
     pub reason: Option<String>,
 }
 
@@ -73,15 +67,13 @@ impl Health {
 /// Lock sets by namespace (`""` holds the ClusterLocks); namespaces without locks are absent.
 pub type Sets = imbl::OrdMap<String, Arc<LockSet>>;
 
-/// What the index holds at one moment.
 #[derive(Clone, Debug)]
 pub struct IndexSnapshot {
     pub locks: Health,
     pub cluster_locks: Health,
     pub sets: Sets,
-    /// Whether Locks, and ClusterLocks, have been listed at least once. Until then their sets
-    /// are empty for want of knowledge (health alone does not say: a first list that fails is
-    /// `Stale` too).
+    /// Whether Locks, and ClusterLocks, have been listed at least once (a first list that
+    /// fails is `Stale` too).
     pub listed: (bool, bool),
     pub counts: LockCounts,
 }
@@ -117,10 +109,8 @@ impl IndexSnapshot {
 /// One lock's change between two [`Sets`].
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Change<'a> {
-    /// Present now: new, or in a namespace whose set changed; with the lock of that name
-    /// before, if any.
+    /// New, or in a namespace whose set changed; with the lock of that name before, if any.
     Put(&'a LockRef, Option<&'a LockRef>),
-    /// Gone since.
     Gone(&'a LockRef),
 }
 
@@ -144,18 +134,15 @@ pub fn diff<'a>(old: &'a Sets, new: &'a Sets) -> impl Iterator<Item = Change<'a>
     })
 }
 
-/// The index. Share it with `Arc`; see the module docs.
 #[derive(Debug)]
 pub struct LockIndex {
     state: watch::Sender<IndexSnapshot>,
     stale_after: Duration,
-    /// Bumped each time a kind becomes fresh: fallback answers cached before are never reused
-    /// when the index stops being fresh again (they may predate what the watch had shown).
+    /// Bumped each time a kind becomes fresh: older fallback answers are never reused.
     stale_epoch: AtomicU64,
 }
 
 impl LockIndex {
-    /// An empty, not yet synced index that trusts a reconnecting watch for `stale_after`.
     pub fn new(stale_after: Duration) -> LockIndex {
         let not_synced = Health::new(WatchState::NotSynced, Some("not listed yet".into()));
         LockIndex {
@@ -175,8 +162,7 @@ impl LockIndex {
         self.stale_after
     }
 
-    /// The locks of `namespace` (`""`: ClusterLocks) when the index may answer; `None` when the
-    /// API server must be asked.
+    /// The locks of `namespace` (`""`: ClusterLocks); `None` when the API server must be asked.
     pub fn get(&self, namespace: &str) -> Option<Arc<LockSet>> {
         let state = self.state.borrow();
         let health = state.health(LockKind::for_namespace(namespace));
@@ -202,7 +188,6 @@ impl LockIndex {
         (state.locks.is_fresh(self.stale_after)) && state.cluster_locks.is_fresh(self.stale_after)
     }
 
-    /// True once both kinds have been listed at least once.
     pub fn listed(&self) -> bool {
         self.state.borrow().is_listed()
     }
@@ -211,7 +196,6 @@ impl LockIndex {
         self.state.borrow().counts
     }
 
-    /// Everything the index holds now (the sets are shared, not copied).
     pub fn snapshot(&self) -> IndexSnapshot {
         self.state.borrow().clone()
     }

@@ -21,34 +21,26 @@ use crate::api::{LockSpec, LockStatus, escape};
 #[derive(Clone, Debug, PartialEq)]
 pub struct LockRef {
     pub kind: LockKind,
-    /// The Lock's namespace; `None` for a ClusterLock.
+    /// `None` for a ClusterLock.
     pub namespace: Option<String>,
-    /// The Lock's name, which is also the name of the object it locks.
+    /// Also the name of the object it locks.
     pub name: String,
-    /// The Lock's spec. For a Lock whose spec does not parse, what of it fails closed: its own
-    /// name, its `resources` and `operations` where each reads alone, Enforce mode (see
-    /// [`LockRef::problem`] and [`parse`]).
+    /// For a spec that does not parse, what of it fails closed ([`parse`]).
     pub spec: LockSpec,
-    /// Why the stored spec could not be read, when it could not (an unknown enum value from a
-    /// newer version, a hand-edited object). Such a lock fails closed for its own name only;
-    /// the refusal carries this as a warning.
+    /// Why the stored spec could not be read: the lock fails closed for its own name only.
     pub problem: Option<String>,
-    /// `metadata.generation` as the API server reported it (`None` for files and tests).
+    /// `None` for files and tests.
     pub generation: Option<i64>,
-    /// What the status and event writers read besides: shared, so that copying a set of locks
-    /// copies a pointer per lock.
     pub meta: Arc<LockMeta>,
 }
 
-/// A lock's object metadata and status, as the watch last delivered them. The admission path
-/// never reads them; they ride along in the index so that one watch serves every reader.
+/// What the status and event writers read besides; the admission path never does.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct LockMeta {
-    /// `metadata.uid` (events name it, so that `kubectl describe` finds them).
     pub uid: String,
-    /// `metadata.resourceVersion`: the status writer recognises the echo of its own write by it.
+    /// The status writer recognises the echo of its own write by it.
     pub resource_version: String,
-    /// The status as last seen (every instance's entries); empty when it cannot be read.
+    /// Every instance's entries; empty when it cannot be read.
     pub status: LockStatus,
 }
 
@@ -77,9 +69,8 @@ impl LockRef {
         }
     }
 
-    /// True when `other` decides every request as this lock does: the same lock, spec,
-    /// readability and generation, whatever its status and resourceVersion (every instance's
-    /// status write changes those, and nothing else).
+    /// True when `other` decides every request as this lock does (status and
+    /// resourceVersion aside).
     pub fn same_rule(&self, other: &LockRef) -> bool {
         self.kind == other.kind
             && self.namespace == other.namespace
@@ -111,13 +102,10 @@ impl fmt::Display for LockRef {
     }
 }
 
-/// All locks of one namespace (or all ClusterLocks), by name.
-///
-/// A sorted vector sized to fit, not a map: the index holds one per namespace, most with one
-/// or two locks, and a map's nodes would cost kilobytes each.
+/// All locks of one namespace (or all ClusterLocks): a vector sorted by name, smaller than a
+/// map for the usual one or two locks.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct LockSet {
-    /// Sorted by name, names unique.
     by_name: Vec<LockRef>,
 }
 
@@ -176,13 +164,10 @@ impl FromIterator<LockRef> for LockSet {
     }
 }
 
-/// Why the locks of a namespace could not be read.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum LookupError {
-    /// The source did not answer within the lookup timeout.
     #[error("no answer within {0:?}")]
     Timeout(std::time::Duration),
-    /// The API server refused the webhook's identity.
     #[error(
         "the webhook's identity may not list {resource}.objectlock.dev{scope}: grant it get, list and watch on locks and clusterlocks ({message})"
     )]
@@ -191,7 +176,6 @@ pub enum LookupError {
         scope: String,
         message: String,
     },
-    /// Any other API failure (connection refused, 5xx, bad answer).
     #[error("listing {resource}{scope} failed: {message}")]
     Api {
         resource: &'static str,
@@ -200,24 +184,19 @@ pub enum LookupError {
     },
 }
 
-/// A place that knows the locks.
 pub trait LockSource: Send + Sync + 'static {
     /// The locks of `namespace`; `""` asks for the ClusterLocks.
     fn locks(&self, namespace: &str) -> BoxFuture<'_, Result<Arc<LockSet>, LookupError>>;
 
-    /// The locks of `namespace` when they are at hand, in memory, with nothing to wait for: the
-    /// same answer [`LockSource::locks`] would give at once, without a future or a timer for it.
-    /// `None` when they must be asked for.
+    /// The answer of [`LockSource::locks`] when it is in memory; `None` when it must be asked for.
     fn locks_at_hand(&self, namespace: &str) -> Option<Arc<LockSet>> {
         let _ = namespace;
         None
     }
 
-    /// True once the source has a complete view (the first watch list synced, the first scan
-    /// of the directory done).
+    /// True once the source has a complete view.
     fn is_ready(&self) -> bool;
 
-    /// `Ok` when ready; otherwise why not, for `/readyz`.
     fn readiness(&self) -> Result<(), String> {
         if self.is_ready() {
             Ok(())
@@ -229,19 +208,16 @@ pub trait LockSource: Send + Sync + 'static {
         }
     }
 
-    /// A short description for logs, e.g. `files in /etc/kube-object-lock/locks`.
+    /// For logs, e.g. `files in /etc/kube-object-lock/locks`.
     fn describe(&self) -> String;
 
     fn lock_counts(&self) -> LockCounts;
 
-    /// The in-memory index lookups are answered from, when the source keeps one.
     fn index(&self) -> Option<Arc<index::LockIndex>> {
         None
     }
 
-    /// Every lock set (every namespace's and the ClusterLocks), when all are at hand and fresh:
-    /// what deleting a CustomResourceDefinition is decided on, as its objects may be in any
-    /// namespace. `None` when they are not (the index stale or not listed yet).
+    /// Every lock set, when all are at hand and fresh (a CRD deletion is decided on them).
     fn all_at_hand(&self) -> Option<Vec<Arc<LockSet>>> {
         let index = self.index()?;
         (index.is_fresh() && index.listed())

@@ -22,30 +22,22 @@ use crate::retry::{self, Backoff, LastError};
 const PAGE_SIZE: u32 = 500;
 /// The server ends each watch after this long; it is then resumed.
 const WATCH_TIMEOUT_SECS: u32 = 290;
-/// Longest silence before a watch stream is taken for dead and resumed. The API server's watch
-/// cache sends a bookmark about every minute to a watch that asks for them (they are asked for),
-/// so a live stream is never this quiet; a black-holed connection is noticed after this long,
-/// not after the server's timeout. Where no bookmarks come (watch cache disabled), a quiet
-/// stream is merely resumed. A silent API server is noticed far sooner, by the liveness probe;
-/// this remains the bound for a connection lost while the server answers the probe.
+/// Longest silence before a watch stream is taken for dead and resumed: bookmarks come about
+/// every minute (docs/design/lock-source.md).
 const IDLE_LIMIT: Duration = Duration::from_secs(75);
-/// The longest wait before trying again once the API server answered (a list, or an error
-/// status): the index, and the narrowed registration that follows it, is never older than one
-/// retry even when no watch can run. Only a list without an answer (the API server is down)
-/// backs off further, to [`retry::MAX_WAIT`].
+/// The longest wait before trying again once the API server answered: the index is never older
+/// than one retry. Only an unanswered list backs off further, to [`retry::MAX_WAIT`].
 const LISTED_RETRY: Duration = Duration::from_secs(1);
 
-/// The list-and-watch of one lock kind, feeding the index (its single writer).
+/// The list-and-watch of one lock kind, the index's single writer.
 pub(super) struct KindWatch {
     pub api: Api<DynamicObject>,
     pub kind: LockKind,
     pub index: Arc<LockIndex>,
     pub metrics: SourceMetrics,
-    /// The liveness probe's failures.
     pub silence: Silence,
 }
 
-/// Why a list or watch ended.
 struct Failure {
     message: String,
     /// The API server answered (an error status): it is up.
@@ -63,10 +55,8 @@ impl Failure {
 }
 
 impl KindWatch {
-    /// The API of one lock kind, read as raw objects.
     pub fn api(client: kube::Client, kind: LockKind) -> Api<DynamicObject> {
         let resource = kind.api_resource();
-        // Lock is namespaced; `all` lists it across namespaces, as it does ClusterLocks.
         Api::all_with(client, &resource)
     }
 
@@ -74,11 +64,9 @@ impl KindWatch {
         self.kind.as_str()
     }
 
-    /// Runs until dropped.
     pub async fn run(mut self) {
         let mut backoff = retry::watch();
         self.publish_mode(WatchState::NotSynced);
-        // Names of locks whose spec does not parse, for the metric.
         let mut unparseable: HashSet<LockKey> = HashSet::new();
         // The resourceVersion to resume from, and until when the index was known complete.
         let mut resume: Option<(String, Instant)> = None;
@@ -157,8 +145,7 @@ impl KindWatch {
         }
     }
 
-    /// Lists every lock of the kind (paged, one snapshot) into the index; returns its
-    /// resourceVersion.
+    /// Lists every lock of the kind (paged) into the index; returns its resourceVersion.
     async fn list(&self, unparseable: &mut HashSet<LockKey>) -> Result<String, Failure> {
         let mut locks: Vec<LockRef> = Vec::new();
         let mut params = ListParams::default().limit(PAGE_SIZE);
@@ -340,8 +327,7 @@ impl KindWatch {
         self.transition(WatchState::Stale, Some(reason));
     }
 
-    /// Sets the state; logs and publishes the mode when lookups change between the index and
-    /// the API server.
+    /// Sets the state; logs and publishes the mode when lookups change source.
     fn transition(&self, state: WatchState, reason: Option<String>) {
         let Some(previous) = self.index.set_state(self.kind, state, reason.clone()) else {
             return;

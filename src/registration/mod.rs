@@ -23,8 +23,7 @@ pub const NAMESPACED_ENTRY: &str = "namespaced.objectlock.dev";
 /// The entry for cluster-scoped objects.
 pub const CLUSTER_ENTRY: &str = "cluster.objectlock.dev";
 
-/// Name of the `index`-th entry of a kind: the first keeps the base name, the others are
-/// `namespaced-2.objectlock.dev`, `namespaced-3.objectlock.dev`, ...
+/// The `index`-th entry of a kind: the base name, then `namespaced-2.objectlock.dev`, ...
 pub fn entry_name(base: &str, index: usize) -> String {
     match (index, base.split_once('.')) {
         (0, _) | (_, None) => base.to_owned(),
@@ -32,7 +31,6 @@ pub fn entry_name(base: &str, index: usize) -> String {
     }
 }
 
-/// True for the entries this module writes besides the two base ones.
 pub fn is_extra_entry(name: &str, base: &str) -> bool {
     let (Some((first, rest)), Some((base_first, base_rest))) =
         (name.split_once('.'), base.split_once('.'))
@@ -46,39 +44,28 @@ pub fn is_extra_entry(name: &str, base: &str) -> bool {
             .is_some_and(|n| n.parse::<usize>().is_ok_and(|n| n >= 2))
 }
 
-/// The configuration lacks an entry the narrowed one is made from.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
     "the webhook configuration has no entry {0:?}; apply the output of `kube-object-lock manifests cluster` first"
 )]
 pub struct MissingEntry(pub String);
 
-/// The annotation of the configuration saying which format the instances write:
-/// [`NAMESPACES_FORMAT`] (which `manifests cluster` sets) narrows the namespaced entries'
-/// `namespaceSelector` too; absent or anything else, only the conditions are narrowed.
+/// Which format the instances write ([`Format`]); see docs/design/registration.md.
 pub const FORMAT_ANNOTATION: &str = "objectlock.dev/registration-format";
-/// The format narrowing the `namespaceSelector` too.
 pub const NAMESPACES_FORMAT: &str = "2";
-/// Ends every `may-be-locked` expression written in [`NAMESPACES_FORMAT`]. Nothing here reads
-/// it; release 0.1.0 does, and falls back to the conditions only where it is missing next to a
-/// narrowed selector, so it is written exactly as 0.1.0 writes it.
+/// Ends every expression written in [`NAMESPACES_FORMAT`], exactly as 0.1.0 writes and reads it.
 pub const FORMAT_MARKER: &str = " // registration-format 2: namespaceSelector narrowed too";
-/// The label the API server gives every namespace, with the namespace's name.
 pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
 
-/// What the instances write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
-    /// The `may-be-locked` conditions only; the namespaced entries keep the broad
-    /// `namespaceSelector` (every namespace but the excluded ones).
+    /// The `may-be-locked` conditions only; the namespaced selector stays broad.
     Conditions,
     /// The conditions, and a `namespaceSelector` naming the namespaces of each entry's keys.
     Namespaces,
 }
 
 impl Format {
-    /// The format `config` asks for, from its annotation: every instance, of this version or of
-    /// 0.1.0, reads the same from the same object.
     pub fn of(config: &ValidatingWebhookConfiguration) -> Format {
         let annotations = config.metadata.annotations.as_ref();
         match annotations.and_then(|a| a.get(FORMAT_ANNOTATION)) {
@@ -88,9 +75,7 @@ impl Format {
     }
 }
 
-/// The `namespaceSelector` of every namespaced entry before narrowing (and in
-/// [`Format::Conditions`]), without requirements of the operator's: every namespace but the
-/// excluded ones.
+/// Every namespace but the excluded ones, without the operator's requirements.
 pub fn broad_selector() -> LabelSelector {
     namespaced_selector(None, Narrowing::Broad)
 }
@@ -98,18 +83,15 @@ pub fn broad_selector() -> LabelSelector {
 /// How far a namespaced entry's `namespaceSelector` narrows the namespaces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Narrowing<'a> {
-    /// Not at all: every namespace but the excluded ones ([`Format::Conditions`], and the
-    /// starting point of [`Format::Namespaces`]).
+    /// Every namespace but the excluded ones.
     Broad,
-    /// Every namespace, written so that it differs from [`Narrowing::Broad`], which 0.1.0 takes
-    /// for "not narrowed yet" (a broad plan in [`Format::Namespaces`]).
+    /// Every namespace, written unlike [`Narrowing::Broad`], which 0.1.0 takes for "not narrowed yet".
     Every,
     /// The namespaces of the entry's keys (none: no namespace at all).
     To(&'a [String]),
 }
 
-/// Whether a requirement is one this module writes: the exclusions, or a narrowing on the
-/// namespace's name. Everything else in a stored selector is the operator's.
+/// The exclusions, or a narrowing on the namespace's name; everything else is the operator's.
 fn is_ours(requirement: &LabelSelectorRequirement) -> bool {
     requirement.key == NAMESPACE_NAME_LABEL
         && match requirement.operator.as_str() {
@@ -122,9 +104,7 @@ fn is_ours(requirement: &LabelSelectorRequirement) -> bool {
         }
 }
 
-/// The operator's requirements in a stored `namespaceSelector` (`manifests cluster
-/// --namespace-selector`, or a patch of the base entries): its `matchLabels`, and every
-/// `matchExpressions` item but the exclusions and the narrowing this module writes.
+/// The operator's requirements in a stored `namespaceSelector`: all but what [`is_ours`].
 pub fn operator_requirements(selector: Option<&LabelSelector>) -> LabelSelector {
     let Some(selector) = selector else {
         return LabelSelector::default();
@@ -139,10 +119,8 @@ pub fn operator_requirements(selector: Option<&LabelSelector>) -> LabelSelector 
     }
 }
 
-/// The `namespaceSelector` of a namespaced entry, the one place it is made: the exclusions, the
-/// operator's requirements carried from `base` (the stored selector of the entry it is made
-/// from, or the operator's own), and the narrowing. Every namespaced entry, whatever its
-/// operations, gets its selector here, so the operator's requirements reach them all.
+/// The `namespaceSelector` of every namespaced entry: the exclusions, the operator's
+/// requirements carried from `base`, and the narrowing.
 pub fn namespaced_selector(
     base: Option<&LabelSelector>,
     narrowing: Narrowing<'_>,
@@ -169,13 +147,9 @@ pub fn namespaced_selector(
     }
 }
 
-/// The webhook entries the plan asks for in `format`, made from the configuration's current
-/// entries: each base entry keeps everything but its `may-be-locked` condition, which is replaced
-/// (`true` when broad), and, for the namespaced ones, its `namespaceSelector`, rebuilt by
-/// [`namespaced_selector`] with the operator's requirements carried; extra entries are copies
-/// of the base entry with their own condition and selector. Entries of other names are
-/// left out (and left alone by the writer). The cluster-scoped entries keep their selector: it
-/// filters Namespace objects by their own labels, nothing else that is cluster-scoped.
+/// The entries the plan asks for: copies of the base entries with their `may-be-locked`
+/// condition (`true` when broad) and, namespaced, their selector replaced. Entries of other
+/// names are left out.
 pub fn webhooks(
     current: &[ValidatingWebhook],
     plan: &ConditionsPlan,
@@ -185,51 +159,60 @@ pub fn webhooks(
         template(current, NAMESPACED_ENTRY)?,
         template(current, CLUSTER_ENTRY)?,
     );
-    let broad = "true".to_owned();
-    let (ns_exprs, cluster_exprs) = match &plan.scope {
-        Scope::Narrow {
-            namespaced,
-            cluster,
-        } => (namespaced.iter().collect(), cluster.iter().collect()),
-        // `true` rather than no condition: a condition another field manager (kubectl apply
-        // --server-side of `manifests cluster`) co-owns would survive its removal half-written.
-        Scope::Broad(_) => (vec![&broad], vec![&broad]),
-    };
-    // The base entry's selector carries the operator's requirements into every entry.
-    let base = namespaced.namespace_selector.as_ref();
-    let selector = |index: usize| {
-        let narrowing = match (format, &plan.scope) {
-            (Format::Conditions, _) => Narrowing::Broad,
-            (Format::Namespaces, Scope::Broad(_)) => Narrowing::Every,
-            (Format::Namespaces, Scope::Narrow { .. }) => {
-                Narrowing::To(plan.namespaces.get(index).map_or(&[][..], Vec::as_slice))
-            }
-        };
-        namespaced_selector(base, narrowing)
-    };
     let marker = match format {
         Format::Conditions => "",
         Format::Namespaces => FORMAT_MARKER,
     };
-    let mut out = Vec::new();
-    for (template, base, exprs) in [
-        (namespaced, NAMESPACED_ENTRY, ns_exprs),
-        (cluster, CLUSTER_ENTRY, cluster_exprs),
-    ] {
-        for (index, expr) in exprs.into_iter().enumerate() {
-            let mut entry = template.clone();
-            entry.name = entry_name(base, index);
-            if base == NAMESPACED_ENTRY {
-                entry.namespace_selector = Some(selector(index));
-            }
-            set_condition(&mut entry, format!("{expr}{marker}"));
-            out.push(entry);
-        }
-    }
-    Ok(out)
+    let exprs = |namespaced| {
+        let exprs = expressions(plan, namespaced).into_iter();
+        exprs.map(|e| format!("{e}{marker}")).collect()
+    };
+    let narrowing = |index| {
+        Some(match format {
+            Format::Conditions => Narrowing::Broad,
+            Format::Namespaces => selected(plan, index),
+        })
+    };
+    Ok(copies(namespaced, NAMESPACED_ENTRY, exprs(true), narrowing)
+        .chain(copies(cluster, CLUSTER_ENTRY, exprs(false), |_| None))
+        .collect())
 }
 
-/// The base entry `base` of the configuration, which the entries written are made from.
+/// The `may-be-locked` expressions of the namespaced or the cluster-scoped entries. `true`
+/// rather than no condition when broad: a condition another field manager (kubectl apply
+/// --server-side of `manifests cluster`) co-owns would survive its removal half-written.
+fn expressions(plan: &ConditionsPlan, namespaced: bool) -> Vec<String> {
+    match (&plan.scope, namespaced) {
+        (Scope::Narrow { namespaced, .. }, true) => namespaced.clone(),
+        (Scope::Narrow { cluster, .. }, false) => cluster.clone(),
+        (Scope::Broad(_), _) => vec!["true".to_owned()],
+    }
+}
+
+/// Copies of `template` named after `base`, one per expression; with `narrowing`, a namespaced
+/// entry's selector, the template's requirements carried. (A cluster-scoped entry's selector
+/// filters Namespace objects by their own labels: it is kept.)
+fn copies<'a>(
+    template: &'a ValidatingWebhook,
+    base: &'a str,
+    expressions: Vec<String>,
+    narrowing: impl Fn(usize) -> Option<Narrowing<'a>> + 'a,
+) -> impl Iterator<Item = ValidatingWebhook> + 'a {
+    expressions
+        .into_iter()
+        .enumerate()
+        .map(move |(index, expr)| {
+            let mut entry = template.clone();
+            entry.name = entry_name(base, index);
+            if let Some(narrowing) = narrowing(index) {
+                let selector = template.namespace_selector.as_ref();
+                entry.namespace_selector = Some(namespaced_selector(selector, narrowing));
+            }
+            set_condition(&mut entry, expr);
+            entry
+        })
+}
+
 fn template<'a>(
     current: &'a [ValidatingWebhook],
     base: &str,
@@ -250,7 +233,6 @@ fn set_condition(entry: &mut ValidatingWebhook, expression: String) {
     entry.match_conditions = Some(conditions);
 }
 
-/// The namespaces the `index`-th namespaced entry of `plan` selects, narrowed.
 fn selected(plan: &ConditionsPlan, index: usize) -> Narrowing<'_> {
     match &plan.scope {
         Scope::Broad(_) => Narrowing::Every,
@@ -260,13 +242,8 @@ fn selected(plan: &ConditionsPlan, index: usize) -> Narrowing<'_> {
     }
 }
 
-/// The narrowed entries before any lock exists: `may-be-locked` is `false`, so nothing is sent
-/// until the running webhook writes the locked names. What `manifests cluster` emits, with
-/// [`FORMAT_ANNOTATION`] set to [`NAMESPACES_FORMAT`].
-///
-/// The `namespaceSelector` starts broad: the first instance narrows it. Applied over a running
-/// registration (which the README advises against, but an upgrade may do), a selector matching
-/// no namespace would stop every lock in force until an instance rewrote it.
+/// What `manifests cluster` emits: `may-be-locked` is `false` and the selector broad, until
+/// the first instance narrows both (a selector of no namespace would lapse running locks).
 pub fn starting_point(
     entries: &[ValidatingWebhook],
 ) -> Result<Vec<ValidatingWebhook>, MissingEntry> {
@@ -285,8 +262,7 @@ pub fn starting_point(
     Ok(entries)
 }
 
-/// The RBAC rule that lets the webhook keep its configuration `name` narrowed: that one object,
-/// nothing wider (`list` and `watch` are restricted by name through a field selector).
+/// The RBAC rule to keep the configuration `name` narrowed: that one object, nothing wider.
 pub fn rbac_rule(name: &str) -> k8s_openapi::api::rbac::v1::PolicyRule {
     k8s_openapi::api::rbac::v1::PolicyRule {
         api_groups: Some(vec!["admissionregistration.k8s.io".to_owned()]),
@@ -299,47 +275,43 @@ pub fn rbac_rule(name: &str) -> k8s_openapi::api::rbac::v1::PolicyRule {
     }
 }
 
-/// Whether the configuration's entries already say what `desired` says: every desired entry
-/// present and equal, and no extra entry of ours left over.
+/// Every desired entry present and equal, and no extra entry of ours left over.
 pub fn is_current(current: &[ValidatingWebhook], desired: &[ValidatingWebhook]) -> bool {
-    let stale = current.iter().any(|w| {
-        (is_extra_entry(&w.name, NAMESPACED_ENTRY) || is_extra_entry(&w.name, CLUSTER_ENTRY))
-            && !desired.iter().any(|d| d.name == w.name)
-    });
-    !stale
-        && desired
-            .iter()
-            .all(|d| current.iter().any(|c| c.name == d.name && c == d))
+    is_current_by(current, desired, |name| {
+        is_extra_entry(name, NAMESPACED_ENTRY) || is_extra_entry(name, CLUSTER_ENTRY)
+    })
+}
+
+/// Every desired entry present and equal, and no other entry `ours` names left over.
+fn is_current_by(
+    current: &[ValidatingWebhook],
+    desired: &[ValidatingWebhook],
+    ours: impl Fn(&str) -> bool,
+) -> bool {
+    let left = |w: &ValidatingWebhook| ours(&w.name) && !desired.iter().any(|d| d.name == w.name);
+    !current.iter().any(left) && desired.iter().all(|d| current.contains(d))
 }
 
 /// What the configuration says, once written and read back.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Registered {
-    /// The base entries (UPDATE and DELETE); `None` until the first write is confirmed.
+    /// The base entries (UPDATE and DELETE); each `None` until its first write is confirmed.
     pub scope: Option<RegisteredScope>,
-    /// The namespaces the operator lets locks apply in.
     pub namespaces: NamespaceSelection,
-    /// The CREATE entries ([`operations`]), from their own writes; `None` until the first is
-    /// confirmed.
     pub create: Option<RegisteredScope>,
-    /// The CONNECT entries, likewise.
     pub connect: Option<RegisteredScope>,
 }
 
-/// The operator's requirements on namespaces (`manifests cluster --namespace-selector`), read
-/// from the base entries: the API server matches them natively, so a Lock in a namespace they
-/// do not select is never sent, whatever the conditions say.
+/// The operator's requirements on namespaces, read from the base entries: a Lock in a
+/// namespace they do not select is never sent.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct NamespaceSelection {
-    /// The namespaced entry's: the namespaces whose objects are sent.
     pub locks: LabelSelector,
-    /// The cluster-scoped entry's: it filters Namespace objects by their own labels, and no
-    /// other cluster-scoped object.
+    /// The cluster-scoped entry's: it filters Namespace objects only.
     pub namespaces: LabelSelector,
 }
 
 impl NamespaceSelection {
-    /// The requirements of the base entries among `entries` (none where an entry is missing).
     pub fn of(entries: &[ValidatingWebhook]) -> NamespaceSelection {
         let of = |base: &str| {
             let entry = entries.iter().find(|w| w.name == base);
@@ -357,8 +329,7 @@ impl NamespaceSelection {
     }
 }
 
-/// Whether `selector` selects a namespace labelled `labels`. One the API server would not have
-/// stored (an unknown operator) selects none: a lock is then never claimed to be sent.
+/// Whether `selector` selects a namespace labelled `labels` (an invalid one selects none).
 pub fn selects(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
     kube::core::Selector::try_from(selector.clone()).is_ok_and(|s| s.matches(labels))
 }
@@ -369,10 +340,8 @@ pub fn describe(selector: &LabelSelector) -> String {
         .map_or_else(|_| format!("{selector:?}"), |s| s.to_string())
 }
 
-/// Narrowed to these locks, or broad.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RegisteredScope {
-    /// The locks it sends requests for.
     Narrow(BTreeSet<LockKey>),
     /// Everything is sent, for this reason (the bound, or a name CEL cannot hold).
     Broad(String),
@@ -388,13 +357,11 @@ impl RegisteredScope {
 }
 
 impl Registered {
-    /// Whether requests concerning this lock reach the webhook (UPDATE and DELETE: the base
-    /// entries).
+    /// Whether UPDATE and DELETE of this lock's object reach the webhook.
     pub fn covers(&self, key: &LockKey) -> bool {
         self.scope.as_ref().is_some_and(|s| s.covers(key))
     }
 
-    /// Whether `operation` on this lock's object reaches the webhook.
     pub fn sends(&self, operation: LockOperation, key: &LockKey) -> bool {
         let scope = match operation {
             LockOperation::Update | LockOperation::Delete => &self.scope,

@@ -9,8 +9,8 @@ use k8s_openapi::jiff::Timestamp;
 
 use super::conditions::{self, Clauses, ConditionsPlan, NarrowingBounds, Scope};
 use super::{
-    CLUSTER_ENTRY, MissingEntry, NAMESPACED_ENTRY, RegisteredScope, entry_name, is_extra_entry,
-    namespaced_selector, selected, set_condition, template,
+    CLUSTER_ENTRY, MissingEntry, NAMESPACED_ENTRY, RegisteredScope, copies, expressions,
+    is_current_by, is_extra_entry, selected, template,
 };
 use crate::api::{LockKey, LockOperation};
 use crate::locks::{LockKind, LockRef};
@@ -124,62 +124,42 @@ pub fn webhooks(
         }]
     };
     let mut out = Vec::new();
-    let mut namespaced = |base: &str, part: &OperationPlan, rules: Vec<RuleWithOperations>| {
-        let template = template(current, NAMESPACED_ENTRY)?;
-        for (index, expr) in expressions(&part.plan, true).into_iter().enumerate() {
-            let mut entry = template.clone();
-            entry.name = entry_name(base, index);
+    let mut add = |base, part: &OperationPlan, rules: Vec<_>, namespaced: bool| {
+        let template = template(
+            current,
+            [CLUSTER_ENTRY, NAMESPACED_ENTRY][usize::from(namespaced)],
+        )?;
+        let narrowing = |index| namespaced.then(|| selected(&part.plan, index));
+        let entries = copies(
+            template,
+            base,
+            expressions(&part.plan, namespaced),
+            narrowing,
+        );
+        out.extend(entries.map(|mut entry| {
             entry.rules = Some(rules.clone());
-            // The base entry's selector carries the operator's requirements.
-            let base = template.namespace_selector.as_ref();
-            entry.namespace_selector = Some(namespaced_selector(base, selected(&part.plan, index)));
-            set_condition(&mut entry, expr);
-            out.push(entry);
-        }
+            entry
+        }));
         Ok::<_, MissingEntry>(())
     };
     if plan.create.namespaced() {
         let rules = rule("CREATE", "*", "*", &["*"], "Namespaced");
-        namespaced(CREATE_ENTRY, &plan.create, rules)?;
+        add(CREATE_ENTRY, &plan.create, rules, true)?;
     }
     if plan.connect.namespaced() {
         let rules = rule("CONNECT", "", "v1", &CONNECT_SUBRESOURCES, "Namespaced");
-        namespaced(CONNECT_ENTRY, &plan.connect, rules)?;
+        add(CONNECT_ENTRY, &plan.connect, rules, true)?;
     }
     if plan.create.cluster() {
-        // The cluster-scoped entry's selector filters Namespace objects by their own labels: it
-        // stays as the base entry has it.
-        let template = template(current, CLUSTER_ENTRY)?;
-        for (index, expr) in expressions(&plan.create.plan, false)
-            .into_iter()
-            .enumerate()
-        {
-            let mut entry = template.clone();
-            entry.name = entry_name(CLUSTER_CREATE_ENTRY, index);
-            entry.rules = Some(rule("CREATE", "*", "*", &["*"], "Cluster"));
-            set_condition(&mut entry, expr);
-            out.push(entry);
-        }
+        let rules = rule("CREATE", "*", "*", &["*"], "Cluster");
+        add(CLUSTER_CREATE_ENTRY, &plan.create, rules, false)?;
     }
     Ok(out)
 }
 
-/// The `may-be-locked` expressions of the namespaced or the cluster-scoped entries.
-fn expressions(plan: &ConditionsPlan, namespaced: bool) -> Vec<String> {
-    match (&plan.scope, namespaced) {
-        (Scope::Narrow { namespaced, .. }, true) => namespaced.clone(),
-        (Scope::Narrow { cluster, .. }, false) => cluster.clone(),
-        (Scope::Broad(_), _) => vec!["true".to_owned()],
-    }
-}
-
-/// Whether the configuration's entries already say what `desired` says: every desired entry
-/// present and equal, and no other entry of this module's left.
+/// Every desired entry present and equal, and no other entry of this module's left.
 pub fn is_current(current: &[ValidatingWebhook], desired: &[ValidatingWebhook]) -> bool {
-    let stale = current
-        .iter()
-        .any(|w| is_operation_entry(&w.name) && !desired.iter().any(|d| d.name == w.name));
-    !stale && desired.iter().all(|d| current.contains(d))
+    is_current_by(current, desired, is_operation_entry)
 }
 
 #[cfg(test)]

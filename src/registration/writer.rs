@@ -29,13 +29,11 @@ use crate::locks::{LockKey, LockKind, LockRef};
 use crate::metrics::{ConfigurationLabels, OutcomeLabels, RegistrationMetrics};
 use crate::retry::{self, Backoff, LastError};
 
-/// The field manager of the writes of the base entries.
 pub const FIELD_MANAGER: &str = "kube-object-lock";
-/// The field manager of the writes of the CREATE and CONNECT entries: not the base entries'
-/// ([`FIELD_MANAGER`]), whose applies would then remove them.
+/// Not [`FIELD_MANAGER`], whose applies would then remove the CREATE and CONNECT entries.
 pub const OPERATIONS_FIELD_MANAGER: &str = "kube-object-lock-operations";
 
-/// The first wait before a failed write is tried again (then doubling, see [`retry::write`]).
+/// Then doubling ([`retry::write`]).
 const FIRST_RETRY: Duration = Duration::from_millis(250);
 
 #[derive(Debug, Clone)]
@@ -44,8 +42,7 @@ pub struct NarrowerConfig {
     pub limits: NarrowingBounds,
 }
 
-/// The live locks, followed from the lock index (its sets, shared, not copied): complete once
-/// both kinds have been listed.
+/// The live locks, followed from the lock index; complete once both kinds have been listed.
 #[derive(Default)]
 struct LockView {
     sets: Sets,
@@ -53,9 +50,8 @@ struct LockView {
 }
 
 impl LockView {
-    /// Takes in the index's snapshot; true when the plan may change: a lock came, went or
-    /// changed what it locks. Most changes do not: every status write of every instance
-    /// changes a lock's status only.
+    /// True when the plan may change: a lock came, went or changed what it locks (not its
+    /// status, which every instance's status write changes).
     fn update(&mut self, now: &IndexSnapshot) -> bool {
         let changed = now.listed != self.listed
             || index::diff(&self.sets, &now.sets).any(|change| match change {
@@ -67,21 +63,15 @@ impl LockView {
         changed
     }
 
-    fn complete(&self) -> bool {
-        self.listed.0 && self.listed.1
-    }
-
     fn locks(&self) -> impl Iterator<Item = &LockRef> {
         self.sets.values().flat_map(|set| set.iter())
     }
 }
 
-/// Why a reconcile left the configuration as it was.
 #[derive(Debug, PartialEq)]
 enum Problem {
     /// The configuration changed after it was read (409): its watch brings the change.
     Stale,
-    /// Anything else, as logged.
     Failed(String),
 }
 
@@ -91,13 +81,12 @@ impl From<String> for Problem {
     }
 }
 
-/// The watch of the configuration: it only says that the configuration changed.
+/// It only says that the configuration changed.
 struct ConfigWatch {
     api: Api<ValidatingWebhookConfiguration>,
     name: String,
     events:
         BoxStream<'static, Result<watcher::Event<ValidatingWebhookConfiguration>, watcher::Error>>,
-    /// Whether the watch is failing (and backing off).
     failing: bool,
     errors: LastError,
 }
@@ -160,7 +149,6 @@ pub struct Narrower {
     /// The base entries of this instance's last write: a write of the same again puts back
     /// what another writer changed (counted as undone).
     last_written: Option<Vec<ValidatingWebhook>>,
-    /// Whether an undone write was logged (once at warning; the counter counts them all).
     undone_said: bool,
 }
 
@@ -178,21 +166,17 @@ impl Narrower {
         narrower
     }
 
-    /// What the configuration says, updated after every confirmed write.
     pub fn registered(&self) -> watch::Receiver<Registered> {
         self.registered.subscribe()
     }
 
-    /// Keeps the configuration current from what the admission path's `index` holds, until
-    /// the future is dropped.
+    /// Keeps the configuration current from `index` until dropped.
     pub async fn run(mut self, index: Arc<LockIndex>) {
         let api: Api<ValidatingWebhookConfiguration> = Api::all(self.client.clone());
         let mut configs = ConfigWatch::new(api.clone(), self.config.name.clone());
         let mut locks = index.subscribe();
-        // The first round reads what the index already holds.
         locks.mark_changed();
         let mut view = LockView::default();
-        // An expiry or a retry.
         let mut wake: Option<Instant> = None;
         let mut backoff = retry::write(FIRST_RETRY);
         let mut problems = LastError::default();
@@ -234,7 +218,7 @@ impl Narrower {
             while let Some(Some(event)) = configs.events.next().now_or_never() {
                 dirty |= configs.take(event);
             }
-            if !dirty || !view.complete() {
+            if !dirty || view.listed != (true, true) {
                 continue;
             }
             dirty = false;
@@ -266,8 +250,8 @@ impl Narrower {
         }
     }
 
-    /// Reads the configuration and writes the base entries, then the CREATE and CONNECT
-    /// entries, where they differ from the plan; returns when the plan changes by time alone.
+    /// Writes the base entries, then the CREATE and CONNECT entries, where they differ from the
+    /// plan; returns when the plan changes by time alone.
     async fn reconcile(
         &mut self,
         api: &Api<ValidatingWebhookConfiguration>,
@@ -276,7 +260,6 @@ impl Narrower {
         let now = Timestamp::now();
         let plan = conditions::plan(view.locks(), now, &self.config.limits);
         let operations = operations::plan(view.locks(), now, &self.config.limits);
-        // What the configuration names once written: the live locks of the plan.
         let live: BTreeSet<LockKey> = (view.locks())
             .filter(|l| !l.spec.is_expired(now))
             .map(LockRef::key)
@@ -297,8 +280,7 @@ impl Narrower {
         Ok(plan.next_expiry)
     }
 
-    /// Writes the plan if the configuration does not say it yet; returns the configuration as
-    /// stored now.
+    /// Returns the configuration as stored now.
     async fn reconcile_base(
         &mut self,
         api: &Api<ValidatingWebhookConfiguration>,
@@ -332,14 +314,10 @@ impl Narrower {
             }
         }
         let entries = desired.len();
-        let was_narrow = match &self.registered.borrow().scope {
-            Some(RegisteredScope::Narrow(_)) => Some(true),
-            Some(RegisteredScope::Broad(_)) => Some(false),
-            None => None,
-        };
+        let was = self.registered.borrow().scope.clone();
         // A change of scope is logged; every write only at debug.
-        match (&plan.scope, was_narrow) {
-            (Scope::Narrow { .. }, Some(true)) => {
+        match (&plan.scope, was) {
+            (Scope::Narrow { .. }, Some(RegisteredScope::Narrow(_))) => {
                 debug!(
                     locks = plan.names,
                     entries, "webhook configuration rewritten"
@@ -351,7 +329,7 @@ impl Narrower {
                     entries, "webhook configuration narrowed to the locked names"
                 )
             }
-            (Scope::Broad(reason), Some(false)) => {
+            (Scope::Broad(reason), Some(RegisteredScope::Broad(_))) => {
                 debug!(%reason, "webhook configuration rewritten")
             }
             (Scope::Broad(reason), _) => warn!(%reason, "webhook configuration is broad"),
@@ -361,8 +339,7 @@ impl Narrower {
         Ok(written)
     }
 
-    /// Writes the CREATE and CONNECT entries if the configuration does not say them yet, under
-    /// [`OPERATIONS_FIELD_MANAGER`], listing only them.
+    /// Under [`OPERATIONS_FIELD_MANAGER`], listing only the CREATE and CONNECT entries.
     async fn reconcile_operations(
         &self,
         api: &Api<ValidatingWebhookConfiguration>,
@@ -402,8 +379,7 @@ impl Narrower {
         Ok(())
     }
 
-    /// Applies `entries` as `manager`, forced, with the resourceVersion of `read` (what they
-    /// were planned from) as precondition; the answer is the stored object.
+    /// Forced, with the resourceVersion `entries` were planned from as precondition.
     async fn apply(
         &self,
         api: &Api<ValidatingWebhookConfiguration>,
@@ -447,7 +423,6 @@ impl Narrower {
         }
     }
 
-    /// The gauge saying whether the configuration is confirmed current.
     fn current(&self) -> prometheus_client::metrics::gauge::Gauge {
         let name = self.config.name.clone();
         (self
@@ -516,10 +491,11 @@ mod tests {
         let mut view = LockView::default();
         index.reset(LockKind::Lock, vec![lock("prod", "web")]);
         assert!(view.update(&index.snapshot()));
-        assert!(!view.complete(), "ClusterLocks not listed yet");
+        assert!(view.listed != (true, true), "ClusterLocks not listed yet");
         index.reset(LockKind::ClusterLock, vec![]);
         assert!(view.update(&index.snapshot()), "listed is a change");
-        assert!(view.complete());
+        assert_eq!(view.listed, (true, true));
+
         // A status write: the same rule again.
         let mut written = lock("prod", "web");
         written.meta = Arc::new(crate::locks::LockMeta {

@@ -13,18 +13,14 @@ use crate::registration::{self, Registered, RegisteredScope};
 /// Whether the webhook configuration sends a lock's requests to the webhook.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Coverage {
-    /// Sent: named by the narrowed configuration, or a configuration this instance does not
-    /// keep (broad by `manifests cluster --broad`, or static files).
+    /// Named by the narrowed configuration, or by one this instance does not keep.
     Sent,
     /// Sent because the configuration is broad, for this reason.
     Broad(String),
-    /// Not named by the configuration yet, or no write of it confirmed yet (or the labels of
-    /// its namespace, which the operator's requirements need, not known yet).
+    /// Not named (or not confirmed named) yet, or its namespace's labels not known yet.
     NotYet,
-    /// In (or on) a namespace the operator's requirements in the `namespaceSelector` do not
-    /// select: never sent, whatever the conditions say.
+    /// In a namespace the operator's `namespaceSelector` requirements do not select.
     NotSelected {
-        /// The namespace.
         namespace: String,
         /// The requirements, as kubectl writes them.
         selector: String,
@@ -40,10 +36,8 @@ pub enum Coverage {
 }
 
 impl Coverage {
-    /// The coverage of `lock` by what this instance last confirmed, with the labels of the
-    /// namespaces; `registered` `None`: it keeps no configuration, and so cannot know the
-    /// operator's requirements either. A lock counts as sent once the base entries name it
-    /// and, for each of CREATE and CONNECT it asks for, the entries of that operation do.
+    /// `registered` `None`: this instance keeps no configuration. A lock counts as sent once
+    /// the base entries and those of each CREATE/CONNECT it asks for name it.
     pub fn of(
         registered: Option<&Registered>,
         namespaces: &NamespaceLabels,
@@ -115,8 +109,7 @@ pub enum Enforcement {
     Enforcing(Refused),
     /// Refuses changes to its object; the configuration is broad for this reason.
     EnforcingBroad(Refused, String),
-    /// The spec does not parse (why); it fails closed on the lock's own name, refusing what of
-    /// its `resources` and `operations` reads alone.
+    /// The spec does not parse (why); it fails closed on the lock's own name.
     EnforcingUnparsed(String, Refused),
     /// `expiresAt` has passed.
     Expired(Timestamp),
@@ -126,7 +119,6 @@ pub enum Enforcement {
     NotSent(String),
     /// The namespace is not selected by the operator's requirements in the registration.
     NamespaceNotSelected {
-        /// The namespace.
         namespace: String,
         /// The requirements, as kubectl writes them.
         selector: String,
@@ -367,17 +359,13 @@ impl Desired {
         })
     }
 
-    /// The last instance withdraws: nothing is left to say. The status is cleared with a merge
-    /// patch ([`Desired::clearing`]) rather than applied empty, which would leave the condition
-    /// fields other instances wrote last, with the values they wrote. "Last" is as of the
-    /// version of the lock it was computed from: the patch carries that resourceVersion, so
-    /// that an entry another instance wrote since is not wiped (409, computed again).
+    /// The last instance withdraws. Cleared by a merge patch carrying the resourceVersion (an
+    /// empty apply would leave other instances' conditions; a newer entry gets a 409).
     pub fn clears(&self) -> bool {
         self.entry.is_none() && self.count == 0 && self.conditions.is_empty()
     }
 
-    /// The merge patch of the status that [`Desired::clears`] asks for, computed from the lock
-    /// at `resource_version`.
+    /// The merge patch [`Desired::clears`] asks for, at `resource_version`.
     pub fn clearing(resource_version: &str) -> serde_json::Value {
         serde_json::json!({
             "metadata": {"resourceVersion": resource_version},
@@ -403,27 +391,18 @@ pub fn desired(
     instance: &str,
     now: Timestamp,
 ) -> Desired {
-    let others = lock
-        .meta
-        .status
-        .enforced_by
-        .iter()
-        .filter(|e| e.instance != instance)
-        .count();
+    let enforcers = &lock.meta.status.enforced_by;
+    let others = enforcers.iter().filter(|e| e.instance != instance).count();
     if !healthy {
         // The condition is shared, but server-side apply gives each of its fields to the last
         // instance that wrote a different value: an instance that left it out while others
         // remain would strip those fields from their condition (an item with only its `type`,
         // which the API server refuses, so the withdrawal never lands). So it re-applies the
         // condition as it stands, and the last one clears the status ([`Desired::clears`]).
-        let conditions = if others > 0 {
-            (lock.meta.status.conditions.iter())
-                .filter(|c| c.type_ == super::CONDITION)
-                .cloned()
-                .collect()
-        } else {
-            vec![]
-        };
+        let conditions = (lock.meta.status.conditions.iter())
+            .filter(|c| others > 0 && c.type_ == super::CONDITION)
+            .cloned()
+            .collect();
         return Desired {
             entry: None,
             count: others as i64,
@@ -432,17 +411,11 @@ pub fn desired(
     }
     let enforcement = Enforcement::with_coverage(lock, coverage, now);
     let entry = enforcement.is_enforced().then(|| {
-        let since = lock
-            .meta
-            .status
-            .enforced_by
-            .iter()
-            .find(|e| e.instance == instance)
-            .map_or(Time(now), |e| e.since.clone());
+        let mine = enforcers.iter().find(|e| e.instance == instance);
         Enforcer {
             instance: instance.to_owned(),
             observed_generation: lock.generation,
-            since,
+            since: mine.map_or(Time(now), |e| e.since.clone()),
         }
     });
     Desired {
@@ -467,17 +440,12 @@ pub(super) fn needs_write(
         // Our write landed but the watch has not shown it yet: what it shows is older.
         return false;
     }
-    let mine = lock
-        .meta
-        .status
-        .enforced_by
-        .iter()
-        .find(|e| e.instance == instance)
-        .map(|e| e.observed_generation);
-    if mine != desired.entry.as_ref().map(|e| e.observed_generation) {
-        return true;
-    }
-    if lock.meta.status.enforced_count != Some(desired.count) {
+    let status = &lock.meta.status;
+    let mine = status.enforced_by.iter().find(|e| e.instance == instance);
+    let generation = |e: &Enforcer| e.observed_generation;
+    if mine.map(generation) != desired.entry.as_ref().map(generation)
+        || status.enforced_count != Some(desired.count)
+    {
         return true;
     }
     match applied {
@@ -513,8 +481,7 @@ impl Applied {
         }
     }
 
-    /// Still waiting for the watch to show the write (for a few seconds at most: a re-list
-    /// may skip that exact version).
+    /// Still waiting for the watch to show the write (a few seconds: a re-list may skip it).
     fn awaiting_echo(&self) -> bool {
         !self.echoed && self.at.elapsed() < ECHO_WAIT
     }

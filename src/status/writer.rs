@@ -20,28 +20,21 @@ use crate::metrics::{EnforcementMetrics, OutcomeLabels};
 use crate::registration::Registered;
 use crate::retry::{self, LastError};
 
-/// Writes in flight at once.
 const CONCURRENT_WRITES: usize = 8;
-/// Writes started by one pass at most: a first start with thousands of Locks neither holds
-/// them all in memory at once nor keeps changes (a new Lock) waiting until every one is done.
+/// Writes started by one pass at most, so that a first start with thousands of Locks does not
+/// keep a new Lock waiting.
 const WRITES_PER_PASS: usize = 64;
-/// The first wait before retrying a failed write (then doubling, see [`retry::write`]).
+/// Then doubling ([`retry::write_delay`]).
 const FIRST_RETRY: Duration = Duration::from_secs(1);
 
-/// What this instance's refusals depend on besides the lock itself: the webhook configuration
-/// it keeps (when narrowed). A lock counts as enforced only once it names the lock, and only in
-/// a namespace it selects. (The locks come from the index the admissions are decided from: what
-/// the writer sees, they decide by.)
+/// What a lock's enforcement depends on besides the lock: the configuration this instance
+/// keeps (what it names, and the labels its `namespaceSelector` selects by); `None` without one.
 #[derive(Default)]
 pub struct DecisionInputs {
-    /// What the narrowed configuration names; `None` when this instance keeps none.
     pub registered: Option<watch::Receiver<Registered>>,
-    /// The namespaces' labels, which the configuration's `namespaceSelector` selects by;
-    /// `None` when this instance keeps no configuration.
     pub namespaces: Option<watch::Receiver<NamespaceLabels>>,
 }
 
-/// A failed write waiting for its retry.
 #[derive(Debug)]
 struct Retry {
     at: Instant,
@@ -51,13 +44,10 @@ struct Retry {
 /// What the status writer remembers of one lock, dropped when the lock goes.
 #[derive(Default)]
 struct Book {
-    /// The last status this instance wrote, and whether its echo came back.
     applied: Option<Applied>,
-    /// A failed write, and when to try again.
     retry: Option<Retry>,
     /// The resourceVersion and health its status was last computed from.
     computed: Option<(String, bool)>,
-    /// Its `expiresAt`, to wake up when it passes.
     expires: Option<Timestamp>,
 }
 
@@ -85,24 +75,20 @@ pub async fn run(
     let mut books: HashMap<LockKey, Book> = HashMap::new();
     let mut was_healthy = None;
     let mut errors = LastError::default();
-    // A pass looks only at the locks in `todo`: those that changed since the snapshot the last
-    // pass saw (a burst of status writes is a burst of passes, each over a few locks), those
-    // whose retry or expiry is due. `true` = compute even if
-    // nothing it was computed from changed (the registration, time or stopping may change
-    // every answer).
+    // A pass looks only at the locks in `todo`: changed since the last pass, or due (retry,
+    // expiry). `true`: compute even if the lock did not change (registration, time, stopping).
     let mut todo: BTreeMap<LockKey, bool> = BTreeMap::new();
     let mut seen: imbl::OrdMap<LockKey, Arc<KnownLock>> = imbl::OrdMap::new();
     let mut due = false;
     let mut every_lock = true;
     loop {
         let mut snapshot = snapshots.borrow_and_update().clone();
-        // (`every_lock` is set when it changed; copying it is O(locks).)
+        // Copied only when it changed (`every_lock`): O(locks).
         if let Some(registered) = &mut registered
             && every_lock
         {
             confirmed = registered.borrow_and_update().clone();
         }
-        // The namespaces whose labels changed: their locks are looked at again.
         let mut touched = BTreeSet::new();
         if let Some(namespaces) = &mut namespaces
             && (std::mem::take(&mut relabelled) || every_lock)
@@ -132,7 +118,6 @@ pub async fn run(
         }
         let now = Timestamp::now();
         let clock = Instant::now();
-        // Every pass consumes the wake-ups; a pass over every lock covers them.
         let due_now = std::mem::take(&mut due);
         if std::mem::replace(&mut every_lock, false) {
             books.retain(|key, _| snapshot.locks.contains_key(key));
@@ -217,7 +202,6 @@ pub async fn run(
                 }
             })
             .collect();
-        // More to look at than one pass takes: the next pass starts at once.
         let more = !todo.is_empty();
         let results: Vec<_> = futures::stream::iter(writes)
             .buffer_unordered(CONCURRENT_WRITES)
@@ -225,7 +209,6 @@ pub async fn run(
             .await;
         // One line per pass, not per lock: a missing permission fails every lock at once.
         let (mut failed, mut first_failure, mut refused) = (0usize, String::new(), false);
-        // The error alone, without the lock: the same failure of every lock is one line.
         let mut first_error = String::new();
         for (lock, want, result) in results {
             let outcome = match &result {
@@ -277,7 +260,6 @@ pub async fn run(
                 warn!(failed, first = %first_failure, "cannot write lock status; retrying with backoff");
             }
         }
-        // Sleep until the snapshot changes, a retry is due, or an enforced lock expires.
         let next_retry = (books.values())
             .filter_map(|b| b.retry.as_ref())
             .map(|r| r.at)
@@ -311,7 +293,6 @@ pub async fn run(
                 // The namespace watch stopped: the labels it last showed stay true.
                 namespaces = None;
             },
-            // A retry or an expiry is due.
             () = sleep_until(wake) => due = true,
             () = &mut stop => {
                 info!(%instance, "stopping: withdrawing this instance from lock status");
@@ -323,8 +304,7 @@ pub async fn run(
     }
 }
 
-/// Resolves when the channel publishes (`true`) or its sender is gone (`false`); never without
-/// a channel.
+/// `true` when the channel publishes, `false` when its sender is gone; never without a channel.
 async fn changed<T>(channel: &mut Option<watch::Receiver<T>>) -> bool {
     match channel {
         Some(channel) => channel.changed().await.is_ok(),
@@ -339,7 +319,7 @@ async fn sleep_until(at: Option<Instant>) {
     }
 }
 
-/// Applies `want` to the lock's status; returns the new resourceVersion.
+/// Returns the new resourceVersion.
 async fn write(
     client: kube::Client,
     manager: &str,

@@ -6,7 +6,7 @@ use super::*;
 use crate::api::LockSpec;
 use crate::registration::conditions::CONDITION_NAME;
 use crate::registration::conditions::tests::{eval, fixture, now, spec, with};
-use crate::registration::{Narrowing, broad_selector, namespaced_selector};
+use crate::registration::{Narrowing, broad_selector, entry_name, namespaced_selector};
 
 /// The base entries as `manifests cluster` makes them (and the running instances narrow them).
 fn base_entries() -> Vec<ValidatingWebhook> {
