@@ -354,30 +354,17 @@ fn measure_binaries(ctx: &Ctx) -> Result<()> {
 
 /// Waits until every entry's `may-be-locked` condition is `true`: the broad registration.
 fn wait_broad(ctx: &Ctx) -> Result<()> {
-    let start = Instant::now();
-    loop {
-        let config = stored(ctx)?;
+    registration_until(ctx, "the registration never became broad", |config| {
         let entries = config["webhooks"].as_array().into_iter().flatten();
-        let broad = entries.clone().count() > 0
+        entries.clone().count() > 0
             && entries
                 .flat_map(|w| w["matchConditions"].as_array().into_iter().flatten())
                 .filter(|c| c["name"] == "may-be-locked")
                 .all(|c| {
                     (c["expression"].as_str())
                         .is_some_and(|e| e.split("//").next().is_some_and(|e| e.trim() == "true"))
-                });
-        if broad {
-            break;
-        }
-        ensure!(
-            start.elapsed() < Duration::from_secs(30),
-            "the registration never became broad"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    // The API server's view of webhook configurations follows its own watch.
-    std::thread::sleep(Duration::from_millis(1500));
-    Ok(())
+                })
+    })
 }
 
 /// Puts the Lock `reserved` asking for CREATE where `variant` says (in `here`, in `elsewhere`,
@@ -406,27 +393,27 @@ fn set_create_lock(ctx: &Ctx, here: &str, elsewhere: &str, variant: Variant) -> 
             ctx.lock(ns, "reserved", json!({"operations": ["CREATE"]}))?;
         }
     }
-    let start = Instant::now();
-    loop {
-        let config = stored(ctx)?;
+    let what = format!("the registration's CREATE entry never reached {variant:?}");
+    registration_until(ctx, &what, |config| {
         let create = (config["webhooks"].as_array().into_iter().flatten())
             .find(|w| w["name"] == "create.objectlock.dev");
         let names =
             |ns: &str| create.is_some_and(|w| w.to_string().contains(&format!("|{ns}/reserved|")));
-        let done = match wanted {
+        match wanted {
             None => create.is_none(),
             Some(ns) => names(ns) && !names(other),
-        };
-        if done {
-            break;
         }
-        ensure!(
-            start.elapsed() < Duration::from_secs(30),
-            "the registration's CREATE entry never reached {variant:?}"
-        );
+    })
+}
+
+/// Waits (30 s at most, else `failure`) until the stored registration satisfies `done`, then
+/// for the API server's view of webhook configurations, which follows its own watch.
+fn registration_until(ctx: &Ctx, failure: &str, done: impl Fn(&Value) -> bool) -> Result<()> {
+    let start = Instant::now();
+    while !done(&stored(ctx)?) {
+        ensure!(start.elapsed() < Duration::from_secs(30), "{failure}");
         std::thread::sleep(Duration::from_millis(50));
     }
-    // The API server's view of webhook configurations follows its own watch.
     std::thread::sleep(Duration::from_millis(1500));
     Ok(())
 }
