@@ -429,11 +429,8 @@ fn lock_operation(req: &AdmissionRequest) -> LockOperation {
 /// no pod's containers (`proxy` carries HTTP to the pod's ports, as `port-forward` does).
 fn connect_verb(subresource: Option<&str>) -> Option<&'static str> {
     match subresource? {
-        "exec" => Some("exec"),
-        "attach" => Some("attach"),
         "portforward" => Some("port-forward"),
-        "proxy" => Some("proxy"),
-        _ => None,
+        verb => ["exec", "attach", "proxy"].into_iter().find(|v| *v == verb),
     }
 }
 
@@ -662,36 +659,6 @@ fn labels_unreadable(
     )
 }
 
-/// Who deletes a Namespace's contents: kube-controller-manager's namespace controller, with its
-/// own service account (`--use-service-account-credentials`, as kubeadm runs it).
-fn namespace_controller() -> UserInfo<'static> {
-    UserInfo {
-        username: "system:serviceaccount:kube-system:namespace-controller".into(),
-        groups: [
-            "system:serviceaccounts",
-            "system:serviceaccounts:kube-system",
-            "system:authenticated",
-        ]
-        .map(Cow::Borrowed)
-        .to_vec(),
-    }
-}
-
-/// Whether a lock's `resources` name an object resource the registration sends (a rule naming
-/// only subresources never sees a DELETE).
-fn covers_deletable(spec: &LockSpec) -> bool {
-    let Some(rules) = &spec.resources else {
-        return true;
-    };
-    rules.iter().any(|rule| {
-        rule.api_groups.iter().any(|group| {
-            (rule.resources.iter()).any(|resource| {
-                !resource.contains('/') && subresources::may_be_sent(group, resource)
-            })
-        })
-    })
-}
-
 /// A Namespace DELETE is refused while a Lock in it would refuse the namespace controller's
 /// DELETE of its objects (else it stays half emptied and Terminating); Warn locks only warn.
 fn namespace_deletion(
@@ -700,11 +667,32 @@ fn namespace_deletion(
     contents: &LockSet,
     now: Timestamp,
 ) -> Verdict {
-    let controller = namespace_controller();
+    // kube-controller-manager's namespace controller deletes the contents, with its own service
+    // account (`--use-service-account-credentials`, as kubeadm runs it).
+    let controller = UserInfo {
+        username: "system:serviceaccount:kube-system:namespace-controller".into(),
+        groups: [
+            "system:serviceaccounts",
+            "system:serviceaccounts:kube-system",
+            "system:authenticated",
+        ]
+        .map(Cow::Borrowed)
+        .to_vec(),
+    };
     let mut found = Applicable::default();
     for lock in contents.iter() {
         let spec = &lock.spec;
-        if spec.operations().contains(&LockOperation::Delete) && covers_deletable(spec) {
+        // A rule naming only subresources never sees a DELETE.
+        let deletable = spec.resources.as_ref().is_none_or(|rules| {
+            rules.iter().any(|rule| {
+                (rule.api_groups.iter()).any(|group| {
+                    (rule.resources.iter()).any(|resource| {
+                        !resource.contains('/') && subresources::may_be_sent(group, resource)
+                    })
+                })
+            })
+        });
+        if spec.operations().contains(&LockOperation::Delete) && deletable {
             found.sort(lock, &controller, now);
         }
     }
