@@ -24,10 +24,8 @@ pub struct PathError {
 pub struct FieldPath(Vec<String>);
 
 impl FieldPath {
-    /// Parses `spec.template.spec.volumes` or `metadata.annotations['example.com/key']`
-    /// (`["..."]` too). Field names are letters, digits, `_` and `-`, not starting with a digit
-    /// or `-`; a quoted key is anything but its quote, and not empty. The CRD checks the same
-    /// grammar with [`PATTERN`].
+    /// Parses `spec.template.spec.volumes` or `metadata.annotations['example.com/key']` (`["..."]`
+    /// too); names are letters, digits, `_`, `-`, not led by a digit or `-`; quoted keys not empty.
     pub fn parse(text: &str) -> Result<FieldPath, PathError> {
         let fail = |why| PathError {
             path: text.to_owned(),

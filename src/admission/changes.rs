@@ -118,8 +118,7 @@ pub enum Write {
     Object,
     /// The `status` subresource: it may change the status, and what else it carries counts.
     Status,
-    /// The `scale` subresource: an autoscaling/v1 Scale, whose `spec.replicas` is the object's
-    /// (for a custom resource, its CRD's `specReplicasPath`).
+    /// The `scale` subresource: `spec.replicas` is the object's (or its CRD's `specReplicasPath`).
     Scale { custom: bool },
 }
 
@@ -132,8 +131,7 @@ pub struct Frozen {
     pub named: bool,
 }
 
-/// The change of an UPDATE that a lock's `fields` / `exceptFields` freeze, or `None` when it
-/// changes nothing frozen.
+/// The change of an UPDATE that a lock's `fields` / `exceptFields` freeze; `None` if none.
 pub fn frozen_change(
     fields: Option<&[String]>,
     except_fields: Option<&[String]>,

@@ -29,11 +29,9 @@ const MAX_WARNING_CHARS: usize = 256;
 /// Why a request was allowed without reading any lock.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Exempt {
-    /// CREATE of a subresource other than `pods/eviction` (a binding, a token): it creates
-    /// nothing of a lock's name.
+    /// CREATE of a subresource other than `pods/eviction` (binding, token): creates no lock's name.
     Create,
-    /// CONNECT to anything but a pod's exec, attach, portforward or proxy (a Service's or a
-    /// Node's proxy): it reaches no locked pod.
+    /// CONNECT to anything but a pod's exec, attach, portforward or proxy: reaches no locked pod.
     Connect,
     /// A Lock or ClusterLock: unlocking is deleting the lock, so it must always work.
     LockResource,
@@ -107,13 +105,11 @@ pub struct Verdict {
     /// Recorded in the audit log as `<webhook name>/<key>`.
     pub audit_annotations: BTreeMap<String, String>,
     pub outcome: Outcome,
-    /// The locks that refused it (for a Namespace DELETE, those the message names), for logs
-    /// and events.
+    /// The locks that refused it (for a Namespace DELETE, those the message names).
     pub locks: Vec<LockKey>,
     /// The Warn-mode locks that would have refused it.
     pub warned: Vec<LockKey>,
-    /// For an UPDATE, the field each refusing or warning lock freezes that changed, where the
-    /// refusal names it (a lock on fields, a status write, a Terminating object).
+    /// For an UPDATE, the frozen field each refusing or warning lock names as changed.
     pub changed: Vec<(LockKey, String)>,
 }
 
@@ -223,11 +219,9 @@ fn could_cover(
     })
 }
 
-/// Step two: the verdict, given the lock set of `lookup.scope`, for a Namespace DELETE the
-/// lock set of that namespace, for an eviction or a scale the `labels` read (with the policy
-/// for what could not be), for an UPDATE its `objects` (without them every UPDATE counts as a
-/// change), and the time (for `expiresAt`). The most restrictive lock wins: one Enforce lock
-/// refuses (the message names every Enforce lock), Warn locks only warn.
+/// Step two: the verdict from the locks of `lookup.scope` (and of the namespace a DELETE empties),
+/// the `labels` read and the UPDATE's `objects` (none: every UPDATE is a change). The most
+/// restrictive lock wins: one Enforce lock refuses, naming every Enforce lock; Warn locks warn.
 pub fn decide(
     req: &AdmissionRequest,
     lookup: &Lookup<'_>,
@@ -281,8 +275,7 @@ struct Applicable<'a> {
     warning: Vec<&'a LockRef>,
     exempted: Vec<(&'a LockRef, String)>,
     expired: Vec<&'a LockRef>,
-    /// Selector locks that would apply (not expired, not exempting the user) if they selected
-    /// the object, whose labels could not be read.
+    /// Selector locks that would apply if they selected the object, whose labels are unknown.
     unknown: Vec<&'a LockRef>,
     /// For an UPDATE, what each lock above freezes that it changes.
     changed: Vec<(LockKey, Frozen)>,
@@ -291,8 +284,7 @@ struct Applicable<'a> {
 }
 
 impl<'a> Applicable<'a> {
-    /// Files a lock that covers a request by `user` at `now`: expired, exempting the user,
-    /// Warn or Enforce, in that order.
+    /// Files a lock covering a request by `user` at `now`: expired, exempting, Warn or Enforce.
     fn sort(&mut self, lock: &'a LockRef, user: &UserInfo, now: Timestamp) {
         let spec = &lock.spec;
         if spec.is_expired(now) {
@@ -306,8 +298,7 @@ impl<'a> Applicable<'a> {
         }
     }
 
-    /// Files a selector lock that may or may not select the object, its labels unknown: kept
-    /// unless it would not apply anyway (expired, or exempting the user).
+    /// Files a selector lock whose labels are unknown, unless expired or exempting the user.
     fn sort_unknown(&mut self, lock: &'a LockRef, user: &UserInfo, now: Timestamp) {
         if !lock.spec.is_expired(now) && exemption(&lock.spec, user).is_none() {
             self.unknown.push(lock);
@@ -438,11 +429,8 @@ fn lock_operation(req: &AdmissionRequest) -> LockOperation {
 /// no pod's containers (`proxy` carries HTTP to the pod's ports, as `port-forward` does).
 fn connect_verb(subresource: Option<&str>) -> Option<&'static str> {
     match subresource? {
-        "exec" => Some("exec"),
-        "attach" => Some("attach"),
         "portforward" => Some("port-forward"),
-        "proxy" => Some("proxy"),
-        _ => None,
+        verb => ["exec", "attach", "proxy"].into_iter().find(|v| *v == verb),
     }
 }
 
@@ -613,9 +601,8 @@ pub fn decide_unreadable(
     )
 }
 
-/// What `policy` answers when something needed could not be read: a 503 with `refusal`, or an
-/// allow with `warning`. A Terminating object's update and a status write pass either way (so
-/// neither wedges an object nor stops controllers' reporting).
+/// What `policy` answers when something needed could not be read: a 503 or a warning. A
+/// Terminating object's update and a status write pass either way (never wedge controllers).
 fn by_policy(
     req: &AdmissionRequest,
     policy: OnLookupError,
@@ -672,10 +659,17 @@ fn labels_unreadable(
     )
 }
 
-/// Who deletes a Namespace's contents: kube-controller-manager's namespace controller, with its
-/// own service account (`--use-service-account-credentials`, as kubeadm runs it).
-fn namespace_controller() -> UserInfo<'static> {
-    UserInfo {
+/// A Namespace DELETE is refused while a Lock in it would refuse the namespace controller's
+/// DELETE of its objects (else it stays half emptied and Terminating); Warn locks only warn.
+fn namespace_deletion(
+    req: &AdmissionRequest,
+    namespace: &str,
+    contents: &LockSet,
+    now: Timestamp,
+) -> Verdict {
+    // kube-controller-manager's namespace controller deletes the contents, with its own service
+    // account (`--use-service-account-credentials`, as kubeadm runs it).
+    let controller = UserInfo {
         username: "system:serviceaccount:kube-system:namespace-controller".into(),
         groups: [
             "system:serviceaccounts",
@@ -684,38 +678,21 @@ fn namespace_controller() -> UserInfo<'static> {
         ]
         .map(Cow::Borrowed)
         .to_vec(),
-    }
-}
-
-/// Whether a lock's `resources` name an object resource the registration sends (a rule naming
-/// only subresources never sees a DELETE).
-fn covers_deletable(spec: &LockSpec) -> bool {
-    let Some(rules) = &spec.resources else {
-        return true;
     };
-    rules.iter().any(|rule| {
-        rule.api_groups.iter().any(|group| {
-            (rule.resources.iter()).any(|resource| {
-                !resource.contains('/') && subresources::may_be_sent(group, resource)
-            })
-        })
-    })
-}
-
-/// A Namespace DELETE is refused while a Lock in it would refuse the namespace controller's
-/// DELETE of its objects (else the namespace is left half emptied and Terminating); Warn and
-/// exempting Locks let it through with a warning.
-fn namespace_deletion(
-    req: &AdmissionRequest,
-    namespace: &str,
-    contents: &LockSet,
-    now: Timestamp,
-) -> Verdict {
-    let controller = namespace_controller();
     let mut found = Applicable::default();
     for lock in contents.iter() {
         let spec = &lock.spec;
-        if spec.operations().contains(&LockOperation::Delete) && covers_deletable(spec) {
+        // A rule naming only subresources never sees a DELETE.
+        let deletable = spec.resources.as_ref().is_none_or(|rules| {
+            rules.iter().any(|rule| {
+                (rule.api_groups.iter()).any(|group| {
+                    (rule.resources.iter()).any(|resource| {
+                        !resource.contains('/') && subresources::may_be_sent(group, resource)
+                    })
+                })
+            })
+        });
+        if spec.operations().contains(&LockOperation::Delete) && deletable {
             found.sort(lock, &controller, now);
         }
     }

@@ -35,8 +35,7 @@ impl fmt::Display for Target<'_> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Labels {
     Read(BTreeMap<String, String>),
-    /// It does not exist (404): nothing is left to lock, and the API server answers the
-    /// eviction or scale itself (an eviction of a missing pod is a 404).
+    /// It does not exist (404): the API server answers the eviction or scale itself.
     Gone,
     /// They could not be read; `on_lookup_error` decides for the locks that need them.
     Unreadable(LabelError),
@@ -50,18 +49,10 @@ pub enum LabelError {
     #[error(
         "the webhook's identity may not get {resource}: grant it get on {resource} ({message})"
     )]
-    Forbidden {
-        resource: String,
-        /// The API server's message.
-        message: String,
-    },
+    Forbidden { resource: String, message: String },
     /// The API server answered with another error (5xx, 4xx other than 403 and 404).
     #[error("the API server answered {code}: {message}")]
-    Api {
-        code: u16,
-        /// The API server's message.
-        message: String,
-    },
+    Api { code: u16, message: String },
     /// The API server could not be reached, or its answer not read.
     #[error("{0}")]
     Connection(String),
@@ -83,8 +74,7 @@ impl LabelError {
     }
 }
 
-/// A place to read an object's labels from, and a custom resource's scaled field. The caller
-/// bounds the wait.
+/// Where labels and a custom resource's scaled field are read; the caller bounds the wait.
 pub trait LabelReader: Send + Sync + 'static {
     /// The labels of `target`; `Ok(None)` when it does not exist.
     fn labels(
@@ -92,16 +82,14 @@ pub trait LabelReader: Send + Sync + 'static {
         target: &Target<'_>,
     ) -> BoxFuture<'static, Result<Option<BTreeMap<String, String>>, LabelError>>;
 
-    /// The `specReplicasPath` (`.spec.size`) of `resource`'s CRD at its version; `Ok(None)` when
-    /// the CRD or its scale subresource does not exist.
+    /// The `specReplicasPath` (`.spec.size`) of `resource`'s CRD; `Ok(None)` without CRD or scale.
     fn scaled_field(
         &self,
         resource: &Resource<'_>,
     ) -> BoxFuture<'static, Result<Option<String>, LabelError>>;
 }
 
-/// The reader without a cluster (locks from files): every read fails with
-/// [`LabelError::NoCluster`], so `on_lookup_error` decides.
+/// Without a cluster (locks from files) every read fails with [`LabelError::NoCluster`].
 #[derive(Clone, Copy, Debug, Default)]
 pub struct NoCluster;
 

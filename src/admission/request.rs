@@ -140,9 +140,8 @@ impl AdmissionRequest<'_> {
         serde_json::from_str(Box::leak(value.to_string().into_boxed_str()))
     }
 
-    /// `request.name`, or `oldObject.metadata.name` when that is empty (DELETECOLLECTION items).
-    /// A proxy request's name is read as the API server reads it: `http:db-0:8080` is `db-0`
-    /// ([`subresources::proxied_name`]); one it refuses is kept as written, and names no lock.
+    /// `request.name`, else `oldObject.metadata.name` (DELETECOLLECTION items); a proxy name as
+    /// the API server reads it (`http:db-0:8080` is `db-0`), else as written.
     pub fn object_name(&self) -> Option<&str> {
         let proxied = self.resource.group.is_empty()
             && self.subresource() == Some("proxy")

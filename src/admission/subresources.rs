@@ -32,9 +32,8 @@ impl Subresource {
     }
 }
 
-/// Every subresource of the API server (1.33–1.36) whose UPDATE changes the object. Others are CREATEs of other objects
-/// (`pods/eviction`, `pods/binding`, `serviceaccounts/token`), CONNECTs (`exec`, `attach`,
-/// `portforward`, `proxy`) or reads (`log`).
+/// Every subresource (API server 1.33–1.36) whose UPDATE changes the object; the others create
+/// other objects (`pods/eviction`, `pods/binding`), CONNECT (`exec`, `proxy`) or read (`log`).
 pub const CHANGING: &[Subresource] = &[
     // Status: it may change the status, but what else a status write carries (a pod's labels,
     // annotations and finalizers) counts like an UPDATE of the object.
@@ -87,9 +86,8 @@ pub fn changing(resource: &str, name: &str) -> Option<&'static Subresource> {
     CHANGING.iter().find(|s| s.matches(resource, name))
 }
 
-/// The objects the registration never sends (`manifests cluster`'s exclusions) or that are
-/// never stored, so never updated or deleted: a Lock naming only these locks nothing, and must
-/// neither widen the registration nor block a namespace's deletion. By `(group, resource)`.
+/// `(group, resource)` never sent (`manifests cluster`'s exclusions) or never stored: a Lock naming
+/// only these locks nothing, widens no registration and blocks no namespace deletion.
 const NEVER_SENT: &[(&str, &str)] = &[
     // Unlocking is deleting a lock: the lock group is never sent, whatever its resources.
     (crate::api::GROUP, "*"),
@@ -107,10 +105,8 @@ const NEVER_SENT: &[(&str, &str)] = &[
     ("", "componentstatuses"),
 ];
 
-/// Whether a lock rule's `group` and `resource` (either may be `*`; `resource` may name a
-/// subresource, `pods/exec`) can name something the webhook is sent: an object of a resource
-/// the registration sends, or a subresource it sends (the [`CHANGING`] ones, `pods/eviction`
-/// and the CONNECT ones of pods, `status` among them). Every other subresource is never sent.
+/// Whether a lock rule's `group` and `resource` (`*`, or a subresource such as `pods/exec`) can
+/// name what the webhook is sent: an object, a [`CHANGING`] subresource, an eviction or CONNECT.
 pub fn may_be_sent(group: &str, resource: &str) -> bool {
     if let Some((resource, sub)) = resource.split_once('/') {
         let core = group == "*" || group.is_empty();
@@ -128,9 +124,8 @@ pub fn may_be_sent(group: &str, resource: &str) -> bool {
     !(NEVER_SENT.iter()).any(|(g, r)| (*g == "*" || *g == group) && (*r == "*" || *r == resource))
 }
 
-/// Whether a lock's `resources` can name anything the webhook is sent ([`may_be_sent`]): no
-/// `resources` names everything; an empty list, or rules naming only what is never sent (the
-/// lock kinds, events, leases, reviews, read-only subresources), lock nothing.
+/// Whether a lock's `resources` can name anything the webhook is sent ([`may_be_sent`]): none
+/// names everything; an empty list, or only what is never sent, locks nothing.
 pub fn locks_anything(spec: &crate::api::LockSpec) -> bool {
     let Some(rules) = &spec.resources else {
         return true;
@@ -144,10 +139,8 @@ pub fn locks_anything(spec: &crate::api::LockSpec) -> bool {
 /// The resources whose `proxy` subresource takes `[scheme:]NAME[:port]` in the name segment.
 pub const PROXIED: [&str; 3] = ["pods", "services", "nodes"];
 
-/// The object name of a proxy request's name segment, split as the API server splits it
-/// (`net.SplitSchemeNamePort` of apimachinery): `NAME`, `NAME:PORT` or `SCHEME:NAME:PORT`, the
-/// scheme `http`, `https` or empty, the name not empty, the port anything (a port name too).
-/// `None` for what the API server refuses with 400 (`invalid pod request`) after admission.
+/// The object name of a proxy name segment (`NAME`, `NAME:PORT`, `SCHEME:NAME:PORT`) as
+/// apimachinery's `SplitSchemeNamePort` splits it; `None` where the API server answers 400.
 pub fn proxied_name(segment: &str) -> Option<&str> {
     let mut parts = segment.split(':');
     let (first, second, third) = (parts.next(), parts.next(), parts.next());
