@@ -8,16 +8,14 @@ use std::path::{Path, PathBuf};
 
 use base64::Engine;
 use k8s_openapi::ByteString;
-use k8s_openapi::api::admissionregistration::v1::{
-    MatchCondition, RuleWithOperations, ValidatingWebhook, ValidatingWebhookConfiguration,
-    WebhookClientConfig,
-};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject;
 use serde::Serialize;
-use serde_json::json;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
 
 use crate::admission::subresources;
 use crate::{api, registration};
@@ -159,108 +157,72 @@ impl Registration {
 }
 
 pub fn webhook_configuration(reg: &Registration, name: &str) -> ValidatingWebhookConfiguration {
-    let rule = |operations: &[&str],
-                groups: &[&str],
-                versions: &[&str],
-                resources: Vec<String>,
-                scope: &str| {
-        RuleWithOperations {
-            operations: Some(operations.iter().map(|s| (*s).to_owned()).collect()),
-            api_groups: Some(groups.iter().map(|s| (*s).to_owned()).collect()),
-            api_versions: Some(versions.iter().map(|s| (*s).to_owned()).collect()),
-            resources: Some(resources),
-            scope: Some(scope.to_owned()),
-        }
+    let update_delete = |resources: Vec<String>, scope: &str| {
+        json!({
+            "operations": ["UPDATE", "DELETE"],
+            "apiGroups": ["*"],
+            "apiVersions": ["*"],
+            "resources": resources,
+            "scope": scope,
+        })
     };
-    let entry = |webhook_name: &str, rules: Vec<RuleWithOperations>| ValidatingWebhook {
-        name: webhook_name.to_owned(),
-        admission_review_versions: vec!["v1".to_owned()],
-        client_config: WebhookClientConfig {
-            url: Some(reg.url.clone()),
-            ca_bundle: Some(ByteString(reg.ca_bundle.clone())),
-            service: None,
-        },
-        failure_policy: Some(format!("{:?}", reg.failure_policy)),
-        match_policy: Some("Equivalent".to_owned()),
-        // Refusals are recorded as Events, except for dry runs.
-        side_effects: "NoneOnDryRun".to_owned(),
-        timeout_seconds: Some(reg.timeout_seconds),
-        // The cluster-scoped entry's selects Namespace objects by their own labels: the same
-        // exclusions and requirements.
-        namespace_selector: Some(registration::namespaced_selector(
-            Some(&reg.namespaces),
-            registration::Narrowing::Broad,
-        )),
-        object_selector: None,
-        match_conditions: Some(match_conditions()),
-        rules: Some(rules),
+    let entry = |entry_name: &str, rules: Value| {
+        json!({
+            "name": entry_name,
+            "admissionReviewVersions": ["v1"],
+            "clientConfig": {"url": reg.url, "caBundle": ByteString(reg.ca_bundle.clone())},
+            "failurePolicy": format!("{:?}", reg.failure_policy),
+            "matchPolicy": "Equivalent",
+            // Refusals are recorded as Events, except for dry runs.
+            "sideEffects": "NoneOnDryRun",
+            "timeoutSeconds": reg.timeout_seconds,
+            // The cluster-scoped entry's selects Namespace objects by their own labels: the same
+            // exclusions and requirements.
+            "namespaceSelector": registration::namespaced_selector(
+                Some(&reg.namespaces),
+                registration::Narrowing::Broad,
+            ),
+            // Traffic that must never depend on the webhook.
+            "matchConditions": [
+                {
+                    "name": "not-lock-resources",
+                    "expression": format!("request.resource.group != '{}'", api::GROUP),
+                },
+                {
+                    "name": "not-leases",
+                    "expression": "!(request.resource.group == 'coordination.k8s.io' && \
+                                   request.resource.resource == 'leases')",
+                },
+                {"name": "not-events", "expression": "request.resource.resource != 'events'"},
+                {"name": "not-nodes", "expression": "!('system:nodes' in request.userInfo.groups)"},
+                {
+                    "name": "not-apiserver",
+                    "expression": "request.userInfo.username != 'system:apiserver'",
+                },
+            ],
+            "rules": rules,
+        })
     };
-    ValidatingWebhookConfiguration {
-        metadata: ObjectMeta {
-            name: Some(name.to_owned()),
-            labels: Some([("app.kubernetes.io/name".to_owned(), NAME.to_owned())].into()),
-            ..ObjectMeta::default()
-        },
-        webhooks: Some(vec![
-            entry(
-                "namespaced.objectlock.dev",
-                vec![
-                    rule(
-                        &["UPDATE", "DELETE"],
-                        &["*"],
-                        &["*"],
-                        subresources::rule_resources(true),
-                        "Namespaced",
-                    ),
-                    // Eviction deletes the pod without a DELETE reaching admission.
-                    rule(
-                        &["CREATE"],
-                        &[""],
-                        &["v1"],
-                        vec!["pods/eviction".to_owned()],
-                        "Namespaced",
-                    ),
-                ],
-            ),
-            entry(
-                "cluster.objectlock.dev",
-                // Includes DELETE of Namespaces (refused while they hold Locks).
-                vec![rule(
-                    &["UPDATE", "DELETE"],
-                    &["*"],
-                    &["*"],
-                    subresources::rule_resources(false),
-                    "Cluster",
-                )],
-            ),
-        ]),
-    }
-}
-
-/// CEL conditions keeping traffic that must never depend on the webhook away from it.
-fn match_conditions() -> Vec<MatchCondition> {
-    [
-        ("not-lock-resources", format!("request.resource.group != '{}'", api::GROUP)),
-        (
-            "not-leases",
-            "!(request.resource.group == 'coordination.k8s.io' && request.resource.resource == 'leases')".to_owned(),
-        ),
-        ("not-events", "request.resource.resource != 'events'".to_owned()),
-        (
-            "not-nodes",
-            "!('system:nodes' in request.userInfo.groups)".to_owned(),
-        ),
-        (
-            "not-apiserver",
-            "request.userInfo.username != 'system:apiserver'".to_owned(),
-        ),
-    ]
-    .into_iter()
-    .map(|(name, expression)| MatchCondition {
-        name: name.to_owned(),
-        expression,
-    })
-    .collect()
+    typed(json!({
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/name": NAME}},
+        "webhooks": [
+            entry("namespaced.objectlock.dev", json!([
+                update_delete(subresources::rule_resources(true), "Namespaced"),
+                // Eviction deletes the pod without a DELETE reaching admission.
+                {
+                    "operations": ["CREATE"],
+                    "apiGroups": [""],
+                    "apiVersions": ["v1"],
+                    "resources": ["pods/eviction"],
+                    "scope": "Namespaced",
+                },
+            ])),
+            // Includes DELETE of Namespaces (refused while they hold Locks).
+            entry("cluster.objectlock.dev", json!([
+                update_delete(subresources::rule_resources(false), "Cluster"),
+            ])),
+        ],
+    }))
 }
 
 /// Core resources whose labels selector Locks may need: evicted pods, scaled
@@ -272,32 +234,16 @@ pub const LABELS_READ_APPS: [&str; 3] = ["deployments", "replicasets", "stateful
 /// The ClusterRole (read the locks, write their status, record refusal events, get the labels
 /// of evicted pods and scaled objects; nothing else) and its binding to the webhook's identity.
 pub fn rbac(identity: &Identity) -> (ClusterRole, ClusterRoleBinding) {
-    let meta = || ObjectMeta {
-        name: Some(NAME.to_owned()),
-        labels: Some([("app.kubernetes.io/name".to_owned(), NAME.to_owned())].into()),
-        ..ObjectMeta::default()
-    };
-    let rule = |group: &str, resources: &[&str], verbs: &[&str]| PolicyRule {
-        api_groups: Some(vec![group.to_owned()]),
-        resources: Some(resources.iter().map(|r| (*r).to_owned()).collect()),
-        verbs: verbs.iter().map(|v| (*v).to_owned()).collect(),
-        ..PolicyRule::default()
-    };
-    let status = [api::LOCKS, api::CLUSTER_LOCKS].map(|r| format!("{r}/status"));
-    let role = ClusterRole {
-        metadata: meta(),
-        rules: Some(vec![
-            rule(
-                api::GROUP,
-                &[api::LOCKS, api::CLUSTER_LOCKS],
-                &["get", "list", "watch"],
-            ),
+    let metadata = json!({"name": NAME, "labels": {"app.kubernetes.io/name": NAME}});
+    let rule = |group: &str, resources: &[&str], verbs: &[&str]| json!({"apiGroups": [group], "resources": resources, "verbs": verbs});
+    let locks = [api::LOCKS, api::CLUSTER_LOCKS];
+    let status = locks.map(|r| format!("{r}/status"));
+    let role = json!({
+        "metadata": metadata,
+        "rules": [
+            rule(api::GROUP, &locks, &["get", "list", "watch"]),
             // Each instance records in a lock's status that it enforces it.
-            rule(
-                api::GROUP,
-                &status.each_ref().map(String::as_str),
-                &["patch"],
-            ),
+            rule(api::GROUP, &status.each_ref().map(String::as_str), &["patch"]),
             // Refusals are recorded as Events regarding the lock (a series: create, then patch).
             rule("events.k8s.io", &["events"], &["create", "patch"]),
             // A selector Lock applies to an eviction or a scale by the labels of the pod or the
@@ -307,38 +253,28 @@ pub fn rbac(identity: &Identity) -> (ClusterRole, ClusterRoleBinding) {
             rule("apps", &LABELS_READ_APPS, &["get"]),
             // A lock on fields covering a custom resource's scale needs the field the scale
             // writes, which only the CRD says (specReplicasPath).
-            rule(
-                "apiextensions.k8s.io",
-                &["customresourcedefinitions"],
-                &["get"],
-            ),
-        ]),
-        aggregation_rule: None,
-    };
+            rule("apiextensions.k8s.io", &["customresourcedefinitions"], &["get"]),
+        ],
+    });
     let subject = match identity {
-        Identity::User(name) => Subject {
-            kind: "User".to_owned(),
-            name: name.clone(),
-            api_group: Some("rbac.authorization.k8s.io".to_owned()),
-            namespace: None,
-        },
-        Identity::ServiceAccount { namespace, name } => Subject {
-            kind: "ServiceAccount".to_owned(),
-            name: name.clone(),
-            api_group: None,
-            namespace: Some(namespace.clone()),
-        },
+        Identity::User(name) => {
+            json!({"kind": "User", "name": name, "apiGroup": "rbac.authorization.k8s.io"})
+        }
+        Identity::ServiceAccount { namespace, name } => {
+            json!({"kind": "ServiceAccount", "name": name, "namespace": namespace})
+        }
     };
-    let binding = ClusterRoleBinding {
-        metadata: meta(),
-        role_ref: RoleRef {
-            api_group: Some("rbac.authorization.k8s.io".to_owned()),
-            kind: "ClusterRole".to_owned(),
-            name: NAME.to_owned(),
-        },
-        subjects: Some(vec![subject]),
-    };
-    (role, binding)
+    let binding = json!({
+        "metadata": metadata,
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": NAME},
+        "subjects": [subject],
+    });
+    (typed(role), typed(binding))
+}
+
+/// A manifest written as JSON, as its Kubernetes type.
+fn typed<T: DeserializeOwned>(value: Value) -> T {
+    serde_json::from_value(value).expect("a manifest of its type")
 }
 
 /// Everything for `kubectl apply -f -`: CRDs, RBAC, webhook configuration. Narrowed: the

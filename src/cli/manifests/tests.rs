@@ -1,5 +1,6 @@
 use super::*;
 use crate::registration::{conditions, operations};
+use k8s_openapi::api::admissionregistration::v1::RuleWithOperations;
 
 fn example_ca() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/examples/example-ca.crt")
