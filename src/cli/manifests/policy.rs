@@ -1,6 +1,7 @@
-//! Who may lock and who may unlock: the ValidatingAdmissionPolicy on the lock resources (no
-//! escalation; changing a lock is unlocking it; held locks), checked by the API server in-process.
-//! Invariant: it never matches the status subresource, so the webhook's status writes pass.
+//! Who may lock and who may unlock: the ValidatingAdmissionPolicy of policy.yaml on the lock
+//! resources (no escalation; changing a lock is unlocking it; held locks), with the rights a lock
+//! needs generated here; its binding; the unlock role. Invariant: it never matches the status
+//! subresource, so the webhook's status writes pass.
 
 use serde_json::{Value, json};
 
@@ -13,15 +14,6 @@ pub const POLICY_NAME: &str = "locks.objectlock.dev";
 pub const UNLOCK_VERB: &str = "unlock";
 /// Name of the example ClusterRole granting [`UNLOCK_VERB`].
 pub const UNLOCK_ROLE: &str = "kube-object-lock-unlock";
-
-/// Users that delete locks as part of cleaning up: the garbage collector (owned locks whose owner
-/// is gone) and the namespace controller, with per-controller credentials
-/// (`--use-service-account-credentials`) or with the controller manager's own.
-const CLEANUP_USERS: [&str; 3] = [
-    "system:serviceaccount:kube-system:generic-garbage-collector",
-    "system:serviceaccount:kube-system:namespace-controller",
-    "system:kube-controller-manager",
-];
 
 /// How many permissions one lock may need checked: each check is one policy variable, and the
 /// API server caps the cost of a whole policy evaluation. A pod lock needs 8, a Deployment's 5.
@@ -106,117 +98,6 @@ fn needed_for_pair() -> String {
     parts.join(" + ")
 }
 
-/// CEL: whether `holder` (a `spec.holder`) names the requesting user or one of its groups.
-fn names_requester(holder: &str) -> String {
-    format!(
-        "has({holder}.user) ? {holder}.user == request.userInfo.username : \
-         has({holder}.group) ? {holder}.group in request.userInfo.groups : \
-         has({holder}.serviceAccount) && 'system:serviceaccount:' + {holder}.serviceAccount.replace('/', ':') == request.userInfo.username"
-    )
-}
-
-/// CEL: `user "alice"`, `group "ops"` or `service account "ns/name"`.
-fn describe_holder(holder: &str) -> String {
-    format!(
-        "(has({holder}.user) ? 'user \"' + {holder}.user + '\"' : \
-          has({holder}.group) ? 'group \"' + {holder}.group + '\"' : \
-          'service account \"' + {holder}.serviceAccount + '\"')"
-    )
-}
-
-/// CEL of the policy's variables, in order (each may use those before it). Variables are
-/// evaluated lazily, at most once per request.
-fn variables() -> Vec<(&'static str, String)> {
-    vec![
-        (
-            "lock",
-            "request.operation == 'DELETE' ? oldObject : object".to_owned(),
-        ),
-        // A DELETECOLLECTION sends no request.name; cluster-scoped requests no namespace.
-        ("lockName", "variables.lock.metadata.name".to_owned()),
-        (
-            "lockNamespace",
-            "has(request.namespace) ? request.namespace : ''".to_owned(),
-        ),
-        (
-            "lockText",
-            "variables.lockNamespace == '' ? 'ClusterLock ' + variables.lockName : \
-             'Lock ' + variables.lockNamespace + '/' + variables.lockName"
-                .to_owned(),
-        ),
-        // Creating a lock, or changing its spec: what it covers must be checked.
-        (
-            "escalates",
-            "request.operation == 'CREATE' || request.operation == 'UPDATE' && \
-             (has(object.spec) != has(oldObject.spec) || has(object.spec) && object.spec != oldObject.spec)"
-                .to_owned(),
-        ),
-        // A selector lock covers every name of its namespace: '' asks about all names.
-        (
-            "coveredName",
-            "has(object.spec.selector) ? '' : object.metadata.name".to_owned(),
-        ),
-        (
-            "ops",
-            "has(object.spec.operations) ? object.spec.operations : ['UPDATE', 'DELETE']"
-                .to_owned(),
-        ),
-        // [group, resource] pairs; a lock without spec.resources covers every resource.
-        (
-            "pairs",
-            "has(object.spec.resources) ? object.spec.resources.map(r, r.apiGroups.map(g, \
-             r.resources.map(x, [g, x]))).flatten().flatten() : [['*', '*']]"
-                .to_owned(),
-        ),
-        // [verb, group, resource, subresource] for each right the lock takes away.
-        (
-            "needed",
-            format!("variables.pairs.map(p, {}).flatten()", needed_for_pair()),
-        ),
-        (
-            "held",
-            "request.operation != 'CREATE' && has(oldObject.spec) && has(oldObject.spec.holder)"
-                .to_owned(),
-        ),
-        // An UPDATE changing what can lift the lock: its spec, its owners (the garbage collector
-        // deletes a lock whose owner is missing) or its finalizers (a delete then only marks it).
-        (
-            "changed",
-            "request.operation == 'UPDATE' && (variables.escalates || \
-             (has(object.metadata.ownerReferences) ? object.metadata.ownerReferences : []) != \
-             (has(oldObject.metadata.ownerReferences) ? oldObject.metadata.ownerReferences : []) || \
-             (has(object.metadata.finalizers) ? object.metadata.finalizers : []) != \
-             (has(oldObject.metadata.finalizers) ? oldObject.metadata.finalizers : []))"
-                .to_owned(),
-        ),
-        (
-            "heldChange",
-            "request.operation == 'DELETE' || variables.changed".to_owned(),
-        ),
-        ("isHolder", names_requester("oldObject.spec.holder")),
-        (
-            "mayUnlock",
-            format!(
-                "authorizer.group('{}').resource(request.resource.resource)\
-                 .namespace(variables.lockNamespace).name(variables.lockName).check('{UNLOCK_VERB}').allowed()",
-                api::GROUP
-            ),
-        ),
-        (
-            "cleanup",
-            format!(
-                "request.userInfo.username in [{}] || namespaceObject != null && \
-                 has(namespaceObject.metadata.deletionTimestamp)",
-                CLEANUP_USERS
-                    .iter()
-                    .map(|u| format!("'{u}'"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        ),
-    ]
-}
-
 /// One validation per right a lock may need: the API server caps each expression's cost, and one
 /// authorizer check costs about a third of the cap (three in one expression already exceed it).
 /// The message of the first right missing names it, without a check of its own.
@@ -256,73 +137,15 @@ fn escalation_checks() -> Vec<Value> {
     out
 }
 
+/// policy.yaml with the rights a lock needs filled in and checked.
 pub fn policy() -> Value {
-    let mut validations = escalation_checks();
-    validations.push(json!({
-        "expression": format!(
-            "request.operation == 'DELETE' || !has(object.spec.holder) || \
-             variables.held && object.spec.holder == oldObject.spec.holder || ({})",
-            names_requester("object.spec.holder")
-        ),
-        "messageExpression": format!(
-            "'spec.holder names ' + {} + ', not user \"' + request.userInfo.username + \
-             '\" or one of its groups: a lock is held only in the name of whoever takes it'",
-            describe_holder("object.spec.holder")
-        ),
-        "reason": "Forbidden",
-    }));
-    // Its own expression: one authorizer check (see escalation_checks).
-    validations.push(json!({
-        "expression": format!(
-            "variables.held || !variables.changed || variables.cleanup || \
-             authorizer.group('{}').resource(request.resource.resource)\
-             .namespace(variables.lockNamespace).name(variables.lockName).check('delete').allowed()",
-            api::GROUP
-        ),
-        "messageExpression": format!(
-            "variables.lockText + ': changing its spec, owners or finalizers can lift it, so it needs the right to delete it; user \"' + \
-             request.userInfo.username + '\" may not delete ' + request.resource.resource + '.{group} \"' + variables.lockName + '\"' + \
-             (variables.lockNamespace == '' ? '' : ' in namespace \"' + variables.lockNamespace + '\"')",
-            group = api::GROUP
-        ),
-        "reason": "Forbidden",
-    }));
-    validations.push(json!({
-        "expression": "!variables.held || !variables.heldChange || variables.isHolder || variables.mayUnlock || variables.cleanup",
-        "messageExpression": format!(
-            "variables.lockText + ' is held by ' + {} + ': only its holder, or someone granted the \"{UNLOCK_VERB}\" verb on ' + \
-             request.resource.resource + '.{group}, may delete it or change its spec, owners or finalizers (user \"' + \
-             request.userInfo.username + '\" may not)'",
-            describe_holder("oldObject.spec.holder"),
-            group = api::GROUP
-        ),
-        "reason": "Forbidden",
-    }));
-    json!({
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicy",
-        "metadata": {
-            "name": POLICY_NAME,
-            "labels": {"app.kubernetes.io/name": super::NAME},
-        },
-        "spec": {
-            "failurePolicy": "Fail",
-            "matchConstraints": {
-                "matchPolicy": "Equivalent",
-                "resourceRules": [{
-                    "apiGroups": [api::GROUP],
-                    "apiVersions": ["*"],
-                    "operations": ["CREATE", "UPDATE", "DELETE"],
-                    "resources": [api::LOCKS, api::CLUSTER_LOCKS],
-                }],
-            },
-            "variables": variables()
-                .into_iter()
-                .map(|(name, expression)| json!({"name": name, "expression": expression}))
-                .collect::<Vec<_>>(),
-            "validations": validations,
-        },
-    })
+    let template = include_str!("policy.yaml").replace("{needed}", &needed_for_pair());
+    let mut policy: Value = serde_saphyr::from_str(&template).expect("policy.yaml is valid");
+    let validations = &mut policy["spec"]["validations"];
+    let mut checks = escalation_checks();
+    checks.extend(validations.as_array().into_iter().flatten().cloned());
+    *validations = Value::Array(checks);
+    policy
 }
 
 /// The binding that makes the policy refuse (every namespace, every lock).

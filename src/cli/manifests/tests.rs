@@ -444,7 +444,13 @@ fn the_lock_policy_checks_every_subresource_the_decision_locks() {
 
     // The lock resources, never their status (the webhook's own writes).
     let rules = &policy["spec"]["matchConstraints"]["resourceRules"][0];
+    assert_eq!(rules["apiGroups"], json!([api::GROUP]));
     assert_eq!(rules["resources"], json!([api::LOCKS, api::CLUSTER_LOCKS]));
+    let may_unlock = variables.iter().find(|v| v["name"] == "mayUnlock");
+    let may_unlock = may_unlock
+        .and_then(|v| v["expression"].as_str())
+        .expect("mayUnlock");
+    assert!(may_unlock.contains(&format!("check('{}')", policy::UNLOCK_VERB)));
     assert_eq!(rules["operations"], json!(["CREATE", "UPDATE", "DELETE"]));
     assert_eq!(policy["spec"]["failurePolicy"], "Fail");
 
