@@ -117,10 +117,7 @@ impl Registration {
         timeout_seconds: i32,
         identity: Identity,
     ) -> Result<Registration, ManifestsError> {
-        match url.parse::<http::Uri>() {
-            Ok(uri) if uri.scheme_str() == Some("https") && uri.host().is_some() => {}
-            _ => return Err(ManifestsError::Url(url.to_owned())),
-        }
+        https_authority(url)?;
         if !(1..=30).contains(&timeout_seconds) {
             return Err(ManifestsError::Timeout(timeout_seconds));
         }
@@ -315,18 +312,17 @@ fn cluster_yaml(
     config: &ValidatingWebhookConfiguration,
 ) -> Result<String, ManifestsError> {
     let mut out = api::crds_yaml().map_err(|e| ManifestsError::Yaml(e.to_string()))?;
-    push(&mut out, role)?;
-    push(&mut out, binding)?;
-    push(&mut out, &policy::policy())?;
-    push(&mut out, &policy::binding())?;
-    push(&mut out, config)?;
-    out.push_str(&format!(
+    out += &document(role)?;
+    out += &document(binding)?;
+    out += &document(&policy::policy())?;
+    out += &document(&policy::binding())?;
+    out += &document(config)?;
+    out += &format!(
         "---\n# Not bound: lifts anyone's held lock. Bind it to administrators, e.g.\n\
          #   kubectl create clusterrolebinding {role}-admins --clusterrole {role} --group lock-admins\n",
         role = policy::UNLOCK_ROLE
-    ));
-    out.push_str(&yaml(&policy::unlock_role())?);
-    Ok(out)
+    );
+    Ok(out + &yaml(&policy::unlock_role())?)
 }
 
 /// The manifest-based variant (Kubernetes 1.37, beta and on by default; 1.36 behind the
@@ -335,9 +331,7 @@ fn cluster_yaml(
 /// broad: these files are read by the API server at start and cannot be written through the
 /// API, so the running webhook cannot narrow them to the locked names.
 pub fn static_manifest(reg: &Registration) -> Result<String, ManifestsError> {
-    let mut out = String::new();
-    push(&mut out, &webhook_configuration(reg, STATIC_NAME))?;
-    Ok(out)
+    document(&webhook_configuration(reg, STATIC_NAME))
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -361,12 +355,7 @@ pub fn apiserver(
     apiserver_dir: &Path,
     static_dir: Option<&Path>,
 ) -> Result<ApiServerFiles, ManifestsError> {
-    let uri: http::Uri = url
-        .parse()
-        .map_err(|_| ManifestsError::Url(url.to_owned()))?;
-    let (Some("https"), Some(authority)) = (uri.scheme_str(), uri.authority()) else {
-        return Err(ManifestsError::Url(url.to_owned()));
-    };
+    let authority = https_authority(url)?;
     // The API server picks the client certificate by `users[].name` == host:port of the URL; a
     // mismatch silently sends none. The port is explicit even when it is 443.
     let user = match authority.port() {
@@ -374,17 +363,14 @@ pub fn apiserver(
         None => format!("{}:443", authority.as_str()),
     };
     let read = |flag: &'static str, path: &Path, pem_kind: &str| {
-        let bytes = std::fs::read(path).map_err(|e| ManifestsError::ClientFile {
+        let error = |message| ManifestsError::ClientFile {
             flag,
             path: path.to_owned(),
-            message: e.to_string(),
-        })?;
+            message,
+        };
+        let bytes = std::fs::read(path).map_err(|e| error(e.to_string()))?;
         if !String::from_utf8_lossy(&bytes).contains(pem_kind) {
-            return Err(ManifestsError::ClientFile {
-                flag,
-                path: path.to_owned(),
-                message: format!("no {pem_kind} PEM block"),
-            });
+            return Err(error(format!("no {pem_kind} PEM block")));
         }
         Ok(base64::engine::general_purpose::STANDARD.encode(bytes))
     };
@@ -449,10 +435,16 @@ fn yaml(value: &impl Serialize) -> Result<String, ManifestsError> {
         .map_err(|e| ManifestsError::Yaml(e.to_string()))
 }
 
-fn push(out: &mut String, value: &impl Serialize) -> Result<(), ManifestsError> {
-    out.push_str("---\n");
-    out.push_str(&yaml(value)?);
-    Ok(())
+fn document(value: &impl Serialize) -> Result<String, ManifestsError> {
+    Ok(format!("---\n{}", yaml(value)?))
+}
+
+/// The host:port of an https:// URL with a host.
+fn https_authority(url: &str) -> Result<http::uri::Authority, ManifestsError> {
+    let uri = url.parse::<http::Uri>().ok();
+    let https = uri.filter(|uri| uri.scheme_str() == Some("https") && uri.host().is_some());
+    (https.and_then(|uri| uri.authority().cloned()))
+        .ok_or_else(|| ManifestsError::Url(url.to_owned()))
 }
 
 #[cfg(test)]
