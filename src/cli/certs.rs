@@ -7,8 +7,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
-    Issuer, KeyPair, KeyUsagePurpose,
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose,
 };
 use time::{Duration, OffsetDateTime};
 
@@ -77,41 +77,15 @@ pub fn generate(req: &CertsRequest) -> Result<Vec<PathBuf>, CertsError> {
     {
         return Err(CertsError::Exists(existing.clone()));
     }
-    let now = OffsetDateTime::now_utc();
-    // Backdate a little so a peer with a slightly slow clock accepts the certificate at once.
-    let not_before = now - Duration::minutes(5);
-
-    let validity = |params: &mut CertificateParams, days: u32| {
-        params.not_before = not_before;
-        params.not_after = now + Duration::days(i64::from(days));
-    };
-    let issue = |sans: Vec<String>, cn, usage, issuer: &Issuer<'_, KeyPair>| {
-        let key = KeyPair::generate()?;
-        let mut params = CertificateParams::new(sans)?;
-        params.distinguished_name = name(cn);
-        params.is_ca = IsCa::ExplicitNoCa;
-        params.key_usages = vec![
-            KeyUsagePurpose::DigitalSignature,
-            KeyUsagePurpose::KeyEncipherment,
-        ];
-        params.extended_key_usages = vec![usage];
-        validity(&mut params, req.days);
-        let cert = params.signed_by(&key, issuer)?;
-        Ok::<_, CertsError>([(cert.pem(), 0o644), (key.serialize_pem(), 0o600)])
-    };
-    let (mut pems, issuer) = make_ca("kube-object-lock CA", req.ca_days, &validity)?;
-    pems.extend(issue(
-        sans,
-        "kube-object-lock",
-        ExtendedKeyUsagePurpose::ServerAuth,
-        &issuer,
-    )?);
+    let server = ExtendedKeyUsagePurpose::ServerAuth;
+    let mut pems = ca_and_leaf("kube-object-lock CA", "kube-object-lock", sans, server, req)?;
     if req.client {
         // A CA of its own: trusting the cluster CA would admit every client it ever signed.
-        let (client_ca, issuer) = make_ca("kube-object-lock client CA", req.ca_days, &validity)?;
-        pems.extend(client_ca);
-        let usage = ExtendedKeyUsagePurpose::ClientAuth;
-        pems.extend(issue(Vec::new(), CLIENT_CN, usage, &issuer)?);
+        let (ca, usage) = (
+            "kube-object-lock client CA",
+            ExtendedKeyUsagePurpose::ClientAuth,
+        );
+        pems.extend(ca_and_leaf(ca, CLIENT_CN, Vec::new(), usage, req)?);
     }
     std::fs::create_dir_all(&req.out).map_err(|source| CertsError::Io {
         path: req.out.clone(),
@@ -145,32 +119,45 @@ fn check_san(san: &str) -> Result<(), &'static str> {
     Ok(())
 }
 
-/// A PEM file's text and mode.
-type Pem = (String, u32);
-
-/// A self-signed CA that may sign leaf certificates only.
-fn make_ca(
-    common_name: &str,
-    days: u32,
-    validity: &impl Fn(&mut CertificateParams, u32),
-) -> Result<(Vec<Pem>, Issuer<'static, KeyPair>), CertsError> {
-    let key = KeyPair::generate()?;
-    let mut params = CertificateParams::new(Vec::<String>::new())?;
-    params.distinguished_name = name(common_name);
-    params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    validity(&mut params, days);
-    let pems = vec![
-        (params.self_signed(&key)?.pem(), 0o644),
-        (key.serialize_pem(), 0o600),
+/// The PEM files (text, mode) of a CA that may sign leaf certificates only, its key, a leaf
+/// certificate it signs for `usage` and the leaf's key.
+fn ca_and_leaf(
+    ca_name: &str,
+    leaf_name: &str,
+    sans: Vec<String>,
+    usage: ExtendedKeyUsagePurpose,
+    req: &CertsRequest,
+) -> Result<Vec<(String, u32)>, CertsError> {
+    let now = OffsetDateTime::now_utc();
+    let params = |sans: Vec<String>, common_name: &str, days: u32| {
+        let mut params = CertificateParams::new(sans)?;
+        params
+            .distinguished_name
+            .push(DnType::CommonName, common_name);
+        // Backdate a little so a peer with a slightly slow clock accepts the certificate at once.
+        params.not_before = now - Duration::minutes(5);
+        params.not_after = now + Duration::days(i64::from(days));
+        Ok::<_, CertsError>(params)
+    };
+    let (ca_key, leaf_key) = (KeyPair::generate()?, KeyPair::generate()?);
+    let mut ca = params(Vec::new(), ca_name, req.ca_days)?;
+    ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let ca_pem = ca.self_signed(&ca_key)?.pem();
+    let mut leaf = params(sans, leaf_name, req.days)?;
+    leaf.is_ca = IsCa::ExplicitNoCa;
+    leaf.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
     ];
-    Ok((pems, Issuer::new(params, key)))
-}
-
-fn name(common_name: &str) -> DistinguishedName {
-    let mut dn = DistinguishedName::new();
-    dn.push(DnType::CommonName, common_name);
-    dn
+    leaf.extended_key_usages = vec![usage];
+    let leaf_pem = leaf.signed_by(&leaf_key, &Issuer::from_params(&ca, &ca_key))?;
+    Ok(vec![
+        (ca_pem, 0o644),
+        (ca_key.serialize_pem(), 0o600),
+        (leaf_pem.pem(), 0o644),
+        (leaf_key.serialize_pem(), 0o600),
+    ])
 }
 
 fn write(path: &Path, bytes: &[u8], mode: u32, force: bool) -> Result<(), CertsError> {
