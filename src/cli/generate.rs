@@ -38,74 +38,6 @@ pub enum PluginShell {
     Kubectl,
 }
 
-/// The flags of one command line as kubectl's completion offers them.
-struct FlagTable {
-    /// `--long` and `-s` forms, each with its help's first line.
-    flags: Vec<(String, String)>,
-    /// Forms that take the next word as their value.
-    with_value: Vec<String>,
-    /// Forms with a fixed set of values, and those values.
-    values: Vec<(String, Vec<String>)>,
-}
-
-impl FlagTable {
-    fn of(cmd: &Command) -> FlagTable {
-        let mut table = FlagTable {
-            flags: Vec::new(),
-            with_value: Vec::new(),
-            values: Vec::new(),
-        };
-        for arg in cmd.get_arguments() {
-            if arg.is_positional() || arg.is_hide_set() {
-                continue;
-            }
-            let help = arg
-                .get_help()
-                .map(|h| h.to_string())
-                .unwrap_or_default()
-                .lines()
-                .next()
-                .unwrap_or_default()
-                .to_owned();
-            let mut forms = Vec::new();
-            if let Some(long) = arg.get_long() {
-                forms.push(format!("--{long}"));
-            }
-            if let Some(short) = arg.get_short() {
-                forms.push(format!("-{short}"));
-            }
-            let takes_value = arg.get_action().takes_values()
-                && arg.get_num_args().is_some_and(|n| n.min_values() > 0);
-            let possible: Vec<String> = arg
-                .get_possible_values()
-                .iter()
-                .filter(|v| !v.is_hide_set())
-                .map(|v| v.get_name().to_owned())
-                .collect();
-            for form in forms {
-                table.flags.push((form.clone(), help.clone()));
-                if takes_value {
-                    table.with_value.push(form.clone());
-                    if !possible.is_empty() {
-                        table.values.push((form, possible.clone()));
-                    }
-                }
-            }
-        }
-        table
-    }
-
-    /// A shell function printing the flags, one `FLAG<TAB>HELP` a line.
-    fn flags_function(&self, name: &str) -> String {
-        let mut out = format!("{name}() {{\n    cat <<'FLAGS'\n");
-        for (flag, help) in &self.flags {
-            let _ = writeln!(out, "{flag}\t{help}");
-        }
-        out.push_str("FLAGS\n}\n");
-        out
-    }
-}
-
 /// `kubectl_complete-lock`: kubectl (1.26+) runs it with the words typed after `kubectl lock`
 /// (as `kubectl_complete-unlock`, after `kubectl unlock`), the last being the one to complete.
 /// Flags and their values come from the command lines; resource types and object names from
@@ -116,30 +48,46 @@ pub fn kubectl_complete(lock: &Command, unlock: &Command) -> String {
     unlock.build();
     let list = lock
         .find_subcommand("list")
-        .expect("kubectl lock has a list subcommand")
-        .clone();
-    let tables = [
-        ("lock_flags", FlagTable::of(&lock)),
-        ("list_flags", FlagTable::of(&list)),
-        ("unlock_flags", FlagTable::of(&unlock)),
-    ];
-    let mut with_value: Vec<&str> = tables
-        .iter()
-        .flat_map(|(_, t)| t.with_value.iter().map(String::as_str))
-        .collect();
+        .expect("kubectl lock has a list subcommand");
+    let (header, body) = SCRIPT.split_at(SCRIPT.find("\ncase ").expect("the script") + 1);
+    let (mut out, mut with_value, mut values) = (header.to_owned(), Vec::new(), String::new());
+    // A shell function per command line printing its flags, one `FLAG<TAB>HELP` a line.
+    for (name, cmd) in [("lock", &lock), ("list", list), ("unlock", &unlock)] {
+        let _ = write!(out, "{name}_flags() {{\n    cat <<'FLAGS'\n");
+        for arg in cmd.get_arguments() {
+            if arg.is_positional() || arg.is_hide_set() {
+                continue;
+            }
+            let help = arg.get_help().map(|h| h.to_string()).unwrap_or_default();
+            let help = help.lines().next().unwrap_or_default();
+            let takes_value = arg.get_action().takes_values()
+                && arg.get_num_args().is_some_and(|n| n.min_values() > 0);
+            let possible: Vec<String> = (arg.get_possible_values().iter())
+                .filter(|v| !v.is_hide_set())
+                .map(|v| v.get_name().to_owned())
+                .collect();
+            let long = arg.get_long().map(|long| format!("--{long}"));
+            for form in long
+                .into_iter()
+                .chain(arg.get_short().map(|s| format!("-{s}")))
+            {
+                let _ = writeln!(out, "{form}\t{help}");
+                if takes_value && !possible.is_empty() {
+                    let _ = writeln!(
+                        values,
+                        "    {form}) printf '%s\\n' {} ;;",
+                        possible.join(" ")
+                    );
+                }
+                if takes_value {
+                    with_value.push(form);
+                }
+            }
+        }
+        out.push_str("FLAGS\n}\n");
+    }
     with_value.sort_unstable();
     with_value.dedup();
-    let mut values = String::new();
-    for (_, table) in &tables {
-        for (flag, names) in &table.values {
-            let _ = writeln!(values, "    {flag}) printf '%s\\n' {} ;;", names.join(" "));
-        }
-    }
-    let (header, body) = SCRIPT.split_at(SCRIPT.find("\ncase ").expect("the script") + 1);
-    let mut out = String::from(header);
-    for (name, table) in &tables {
-        out.push_str(&table.flags_function(name));
-    }
     let _ = write!(
         out,
         "takes_value() {{\n    case \"$1\" in\n    {}) return 0 ;;\n    esac\n    return 1\n}}\n\
