@@ -19,12 +19,10 @@ use crate::settings::Layers;
 #[derive(Debug, Parser)]
 #[command(name = "kube-object-lock", version = crate::VERSION, propagate_version = true)]
 pub struct Cli {
-    /// What to do.
     #[command(subcommand)]
     pub command: Command,
 }
 
-/// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the webhook: HTTPS on --listen, answering AdmissionReviews on POST /validate.
@@ -63,7 +61,6 @@ pub enum Command {
     Man(ManArgs),
 }
 
-/// Flags of `completion`.
 #[derive(Debug, Args)]
 pub struct CompletionArgs {
     /// The shell to complete in.
@@ -71,7 +68,6 @@ pub struct CompletionArgs {
     pub shell: generate::Shell,
 }
 
-/// Flags of `man`.
 #[derive(Debug, Args)]
 pub struct ManArgs {
     /// The directory to write the pages into (created if missing).
@@ -79,7 +75,6 @@ pub struct ManArgs {
     pub dir: PathBuf,
 }
 
-/// Where settings come from.
 #[derive(Debug, Args)]
 pub struct ConfigArgs {
     /// TOML settings file (see deploy/kube-object-lock.toml); environment variables
@@ -88,11 +83,9 @@ pub struct ConfigArgs {
     pub config: Option<PathBuf>,
 }
 
-/// Flags of `serve`.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
     #[command(flatten)]
-    /// Settings file.
     pub config: ConfigArgs,
     /// Address to listen on, an IP address and port [settings: server.listen; default
     /// 127.0.0.1:8443].
@@ -110,11 +103,9 @@ pub struct ServeArgs {
     #[arg(long, value_name = "FILE", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
     #[command(flatten)]
-    /// Lock source.
     pub source: SourceArgs,
 }
 
-/// Where locks come from.
 #[derive(Debug, Args)]
 pub struct SourceArgs {
     /// Kubeconfig of the webhook's identity [settings: kube.kubeconfig].
@@ -129,7 +120,6 @@ pub struct SourceArgs {
     pub locks_dir: Option<PathBuf>,
 }
 
-/// Flags of `certs`.
 #[derive(Debug, Clone, Args)]
 pub struct CertsArgs {
     /// Directory to write ca.crt, ca.key, tls.crt and tls.key into (created if missing).
@@ -154,7 +144,6 @@ pub struct CertsArgs {
     pub client: bool,
 }
 
-/// What `manifests` prints.
 #[derive(Debug, Subcommand)]
 pub enum ManifestsCommand {
     /// Everything for `kubectl apply -f -`: the CRDs; the webhook's ClusterRole (read locks,
@@ -177,7 +166,6 @@ pub enum ManifestsCommand {
     Alerts(AlertsArgs),
 }
 
-/// Flags of `manifests alerts`.
 #[derive(Debug, Args)]
 pub struct AlertsArgs {
     /// Print a PrometheusRule (monitoring.coreos.com/v1) instead of a rule file.
@@ -195,10 +183,8 @@ pub struct AlertsArgs {
     pub runbook_url: String,
 }
 
-/// Flags of `manifests cluster`.
 #[derive(Debug, Args)]
 pub struct ClusterArgs {
-    /// The registration.
     #[command(flatten)]
     pub registration: RegistrationArgs,
     /// Send every UPDATE and DELETE to the webhook, and do not let it write its configuration
@@ -207,7 +193,6 @@ pub struct ClusterArgs {
     pub broad: bool,
 }
 
-/// How the webhook is registered.
 #[derive(Debug, Args)]
 pub struct RegistrationArgs {
     /// PEM of the CA that signed the serving certificate (the caBundle).
@@ -235,7 +220,6 @@ pub struct RegistrationArgs {
     pub namespace_selector: Option<String>,
 }
 
-/// The API server's side of mTLS.
 #[derive(Debug, Args)]
 pub struct ApiServerArgs {
     /// The client certificate the API server presents (apiserver-client.crt from `certs --client`).
@@ -261,7 +245,6 @@ pub struct ApiServerArgs {
 }
 
 impl RegistrationArgs {
-    /// The registration these flags describe.
     pub fn registration(&self) -> Result<manifests::Registration, manifests::ManifestsError> {
         let identity = match &self.service_account {
             Some(sa) => manifests::Identity::service_account(sa)?,
@@ -281,14 +264,11 @@ impl RegistrationArgs {
     }
 }
 
-/// Flags of `check`.
 #[derive(Debug, Args)]
 pub struct CheckArgs {
     #[command(flatten)]
-    /// Settings file.
     pub config: ConfigArgs,
     #[command(flatten)]
-    /// Lock source.
     pub source: SourceArgs,
     /// The AdmissionReview JSON file; `-` reads stdin.
     #[arg(value_name = "REVIEW_JSON")]
