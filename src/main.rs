@@ -115,14 +115,7 @@ fn manifests(command: &cli::ManifestsCommand) -> anyhow::Result<()> {
             };
             print!("{yaml}")
         }
-        cli::ManifestsCommand::Alerts(args) => {
-            let options =
-                m::alerts::AlertOptions::new(&args.job, args.timeout_seconds, &args.runbook_url)?;
-            match args.prometheus_operator {
-                true => print!("{}", m::alerts::prometheus_rule(&options)?),
-                false => print!("{}", m::alerts::rule_file(&options)?),
-            }
-        }
+        cli::ManifestsCommand::Alerts(args) => print!("{}", m::alerts::alerts(args)?),
         cli::ManifestsCommand::Static(args) => {
             print!("{}", m::static_manifest(&args.registration()?)?)
         }

@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::{ManifestsError, NAME, yaml};
+use crate::cli::AlertsArgs;
 
 /// Where the runbooks are by default: the operations guide in the source tree.
 pub const DEFAULT_RUNBOOK_URL: &str = "docs/operations.md";
@@ -14,29 +15,6 @@ pub const DEFAULT_JOB: &str = NAME;
 /// Below the highest finite bucket of `admission_duration_seconds` (25 µs doubled 18 times,
 /// 6.5536 s): a quantile above it reads as that bound, so a threshold must stay below it.
 const MAX_SLOW_SECONDS: f64 = 6.5;
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct AlertOptions {
-    /// The `job` label Prometheus gives the webhook's targets.
-    pub job: String,
-    pub timeout_seconds: i32,
-    /// The operations guide; each alert's runbook is `URL#alertname-in-lower-case`.
-    pub runbook_url: String,
-}
-
-impl AlertOptions {
-    /// Checks the timeout as `manifests cluster` does.
-    pub fn new(job: &str, timeout_seconds: i32, runbook_url: &str) -> Result<Self, ManifestsError> {
-        if !(1..=30).contains(&timeout_seconds) {
-            return Err(ManifestsError::Timeout(timeout_seconds));
-        }
-        Ok(AlertOptions {
-            job: job.to_owned(),
-            timeout_seconds,
-            runbook_url: runbook_url.to_owned(),
-        })
-    }
-}
 
 #[derive(Serialize, Deserialize)]
 struct Rule {
@@ -78,7 +56,7 @@ struct PrometheusRule {
 }
 
 /// The rules of alerts.yaml with the options filled in.
-fn rules(options: &AlertOptions) -> Vec<Rule> {
+fn rules(options: &AlertsArgs) -> Vec<Rule> {
     // Half the API server's wait, below the top bucket: p99 there leaves the other half for
     // the network, TLS and the API server's own queue.
     let slow = (f64::from(options.timeout_seconds) / 2.0).min(MAX_SLOW_SECONDS);
@@ -98,36 +76,32 @@ fn rules(options: &AlertOptions) -> Vec<Rule> {
     rules
 }
 
-fn groups(options: &AlertOptions) -> Groups {
-    Groups {
+/// What `manifests alerts` prints: a rule file, or with `--prometheus-operator` a PrometheusRule.
+pub fn alerts(args: &AlertsArgs) -> Result<String, ManifestsError> {
+    if !(1..=30).contains(&args.timeout_seconds) {
+        return Err(ManifestsError::Timeout(args.timeout_seconds));
+    }
+    let (job, timeout) = (&args.job, args.timeout_seconds);
+    let groups = Groups {
         groups: [Group {
             name: NAME,
-            rules: rules(options),
+            rules: rules(args),
         }],
+    };
+    if !args.prometheus_operator {
+        return Ok(format!(
+            "# Alert rules for kube-object-lock (manifests alerts --job {job} --timeout-seconds {timeout}).\n{}",
+            yaml(&groups)?
+        ));
     }
-}
-
-pub fn rule_file(options: &AlertOptions) -> Result<String, ManifestsError> {
-    Ok(format!(
-        "# Alert rules for kube-object-lock (manifests alerts --job {} --timeout-seconds {}).\n{}",
-        options.job,
-        options.timeout_seconds,
-        yaml(&groups(options))?
-    ))
-}
-
-/// The same groups as a Prometheus Operator `PrometheusRule`.
-pub fn prometheus_rule(options: &AlertOptions) -> Result<String, ManifestsError> {
     let rule = PrometheusRule {
         api_version: "monitoring.coreos.com/v1",
         kind: "PrometheusRule",
         metadata: json!({"name": NAME, "labels": {"app.kubernetes.io/name": NAME}}),
-        spec: groups(options),
+        spec: groups,
     };
     Ok(format!(
-        "# Alert rules for kube-object-lock (manifests alerts --prometheus-operator --job {} --timeout-seconds {}).\n# Add the labels your Prometheus' ruleSelector selects.\n---\n{}",
-        options.job,
-        options.timeout_seconds,
+        "# Alert rules for kube-object-lock (manifests alerts --prometheus-operator --job {job} --timeout-seconds {timeout}).\n# Add the labels your Prometheus' ruleSelector selects.\n---\n{}",
         yaml(&rule)?
     ))
 }
@@ -136,17 +110,22 @@ pub fn prometheus_rule(options: &AlertOptions) -> Result<String, ManifestsError>
 mod tests {
     use super::*;
 
-    fn options() -> AlertOptions {
-        AlertOptions::new(DEFAULT_JOB, 5, DEFAULT_RUNBOOK_URL).expect("valid")
+    fn args(prometheus_operator: bool, timeout_seconds: i32) -> AlertsArgs {
+        AlertsArgs {
+            prometheus_operator,
+            job: DEFAULT_JOB.to_owned(),
+            timeout_seconds,
+            runbook_url: DEFAULT_RUNBOOK_URL.to_owned(),
+        }
     }
 
     /// Both forms hold the same groups, each alert with its runbook section.
     #[test]
     fn both_forms_hold_the_same_groups() {
         let file: Value =
-            serde_saphyr::from_str(&rule_file(&options()).expect("renders")).expect("yaml");
+            serde_saphyr::from_str(&alerts(&args(false, 5)).expect("renders")).expect("yaml");
         let operator: Value =
-            serde_saphyr::from_str(&prometheus_rule(&options()).expect("renders")).expect("yaml");
+            serde_saphyr::from_str(&alerts(&args(true, 5)).expect("renders")).expect("yaml");
         assert_eq!(operator["kind"], "PrometheusRule");
         assert_eq!(file["groups"], operator["spec"]["groups"]);
         let rules = file["groups"][0]["rules"].as_array().expect("rules");
@@ -173,8 +152,8 @@ mod tests {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/alerts");
         let regenerate = "regenerate with: cargo run -- manifests alerts > deploy/alerts/kube-object-lock.rules.yaml && cargo run -- manifests alerts --prometheus-operator > deploy/alerts/prometheus-rule.yaml";
         for (file, generated) in [
-            ("kube-object-lock.rules.yaml", rule_file(&options())),
-            ("prometheus-rule.yaml", prometheus_rule(&options())),
+            ("kube-object-lock.rules.yaml", alerts(&args(false, 5))),
+            ("prometheus-rule.yaml", alerts(&args(true, 5))),
         ] {
             let committed = std::fs::read_to_string(root.join(file)).expect(file);
             assert!(
@@ -188,8 +167,7 @@ mod tests {
     #[test]
     fn the_latency_threshold_follows_the_timeout() {
         let expr = |timeout| {
-            let options = AlertOptions::new("kol", timeout, "u").expect("valid");
-            let rules = rules(&options);
+            let rules = rules(&args(false, timeout));
             let slow = rules
                 .into_iter()
                 .find(|r| r.alert == "KubeObjectLockReviewsSlow");
@@ -197,7 +175,7 @@ mod tests {
         };
         assert!(expr(5).ends_with("> 2.5"), "{}", expr(5));
         assert!(expr(30).ends_with("> 6.5"), "{}", expr(30));
-        let err = AlertOptions::new("kol", 31, "u").expect_err("out of range");
+        let err = alerts(&args(false, 31)).expect_err("out of range");
         assert!(err.to_string().contains("--timeout-seconds"), "{err}");
     }
 }
