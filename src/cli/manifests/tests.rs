@@ -497,7 +497,7 @@ fn manifests_cluster_carries_the_lock_policy_and_an_unbound_unlock_role() {
 }
 
 #[test]
-fn the_namespace_selector_reaches_every_entry_and_a_bad_one_names_the_flag() {
+fn the_namespace_selector_reaches_every_entry() {
     use crate::registration::{NAMESPACED_ENTRY, NamespaceSelection};
     let reg = registration()
         .with_namespace_selector("lockable=true,tier notin (dev)")
@@ -544,20 +544,4 @@ fn the_namespace_selector_reaches_every_entry_and_a_bad_one_names_the_flag() {
     .expect("entries");
     assert_eq!(start[0].name, NAMESPACED_ENTRY);
     assert_eq!(NamespaceSelection::of(&start).locks, reg.namespaces);
-
-    for bad in [
-        "",
-        "a in (x",
-        "lockable>1",
-        "kubernetes.io/metadata.name in (prod)",
-    ] {
-        let error = registration()
-            .with_namespace_selector(bad)
-            .expect_err(bad)
-            .to_string();
-        assert!(
-            error.starts_with(&format!("--namespace-selector {bad:?}: ")),
-            "{error}"
-        );
-    }
 }
