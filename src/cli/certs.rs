@@ -71,7 +71,7 @@ pub fn generate(req: &CertsRequest) -> Result<Vec<PathBuf>, CertsError> {
     let names = FILES
         .iter()
         .chain(if req.client { &CLIENT_FILES[..] } else { &[] });
-    let paths: Vec<PathBuf> = names.map(|f| req.out.join(f)).collect();
+    let paths: Vec<PathBuf> = names.clone().map(|f| req.out.join(f)).collect();
     if !req.force
         && let Some(existing) = paths.iter().find(|p| p.exists())
     {
@@ -81,20 +81,18 @@ pub fn generate(req: &CertsRequest) -> Result<Vec<PathBuf>, CertsError> {
     let mut pems = ca_and_leaf("kube-object-lock CA", "kube-object-lock", sans, server, req)?;
     if req.client {
         // A CA of its own: trusting the cluster CA would admit every client it ever signed.
-        let (ca, usage) = (
+        let usage = ExtendedKeyUsagePurpose::ClientAuth;
+        pems.extend(ca_and_leaf(
             "kube-object-lock client CA",
-            ExtendedKeyUsagePurpose::ClientAuth,
-        );
-        pems.extend(ca_and_leaf(ca, CLIENT_CN, Vec::new(), usage, req)?);
+            CLIENT_CN,
+            vec![],
+            usage,
+            req,
+        )?);
     }
-    std::fs::create_dir_all(&req.out).map_err(|source| CertsError::Io {
-        path: req.out.clone(),
-        source,
-    })?;
-    for (path, (pem, mode)) in paths.iter().zip(&pems) {
-        write(path, pem.as_bytes(), *mode, req.force)?;
-    }
-    Ok(paths)
+    let files = names.zip(pems).map(|(name, (pem, mode))| (name, pem, mode));
+    write_files(&req.out, files, req.force)
+        .map_err(|(path, source)| CertsError::Io { path, source })
 }
 
 /// An IP address, or a DNS name as RFC 1123 allows it (a leading `*.` wildcard included).
@@ -160,25 +158,31 @@ fn ca_and_leaf(
     ])
 }
 
-fn write(path: &Path, bytes: &[u8], mode: u32, force: bool) -> Result<(), CertsError> {
+/// Creates `dir` and writes the files (name, text, mode) into it, replacing one only with
+/// `force`; on error, the path that failed.
+pub(super) fn write_files(
+    dir: &Path,
+    files: impl IntoIterator<Item = (impl AsRef<Path>, impl AsRef<[u8]>, u32)>,
+    force: bool,
+) -> Result<Vec<PathBuf>, (PathBuf, std::io::Error)> {
     use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-    let io = |source| CertsError::Io {
-        path: path.to_owned(),
-        source,
-    };
-    let mut options = OpenOptions::new();
-    options.write(true).mode(mode);
-    if force {
-        options.create(true).truncate(true);
-    } else {
-        options.create_new(true);
+    std::fs::create_dir_all(dir).map_err(|e| (dir.to_owned(), e))?;
+    let mut written = Vec::new();
+    for (name, text, mode) in files {
+        let path = dir.join(name);
+        let write = || {
+            let mut options = OpenOptions::new();
+            let options = options.write(true).mode(mode).create_new(!force);
+            let mut file = options.create(force).truncate(force).open(&path)?;
+            // The mode above only applies to new files; an overwritten key must be private too.
+            file.set_permissions(std::fs::Permissions::from_mode(mode))?;
+            file.write_all(text.as_ref())?;
+            file.sync_all()
+        };
+        write().map_err(|e| (path.clone(), e))?;
+        written.push(path);
     }
-    let mut file = options.open(path).map_err(io)?;
-    // The mode above only applies to new files; an overwritten key must be private too.
-    file.set_permissions(std::fs::Permissions::from_mode(mode))
-        .map_err(io)?;
-    file.write_all(bytes).map_err(io)?;
-    file.sync_all().map_err(io)
+    Ok(written)
 }
 
 #[cfg(test)]

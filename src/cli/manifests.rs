@@ -405,26 +405,12 @@ pub fn apiserver(
 
 /// Writes the API server's files into `dir` (the key-bearing kubeconfig mode 0600).
 pub fn write_apiserver(dir: &Path, files: &ApiServerFiles) -> Result<Vec<PathBuf>, ManifestsError> {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::create_dir_all(dir).map_err(|source| ManifestsError::Write {
-        path: dir.to_owned(),
-        source,
-    })?;
-    let mut written = Vec::new();
-    for (name, text, mode) in [
+    let files = [
         (ADMISSION_CONFIG_FILE, &files.admission_config, 0o644),
         (KUBECONFIG_FILE, &files.kubeconfig, 0o600),
-    ] {
-        let path = dir.join(name);
-        let io = |source| ManifestsError::Write {
-            path: path.clone(),
-            source,
-        };
-        std::fs::write(&path, text).map_err(io)?;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).map_err(io)?;
-        written.push(path);
-    }
-    Ok(written)
+    ];
+    super::certs::write_files(dir, files, true)
+        .map_err(|(path, source)| ManifestsError::Write { path, source })
 }
 
 /// Plain scalars only: base64 data (caBundle, client keys) stays on one unfolded line.
