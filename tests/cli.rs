@@ -36,6 +36,16 @@ fn fails(cmd: &mut Command, code: i32, needles: &[&str]) -> String {
     err
 }
 
+/// `check --locks-dir LOCKS REVIEW`, REVIEW a file of tests/fixtures/ or a path.
+fn check(locks: impl AsRef<Path>, review: &str) -> Command {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let mut cmd = bin();
+    cmd.args(["check", "--locks-dir"])
+        .arg(locks.as_ref())
+        .arg(fixtures.join(review));
+    cmd
+}
+
 fn locks_dir() -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::write(
@@ -110,20 +120,13 @@ fn certs_writes_four_files_and_never_overwrites() {
 #[test]
 fn check_exits_by_verdict() {
     let locks = locks_dir();
-    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
-    let denied = run(bin()
-        .args(["check", "--locks-dir"])
-        .arg(locks.path())
-        .arg(fixtures.join("configmap-delete-locked.json")));
+    let denied = run(&mut check(&locks, "configmap-delete-locked.json"));
     assert_eq!(denied.status.code(), Some(1), "{}", stderr(&denied));
     let response: serde_json::Value = serde_json::from_slice(&denied.stdout).expect("JSON");
     assert_eq!(response["response"]["allowed"], false);
     assert_eq!(response["response"]["status"]["code"], 403);
 
-    let allowed = run(bin()
-        .args(["check", "--locks-dir"])
-        .arg(locks.path())
-        .arg(fixtures.join("configmap-delete-unlocked.json")));
+    let allowed = run(&mut check(&locks, "configmap-delete-unlocked.json"));
     assert_eq!(allowed.status.code(), Some(0), "{}", stderr(&allowed));
 
     // From stdin.
@@ -147,25 +150,24 @@ fn check_exits_by_verdict() {
 
     let bad = tempfile::NamedTempFile::new().expect("temp");
     std::fs::write(bad.path(), "{\"kind\": \"AdmissionReview\"").expect("write");
-    let check = || {
-        let mut cmd = bin();
-        cmd.args(["check", "--locks-dir"]).arg(locks.path());
-        cmd
-    };
-    let err = fails(check().arg(bad.path()), 2, &[]);
+    let bad = bad.path().to_str().expect("utf-8");
+    let err = fails(&mut check(&locks, bad), 2, &[]);
     assert_eq!(
         err.matches("malformed AdmissionReview").count(),
         1,
         "said once: {err}"
     );
-    fails(check().arg("/nonexistent.json"), 2, &["/nonexistent.json"]);
+    fails(
+        &mut check(&locks, "/nonexistent.json"),
+        2,
+        &["/nonexistent.json"],
+    );
 }
 
 /// A lock file that does not read is no lock at all only if `check` says so: it cannot decide
 /// (exit 3), names the file, the line and the field, and prints no answer.
 #[test]
 fn check_cannot_decide_with_a_lock_file_that_does_not_read() {
-    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
     let dir = tempfile::tempdir().expect("tempdir");
     let file = dir.path().join("web.yaml");
     for (spec, field) in [
@@ -180,10 +182,7 @@ fn check_cannot_decide_with_a_lock_file_that_does_not_read() {
             format!("apiVersion: objectlock.dev/v1alpha1\nkind: Lock\nmetadata:\n  name: locked-a\n  namespace: demo-015226\nspec:\n{spec}"),
         )
         .expect("write");
-        let out = run(bin()
-            .args(["check", "--locks-dir"])
-            .arg(dir.path())
-            .arg(fixtures.join("configmap-delete-locked.json")));
+        let out = run(&mut check(&dir, "configmap-delete-locked.json"));
         assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
         assert!(out.stdout.is_empty(), "no answer is given");
         let err = stderr(&out);
@@ -193,9 +192,10 @@ fn check_cannot_decide_with_a_lock_file_that_does_not_read() {
         );
         assert_eq!(err.lines().count(), 1, "said once: {err}");
     }
-    let missing = run(bin()
-        .args(["check", "--locks-dir", "/nonexistent/locks"])
-        .arg(fixtures.join("configmap-delete-locked.json")));
+    let missing = run(&mut check(
+        "/nonexistent/locks",
+        "configmap-delete-locked.json",
+    ));
     assert_eq!(missing.status.code(), Some(3), "{}", stderr(&missing));
     assert_eq!(
         stderr(&missing)
@@ -238,13 +238,8 @@ fn check_cannot_decide_when_the_api_server_does_not_answer() {
 /// message once the lock asks for CREATE.
 #[test]
 fn check_explains_a_lock_reserving_the_name() {
-    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
-    let create = fixtures.join("configmap-create.json");
     let locks = locks_dir();
-    let allowed = run(bin()
-        .args(["check", "--locks-dir"])
-        .arg(locks.path())
-        .arg(&create));
+    let allowed = run(&mut check(&locks, "configmap-create.json"));
     assert_eq!(allowed.status.code(), Some(0), "{}", stderr(&allowed));
 
     let reserving = tempfile::tempdir().expect("tempdir");
@@ -253,10 +248,7 @@ fn check_explains_a_lock_reserving_the_name() {
         "apiVersion: objectlock.dev/v1alpha1\nkind: Lock\nmetadata:\n  name: locked-a\n  namespace: demo-015226\nspec:\n  operations: [CREATE]\n  reason: name reserved\n",
     )
     .expect("write");
-    let denied = run(bin()
-        .args(["check", "--locks-dir"])
-        .arg(reserving.path())
-        .arg(&create));
+    let denied = run(&mut check(&reserving, "configmap-create.json"));
     assert_eq!(denied.status.code(), Some(1), "{}", stderr(&denied));
     let response: serde_json::Value = serde_json::from_slice(&denied.stdout).expect("JSON");
     let message = response["response"]["status"]["message"]
