@@ -100,14 +100,10 @@ fn requirement(term: &str) -> Result<Term, String> {
     for (symbol, not) in [("!=", true), ("==", false), ("=", false)] {
         if let Some((key, value)) = term.split_once(symbol) {
             let (key, value) = (key_of(key.trim(), term)?, value_of(value.trim(), term)?);
-            return Ok(match not {
-                true => Term::Expression(LabelSelectorRequirement {
-                    key,
-                    operator: "NotIn".to_owned(),
-                    values: Some(vec![value]),
-                }),
-                false => Term::Equal(key, value),
-            });
+            return match not {
+                true => expression(&key, "NotIn", Some(vec![value])),
+                false => Ok(Term::Equal(key, value)),
+            };
         }
     }
     if let Some((head, list)) = term.split_once('(') {
