@@ -14,7 +14,6 @@ use time::{Duration, OffsetDateTime};
 
 pub const DEFAULT_SANS: [&str; 3] = ["127.0.0.1", "::1", "localhost"];
 
-/// What to write: the flags of `certs`.
 pub use super::CertsArgs as CertsRequest;
 
 #[derive(Debug, thiserror::Error)]
@@ -44,7 +43,7 @@ pub const CLIENT_FILES: [&str; 4] = [
 /// The common name of the API server's client certificate.
 pub const CLIENT_CN: &str = "kube-apiserver";
 
-/// Generates the CA and serving certificate and writes the four files.
+/// Generates the CAs and certificates and writes their files.
 pub fn generate(req: &CertsRequest) -> Result<Vec<PathBuf>, CertsError> {
     if req.days == 0 || req.ca_days == 0 {
         return Err(CertsError::Validity(

@@ -26,7 +26,6 @@ mod selector;
 
 /// Name of the webhook configuration, the ClusterRole and its binding.
 pub const NAME: &str = "kube-object-lock";
-/// Name of the manifest-based (static) webhook configuration.
 pub const STATIC_NAME: &str = "kube-object-lock.static.k8s.io";
 /// The default URL: the webhook next to each API server.
 pub const DEFAULT_URL: &str = "https://127.0.0.1:8443/validate";
@@ -325,11 +324,8 @@ fn cluster_yaml(
     Ok(out + &yaml(&policy::unlock_role())?)
 }
 
-/// The manifest-based variant (Kubernetes 1.37, beta and on by default; 1.36 behind the
-/// `ManifestBasedAdmissionControlConfig` gate): a file for the API server's
-/// `staticManifestsDir`, active before the API serves and not deletable through it. Always
-/// broad: these files are read by the API server at start and cannot be written through the
-/// API, so the running webhook cannot narrow them to the locked names.
+/// The file for the API server's `staticManifestsDir`: always broad, as the running webhook
+/// cannot write it to narrow it.
 pub fn static_manifest(reg: &Registration) -> Result<String, ManifestsError> {
     document(&webhook_configuration(reg, STATIC_NAME))
 }

@@ -10,7 +10,6 @@ use crate::cli::AlertsArgs;
 
 /// Where the runbooks are by default: the operations guide in the source tree.
 pub const DEFAULT_RUNBOOK_URL: &str = "docs/operations.md";
-/// The `job` label of the scrape configuration by default.
 pub const DEFAULT_JOB: &str = NAME;
 /// Below the highest finite bucket of `admission_duration_seconds` (25 µs doubled 18 times,
 /// 6.5536 s): a quantile above it reads as that bound, so a threshold must stay below it.

@@ -164,9 +164,7 @@ pub fn binding() -> Value {
     })
 }
 
-/// An example ClusterRole for administrators who must be able to lift anyone's lock. Not bound:
-/// bind it to the people who need it (`kubectl create clusterrolebinding ... --clusterrole
-/// kube-object-lock-unlock --group ...`), or in one namespace with a RoleBinding.
+/// An example ClusterRole, not bound, for administrators who must be able to lift anyone's lock.
 pub fn unlock_role() -> Value {
     json!({
         "apiVersion": "rbac.authorization.k8s.io/v1",
