@@ -277,45 +277,39 @@ fn typed<T: DeserializeOwned>(value: Value) -> T {
 /// configuration starts matching nothing locked (the running webhook adds the locked names) and
 /// the role may keep that one configuration up to date.
 pub fn cluster(reg: &Registration) -> Result<String, ManifestsError> {
-    let (mut role, binding) = rbac(&reg.identity);
-    let rules = role.rules.get_or_insert_with(Vec::new);
-    rules.push(crate::registration::rbac_rule(NAME));
-    // The status of a Lock in a namespace the operator's requirements leave out says so, from
-    // the namespaces' labels.
-    rules.push(crate::status::namespaces::rbac_rule());
-    let mut config = webhook_configuration(reg, NAME);
-    config.metadata.annotations = Some(
-        [(
-            crate::registration::FORMAT_ANNOTATION.to_owned(),
-            crate::registration::NAMESPACES_FORMAT.to_owned(),
-        )]
-        .into(),
-    );
-    config.webhooks = Some(
-        crate::registration::starting_point(config.webhooks.as_deref().unwrap_or_default())
-            .map_err(|e| ManifestsError::Yaml(e.to_string()))?,
-    );
-    cluster_yaml(&role, &binding, &config)
+    cluster_yaml(reg, true)
 }
 
 /// Like [`cluster`], broad: every UPDATE and DELETE is sent to the webhook, which never writes
 /// its configuration (for clusters that do not let it).
 pub fn cluster_broad(reg: &Registration) -> Result<String, ManifestsError> {
-    let (role, binding) = rbac(&reg.identity);
-    cluster_yaml(&role, &binding, &webhook_configuration(reg, NAME))
+    cluster_yaml(reg, false)
 }
 
-fn cluster_yaml(
-    role: &ClusterRole,
-    binding: &ClusterRoleBinding,
-    config: &ValidatingWebhookConfiguration,
-) -> Result<String, ManifestsError> {
+fn cluster_yaml(reg: &Registration, narrowed: bool) -> Result<String, ManifestsError> {
+    let (mut role, binding) = rbac(&reg.identity);
+    let mut config = webhook_configuration(reg, NAME);
+    if narrowed {
+        let rules = role.rules.get_or_insert_with(Vec::new);
+        rules.push(registration::rbac_rule(NAME));
+        // The status of a Lock in a namespace the operator's requirements leave out says so,
+        // from the namespaces' labels.
+        rules.push(crate::status::namespaces::rbac_rule());
+        let format = registration::NAMESPACES_FORMAT.to_owned();
+        config.metadata.annotations =
+            Some([(registration::FORMAT_ANNOTATION.to_owned(), format)].into());
+        let webhooks = config.webhooks.as_deref().unwrap_or_default();
+        config.webhooks = Some(
+            registration::starting_point(webhooks)
+                .map_err(|e| ManifestsError::Yaml(e.to_string()))?,
+        );
+    }
     let mut out = api::crds_yaml().map_err(|e| ManifestsError::Yaml(e.to_string()))?;
-    out += &document(role)?;
-    out += &document(binding)?;
+    out += &document(&role)?;
+    out += &document(&binding)?;
     out += &document(&policy::policy())?;
     out += &document(&policy::binding())?;
-    out += &document(config)?;
+    out += &document(&config)?;
     out += &format!(
         "---\n# Not bound: lifts anyone's held lock. Bind it to administrators, e.g.\n\
          #   kubectl create clusterrolebinding {role}-admins --clusterrole {role} --group lock-admins\n",
