@@ -293,13 +293,14 @@ impl ServeArgs {
             ("tls.cert", display(&self.tls_cert)),
             ("tls.key", display(&self.tls_key)),
         ];
-        layers(&self.config, flags.into_iter().chain(self.source.flags()))
+        self.config
+            .layers(flags.into_iter().chain(self.source.flags()))
     }
 }
 
 impl CheckArgs {
     pub fn layers(&self) -> Layers {
-        layers(&self.config, self.source.flags())
+        self.config.layers(self.source.flags())
     }
 }
 
@@ -307,18 +308,15 @@ fn display(path: &Option<PathBuf>) -> Option<String> {
     path.as_ref().map(|path| path.display().to_string())
 }
 
-/// The settings' layers: the file `--config` names, then the flags given, by settings key.
-fn layers(
-    config: &ConfigArgs,
-    flags: impl IntoIterator<Item = (&'static str, Option<String>)>,
-) -> Layers {
-    let flags = flags.into_iter();
-    Layers {
-        file: config.config.clone(),
-        env: None,
-        flags: flags
-            .filter_map(|(key, value)| Some((key.to_owned(), value?)))
-            .collect(),
+impl ConfigArgs {
+    /// The settings' layers: the file `--config` names, then the flags given, by settings key.
+    fn layers(&self, flags: impl IntoIterator<Item = (&'static str, Option<String>)>) -> Layers {
+        let flags = flags.into_iter();
+        Layers {
+            file: self.config.clone(),
+            env: None,
+            flags: (flags.filter_map(|(key, value)| Some((key.to_owned(), value?)))).collect(),
+        }
     }
 }
 
