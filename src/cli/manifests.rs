@@ -231,7 +231,13 @@ pub const LABELS_READ_APPS: [&str; 3] = ["deployments", "replicasets", "stateful
 /// of evicted pods and scaled objects; nothing else) and its binding to the webhook's identity.
 pub fn rbac(identity: &Identity) -> (ClusterRole, ClusterRoleBinding) {
     let metadata = json!({"name": NAME, "labels": {"app.kubernetes.io/name": NAME}});
-    let rule = |group: &str, resources: &[&str], verbs: &[&str]| json!({"apiGroups": [group], "resources": resources, "verbs": verbs});
+    let rule = |group: &str, resources: &[&str], verbs: &[&str]| {
+        json!({
+            "apiGroups": [group],
+            "resources": resources,
+            "verbs": verbs,
+        })
+    };
     let locks = [api::LOCKS, api::CLUSTER_LOCKS];
     let status = locks.map(|r| format!("{r}/status"));
     let role = json!({
