@@ -15,13 +15,10 @@ use super::{
 use crate::api::{LockKey, LockOperation};
 use crate::locks::{LockKind, LockRef};
 
-/// The entry sending CREATE of namespaced objects (and the first chunk of its keys).
 pub const CREATE_ENTRY: &str = "create.objectlock.dev";
-/// The entry sending CREATE of cluster-scoped objects.
 pub const CLUSTER_CREATE_ENTRY: &str = "cluster-create.objectlock.dev";
-/// The entry sending CONNECT into pods.
 pub const CONNECT_ENTRY: &str = "connect.objectlock.dev";
-/// What CONNECT is sent for: every way into a pod through the API server.
+/// Every way into a pod through the API server.
 pub const CONNECT_SUBRESOURCES: [&str; 4] =
     ["pods/exec", "pods/attach", "pods/portforward", "pods/proxy"];
 
@@ -35,9 +32,7 @@ pub fn is_operation_entry(name: &str) -> bool {
 /// One operation: the live locks asking for it, and their conditions.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OperationPlan {
-    /// The live locks asking for it whose requests an entry can send.
     pub keys: BTreeSet<LockKey>,
-    /// Their conditions ([`Clauses::Names`], [`Clauses::Connect`] for CONNECT).
     pub plan: ConditionsPlan,
 }
 
@@ -55,7 +50,6 @@ impl OperationPlan {
         }
     }
 
-    /// What the entries say once written.
     pub fn registered(&self) -> RegisteredScope {
         match &self.plan.scope {
             Scope::Narrow { .. } => RegisteredScope::Narrow(self.keys.clone()),
@@ -72,16 +66,13 @@ impl OperationPlan {
     }
 }
 
-/// What the CREATE and CONNECT entries should say.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OperationsPlan {
-    /// CREATE, namespaced and cluster-scoped.
     pub create: OperationPlan,
-    /// CONNECT, namespaced Locks only: pods are namespaced.
+    /// Namespaced Locks only: pods are namespaced.
     pub connect: OperationPlan,
 }
 
-/// The plans of the live locks at `now` asking for CREATE or CONNECT.
 pub fn plan<'a>(
     locks: impl IntoIterator<Item = &'a LockRef>,
     now: Timestamp,
@@ -107,9 +98,7 @@ pub fn plan<'a>(
     }
 }
 
-/// The entries `plan` asks for, made from the configuration's base entries (whose URL,
-/// caBundle, failure policy, timeouts and exclusion conditions they copy). Empty while no
-/// lock asks; a base entry is needed only for the entries made from it.
+/// The entries `plan` asks for, copies of the base entries; none while no lock asks.
 pub fn webhooks(
     current: &[ValidatingWebhook],
     plan: &OperationsPlan,
@@ -157,7 +146,6 @@ pub fn webhooks(
     Ok(out)
 }
 
-/// Every desired entry present and equal, and no other entry of this module's left.
 pub fn is_current(current: &[ValidatingWebhook], desired: &[ValidatingWebhook]) -> bool {
     is_current_by(current, desired, is_operation_entry)
 }
