@@ -246,11 +246,9 @@ pub fn plan_with<'a>(
         .collect();
     // What is sent whatever the name, in the first entry: a selector ClusterLock's resources,
     // and (UPDATE and DELETE) the deletions of the CRDs whose objects a Lock covers.
-    let crds =
-        (clauses == Clauses::Changes && !crd_groups.is_empty()).then(|| crd_expr(&crd_groups));
-    let whatever_the_name = or((cluster_selectors.iter().map(|spec| resources_expr(spec)))
-        .chain(crds)
-        .collect());
+    let crds = (clauses == Clauses::Changes).then(|| crd_expr(&crd_groups));
+    let selectors = cluster_selectors.iter().map(|spec| resources_expr(spec));
+    let whatever_the_name = or(selectors.chain(crds.flatten()));
     match (whatever_the_name.as_str(), cluster.first_mut()) {
         ("false", _) | (_, None) => {}
         ("true", Some(first)) => *first = "true".to_owned(),
@@ -281,12 +279,12 @@ fn deleted_groups(spec: &LockSpec) -> impl Iterator<Item = &str> {
 }
 
 /// The DELETE of a CustomResourceDefinition (named `plural.group`) of one of `groups`.
-fn crd_expr(groups: &BTreeSet<&str>) -> String {
+fn crd_expr(groups: &BTreeSet<&str>) -> Option<String> {
     let groups: Vec<String> = groups.iter().map(|g| g.to_string()).collect();
-    format!(
-        "(request.resource.group == 'apiextensions.k8s.io' && request.resource.resource == 'customresourcedefinitions' && request.operation == 'DELETE' && {}.contains('|' + {NAME_EXPR}.substring({NAME_EXPR}.indexOf('.') + 1) + '|'))",
-        literal(&groups)
-    )
+    let group = format!("{NAME_EXPR}.substring({NAME_EXPR}.indexOf('.') + 1)");
+    contains(&groups, &group).map(|deleted| format!(
+        "(request.resource.group == 'apiextensions.k8s.io' && request.resource.resource == 'customresourcedefinitions' && request.operation == 'DELETE' && {deleted})"
+    ))
 }
 
 /// The requests of the resources `spec` covers, whatever the object's name: `true` for every
@@ -386,7 +384,8 @@ fn literal(keys: &[String]) -> String {
     format!("'|{keys}'")
 }
 
-fn or(parts: Vec<String>) -> String {
+fn or(parts: impl IntoIterator<Item = String>) -> String {
+    let parts: Vec<String> = parts.into_iter().collect();
     if parts.is_empty() {
         "false".to_owned()
     } else {
@@ -394,40 +393,24 @@ fn or(parts: Vec<String>) -> String {
     }
 }
 
+/// `'|a|b|'.contains('|' + needle + '|')`; none without keys.
+fn contains(keys: &[String], needle: &str) -> Option<String> {
+    (!keys.is_empty()).then(|| format!("{}.contains('|' + {needle} + '|')", literal(keys)))
+}
+
 /// Namespaced entry: list 0 = namespaces with a selector Lock, list 1 = `namespace/name`.
 fn namespaced_expr([selector_namespaces, names]: &[Vec<String>; 2], name: &str) -> String {
-    let mut parts = Vec::new();
-    if !selector_namespaces.is_empty() {
-        parts.push(format!(
-            "{}.contains('|' + {NAMESPACE_EXPR} + '|')",
-            literal(selector_namespaces)
-        ));
-    }
-    if !names.is_empty() {
-        parts.push(format!(
-            "{}.contains('|' + {NAMESPACE_EXPR} + '/' + {name} + '|')",
-            literal(names)
-        ));
-    }
-    or(parts)
+    let key = format!("{NAMESPACE_EXPR} + '/' + {name}");
+    let namespaces = contains(selector_namespaces, NAMESPACE_EXPR);
+    or(namespaces.into_iter().chain(contains(names, &key)))
 }
 
 /// Cluster entry: list 0 = ClusterLock names, list 1 = namespaces holding Locks.
 fn cluster_expr([cluster_locks, namespaces]: &[Vec<String>; 2], name: &str) -> String {
-    let mut parts = Vec::new();
-    if !cluster_locks.is_empty() {
-        parts.push(format!(
-            "{}.contains('|' + {name} + '|')",
-            literal(cluster_locks)
-        ));
-    }
-    if !namespaces.is_empty() {
-        parts.push(format!(
-            "(request.resource.group == '' && request.resource.resource == 'namespaces' && request.operation == 'DELETE' && {}.contains('|' + {NAME_EXPR} + '|'))",
-            literal(namespaces)
-        ));
-    }
-    or(parts)
+    let deleted = contains(namespaces, NAME_EXPR).map(|holds| format!(
+        "(request.resource.group == '' && request.resource.resource == 'namespaces' && request.operation == 'DELETE' && {holds})"
+    ));
+    or(contains(cluster_locks, name).into_iter().chain(deleted))
 }
 
 /// Its CEL evaluation and fixtures serve the other plans' tests too.

@@ -240,12 +240,9 @@ pub fn starting_point(
         &conditions::NarrowingBounds::default(),
     );
     let mut entries = webhooks(entries, &plan, Format::Namespaces)?;
-    for entry in &mut entries {
-        if entry.name == NAMESPACED_ENTRY {
-            let base = entry.namespace_selector.take();
-            entry.namespace_selector = Some(namespaced_selector(base.as_ref(), Narrowing::Broad));
-        }
-    }
+    // The namespaced entry comes first.
+    let selector = entries[0].namespace_selector.take();
+    entries[0].namespace_selector = Some(namespaced_selector(selector.as_ref(), Narrowing::Broad));
     Ok(entries)
 }
 

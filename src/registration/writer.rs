@@ -89,15 +89,13 @@ struct ConfigWatch {
 }
 
 impl ConfigWatch {
-    fn start(api: &Api<ValidatingWebhookConfiguration>, name: &str) -> ConfigWatch {
+    /// (Re)starts the watch; an error already said stays said.
+    fn start(&mut self, api: &Api<ValidatingWebhookConfiguration>, name: &str) {
         let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
-        ConfigWatch {
-            events: watcher(api.clone(), config)
-                .backoff(retry::watcher())
-                .boxed(),
-            failing: false,
-            errors: LastError::default(),
-        }
+        self.events = watcher(api.clone(), config)
+            .backoff(retry::watcher())
+            .boxed();
+        self.failing = false;
     }
 
     /// True when the configuration may have changed; each distinct error is logged once.
@@ -164,7 +162,12 @@ impl Narrower {
     pub async fn run(mut self, index: Arc<LockIndex>) {
         let api: Api<ValidatingWebhookConfiguration> = Api::all(self.client.clone());
         let name = self.config.name.clone();
-        let mut configs = ConfigWatch::start(&api, &name);
+        let mut configs = ConfigWatch {
+            events: futures::stream::pending().boxed(),
+            failing: false,
+            errors: LastError::default(),
+        };
+        configs.start(&api, &name);
         let mut locks = index.subscribe();
         locks.mark_changed();
         let mut view = LockView::default();
@@ -173,12 +176,7 @@ impl Narrower {
         let mut problems = LastError::default();
         let mut dirty = true;
         loop {
-            let sleep = async {
-                match wake {
-                    Some(at) => tokio::time::sleep_until(at).await,
-                    None => std::future::pending().await,
-                }
-            };
+            let sleep = tokio::time::sleep_until(wake.unwrap_or_else(Instant::now));
             tokio::select! {
                 changed = locks.changed() => {
                     if changed.is_err() {
@@ -189,14 +187,14 @@ impl Narrower {
                     // The index heard from the API server: watch the configuration again now,
                     // not at the end of a backoff of up to half a minute.
                     if configs.failing && index.health(LockKind::Lock).state == WatchState::Live {
-                        configs = ConfigWatch::start(&api, &name);
+                        configs.start(&api, &name);
                     }
                 }
                 event = configs.events.next() => match event {
                     Some(event) => dirty |= configs.take(event, &name),
                     None => return,
                 },
-                () = sleep => {
+                () = sleep, if wake.is_some() => {
                     wake = None;
                     dirty = true;
                 }
