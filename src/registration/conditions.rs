@@ -171,19 +171,17 @@ pub fn plan_with<'a>(
         + (namespaces.values())
             .map(|names| names.as_ref().map_or(1, BTreeSet::len))
             .sum::<usize>();
-    if keys > limits.max_names {
-        let mut largest: Vec<(usize, &str)> = (namespaces.iter())
-            .filter_map(|(ns, names)| Some((names.as_ref()?.len(), *ns)))
-            .filter(|(n, _)| *n > 1)
-            .collect();
-        largest.sort_by(|a, b| b.cmp(a));
-        for (n, ns) in largest {
-            if keys <= limits.max_names {
-                break;
-            }
-            namespaces.insert(ns, None);
-            keys -= n - 1;
+    let mut largest: Vec<(usize, &str)> = (namespaces.iter())
+        .filter_map(|(ns, names)| Some((names.as_ref()?.len(), *ns)))
+        .filter(|(n, _)| *n > 1)
+        .collect();
+    largest.sort_by(|a, b| b.cmp(a));
+    for (n, ns) in largest {
+        if keys <= limits.max_names {
+            break;
         }
+        namespaces.insert(ns, None);
+        keys -= n - 1;
     }
     if keys > limits.max_names {
         return broad(BroadReason::TooManyNames {
