@@ -383,6 +383,10 @@ mod tests {
             (NAMESPACED_ENTRY, false),
             ("namespaced-x.objectlock.dev", false),
             ("cluster-2.objectlock.dev", false),
+            ("namespaced-1.objectlock.dev", false),
+            ("namespaced-2.x.objectlock.dev", false),
+            ("namespaced-2.objectlock.dev.x", false),
+            ("x-namespaced-2.objectlock.dev", false),
         ] {
             assert_eq!(is_extra_entry(name, NAMESPACED_ENTRY), extra, "{name}");
         }

@@ -295,15 +295,13 @@ impl Narrower {
         );
         if written.await?.is_some() {
             // Entries coming or going are logged; every other write only at debug.
-            let names = |entries: &Entries| -> Vec<String> {
-                (entries.iter())
-                    .filter(|w| operations::is_operation_entry(&w.name))
-                    .map(|w| w.name.clone())
-                    .collect()
-            };
-            let after = names(&desired);
+            let after: Vec<&str> = desired.iter().map(|w| w.name.as_str()).collect();
+            let before = entries.iter().map(|w| w.name.as_str());
             let (create, connect) = (operations.create.keys.len(), operations.connect.keys.len());
-            if names(entries) == after {
+            if before
+                .filter(|name| operations::is_operation_entry(name))
+                .eq(after.iter().copied())
+            {
                 debug!(
                     create,
                     connect, "webhook entries for CREATE and CONNECT rewritten"
