@@ -134,9 +134,8 @@ pub fn plan_with<'a>(
             crd_groups.extend(deleted_groups(&lock.spec));
         }
         names += 1;
-        if let Some(at) = lock.spec.expires_at.as_ref().map(|t| t.0) {
-            next_expiry = Some(next_expiry.map_or(at, |n| n.min(at)));
-        }
+        let expiry = lock.spec.expires_at.as_ref().map(|t| t.0);
+        next_expiry = next_expiry.into_iter().chain(expiry).min();
         let mut parts = std::iter::once(lock.name.as_str()).chain(lock.namespace.as_deref());
         if let Some(part) = parts.find(|part| !is_safe(part)) {
             unsafe_name.get_or_insert_with(|| part.to_owned());
