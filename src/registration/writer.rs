@@ -119,9 +119,9 @@ impl ConfigWatch {
                 if !self.errors.is_new(&error) {
                     debug!(%error, "watching the webhook configuration failed again");
                 } else if refused {
-                    warn!(%error, name, "watching the webhook configuration failed; retrying with backoff (the webhook's identity may not read it: registered with `manifests cluster --broad`? set registration.narrow = false)");
+                    warn!(%error, name = %name, "watching the webhook configuration failed; retrying with backoff (the webhook's identity may not read it: registered with `manifests cluster --broad`? set registration.narrow = false)");
                 } else {
-                    warn!(%error, name, "watching the webhook configuration failed; retrying with backoff");
+                    warn!(%error, name = %name, "watching the webhook configuration failed; retrying with backoff");
                 }
                 false
             }
@@ -225,12 +225,12 @@ impl Narrower {
                     match problem {
                         Problem::Stale => {
                             debug!(
-                                name,
+                                name = %name,
                                 "the webhook configuration changed since it was read; planning again from the change"
                             )
                         }
                         Problem::Failed(problem) if problems.is_new(&problem) => {
-                            warn!(%problem, name, retry_in = ?retry, "cannot narrow the webhook configuration");
+                            warn!(%problem, name = %name, retry_in = ?retry, "cannot narrow the webhook configuration");
                         }
                         Problem::Failed(_) => {}
                     }
