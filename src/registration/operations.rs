@@ -37,19 +37,6 @@ pub struct OperationPlan {
 }
 
 impl OperationPlan {
-    fn new<'a>(
-        clauses: Clauses,
-        locks: impl IntoIterator<Item = &'a LockRef>,
-        now: Timestamp,
-        limits: &NarrowingBounds,
-    ) -> Self {
-        let locks: Vec<&LockRef> = locks.into_iter().collect();
-        OperationPlan {
-            keys: locks.iter().map(|l| l.key()).collect(),
-            plan: conditions::plan_with(clauses, locks, now, limits),
-        }
-    }
-
     pub fn registered(&self) -> RegisteredScope {
         match &self.plan.scope {
             Scope::Narrow { .. } => RegisteredScope::Narrow(self.keys.clone()),
@@ -81,20 +68,19 @@ pub fn plan<'a>(
     let live: Vec<&LockRef> = (locks.into_iter())
         .filter(|l| !l.spec.is_expired(now))
         .collect();
-    let asking = |operation| {
-        live.iter()
-            .copied()
-            .filter(move |l| l.spec.operations().contains(&operation))
+    let asking = |clauses, operation, namespaced_only: bool| {
+        let locks: Vec<&LockRef> = (live.iter().copied())
+            .filter(|l| l.spec.operations().contains(&operation))
+            .filter(|l| !namespaced_only || (l.kind == LockKind::Lock && l.namespace.is_some()))
+            .collect();
+        OperationPlan {
+            keys: locks.iter().map(|l| l.key()).collect(),
+            plan: conditions::plan_with(clauses, locks, now, limits),
+        }
     };
-    let in_a_namespace = |l: &&LockRef| l.kind == LockKind::Lock && l.namespace.is_some();
     OperationsPlan {
-        create: OperationPlan::new(Clauses::Names, asking(LockOperation::Create), now, limits),
-        connect: OperationPlan::new(
-            Clauses::Connect,
-            asking(LockOperation::Connect).filter(in_a_namespace),
-            now,
-            limits,
-        ),
+        create: asking(Clauses::Names, LockOperation::Create, false),
+        connect: asking(Clauses::Connect, LockOperation::Connect, true),
     }
 }
 
