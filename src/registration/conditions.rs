@@ -10,31 +10,24 @@ use crate::admission::subresources;
 use crate::api::{LockOperation, LockSpec};
 use crate::locks::{LockKind, LockRef};
 
-/// Name of the condition holding the locked keys in each narrowed webhook entry.
 pub const CONDITION_NAME: &str = "may-be-locked";
 
-/// The name of the object a request concerns: `request.name`, or for DELETECOLLECTION items
-/// (no `request.name`) `oldObject.metadata.name`. Guarded with `has`: an evaluation error would
-/// refuse the request under `failurePolicy: Fail`.
+/// `request.name`, or `oldObject.metadata.name` for DELETECOLLECTION items; guarded with `has`,
+/// as an evaluation error would refuse the request under `failurePolicy: Fail`.
 pub const NAME_EXPR: &str = "(has(request.name) && request.name != '' ? request.name : (oldObject != null && has(oldObject.metadata) && has(oldObject.metadata.name) ? oldObject.metadata.name : ''))";
 
-/// The name for the CONNECT entries: a proxy request's `request.name` may carry a scheme and a
-/// port (`http:db-0:8080`), split as the API server splits it (`[scheme:]NAME[:port]`, see
-/// [`crate::admission::subresources::proxied_name`]); every other name as [`NAME_EXPR`] has it.
-/// A name the API server refuses (four parts, an unknown scheme) is refused after admission.
+/// As [`NAME_EXPR`], a proxy request's `[scheme:]NAME[:port]` split as the API server splits it
+/// ([`crate::admission::subresources::proxied_name`]).
 pub const CONNECT_NAME_EXPR: &str = "(has(request.subResource) && request.subResource == 'proxy' && has(request.name) ? (request.name.split(':').size() == 3 ? request.name.split(':')[1] : request.name.split(':')[0]) : (has(request.name) && request.name != '' ? request.name : (oldObject != null && has(oldObject.metadata) && has(oldObject.metadata.name) ? oldObject.metadata.name : '')))";
 
-/// The request's namespace, `''` when absent.
 pub const NAMESPACE_EXPR: &str = "(has(request.namespace) ? request.namespace : '')";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NarrowingBounds {
-    /// More live locks than this: the broad registration.
     pub max_names: usize,
-    /// Most characters of keys in one expression (the API server allows 100,000 code points).
+    /// Per expression (the API server allows 100,000 code points).
     pub chunk_chars: usize,
-    /// Most characters of keys in all expressions and namespace names in all selectors
-    /// together (the configuration must stay far below the 1.5 MiB an object may take in etcd).
+    /// Keys and selectors together: far below the 1.5 MiB an object may take in etcd.
     pub max_total_chars: usize,
 }
 
@@ -48,68 +41,54 @@ impl Default for NarrowingBounds {
     }
 }
 
-/// Why the broad registration is used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BroadReason {
-    /// More keys than `registration.max_names` once every namespace is sent whole: the
-    /// ClusterLocks alone exceed it.
     #[error(
         "{names} live locks exceed registration.max_names ({max}), their namespaces each sent whole: every UPDATE and DELETE is sent to the webhook"
     )]
     TooManyNames { names: usize, max: usize },
-    /// The keys and selectors would make the configuration too large.
     #[error(
         "the locked names and their namespaces take {chars} characters, more than {max} for one configuration: every UPDATE and DELETE is sent to the webhook"
     )]
     TooLarge { chars: usize, max: usize },
-    /// A name that cannot be written into a CEL string literal (never one the API server
-    /// accepts for a Lock).
     #[error(
         "lock name {0:?} cannot be written into a CEL condition: every UPDATE and DELETE is sent to the webhook"
     )]
     UnsafeName(String),
 }
 
-/// What the registration should say.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConditionsPlan {
-    /// Live (not expired) locks that can lock something the webhook is sent.
+    /// Live locks that can lock something the webhook is sent.
     pub names: usize,
     /// The earliest `expiresAt` of a live lock: the plan changes then.
     pub next_expiry: Option<Timestamp>,
-    /// Narrowed conditions or the broad registration.
     pub scope: Scope,
-    /// For each namespaced entry of [`Scope::Narrow`], in the same order, the namespaces its
-    /// keys belong to (sorted): its `namespaceSelector` names them, so that the API server
-    /// evaluates the entry's condition only for requests in those namespaces. Empty when broad.
+    /// Per namespaced entry of [`Scope::Narrow`], the namespaces of its keys (sorted), for its
+    /// `namespaceSelector`. Empty when broad.
     pub namespaces: Vec<Vec<String>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Scope {
-    /// One `may-be-locked` expression per webhook entry; never empty (the first entry of each
-    /// kind always exists, `false` when nothing is locked).
+    /// One `may-be-locked` expression per entry; never empty (`false` when nothing is locked).
     Narrow {
         namespaced: Vec<String>,
         cluster: Vec<String>,
     },
-    /// Every UPDATE and DELETE goes to the webhook, as without narrowing.
     Broad(BroadReason),
 }
 
-/// What the conditions send besides the requests concerning a locked name.
+/// What the conditions send besides the requests concerning a locked name (all: the resources
+/// of a ClusterLock with a selector).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Clauses {
-    /// UPDATE and DELETE (the base entries): also the DELETE of a Namespace holding Locks, and
-    /// the DELETE of a CRD whose objects a Lock covers, and the cluster-scoped resources a
-    /// ClusterLock with a selector covers.
+    /// UPDATE and DELETE: also the DELETE of a Namespace holding Locks or of a CRD whose objects
+    /// a Lock covers.
     Changes,
-    /// An operation on the locked names only (CREATE, CONNECT): never a Namespace or CRD
-    /// deletion; a ClusterLock with a selector sends the cluster-scoped resources it covers
-    /// (a ClusterLock never concerns a namespaced object).
+    /// CREATE: the locked names only.
     Names,
-    /// As [`Clauses::Names`], for CONNECT: the name of a proxy request is read through
-    /// [`CONNECT_NAME_EXPR`].
+    /// CONNECT: as [`Clauses::Names`], through [`CONNECT_NAME_EXPR`].
     Connect,
 }
 
@@ -122,7 +101,7 @@ impl Clauses {
     }
 }
 
-/// Computes the plan for `locks` at `now`, for the base entries ([`Clauses::Changes`]).
+/// The plan of the base entries ([`Clauses::Changes`]).
 pub fn plan<'a>(
     locks: impl IntoIterator<Item = &'a LockRef>,
     now: Timestamp,
@@ -131,7 +110,6 @@ pub fn plan<'a>(
     plan_with(Clauses::Changes, locks, now, limits)
 }
 
-/// Computes the plan for `locks` at `now`, with `clauses`.
 pub fn plan_with<'a>(
     clauses: Clauses,
     locks: impl IntoIterator<Item = &'a LockRef>,
@@ -156,16 +134,11 @@ pub fn plan_with<'a>(
             crd_groups.extend(deleted_groups(&lock.spec));
         }
         names += 1;
-        if let Some(at) = lock.spec.expires_at.as_ref().map(|t| t.0) {
-            next_expiry = Some(next_expiry.map_or(at, |n| n.min(at)));
-        }
-        for part in [Some(lock.name.as_str()), lock.namespace.as_deref()]
-            .into_iter()
-            .flatten()
-        {
-            if !is_safe(part) {
-                unsafe_name.get_or_insert_with(|| part.to_owned());
-            }
+        let expiry = lock.spec.expires_at.as_ref().map(|t| t.0);
+        next_expiry = next_expiry.into_iter().chain(expiry).min();
+        let mut parts = std::iter::once(lock.name.as_str()).chain(lock.namespace.as_deref());
+        if let Some(part) = parts.find(|part| !is_safe(part)) {
+            unsafe_name.get_or_insert_with(|| part.to_owned());
         }
         match (lock.kind, lock.namespace.as_deref()) {
             (LockKind::ClusterLock, _) | (LockKind::Lock, None) => {
@@ -178,12 +151,10 @@ pub fn plan_with<'a>(
                 let entry = namespaces
                     .entry(ns)
                     .or_insert_with(|| Some(BTreeSet::new()));
-                match (entry, lock.spec.selector.is_some()) {
-                    (entry, true) => *entry = None,
-                    (Some(set), false) => {
-                        set.insert(&lock.name);
-                    }
-                    (None, false) => {}
+                if lock.spec.selector.is_some() {
+                    *entry = None;
+                } else if let Some(set) = entry {
+                    set.insert(&lock.name);
                 }
             }
         }
@@ -199,19 +170,17 @@ pub fn plan_with<'a>(
         + (namespaces.values())
             .map(|names| names.as_ref().map_or(1, BTreeSet::len))
             .sum::<usize>();
-    if keys > limits.max_names {
-        let mut largest: Vec<(usize, &str)> = (namespaces.iter())
-            .filter_map(|(ns, names)| Some((names.as_ref()?.len(), *ns)))
-            .filter(|(n, _)| *n > 1)
-            .collect();
-        largest.sort_by(|a, b| b.cmp(a));
-        for (n, ns) in largest {
-            if keys <= limits.max_names {
-                break;
-            }
-            namespaces.insert(ns, None);
-            keys -= n - 1;
+    let mut largest: Vec<(usize, &str)> = (namespaces.iter())
+        .filter_map(|(ns, names)| Some((names.as_ref()?.len(), *ns)))
+        .filter(|(n, _)| *n > 1)
+        .collect();
+    largest.sort_by(|a, b| b.cmp(a));
+    for (n, ns) in largest {
+        if keys <= limits.max_names {
+            break;
         }
+        namespaces.insert(ns, None);
+        keys -= n - 1;
     }
     if keys > limits.max_names {
         return broad(BroadReason::TooManyNames {
@@ -257,7 +226,7 @@ pub fn plan_with<'a>(
             .collect();
         cluster.push(&keys);
     }
-    let namespaced = namespaced.finish();
+    let namespaced = namespaced.chunks;
     let selected: Vec<Vec<String>> = namespaced.iter().map(chunk_namespaces).collect();
     // The selectors count against the same bound as the keys: a namespace name is written once
     // per entry whose keys it holds.
@@ -269,16 +238,14 @@ pub fn plan_with<'a>(
             max: limits.max_total_chars,
         });
     }
-    let mut cluster: Vec<String> = (cluster.finish().iter())
+    let mut cluster: Vec<String> = (cluster.chunks.iter())
         .map(|chunk| cluster_expr(chunk, clauses.name_expr()))
         .collect();
     // What is sent whatever the name, in the first entry: a selector ClusterLock's resources,
     // and (UPDATE and DELETE) the deletions of the CRDs whose objects a Lock covers.
-    let crds =
-        (clauses == Clauses::Changes && !crd_groups.is_empty()).then(|| crd_expr(&crd_groups));
-    let whatever_the_name = or((cluster_selectors.iter().map(|spec| resources_expr(spec)))
-        .chain(crds)
-        .collect());
+    let crds = (clauses == Clauses::Changes).then(|| crd_expr(&crd_groups));
+    let selectors = cluster_selectors.iter().map(|spec| resources_expr(spec));
+    let whatever_the_name = or(selectors.chain(crds.flatten()));
     match (whatever_the_name.as_str(), cluster.first_mut()) {
         ("false", _) | (_, None) => {}
         ("true", Some(first)) => *first = "true".to_owned(),
@@ -309,12 +276,12 @@ fn deleted_groups(spec: &LockSpec) -> impl Iterator<Item = &str> {
 }
 
 /// The DELETE of a CustomResourceDefinition (named `plural.group`) of one of `groups`.
-fn crd_expr(groups: &BTreeSet<&str>) -> String {
+fn crd_expr(groups: &BTreeSet<&str>) -> Option<String> {
     let groups: Vec<String> = groups.iter().map(|g| g.to_string()).collect();
-    format!(
-        "(request.resource.group == 'apiextensions.k8s.io' && request.resource.resource == 'customresourcedefinitions' && request.operation == 'DELETE' && {}.contains('|' + {NAME_EXPR}.substring({NAME_EXPR}.indexOf('.') + 1) + '|'))",
-        literal(&groups)
-    )
+    let group = format!("{NAME_EXPR}.substring({NAME_EXPR}.indexOf('.') + 1)");
+    contains(&groups, &group).map(|deleted| format!(
+        "(request.resource.group == 'apiextensions.k8s.io' && request.resource.resource == 'customresourcedefinitions' && request.operation == 'DELETE' && {deleted})"
+    ))
 }
 
 /// The requests of the resources `spec` covers, whatever the object's name: `true` for every
@@ -372,21 +339,21 @@ fn is_safe(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_' | b':'))
 }
 
-/// Keys cut into chunks of at most `budget` characters; each chunk holds two key lists.
+/// Keys cut into chunks of at most `budget` characters, each of two key lists; at least one
+/// chunk, only the first possibly empty.
 struct Chunks {
     budget: usize,
-    done: Vec<[Vec<String>; 2]>,
-    current: [Vec<String>; 2],
+    chunks: Vec<[Vec<String>; 2]>,
     size: usize,
     total: usize,
 }
 
 impl Chunks {
     fn new(budget: usize) -> Self {
+        let chunks = vec![Default::default()];
         Chunks {
             budget,
-            done: Vec::new(),
-            current: Default::default(),
+            chunks,
             size: 0,
             total: 0,
         }
@@ -396,38 +363,26 @@ impl Chunks {
     fn push(&mut self, keys: &[(usize, String)]) {
         let cost: usize = keys.iter().map(|(_, k)| k.len() + 1).sum();
         if self.size > 0 && self.size + cost > self.budget {
-            self.done.push(std::mem::take(&mut self.current));
+            self.chunks.push(Default::default());
             self.size = 0;
         }
+        let chunk = self.chunks.last_mut().expect("at least one chunk");
         for (list, key) in keys {
-            self.current[*list].push(key.clone());
+            chunk[*list].push(key.clone());
         }
         self.size += cost;
         self.total += cost;
-    }
-
-    /// The chunks; at least one, possibly empty.
-    fn finish(mut self) -> Vec<[Vec<String>; 2]> {
-        if self.size > 0 || self.done.is_empty() {
-            self.done.push(self.current);
-        }
-        self.done
     }
 }
 
 /// `'|a|b|'`: keys between separators, so that `'|' + key + '|'` matches whole keys only.
 fn literal(keys: &[String]) -> String {
-    let mut out = String::with_capacity(keys.iter().map(|k| k.len() + 1).sum::<usize>() + 3);
-    out.push_str("'|");
-    for key in keys {
-        out.push_str(key);
-        out.push('|');
-    }
-    out.push('\'');
-    out
+    let keys: String = keys.iter().map(|k| format!("{k}|")).collect();
+    format!("'|{keys}'")
 }
 
-fn or(parts: Vec<String>) -> String {
+fn or(parts: impl IntoIterator<Item = String>) -> String {
+    let parts: Vec<String> = parts.into_iter().collect();
     if parts.is_empty() {
         "false".to_owned()
     } else {
@@ -435,40 +390,24 @@ fn or(parts: Vec<String>) -> String {
     }
 }
 
+/// `'|a|b|'.contains('|' + needle + '|')`; none without keys.
+fn contains(keys: &[String], needle: &str) -> Option<String> {
+    (!keys.is_empty()).then(|| format!("{}.contains('|' + {needle} + '|')", literal(keys)))
+}
+
 /// Namespaced entry: list 0 = namespaces with a selector Lock, list 1 = `namespace/name`.
 fn namespaced_expr([selector_namespaces, names]: &[Vec<String>; 2], name: &str) -> String {
-    let mut parts = Vec::new();
-    if !selector_namespaces.is_empty() {
-        parts.push(format!(
-            "{}.contains('|' + {NAMESPACE_EXPR} + '|')",
-            literal(selector_namespaces)
-        ));
-    }
-    if !names.is_empty() {
-        parts.push(format!(
-            "{}.contains('|' + {NAMESPACE_EXPR} + '/' + {name} + '|')",
-            literal(names)
-        ));
-    }
-    or(parts)
+    let key = format!("{NAMESPACE_EXPR} + '/' + {name}");
+    let namespaces = contains(selector_namespaces, NAMESPACE_EXPR);
+    or(namespaces.into_iter().chain(contains(names, &key)))
 }
 
 /// Cluster entry: list 0 = ClusterLock names, list 1 = namespaces holding Locks.
 fn cluster_expr([cluster_locks, namespaces]: &[Vec<String>; 2], name: &str) -> String {
-    let mut parts = Vec::new();
-    if !cluster_locks.is_empty() {
-        parts.push(format!(
-            "{}.contains('|' + {name} + '|')",
-            literal(cluster_locks)
-        ));
-    }
-    if !namespaces.is_empty() {
-        parts.push(format!(
-            "(request.resource.group == '' && request.resource.resource == 'namespaces' && request.operation == 'DELETE' && {}.contains('|' + {NAME_EXPR} + '|'))",
-            literal(namespaces)
-        ));
-    }
-    or(parts)
+    let deleted = contains(namespaces, NAME_EXPR).map(|holds| format!(
+        "(request.resource.group == '' && request.resource.resource == 'namespaces' && request.operation == 'DELETE' && {holds})"
+    ));
+    or(contains(cluster_locks, name).into_iter().chain(deleted))
 }
 
 /// Its CEL evaluation and fixtures serve the other plans' tests too.

@@ -18,9 +18,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::api::{self, LockKey, LockOperation};
 
-/// The entry for namespaced objects (and the first chunk of their conditions).
 pub const NAMESPACED_ENTRY: &str = "namespaced.objectlock.dev";
-/// The entry for cluster-scoped objects.
 pub const CLUSTER_ENTRY: &str = "cluster.objectlock.dev";
 
 /// The `index`-th entry of a kind: the base name, then `namespaced-2.objectlock.dev`, ...
@@ -31,17 +29,14 @@ pub fn entry_name(base: &str, index: usize) -> String {
     }
 }
 
+/// Whether `name` is an [`entry_name`] of `base` past the first.
 pub fn is_extra_entry(name: &str, base: &str) -> bool {
-    let (Some((first, rest)), Some((base_first, base_rest))) =
-        (name.split_once('.'), base.split_once('.'))
-    else {
+    let Some((first, rest)) = base.split_once('.') else {
         return false;
     };
-    rest == base_rest
-        && first
-            .strip_prefix(base_first)
-            .and_then(|s| s.strip_prefix('-'))
-            .is_some_and(|n| n.parse::<usize>().is_ok_and(|n| n >= 2))
+    let number = (name.strip_suffix(rest))
+        .and_then(|n| n.strip_suffix('.')?.strip_prefix(first)?.strip_prefix('-'));
+    number.is_some_and(|n| n.parse::<usize>().is_ok_and(|n| n >= 2))
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -75,7 +70,7 @@ impl Format {
     }
 }
 
-/// Every namespace but the excluded ones, without the operator's requirements.
+#[cfg(test)]
 pub fn broad_selector() -> LabelSelector {
     namespaced_selector(None, Narrowing::Broad)
 }
@@ -85,7 +80,7 @@ pub fn broad_selector() -> LabelSelector {
 pub enum Narrowing<'a> {
     /// Every namespace but the excluded ones.
     Broad,
-    /// Every namespace, written unlike [`Narrowing::Broad`], which 0.1.0 takes for "not narrowed yet".
+    /// The same, written unlike [`Narrowing::Broad`], which 0.1.0 takes for "not narrowed yet".
     Every,
     /// The namespaces of the entry's keys (none: no namespace at all).
     To(&'a [String]),
@@ -148,8 +143,7 @@ pub fn namespaced_selector(
 }
 
 /// The entries the plan asks for: copies of the base entries with their `may-be-locked`
-/// condition (`true` when broad) and, namespaced, their selector replaced. Entries of other
-/// names are left out.
+/// condition and, namespaced, their selector replaced.
 pub fn webhooks(
     current: &[ValidatingWebhook],
     plan: &ConditionsPlan,
@@ -178,9 +172,8 @@ pub fn webhooks(
         .collect())
 }
 
-/// The `may-be-locked` expressions of the namespaced or the cluster-scoped entries. `true`
-/// rather than no condition when broad: a condition another field manager (kubectl apply
-/// --server-side of `manifests cluster`) co-owns would survive its removal half-written.
+/// The `may-be-locked` expressions; `true` rather than none when broad, as a condition another
+/// field manager co-owns (`manifests cluster` applied) would survive its removal half-written.
 fn expressions(plan: &ConditionsPlan, namespaced: bool) -> Vec<String> {
     match (&plan.scope, namespaced) {
         (Scope::Narrow { namespaced, .. }, true) => namespaced.clone(),
@@ -190,8 +183,7 @@ fn expressions(plan: &ConditionsPlan, namespaced: bool) -> Vec<String> {
 }
 
 /// Copies of `template` named after `base`, one per expression; with `narrowing`, a namespaced
-/// entry's selector, the template's requirements carried. (A cluster-scoped entry's selector
-/// filters Namespace objects by their own labels: it is kept.)
+/// entry's selector (a cluster-scoped entry's filters Namespace objects: it is kept).
 fn copies<'a>(
     template: &'a ValidatingWebhook,
     base: &'a str,
@@ -220,17 +212,12 @@ fn template<'a>(
     (current.iter().find(|w| w.name == base)).ok_or_else(|| MissingEntry(base.to_owned()))
 }
 
-/// Replaces the entry's `may-be-locked` condition (keeping the others, in their order).
+/// Replaces the entry's `may-be-locked` condition, keeping the others in their order.
 fn set_condition(entry: &mut ValidatingWebhook, expression: String) {
-    let mut conditions: Vec<MatchCondition> = (entry.match_conditions.take().unwrap_or_default())
-        .into_iter()
-        .filter(|c| c.name != CONDITION_NAME)
-        .collect();
-    conditions.push(MatchCondition {
-        name: CONDITION_NAME.to_owned(),
-        expression,
-    });
-    entry.match_conditions = Some(conditions);
+    let conditions = entry.match_conditions.get_or_insert_default();
+    conditions.retain(|c| c.name != CONDITION_NAME);
+    let name = CONDITION_NAME.to_owned();
+    conditions.push(MatchCondition { name, expression });
 }
 
 fn selected(plan: &ConditionsPlan, index: usize) -> Narrowing<'_> {
@@ -253,12 +240,9 @@ pub fn starting_point(
         &conditions::NarrowingBounds::default(),
     );
     let mut entries = webhooks(entries, &plan, Format::Namespaces)?;
-    for entry in &mut entries {
-        if entry.name == NAMESPACED_ENTRY {
-            let base = entry.namespace_selector.take();
-            entry.namespace_selector = Some(namespaced_selector(base.as_ref(), Narrowing::Broad));
-        }
-    }
+    // The namespaced entry comes first.
+    let selector = entries[0].namespace_selector.take();
+    entries[0].namespace_selector = Some(namespaced_selector(selector.as_ref(), Narrowing::Broad));
     Ok(entries)
 }
 
@@ -292,18 +276,17 @@ fn is_current_by(
     !current.iter().any(left) && desired.iter().all(|d| current.contains(d))
 }
 
-/// What the configuration says, once written and read back.
+/// What the configuration says, once written and read back; each scope `None` until confirmed.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Registered {
-    /// The base entries (UPDATE and DELETE); each `None` until its first write is confirmed.
+    /// The base entries (UPDATE and DELETE).
     pub scope: Option<RegisteredScope>,
     pub namespaces: NamespaceSelection,
     pub create: Option<RegisteredScope>,
     pub connect: Option<RegisteredScope>,
 }
 
-/// The operator's requirements on namespaces, read from the base entries: a Lock in a
-/// namespace they do not select is never sent.
+/// The operator's requirements on namespaces, read from the base entries.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct NamespaceSelection {
     pub locks: LabelSelector,
@@ -323,7 +306,6 @@ impl NamespaceSelection {
         }
     }
 
-    /// True when the operator asks for nothing: every namespace but the excluded ones.
     pub fn is_everything(&self) -> bool {
         self.locks == LabelSelector::default() && self.namespaces == LabelSelector::default()
     }
@@ -347,19 +329,10 @@ pub enum RegisteredScope {
     Broad(String),
 }
 
-impl RegisteredScope {
-    fn covers(&self, key: &LockKey) -> bool {
-        match self {
-            RegisteredScope::Broad(_) => true,
-            RegisteredScope::Narrow(keys) => keys.contains(key),
-        }
-    }
-}
-
 impl Registered {
     /// Whether UPDATE and DELETE of this lock's object reach the webhook.
     pub fn covers(&self, key: &LockKey) -> bool {
-        self.scope.as_ref().is_some_and(|s| s.covers(key))
+        self.sends(LockOperation::Update, key)
     }
 
     pub fn sends(&self, operation: LockOperation, key: &LockKey) -> bool {
@@ -368,7 +341,11 @@ impl Registered {
             LockOperation::Create => &self.create,
             LockOperation::Connect => &self.connect,
         };
-        scope.as_ref().is_some_and(|s| s.covers(key))
+        match scope {
+            Some(RegisteredScope::Broad(_)) => true,
+            Some(RegisteredScope::Narrow(keys)) => keys.contains(key),
+            None => false,
+        }
     }
 }
 
@@ -406,6 +383,10 @@ mod tests {
             (NAMESPACED_ENTRY, false),
             ("namespaced-x.objectlock.dev", false),
             ("cluster-2.objectlock.dev", false),
+            ("namespaced-1.objectlock.dev", false),
+            ("namespaced-2.x.objectlock.dev", false),
+            ("namespaced-2.objectlock.dev.x", false),
+            ("x-namespaced-2.objectlock.dev", false),
         ] {
             assert_eq!(is_extra_entry(name, NAMESPACED_ENTRY), extra, "{name}");
         }

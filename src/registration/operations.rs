@@ -15,13 +15,10 @@ use super::{
 use crate::api::{LockKey, LockOperation};
 use crate::locks::{LockKind, LockRef};
 
-/// The entry sending CREATE of namespaced objects (and the first chunk of its keys).
 pub const CREATE_ENTRY: &str = "create.objectlock.dev";
-/// The entry sending CREATE of cluster-scoped objects.
 pub const CLUSTER_CREATE_ENTRY: &str = "cluster-create.objectlock.dev";
-/// The entry sending CONNECT into pods.
 pub const CONNECT_ENTRY: &str = "connect.objectlock.dev";
-/// What CONNECT is sent for: every way into a pod through the API server.
+/// Every way into a pod through the API server.
 pub const CONNECT_SUBRESOURCES: [&str; 4] =
     ["pods/exec", "pods/attach", "pods/portforward", "pods/proxy"];
 
@@ -35,27 +32,11 @@ pub fn is_operation_entry(name: &str) -> bool {
 /// One operation: the live locks asking for it, and their conditions.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OperationPlan {
-    /// The live locks asking for it whose requests an entry can send.
     pub keys: BTreeSet<LockKey>,
-    /// Their conditions ([`Clauses::Names`], [`Clauses::Connect`] for CONNECT).
     pub plan: ConditionsPlan,
 }
 
 impl OperationPlan {
-    fn new<'a>(
-        clauses: Clauses,
-        locks: impl IntoIterator<Item = &'a LockRef>,
-        now: Timestamp,
-        limits: &NarrowingBounds,
-    ) -> Self {
-        let locks: Vec<&LockRef> = locks.into_iter().collect();
-        OperationPlan {
-            keys: locks.iter().map(|l| l.key()).collect(),
-            plan: conditions::plan_with(clauses, locks, now, limits),
-        }
-    }
-
-    /// What the entries say once written.
     pub fn registered(&self) -> RegisteredScope {
         match &self.plan.scope {
             Scope::Narrow { .. } => RegisteredScope::Narrow(self.keys.clone()),
@@ -72,16 +53,13 @@ impl OperationPlan {
     }
 }
 
-/// What the CREATE and CONNECT entries should say.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OperationsPlan {
-    /// CREATE, namespaced and cluster-scoped.
     pub create: OperationPlan,
-    /// CONNECT, namespaced Locks only: pods are namespaced.
+    /// Namespaced Locks only: pods are namespaced.
     pub connect: OperationPlan,
 }
 
-/// The plans of the live locks at `now` asking for CREATE or CONNECT.
 pub fn plan<'a>(
     locks: impl IntoIterator<Item = &'a LockRef>,
     now: Timestamp,
@@ -90,26 +68,23 @@ pub fn plan<'a>(
     let live: Vec<&LockRef> = (locks.into_iter())
         .filter(|l| !l.spec.is_expired(now))
         .collect();
-    let asking = |operation| {
-        live.iter()
-            .copied()
-            .filter(move |l| l.spec.operations().contains(&operation))
+    let asking = |clauses, operation, namespaced_only: bool| {
+        let locks: Vec<&LockRef> = (live.iter().copied())
+            .filter(|l| l.spec.operations().contains(&operation))
+            .filter(|l| !namespaced_only || (l.kind == LockKind::Lock && l.namespace.is_some()))
+            .collect();
+        OperationPlan {
+            keys: locks.iter().map(|l| l.key()).collect(),
+            plan: conditions::plan_with(clauses, locks, now, limits),
+        }
     };
-    let in_a_namespace = |l: &&LockRef| l.kind == LockKind::Lock && l.namespace.is_some();
     OperationsPlan {
-        create: OperationPlan::new(Clauses::Names, asking(LockOperation::Create), now, limits),
-        connect: OperationPlan::new(
-            Clauses::Connect,
-            asking(LockOperation::Connect).filter(in_a_namespace),
-            now,
-            limits,
-        ),
+        create: asking(Clauses::Names, LockOperation::Create, false),
+        connect: asking(Clauses::Connect, LockOperation::Connect, true),
     }
 }
 
-/// The entries `plan` asks for, made from the configuration's base entries (whose URL,
-/// caBundle, failure policy, timeouts and exclusion conditions they copy). Empty while no
-/// lock asks; a base entry is needed only for the entries made from it.
+/// The entries `plan` asks for, copies of the base entries; none while no lock asks.
 pub fn webhooks(
     current: &[ValidatingWebhook],
     plan: &OperationsPlan,
@@ -157,7 +132,6 @@ pub fn webhooks(
     Ok(out)
 }
 
-/// Every desired entry present and equal, and no other entry of this module's left.
 pub fn is_current(current: &[ValidatingWebhook], desired: &[ValidatingWebhook]) -> bool {
     is_current_by(current, desired, is_operation_entry)
 }

@@ -1,8 +1,7 @@
 //! Keeps the ValidatingWebhookConfiguration narrowed to the live locks of the lock index, with
-//! server-side apply (base entries and CREATE/CONNECT entries under two field managers). One loop,
-//! one reconcile at a time; a reconcile reads the configuration, writes what differs under the
-//! resourceVersion it read. Invariant: nothing is written before both kinds were listed once; a
-//! write counts once read back.
+//! server-side apply (base entries and CREATE/CONNECT entries under two field managers), one
+//! reconcile at a time, under the resourceVersion it read. Invariant: nothing is written before
+//! both kinds were listed once; a write counts once read back.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -33,8 +32,9 @@ pub const FIELD_MANAGER: &str = "kube-object-lock";
 /// Not [`FIELD_MANAGER`], whose applies would then remove the CREATE and CONNECT entries.
 pub const OPERATIONS_FIELD_MANAGER: &str = "kube-object-lock-operations";
 
-/// Then doubling ([`retry::write`]).
 const FIRST_RETRY: Duration = Duration::from_millis(250);
+
+type Entries = [ValidatingWebhook];
 
 #[derive(Debug, Clone)]
 pub struct NarrowerConfig {
@@ -50,8 +50,8 @@ struct LockView {
 }
 
 impl LockView {
-    /// True when the plan may change: a lock came, went or changed what it locks (not its
-    /// status, which every instance's status write changes).
+    /// True when a lock came, went or changed what it locks (not its status, which every
+    /// instance's status write changes).
     fn update(&mut self, now: &IndexSnapshot) -> bool {
         let changed = now.listed != self.listed
             || index::diff(&self.sets, &now.sets).any(|change| match change {
@@ -68,7 +68,6 @@ impl LockView {
     }
 }
 
-#[derive(Debug, PartialEq)]
 enum Problem {
     /// The configuration changed after it was read (409): its watch brings the change.
     Stale,
@@ -81,10 +80,8 @@ impl From<String> for Problem {
     }
 }
 
-/// It only says that the configuration changed.
+/// The watch of the configuration: it only says that the configuration changed.
 struct ConfigWatch {
-    api: Api<ValidatingWebhookConfiguration>,
-    name: String,
     events:
         BoxStream<'static, Result<watcher::Event<ValidatingWebhookConfiguration>, watcher::Error>>,
     failing: bool,
@@ -92,28 +89,20 @@ struct ConfigWatch {
 }
 
 impl ConfigWatch {
-    fn new(api: Api<ValidatingWebhookConfiguration>, name: String) -> ConfigWatch {
-        let mut watch = ConfigWatch {
-            events: futures::stream::empty().boxed(),
-            api,
-            name,
-            failing: false,
-            errors: LastError::default(),
-        };
-        watch.restart();
-        watch
-    }
-
-    fn restart(&mut self) {
-        let config = watcher::Config::default().fields(&format!("metadata.name={}", self.name));
-        self.events = (watcher(self.api.clone(), config).backoff(retry::watcher())).boxed();
+    /// (Re)starts the watch; an error already said stays said.
+    fn start(&mut self, api: &Api<ValidatingWebhookConfiguration>, name: &str) {
+        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+        self.events = watcher(api.clone(), config)
+            .backoff(retry::watcher())
+            .boxed();
         self.failing = false;
     }
 
-    /// Takes in an event; true when the configuration may have changed.
+    /// True when the configuration may have changed; each distinct error is logged once.
     fn take(
         &mut self,
         event: Result<watcher::Event<ValidatingWebhookConfiguration>, watcher::Error>,
+        name: &str,
     ) -> bool {
         match event {
             // `Init` comes before each re-list, before it is tried: not a success.
@@ -123,7 +112,6 @@ impl ConfigWatch {
                 self.failing = false;
                 true
             }
-            // Once per distinct error, its repeats at debug.
             Err(error) => {
                 self.failing = true;
                 let refused = retry::watcher_refusal(&error);
@@ -131,9 +119,9 @@ impl ConfigWatch {
                 if !self.errors.is_new(&error) {
                     debug!(%error, "watching the webhook configuration failed again");
                 } else if refused {
-                    warn!(%error, name = %self.name, "watching the webhook configuration failed; retrying with backoff (the webhook's identity may not read it: registered with `manifests cluster --broad`? set registration.narrow = false)");
+                    warn!(%error, name = %name, "watching the webhook configuration failed; retrying with backoff (the webhook's identity may not read it: registered with `manifests cluster --broad`? set registration.narrow = false)");
                 } else {
-                    warn!(%error, name = %self.name, "watching the webhook configuration failed; retrying with backoff");
+                    warn!(%error, name = %name, "watching the webhook configuration failed; retrying with backoff");
                 }
                 false
             }
@@ -173,7 +161,13 @@ impl Narrower {
     /// Keeps the configuration current from `index` until dropped.
     pub async fn run(mut self, index: Arc<LockIndex>) {
         let api: Api<ValidatingWebhookConfiguration> = Api::all(self.client.clone());
-        let mut configs = ConfigWatch::new(api.clone(), self.config.name.clone());
+        let name = self.config.name.clone();
+        let mut configs = ConfigWatch {
+            events: futures::stream::pending().boxed(),
+            failing: false,
+            errors: LastError::default(),
+        };
+        configs.start(&api, &name);
         let mut locks = index.subscribe();
         locks.mark_changed();
         let mut view = LockView::default();
@@ -182,12 +176,7 @@ impl Narrower {
         let mut problems = LastError::default();
         let mut dirty = true;
         loop {
-            let sleep = async {
-                match wake {
-                    Some(at) => tokio::time::sleep_until(at).await,
-                    None => std::future::pending().await,
-                }
-            };
+            let sleep = tokio::time::sleep_until(wake.unwrap_or_else(Instant::now));
             tokio::select! {
                 changed = locks.changed() => {
                     if changed.is_err() {
@@ -195,18 +184,17 @@ impl Narrower {
                         return;
                     }
                     dirty |= view.update(&locks.borrow_and_update().clone());
-                    // The index heard from the API server (its watches are woken as soon as it
-                    // answers again): watch the configuration again now, not at the end of a
-                    // backoff of up to half a minute.
+                    // The index heard from the API server: watch the configuration again now,
+                    // not at the end of a backoff of up to half a minute.
                     if configs.failing && index.health(LockKind::Lock).state == WatchState::Live {
-                        configs.restart();
+                        configs.start(&api, &name);
                     }
                 }
                 event = configs.events.next() => match event {
-                    Some(event) => dirty |= configs.take(event),
+                    Some(event) => dirty |= configs.take(event, &name),
                     None => return,
                 },
-                () = sleep => {
+                () = sleep, if wake.is_some() => {
                     wake = None;
                     dirty = true;
                 }
@@ -216,37 +204,39 @@ impl Narrower {
                 dirty |= view.update(&locks.borrow_and_update().clone());
             }
             while let Some(Some(event)) = configs.events.next().now_or_never() {
-                dirty |= configs.take(event);
+                dirty |= configs.take(event, &name);
             }
             if !dirty || view.listed != (true, true) {
                 continue;
             }
             dirty = false;
-            match self.reconcile(&api, &view).await {
+            wake = match self.reconcile(&api, &view).await {
                 Ok(next_expiry) => {
                     backoff.reset();
                     problems.clear();
                     // Just after the expiry, so that the plan no longer holds the lock.
-                    wake = next_expiry.map(|at| {
+                    next_expiry.map(|at| {
                         let left = at.duration_since(Timestamp::now()).unsigned_abs();
                         Instant::now() + left + Duration::from_millis(5)
-                    });
+                    })
                 }
                 Err(problem) => {
                     let retry = backoff.next().unwrap_or(retry::MAX_WRITE_WAIT);
                     match problem {
                         Problem::Stale => {
-                            debug!(name = %self.config.name, "the webhook configuration changed since it was read; planning again from the change")
+                            debug!(
+                                name = %name,
+                                "the webhook configuration changed since it was read; planning again from the change"
+                            )
                         }
-                        Problem::Failed(problem) => {
-                            if problems.is_new(&problem) {
-                                warn!(%problem, name = %self.config.name, retry_in = ?retry, "cannot narrow the webhook configuration");
-                            }
+                        Problem::Failed(problem) if problems.is_new(&problem) => {
+                            warn!(%problem, name = %name, retry_in = ?retry, "cannot narrow the webhook configuration");
                         }
+                        Problem::Failed(_) => {}
                     }
-                    wake = Some(Instant::now() + retry);
+                    Some(Instant::now() + retry)
                 }
-            }
+            };
         }
     }
 
@@ -265,67 +255,81 @@ impl Narrower {
             .map(LockRef::key)
             .collect();
         let read = api.get_opt(&self.config.name).await;
-        let current = read.map_err(|e| retry::error_chain(&e))?.ok_or_else(|| {
+        let mut current = read.map_err(|e| retry::error_chain(&e))?.ok_or_else(|| {
             self.count("missing");
             format!(
                 "no ValidatingWebhookConfiguration {:?}; apply the output of `kube-object-lock manifests cluster`",
                 self.config.name
             )
         })?;
-        // The CREATE and CONNECT entries are made from the base entries as stored (the base
-        // write changes none of the fields they copy), under the resourceVersion it left.
-        let current = self.reconcile_base(api, current, &plan, live).await?;
-        self.reconcile_operations(api, &current, &operations)
-            .await?;
-        Ok(plan.next_expiry)
-    }
-
-    /// Returns the configuration as stored now.
-    async fn reconcile_base(
-        &mut self,
-        api: &Api<ValidatingWebhookConfiguration>,
-        current: ValidatingWebhookConfiguration,
-        plan: &ConditionsPlan,
-        live: BTreeSet<LockKey>,
-    ) -> Result<ValidatingWebhookConfiguration, Problem> {
         let entries = current.webhooks.as_deref().unwrap_or_default();
-        let desired = webhooks(entries, plan, Format::of(&current)).map_err(|e| {
+        let desired = webhooks(entries, &plan, Format::of(&current)).map_err(|e| {
             self.count("missing");
             e.to_string()
         })?;
         self.metrics
             .locked_names
             .set(i64::try_from(plan.names).unwrap_or(i64::MAX));
-        if is_current(entries, &desired) {
-            self.confirm(plan, live, NamespaceSelection::of(entries));
-            return Ok(current);
+        let differs = "the configuration read back differs from what was written (another writer, or a defaulted field)";
+        let written = self.write(api, FIELD_MANAGER, &current, &desired, is_current, differs);
+        if let Some(written) = written.await? {
+            self.wrote_base(&plan, &desired);
+            self.last_written = Some(desired);
+            // The CREATE and CONNECT entries are made from the base entries as stored (the base
+            // write changes none of the fields they copy), under the resourceVersion it left.
+            current = written;
         }
-        let written = self.apply(api, FIELD_MANAGER, &current, &desired).await?;
-        // The answer is the stored object: it must now say what was written.
-        if !is_current(written.webhooks.as_deref().unwrap_or_default(), &desired) {
-            self.count("error");
-            return Err(Problem::Failed("the configuration read back differs from what was written (another writer, or a defaulted field)".to_owned()));
+        let entries = current.webhooks.as_deref().unwrap_or_default();
+        self.confirm(&plan, live, NamespaceSelection::of(entries));
+
+        let desired = operations::webhooks(entries, &operations).map_err(|e| e.to_string())?;
+        let differs = "the CREATE and CONNECT entries read back differ from what was written (entries another field manager owns, or a defaulted field)";
+        let manager = OPERATIONS_FIELD_MANAGER;
+        let written = self.write(
+            api,
+            manager,
+            &current,
+            &desired,
+            operations::is_current,
+            differs,
+        );
+        if written.await?.is_some() {
+            // Entries coming or going are logged; every other write only at debug.
+            let after: Vec<&str> = desired.iter().map(|w| w.name.as_str()).collect();
+            let before = entries.iter().map(|w| w.name.as_str());
+            let (create, connect) = (operations.create.keys.len(), operations.connect.keys.len());
+            if before
+                .filter(|name| operations::is_operation_entry(name))
+                .eq(after.iter().copied())
+            {
+                debug!(
+                    create,
+                    connect, "webhook entries for CREATE and CONNECT rewritten"
+                );
+            } else {
+                info!(create, connect, entries = ?after, "webhook entries for CREATE and CONNECT written");
+            }
         }
-        self.count("written");
-        if self.last_written.as_ref() == Some(&desired) {
+        self.confirm_operations(&operations);
+        Ok(plan.next_expiry)
+    }
+
+    /// Logs a write of the base entries: a change of scope, or (at debug) any write.
+    fn wrote_base(&mut self, plan: &ConditionsPlan, desired: &Entries) {
+        if self.last_written.as_deref() == Some(desired) {
             self.metrics.undone.inc();
             if !std::mem::replace(&mut self.undone_said, true) {
                 warn!(name = %self.config.name, "another writer keeps changing what this instance writes to the webhook configuration (an instance with other registration settings, or a tool re-applying `manifests cluster`); writing it back (kube_object_lock_registration_undone_total counts each time)");
             }
         }
-        let entries = desired.len();
-        let was = self.registered.borrow().scope.clone();
-        // A change of scope is logged; every write only at debug.
-        match (&plan.scope, was) {
+        let (locks, entries) = (plan.names, desired.len());
+        match (&plan.scope, &self.registered.borrow().scope) {
             (Scope::Narrow { .. }, Some(RegisteredScope::Narrow(_))) => {
-                debug!(
-                    locks = plan.names,
-                    entries, "webhook configuration rewritten"
-                )
+                debug!(locks, entries, "webhook configuration rewritten")
             }
             (Scope::Narrow { .. }, _) => {
                 info!(
-                    locks = plan.names,
+                    locks,
                     entries, "webhook configuration narrowed to the locked names"
                 )
             }
@@ -334,84 +338,55 @@ impl Narrower {
             }
             (Scope::Broad(reason), _) => warn!(%reason, "webhook configuration is broad"),
         }
-        self.confirm(plan, live, NamespaceSelection::of(&desired));
-        self.last_written = Some(desired);
-        Ok(written)
     }
 
-    /// Under [`OPERATIONS_FIELD_MANAGER`], listing only the CREATE and CONNECT entries.
-    async fn reconcile_operations(
-        &self,
-        api: &Api<ValidatingWebhookConfiguration>,
-        current: &ValidatingWebhookConfiguration,
-        plan: &OperationsPlan,
-    ) -> Result<(), Problem> {
-        let entries = current.webhooks.as_deref().unwrap_or_default();
-        let desired = operations::webhooks(entries, plan).map_err(|e| e.to_string())?;
-        if operations::is_current(entries, &desired) {
-            self.confirm_operations(plan);
-            return Ok(());
-        }
-        let written = (self.apply(api, OPERATIONS_FIELD_MANAGER, current, &desired)).await?;
-        if !operations::is_current(written.webhooks.as_deref().unwrap_or_default(), &desired) {
-            self.count("error");
-            return Err(Problem::Failed("the CREATE and CONNECT entries read back differ from what was written (entries another field manager owns, or a defaulted field)".to_owned()));
-        }
-        self.count("written");
-        // Entries coming or going are logged; every other write only at debug.
-        let names = |entries: &[ValidatingWebhook]| -> Vec<String> {
-            (entries.iter())
-                .filter(|w| operations::is_operation_entry(&w.name))
-                .map(|w| w.name.clone())
-                .collect()
-        };
-        let (before, after) = (names(entries), names(&desired));
-        let (create, connect) = (plan.create.keys.len(), plan.connect.keys.len());
-        if before == after {
-            debug!(
-                create,
-                connect, "webhook entries for CREATE and CONNECT rewritten"
-            );
-        } else {
-            info!(create, connect, entries = ?after, "webhook entries for CREATE and CONNECT written");
-        }
-        self.confirm_operations(plan);
-        Ok(())
-    }
-
-    /// Forced, with the resourceVersion `entries` were planned from as precondition.
-    async fn apply(
+    /// Applies `desired` under `manager` (forced, under the resourceVersion `current` was read
+    /// at) unless `current` holds it; returns the stored configuration once written.
+    async fn write(
         &self,
         api: &Api<ValidatingWebhookConfiguration>,
         manager: &str,
-        read: &ValidatingWebhookConfiguration,
-        entries: &[ValidatingWebhook],
-    ) -> Result<ValidatingWebhookConfiguration, Problem> {
+        current: &ValidatingWebhookConfiguration,
+        desired: &Entries,
+        is_current: fn(&Entries, &Entries) -> bool,
+        differs: &str,
+    ) -> Result<Option<ValidatingWebhookConfiguration>, Problem> {
+        if is_current(current.webhooks.as_deref().unwrap_or_default(), desired) {
+            return Ok(None);
+        }
+        let name = &self.config.name;
         let body = serde_json::json!({
             "apiVersion": "admissionregistration.k8s.io/v1",
             "kind": "ValidatingWebhookConfiguration",
-            "metadata": {"name": self.config.name, "resourceVersion": read.metadata.resource_version},
-            "webhooks": entries,
+            "metadata": {"name": name, "resourceVersion": current.metadata.resource_version},
+            "webhooks": desired,
         });
         let params = PatchParams::apply(manager).force();
-        match (api.patch(&self.config.name, &params, &Patch::Apply(&body))).await {
-            Ok(written) => Ok(written),
+        let written = match api.patch(name, &params, &Patch::Apply(&body)).await {
+            Ok(written) => written,
             Err(kube::Error::Api(status)) if status.code == 403 => {
                 self.count("forbidden");
-                Err(Problem::Failed(format!(
+                return Err(Problem::Failed(format!(
                     "forbidden: {}; grant patch on this validatingwebhookconfiguration (manifests cluster does), or set registration.narrow = false",
                     status.message
-                )))
+                )));
             }
             Err(kube::Error::Api(status)) if status.code == 409 => {
                 self.count("conflict");
-                Err(Problem::Stale)
+                return Err(Problem::Stale);
             }
             Err(error) => {
                 self.count("error");
-                Err(Problem::Failed(error.to_string()))
+                return Err(Problem::Failed(error.to_string()));
             }
+        };
+        // The answer is the stored object: it must now say what was written.
+        if !is_current(written.webhooks.as_deref().unwrap_or_default(), desired) {
+            self.count("error");
+            return Err(Problem::Failed(differs.to_owned()));
         }
+        self.count("written");
+        Ok(Some(written))
     }
 
     fn count(&self, outcome: &'static str) {
@@ -425,11 +400,9 @@ impl Narrower {
 
     fn current(&self) -> prometheus_client::metrics::gauge::Gauge {
         let name = self.config.name.clone();
-        (self
-            .metrics
-            .current
-            .get_or_create(&ConfigurationLabels { name }))
-        .clone()
+        (self.metrics.current)
+            .get_or_create(&ConfigurationLabels { name })
+            .clone()
     }
 
     fn confirm_operations(&self, plan: &OperationsPlan) {
@@ -450,15 +423,11 @@ impl Narrower {
         namespaces: NamespaceSelection,
     ) {
         self.current().set(1);
+        let narrow = matches!(plan.scope, Scope::Narrow { .. });
+        self.metrics.narrowed.set(i64::from(narrow));
         let scope = match &plan.scope {
-            Scope::Narrow { .. } => {
-                self.metrics.narrowed.set(1);
-                RegisteredScope::Narrow(live)
-            }
-            Scope::Broad(reason) => {
-                self.metrics.narrowed.set(0);
-                RegisteredScope::Broad(reason.to_string())
-            }
+            Scope::Narrow { .. } => RegisteredScope::Narrow(live),
+            Scope::Broad(reason) => RegisteredScope::Broad(reason.to_string()),
         };
         if !namespaces.is_everything() && namespaces != self.registered.borrow().namespaces {
             info!(
