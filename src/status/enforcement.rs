@@ -6,8 +6,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
 use k8s_openapi::jiff::Timestamp;
 use tokio::time::{Duration, Instant};
 
-use super::{CONDITION, KnownLock, NamespaceLabels};
+use super::{CONDITION, NamespaceLabels};
 use crate::api::{self, Enforcer, LockCondition, LockKey, LockMode, LockOperation, LockSpec};
+use crate::locks::LockRef;
 use crate::registration::{self, Registered, RegisteredScope};
 
 /// Whether the webhook configuration sends a lock's requests to the webhook.
@@ -41,9 +42,9 @@ impl Coverage {
     pub fn of(
         registered: Option<&Registered>,
         namespaces: &NamespaceLabels,
-        lock: &KnownLock,
+        lock: &LockRef,
     ) -> Coverage {
-        let key = &lock.key;
+        let key = &lock.key();
         let (mut never, mut not_yet) = (Vec::new(), Vec::new());
         for &operation in lock.spec.operations() {
             if matches!(operation, LockOperation::Update | LockOperation::Delete) {
@@ -182,17 +183,17 @@ fn and(operations: &[LockOperation]) -> String {
 
 impl Enforcement {
     /// How `lock` stands at `now`.
-    pub fn of(lock: &KnownLock, now: Timestamp) -> Enforcement {
+    pub fn of(lock: &LockRef, now: Timestamp) -> Enforcement {
         // Nothing in the namespaces the registration leaves out reaches the webhook, nor do
         // those Namespaces themselves.
-        match &lock.key.namespace {
+        match &lock.namespace {
             Some(ns) if api::is_excluded_namespace(ns) => {
                 return Enforcement::NotSent(ns.clone());
             }
-            None if api::is_excluded_namespace(&lock.key.name)
+            None if api::is_excluded_namespace(&lock.name)
                 && covers_only_namespaces(&lock.spec) =>
             {
-                return Enforcement::NotSent(lock.key.name.clone());
+                return Enforcement::NotSent(lock.name.clone());
             }
             _ => {}
         }
@@ -210,7 +211,7 @@ impl Enforcement {
     }
 
     /// How `lock` stands at `now`, given whether the configuration sends its requests.
-    pub fn with_coverage(lock: &KnownLock, coverage: &Coverage, now: Timestamp) -> Enforcement {
+    pub fn with_coverage(lock: &LockRef, coverage: &Coverage, now: Timestamp) -> Enforcement {
         let enforcement = Enforcement::of(lock, now);
         // Not sent: neither a refusal nor a warning nor an unparsed spec's lock comes of it.
         if let Coverage::NotSelected {
@@ -385,7 +386,7 @@ impl Desired {
 /// What `instance` wants `lock`'s status to say at `now`; `healthy` is the source's health,
 /// `coverage` whether the webhook configuration sends the lock's requests.
 pub fn desired(
-    lock: &KnownLock,
+    lock: &LockRef,
     healthy: bool,
     coverage: &Coverage,
     instance: &str,
@@ -414,21 +415,21 @@ pub fn desired(
         let mine = enforcers.iter().find(|e| e.instance == instance);
         Enforcer {
             instance: instance.to_owned(),
-            observed_generation: lock.generation,
+            observed_generation: lock.generation.unwrap_or(0),
             since: mine.map_or(Time(now), |e| e.since.clone()),
         }
     });
     Desired {
         count: (others + usize::from(entry.is_some())) as i64,
         entry,
-        conditions: vec![enforcement.condition(lock.generation)],
+        conditions: vec![enforcement.condition(lock.generation.unwrap_or(0))],
     }
 }
 
 /// Whether the status as seen differs from what this instance wants, in the parts it writes:
 /// its own entry, the count, and (unless it wrote them already) the conditions.
 pub(super) fn needs_write(
-    lock: &KnownLock,
+    lock: &LockRef,
     desired: &Desired,
     instance: &str,
     applied: Option<&Applied>,

@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use super::{KnownLock, LockSnapshot};
+use super::LockSnapshot;
 use crate::api::LockKey;
+use crate::locks::LockRef;
 use crate::locks::index::{self, Change, LockIndex, Sets};
 
 /// How often health is looked at again when nothing changes: a reconnecting watch becomes
@@ -48,7 +49,7 @@ pub fn follow(
 #[derive(Default)]
 struct View {
     healthy: bool,
-    locks: imbl::OrdMap<LockKey, Arc<KnownLock>>,
+    locks: imbl::OrdMap<LockKey, Arc<LockRef>>,
     /// The index's sets last taken in; `None` until it has first been complete and current.
     seen: Option<Sets>,
 }
@@ -69,9 +70,9 @@ impl View {
         for change in index::diff(seen, &now.sets) {
             match change {
                 Change::Put(lock, _) => {
-                    let known = KnownLock::from(lock);
-                    if self.locks.get(&known.key).is_none_or(|k| **k != known) {
-                        self.locks.insert(known.key.clone(), Arc::new(known));
+                    let key = lock.key();
+                    if self.locks.get(&key).is_none_or(|known| **known != *lock) {
+                        self.locks.insert(key, Arc::new(lock.clone()));
                         changed = true;
                     }
                 }
@@ -95,7 +96,6 @@ mod tests {
     use super::*;
     use crate::api::LockKind;
     use crate::api::LockSpec;
-    use crate::locks::LockRef;
     use crate::locks::index::WatchState;
 
     fn lock(ns: &str, name: &str, reason: &str) -> LockRef {
