@@ -103,73 +103,100 @@ impl Coverage {
     }
 }
 
-/// Why a lock is or is not enforced, as this instance sees it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Enforcement {
-    /// Refuses changes to its object.
-    Enforcing(Refused),
-    /// Refuses changes to its object; the configuration is broad for this reason.
-    EnforcingBroad(Refused, String),
-    /// The spec does not parse (why); it fails closed on the lock's own name.
-    EnforcingUnparsed(String, Refused),
-    /// `expiresAt` has passed.
-    Expired(Timestamp),
-    /// Mode Warn: changes are allowed with a warning.
-    WarnMode,
-    /// The namespace is left out of the webhook registration.
-    NotSent(String),
-    /// The namespace is not selected by the operator's requirements in the registration.
-    NamespaceNotSelected {
-        namespace: String,
-        /// The requirements, as kubectl writes them.
-        selector: String,
-    },
-    /// The narrowed configuration does not name the lock yet.
-    NotYetRegistered,
-    /// Every operation the lock refuses is one the configuration never sends (CREATE or
-    /// CONNECT, see [`Coverage::NeverSent`]).
-    OperationsNotSent(Vec<LockOperation>),
-}
-
-/// The operations an enforced lock refuses, and those of them the configuration never sends.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Refused {
-    /// As asked for (UPDATE and DELETE by default).
-    pub operations: Vec<LockOperation>,
-    /// Of those, the ones never sent to the webhook.
-    pub never_sent: Vec<LockOperation>,
-}
-
-impl Refused {
-    /// The same, with `never` never sent.
-    fn never_sent(self, never: &[LockOperation]) -> Refused {
-        Refused {
-            never_sent: never.to_vec(),
-            ..self
-        }
-    }
-
-    /// `UPDATE and DELETE of the locked object are refused`, and what is not.
-    fn describe(&self) -> String {
-        let sent: Vec<LockOperation> = (self.operations.iter())
-            .filter(|op| !self.never_sent.contains(op))
-            .copied()
-            .collect();
-        let verb = if sent.len() == 1 { "is" } else { "are" };
-        let mut text = format!("{} of the locked object {verb} refused", and(&sent));
-        if !self.never_sent.is_empty() {
-            text.push_str(&format!(
-                " ({} never reaches the webhook: {})",
-                and(&self.never_sent),
-                NEVER_SENT_WHY
-            ));
-        }
-        text
-    }
-}
-
 /// Why CREATE or CONNECT may never be sent.
 const NEVER_SENT_WHY: &str = "a registration the instances do not keep (`manifests cluster --broad`, static files) has no rule for CREATE or CONNECT, and CONNECT concerns pods, which no ClusterLock covers";
+
+/// The reason and message of `lock`'s `Enforced` condition at `now`, given whether the
+/// configuration sends its requests; it is enforced when the reason is `Enforcing` or
+/// `Unparseable`.
+fn enforcement(lock: &LockRef, coverage: &Coverage, now: Timestamp) -> (&'static str, String) {
+    // Nothing in the namespaces the registration leaves out reaches the webhook, nor do those
+    // Namespaces themselves.
+    let namespace = match &lock.namespace {
+        None if covers_only_namespaces(&lock.spec) => Some(&lock.name),
+        namespace => namespace.as_ref(),
+    };
+    if let Some(ns) = namespace.filter(|ns| api::is_excluded_namespace(ns)) {
+        return (
+            "NotSentToWebhook",
+            format!(
+                "namespace {ns} is left out of the webhook registration: its objects never reach the webhook"
+            ),
+        );
+    }
+    // Not sent: neither a refusal nor a warning nor an unparsed spec's lock comes of it.
+    if let Coverage::NotSelected {
+        namespace,
+        selector,
+    } = coverage
+    {
+        return (
+            "NamespaceNotSelected",
+            format!(
+                "namespace {namespace} is not selected by the webhook registration's namespaceSelector ({selector}): its objects never reach the webhook (label the namespace to match, or lock elsewhere)"
+            ),
+        );
+    }
+    let spec = &lock.spec;
+    if lock.problem.is_none() {
+        if let Some(at) = spec.expires_at.as_ref().filter(|at| at.0 <= now) {
+            let at = at.0;
+            return (
+                "Expired",
+                format!(
+                    "expiresAt {at} has passed; the lock no longer applies (delete it, or move expiresAt)"
+                ),
+            );
+        }
+        if spec.mode == Some(LockMode::Warn) {
+            return (
+                "WarnMode",
+                "mode Warn: changes are allowed with a warning, not refused".to_owned(),
+            );
+        }
+    }
+    let never: &[LockOperation] = match coverage {
+        Coverage::NotYet | Coverage::OperationsNotYet(_) => return ("NotYetRegistered", "the webhook configuration does not name this lock yet, so the API server does not send its object's writes to the webhook; it is rewritten within moments (if this stays, see the log for `cannot narrow the webhook configuration`)".to_owned()),
+        Coverage::NeverSent(never) => never,
+        _ => &[],
+    };
+    let sent: Vec<LockOperation> = (spec.operations().iter())
+        .filter(|op| !never.contains(op))
+        .copied()
+        .collect();
+    if sent.is_empty() && !never.is_empty() {
+        return (
+            "NotSentToWebhook",
+            format!("{} never reaches the webhook: {NEVER_SENT_WHY}", and(never)),
+        );
+    }
+    let verb = if sent.len() == 1 { "is" } else { "are" };
+    let mut refused = format!("{} of the locked object {verb} refused", and(&sent));
+    if !never.is_empty() {
+        refused.push_str(&format!(
+            " ({} never reaches the webhook: {NEVER_SENT_WHY})",
+            and(never)
+        ));
+    }
+    match (&lock.problem, coverage) {
+        (Some(why), _) => (
+            "Unparseable",
+            format!(
+                "the spec does not parse ({why}), so the lock fails closed on objects of its own name: {refused}; its selector, expiry, mode and exemptions are set aside until the spec is fixed"
+            ),
+        ),
+        (None, Coverage::Broad(reason)) => (
+            "Enforcing",
+            format!(
+                "{refused}; status.enforcedBy lists the instances. The webhook configuration is broad ({reason})"
+            ),
+        ),
+        (None, _) => (
+            "Enforcing",
+            format!("{refused}; status.enforcedBy lists the instances"),
+        ),
+    }
+}
 
 /// `UPDATE`, `UPDATE and DELETE`, `CREATE, UPDATE and DELETE`.
 fn and(operations: &[LockOperation]) -> String {
@@ -178,143 +205,6 @@ fn and(operations: &[LockOperation]) -> String {
         [] => "nothing".to_owned(),
         [one] => (*one).to_owned(),
         [rest @ .., last] => format!("{} and {last}", rest.join(", ")),
-    }
-}
-
-impl Enforcement {
-    /// How `lock` stands at `now`.
-    pub fn of(lock: &LockRef, now: Timestamp) -> Enforcement {
-        // Nothing in the namespaces the registration leaves out reaches the webhook, nor do
-        // those Namespaces themselves.
-        match &lock.namespace {
-            Some(ns) if api::is_excluded_namespace(ns) => {
-                return Enforcement::NotSent(ns.clone());
-            }
-            None if api::is_excluded_namespace(&lock.name)
-                && covers_only_namespaces(&lock.spec) =>
-            {
-                return Enforcement::NotSent(lock.name.clone());
-            }
-            _ => {}
-        }
-        let spec = &lock.spec;
-        let refused = Refused {
-            operations: spec.operations().to_vec(),
-            never_sent: Vec::new(),
-        };
-        match (&lock.problem, &spec.expires_at) {
-            (Some(why), _) => Enforcement::EnforcingUnparsed(why.clone(), refused),
-            (None, Some(at)) if at.0 <= now => Enforcement::Expired(at.0),
-            _ if spec.mode == Some(LockMode::Warn) => Enforcement::WarnMode,
-            _ => Enforcement::Enforcing(refused),
-        }
-    }
-
-    /// How `lock` stands at `now`, given whether the configuration sends its requests.
-    pub fn with_coverage(lock: &LockRef, coverage: &Coverage, now: Timestamp) -> Enforcement {
-        let enforcement = Enforcement::of(lock, now);
-        // Not sent: neither a refusal nor a warning nor an unparsed spec's lock comes of it.
-        if let Coverage::NotSelected {
-            namespace,
-            selector,
-        } = coverage
-            && !matches!(enforcement, Enforcement::NotSent(_))
-        {
-            return Enforcement::NamespaceNotSelected {
-                namespace: namespace.clone(),
-                selector: selector.clone(),
-            };
-        }
-        if !enforcement.is_enforced() {
-            return enforcement;
-        }
-        match (coverage, enforcement) {
-            (Coverage::NotYet | Coverage::OperationsNotYet(_), _) => Enforcement::NotYetRegistered,
-            (Coverage::Broad(reason), Enforcement::Enforcing(refused)) => {
-                Enforcement::EnforcingBroad(refused, reason.clone())
-            }
-            (
-                Coverage::NeverSent(never),
-                Enforcement::Enforcing(refused) | Enforcement::EnforcingUnparsed(_, refused),
-            ) if refused.operations.iter().all(|op| never.contains(op)) => {
-                Enforcement::OperationsNotSent(never.clone())
-            }
-            (Coverage::NeverSent(never), Enforcement::Enforcing(refused)) => {
-                Enforcement::Enforcing(refused.never_sent(never))
-            }
-            (Coverage::NeverSent(never), Enforcement::EnforcingUnparsed(why, refused)) => {
-                Enforcement::EnforcingUnparsed(why, refused.never_sent(never))
-            }
-            (_, enforcement) => enforcement,
-        }
-    }
-
-    /// Whether the webhook refuses changes because of the lock.
-    pub fn is_enforced(&self) -> bool {
-        matches!(
-            self,
-            Enforcement::Enforcing(_)
-                | Enforcement::EnforcingBroad(..)
-                | Enforcement::EnforcingUnparsed(..)
-        )
-    }
-
-    /// The `Enforced` condition saying so.
-    pub fn condition(&self, generation: i64) -> LockCondition {
-        let (status, reason, message) = match self {
-            Enforcement::Enforcing(refused) => (
-                "True",
-                "Enforcing",
-                format!("{}; status.enforcedBy lists the instances", refused.describe()),
-            ),
-            Enforcement::EnforcingBroad(refused, reason) => (
-                "True",
-                "Enforcing",
-                format!("{}; status.enforcedBy lists the instances. The webhook configuration is broad ({reason})", refused.describe()),
-            ),
-            Enforcement::EnforcingUnparsed(why, refused) => (
-                "True",
-                "Unparseable",
-                format!("the spec does not parse ({why}), so the lock fails closed on objects of its own name: {}; its selector, expiry, mode and exemptions are set aside until the spec is fixed", refused.describe()),
-            ),
-            Enforcement::Expired(at) => (
-                "False",
-                "Expired",
-                format!("expiresAt {at} has passed; the lock no longer applies (delete it, or move expiresAt)"),
-            ),
-            Enforcement::WarnMode => (
-                "False",
-                "WarnMode",
-                "mode Warn: changes are allowed with a warning, not refused".to_owned(),
-            ),
-            Enforcement::NotSent(ns) => (
-                "False",
-                "NotSentToWebhook",
-                format!("namespace {ns} is left out of the webhook registration: its objects never reach the webhook"),
-            ),
-            Enforcement::NamespaceNotSelected { namespace, selector } => (
-                "False",
-                "NamespaceNotSelected",
-                format!("namespace {namespace} is not selected by the webhook registration's namespaceSelector ({selector}): its objects never reach the webhook (label the namespace to match, or lock elsewhere)"),
-            ),
-            Enforcement::OperationsNotSent(never) => (
-                "False",
-                "NotSentToWebhook",
-                format!("{} never reaches the webhook: {NEVER_SENT_WHY}", and(never)),
-            ),
-            Enforcement::NotYetRegistered => (
-                "False",
-                "NotYetRegistered",
-                "the webhook configuration does not name this lock yet, so the API server does not send its object's writes to the webhook; it is rewritten within moments (if this stays, see the log for `cannot narrow the webhook configuration`)".to_owned(),
-            ),
-        };
-        LockCondition {
-            type_: CONDITION.to_owned(),
-            status: status.to_owned(),
-            reason: reason.to_owned(),
-            message,
-            observed_generation: Some(generation),
-        }
     }
 }
 
@@ -410,19 +300,28 @@ pub fn desired(
             conditions,
         };
     }
-    let enforcement = Enforcement::with_coverage(lock, coverage, now);
-    let entry = enforcement.is_enforced().then(|| {
+    let generation = lock.generation.unwrap_or(0);
+    let (reason, message) = enforcement(lock, coverage, now);
+    let enforced = matches!(reason, "Enforcing" | "Unparseable");
+    let entry = enforced.then(|| {
         let mine = enforcers.iter().find(|e| e.instance == instance);
         Enforcer {
             instance: instance.to_owned(),
-            observed_generation: lock.generation.unwrap_or(0),
+            observed_generation: generation,
             since: mine.map_or(Time(now), |e| e.since.clone()),
         }
     });
+    let condition = LockCondition {
+        type_: CONDITION.to_owned(),
+        status: if enforced { "True" } else { "False" }.to_owned(),
+        reason: reason.to_owned(),
+        message,
+        observed_generation: Some(generation),
+    };
     Desired {
         count: (others + usize::from(entry.is_some())) as i64,
         entry,
-        conditions: vec![enforcement.condition(lock.generation.unwrap_or(0))],
+        conditions: vec![condition],
     }
 }
 
