@@ -48,10 +48,10 @@ impl Reporting {
         });
         let (events, queue) = EventSink::channel(EVENT_QUEUE, metrics.clone());
         let stop = CancellationToken::new();
-        let config = events::WriterConfig::new(instance.clone());
         tasks.spawn(events::run(
             client.clone(),
-            config,
+            instance.clone(),
+            events::MIN_INTERVAL,
             queue,
             snapshots.clone(),
             metrics.clone(),
