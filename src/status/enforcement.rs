@@ -7,7 +7,9 @@ use k8s_openapi::jiff::Timestamp;
 use tokio::time::{Duration, Instant};
 
 use super::{CONDITION, NamespaceLabels};
-use crate::api::{self, Enforcer, LockCondition, LockKey, LockMode, LockOperation, LockSpec};
+use crate::api::{
+    self, Enforcer, LockCondition, LockKey, LockMode, LockOperation, LockSpec, LockStatus,
+};
 use crate::locks::LockRef;
 use crate::registration::{self, Registered, RegisteredScope};
 
@@ -29,10 +31,8 @@ pub enum Coverage {
     /// UPDATE and DELETE are sent, but the entries of these operations the lock asks for
     /// (CREATE, CONNECT) do not name it yet, or no write of them is confirmed yet.
     OperationsNotYet(Vec<LockOperation>),
-    /// Everything else is sent, but these operations the lock asks for never are: the
-    /// configuration is one this instance keeps no copy of (`manifests cluster --broad`,
-    /// static files), which has no rules for CREATE or CONNECT; or CONNECT of a ClusterLock
-    /// (only pods are connected to, and they are namespaced).
+    /// Everything else is sent, but these operations the lock asks for never are
+    /// ([`NEVER_SENT_WHY`]).
     NeverSent(Vec<LockOperation>),
 }
 
@@ -228,26 +228,24 @@ pub struct Desired {
 }
 
 impl Desired {
-    /// The server-side apply configuration of the status.
+    /// The server-side apply configuration of the status. Empty lists are left out: an empty
+    /// list would claim the list itself.
     pub fn apply_config(&self, key: &LockKey) -> serde_json::Value {
-        let mut metadata = serde_json::json!({ "name": key.name });
-        if let Some(ns) = &key.namespace {
-            metadata["namespace"] = serde_json::json!(ns);
-        }
-        let mut status = serde_json::json!({ "enforcedCount": self.count });
-        // An empty list would claim the list itself; leave out what this instance does not own.
-        if let Some(entry) = &self.entry {
-            status["enforcedBy"] = serde_json::json!([entry]);
-        }
-        if !self.conditions.is_empty() {
-            status["conditions"] = serde_json::json!(self.conditions);
-        }
-        serde_json::json!({
+        let status = LockStatus {
+            enforced_by: self.entry.iter().cloned().collect(),
+            enforced_count: Some(self.count),
+            conditions: self.conditions.clone(),
+        };
+        let mut config = serde_json::json!({
             "apiVersion": api::API_VERSION,
             "kind": key.kind().as_str(),
-            "metadata": metadata,
+            "metadata": {"name": key.name},
             "status": status,
-        })
+        });
+        if let Some(ns) = &key.namespace {
+            config["metadata"]["namespace"] = ns.as_str().into();
+        }
+        config
     }
 
     /// The last instance withdraws. Cleared by a merge patch carrying the resourceVersion (an
@@ -359,13 +357,11 @@ pub(super) fn needs_write(
     }
 }
 
-/// A write this instance made.
+/// A write this instance made: what, the lock's resourceVersion after it, and when answered.
 #[derive(Debug)]
 pub(super) struct Applied {
     desired: Desired,
-    /// The lock's resourceVersion after the write.
     pub(super) version: String,
-    /// When the write was answered.
     at: Instant,
     /// Whether the watch has shown that resourceVersion: from then on, what it shows is newer.
     pub(super) echoed: bool,

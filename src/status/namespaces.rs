@@ -39,14 +39,13 @@ pub fn follow(
 ) {
     let (tx, rx) = watch::channel(NamespaceLabels::default());
     let run = async move {
-        loop {
-            if !registered.borrow_and_update().namespaces.is_everything() {
-                break;
+        tokio::select! {
+            selected = registered.wait_for(|r| !r.namespaces.is_everything()) => {
+                if selected.is_err() {
+                    return;
+                }
             }
-            tokio::select! {
-                changed = registered.changed() => if changed.is_err() { return },
-                () = tx.closed() => return,
-            }
+            () = tx.closed() => return,
         }
         info!(
             "the registration limits locks to selected namespaces: watching the namespaces' labels"

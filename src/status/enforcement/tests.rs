@@ -1,7 +1,6 @@
 use std::sync::Arc;
 
 use super::*;
-use crate::api::LockStatus;
 
 fn now() -> Timestamp {
     "2026-11-22T12:00:00Z".parse().expect("timestamp")
