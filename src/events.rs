@@ -96,7 +96,7 @@ pub async fn run(
             let Some(s) = series.get_mut(&key) else {
                 continue;
             };
-            let uid = (locks.borrow().locks.get(&key.lock)).map(|l| l.meta.uid.clone());
+            let uid = locks.borrow().get(&key.lock).map(|l| l.meta.uid.clone());
             let (verb, result) = write(&client, &instance, &key, s, uid).await;
             let outcome = if result.is_ok() { "success" } else { "failure" };
             let labels = EventWriteLabels { verb, outcome };

@@ -82,7 +82,7 @@ async fn a_client_retrying_in_a_loop_makes_one_series_and_at_most_two_writes() {
     let locks = snapshots(&api);
     support::until(
         "the index knows the lock",
-        || locks.borrow().locks.len(),
+        || locks.borrow().locks().count(),
         |n| *n == 1,
     )
     .await;

@@ -9,8 +9,7 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube_object_lock::api::LockKey;
-use kube_object_lock::locks::{LockKind, parse};
+use kube_object_lock::locks::{LockKind, LockSet, parse};
 use kube_object_lock::metrics::{EnforcementMetrics, OutcomeLabels};
 use kube_object_lock::status::LockSnapshot;
 use kube_object_lock::status::writer;
@@ -126,7 +125,7 @@ fn web_snapshot(api: &FakeApiServer, healthy: bool, status: Value) -> LockSnapsh
     let lock = parse::lock_ref(LockKind::Lock, &object).expect("a lock");
     LockSnapshot {
         healthy,
-        locks: imbl::OrdMap::unit(LockKey::lock("prod", "web"), Arc::new(lock)),
+        sets: imbl::OrdMap::unit("prod".into(), Arc::new(LockSet::from_iter([lock]))),
     }
 }
 

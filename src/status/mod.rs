@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use crate::api::LockKey;
 use crate::locks::LockRef;
+use crate::locks::index::Sets;
 
 pub const CONDITION: &str = "Enforced";
 pub const FIELD_MANAGER_PREFIX: &str = "kube-object-lock/";
@@ -22,8 +23,18 @@ pub const FIELD_MANAGER_PREFIX: &str = "kube-object-lock/";
 pub struct LockSnapshot {
     /// True while the source has a complete, current view (synced, watch not failing).
     pub healthy: bool,
-    /// A persistent map: the diff of two snapshots visits only the parts that changed.
-    pub locks: imbl::OrdMap<LockKey, Arc<LockRef>>,
+    /// The lock index's: the diff of two snapshots visits only the namespaces that changed.
+    pub sets: Sets,
+}
+
+impl LockSnapshot {
+    pub fn get(&self, key: &LockKey) -> Option<&LockRef> {
+        (self.sets.get(key.namespace.as_deref().unwrap_or_default()))?.get(&key.name)
+    }
+
+    pub fn locks(&self) -> impl Iterator<Item = &LockRef> {
+        self.sets.values().flat_map(|set| set.iter())
+    }
 }
 
 /// The labels of every namespace, as the namespace watch last listed them.

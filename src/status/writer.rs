@@ -3,7 +3,6 @@
 //! instance's own field manager, only when the result changes.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -18,6 +17,7 @@ use super::enforcement::{Applied, Coverage, Desired, desired, needs_write};
 use super::{FIELD_MANAGER_PREFIX, LockSnapshot, NamespaceLabels};
 use crate::api::LockKey;
 use crate::locks::LockRef;
+use crate::locks::index::{self, Change, Sets};
 use crate::metrics::{EnforcementMetrics, OutcomeLabels};
 use crate::registration::Registered;
 use crate::retry::{self, LastError};
@@ -63,7 +63,7 @@ pub async fn run(
     // A pass looks only at the locks in `todo`: changed since the last pass, or due (retry,
     // expiry), or all of them (registration, health, stopping).
     let mut todo: BTreeSet<LockKey> = BTreeSet::new();
-    let mut seen = imbl::OrdMap::new();
+    let mut seen = Sets::new();
     loop {
         let mut snapshot = snapshots.borrow_and_update().clone();
         // Copied only when it changed (`every_lock`): O(locks).
@@ -89,33 +89,31 @@ pub async fn run(
         }
         snapshot.healthy &= !stopping;
         if was_healthy != Some(snapshot.healthy) {
-            info!(%instance, healthy = snapshot.healthy, locks = snapshot.locks.len(),
+            info!(%instance, healthy = snapshot.healthy, locks = snapshot.locks().count(),
                 "lock status: {}", if snapshot.healthy { "marking locks enforced" } else { "lock source unhealthy; withdrawing this instance from lock status" });
             was_healthy = Some(snapshot.healthy);
             every_lock = true;
         }
         let (now, clock) = (Timestamp::now(), Instant::now());
-        for change in seen.diff(&snapshot.locks) {
+        for change in index::diff(&seen, &snapshot.sets) {
             match change {
-                DiffItem::Add(key, _) | DiffItem::Update { new: (key, _), .. } => {
-                    todo.insert(key.clone());
+                Change::Put(lock, old) if old != Some(lock) => {
+                    todo.insert(lock.key());
                 }
-                DiffItem::Remove(key, _) => {
-                    books.remove(key);
-                    todo.remove(key);
+                Change::Put(..) => {}
+                Change::Gone(lock) => {
+                    books.remove(&lock.key());
+                    todo.remove(&lock.key());
                 }
             }
         }
-        seen = snapshot.locks.clone();
+        seen = snapshot.sets.clone();
         let every = std::mem::take(&mut every_lock);
         if every || !touched.is_empty() {
-            let keys = snapshot.locks.keys();
-            todo.extend(
-                keys.filter(|key| {
-                    every || touched.contains(key.namespace.as_ref().unwrap_or(&key.name))
-                })
-                .cloned(),
-            );
+            let locks = snapshot.locks();
+            let relabelled =
+                |l: &&LockRef| touched.contains(l.namespace.as_ref().unwrap_or(&l.name));
+            todo.extend(locks.filter(|l| every || relabelled(l)).map(LockRef::key));
         }
         if std::mem::take(&mut due) {
             let due = books.iter().filter(|(_, book)| {
@@ -129,7 +127,7 @@ pub async fn run(
         while writes.len() < WRITES_PER_PASS
             && let Some(key) = todo.pop_first()
         {
-            let Some(lock) = snapshot.locks.get(&key) else {
+            let Some(lock) = snapshot.get(&key) else {
                 continue;
             };
             let book = books.entry(key).or_default();
@@ -257,9 +255,9 @@ async fn changed<T>(channel: &mut Option<watch::Receiver<T>>) -> bool {
 async fn write(
     client: &kube::Client,
     manager: &str,
-    lock: Arc<LockRef>,
+    lock: LockRef,
     want: Desired,
-) -> (Arc<LockRef>, Desired, Result<String, kube::Error>) {
+) -> (LockRef, Desired, Result<String, kube::Error>) {
     let key = lock.key();
     let (params, patch) = if want.clears() {
         let params = PatchParams {
