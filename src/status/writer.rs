@@ -6,7 +6,6 @@ use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
 use futures::StreamExt;
-use imbl::ordmap::DiffItem;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use tokio::sync::watch;
@@ -55,7 +54,7 @@ pub async fn run(
     let keeps_registration = registered.is_some();
     let (mut confirmed, mut labels) = (Registered::default(), NamespaceLabels::default());
     let mut stop = std::pin::pin!(stop);
-    let (mut stopping, mut relabelled, mut due, mut every_lock) = (false, false, false, true);
+    let (mut stopping, mut due, mut every_lock) = (false, false, true);
     let manager = format!("{FIELD_MANAGER_PREFIX}{instance}");
     let mut books: HashMap<LockKey, Book> = HashMap::new();
     let mut was_healthy = None;
@@ -66,26 +65,14 @@ pub async fn run(
     let mut seen = Sets::new();
     loop {
         let mut snapshot = snapshots.borrow_and_update().clone();
-        // Copied only when it changed (`every_lock`): O(locks).
-        if let Some(registered) = &mut registered
-            && every_lock
-        {
-            confirmed = registered.borrow_and_update().clone();
-        }
-        let mut touched = BTreeSet::new();
-        if let Some(namespaces) = &mut namespaces
-            && (std::mem::take(&mut relabelled) || every_lock)
-        {
-            let now_labels = namespaces.borrow_and_update().clone();
-            every_lock |= now_labels.listed != labels.listed;
-            touched = (labels.labels.diff(&now_labels.labels))
-                .map(|change| match change {
-                    DiffItem::Add(ns, _)
-                    | DiffItem::Update { new: (ns, _), .. }
-                    | DiffItem::Remove(ns, _) => ns.clone(),
-                })
-                .collect();
-            labels = now_labels;
+        // Copied only when one changed (`every_lock`), which is rare: O(locks).
+        if every_lock {
+            if let Some(registered) = &mut registered {
+                confirmed = registered.borrow_and_update().clone();
+            }
+            if let Some(namespaces) = &mut namespaces {
+                labels = namespaces.borrow_and_update().clone();
+            }
         }
         snapshot.healthy &= !stopping;
         if was_healthy != Some(snapshot.healthy) {
@@ -108,12 +95,8 @@ pub async fn run(
             }
         }
         seen = snapshot.sets.clone();
-        let every = std::mem::take(&mut every_lock);
-        if every || !touched.is_empty() {
-            let locks = snapshot.locks();
-            let relabelled =
-                |l: &&LockRef| touched.contains(l.namespace.as_ref().unwrap_or(&l.name));
-            todo.extend(locks.filter(|l| every || relabelled(l)).map(LockRef::key));
+        if std::mem::take(&mut every_lock) {
+            todo.extend(snapshot.locks().map(LockRef::key));
         }
         if std::mem::take(&mut due) {
             let due = books.iter().filter(|(_, book)| {
@@ -227,7 +210,7 @@ pub async fn run(
                 registered = None;
             },
             alive = changed(&mut namespaces) => if alive {
-                relabelled = true;
+                every_lock = true;
             } else {
                 // The namespace watch stopped: the labels it last showed stay true.
                 namespaces = None;
