@@ -186,44 +186,37 @@ async fn write(
     s: &Series,
     uid: Option<String>,
 ) -> (&'static str, Result<Event, kube::Error>) {
-    let namespace = key
-        .lock
-        .namespace
-        .clone()
-        .unwrap_or_else(|| "default".to_owned());
-    let api: Api<Event> = Api::namespaced(client.clone(), &namespace);
+    let namespace = key.lock.namespace.as_deref().unwrap_or("default");
+    let api: Api<Event> = Api::namespaced(client.clone(), namespace);
     let series = (s.count >= 2).then_some(EventSeries {
         count: s.count,
         last_observed_time: MicroTime(s.last_observed),
     });
     match &s.event {
         Some(event) => {
-            let name = event.metadata.name.clone().unwrap_or_default();
-            let patch = serde_json::json!({ "series": series });
-            let result = api
-                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await;
-            ("patch", result)
+            let name = event.metadata.name.as_deref().unwrap_or_default();
+            let patch = Patch::Merge(serde_json::json!({ "series": series }));
+            (
+                "patch",
+                api.patch(name, &PatchParams::default(), &patch).await,
+            )
         }
         None => {
             let now = Timestamp::now();
             let event = Event {
                 metadata: ObjectMeta {
                     name: Some(format!("{}.{:x}", key.lock.name, now.as_nanosecond())),
-                    namespace: Some(namespace.clone()),
+                    namespace: Some(namespace.to_owned()),
                     ..ObjectMeta::default()
                 },
                 event_time: Some(MicroTime(now)),
                 action: Some(s.operation.to_owned()),
                 reason: Some(key.reason.as_str().to_owned()),
                 note: Some(key.note.clone()),
-                type_: Some(
-                    match key.reason {
-                        Reason::Blocked => "Warning",
-                        Reason::WouldBlock => "Normal",
-                    }
-                    .to_owned(),
-                ),
+                type_: Some(match key.reason {
+                    Reason::Blocked => "Warning".to_owned(),
+                    Reason::WouldBlock => "Normal".to_owned(),
+                }),
                 regarding: Some(ObjectReference {
                     api_version: Some(api::API_VERSION.to_owned()),
                     kind: Some(key.lock.kind().as_str().to_owned()),

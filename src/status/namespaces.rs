@@ -73,11 +73,9 @@ pub fn follow(
                             .collect();
                         let labels = NamespaceLabels { listed: true, labels };
                         // Most updates of a namespace (finalizers, status) leave its labels alone.
-                        tx.send_if_modified(|published| {
-                            let changed = *published != labels;
-                            *published = labels;
-                            changed
-                        });
+                        if *tx.borrow() != labels {
+                            tx.send_replace(labels);
+                        }
                     }
                     Some(Err(error)) => {
                         let refused = retry::watcher_refusal(&error);
