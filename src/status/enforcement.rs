@@ -261,14 +261,6 @@ impl Desired {
             "status": {"enforcedBy": null, "enforcedCount": 0, "conditions": null},
         })
     }
-
-    /// The same, ignoring `since` (which only the first write sets).
-    fn same_as(&self, other: &Desired) -> bool {
-        let generation = |d: &Desired| d.entry.as_ref().map(|e| e.observed_generation);
-        generation(self) == generation(other)
-            && self.count == other.count
-            && self.conditions == other.conditions
-    }
 }
 
 /// What `instance` wants `lock`'s status to say at `now`; `healthy` is the source's health,
@@ -331,16 +323,19 @@ pub(super) fn needs_write(
     instance: &str,
     applied: Option<&Applied>,
 ) -> bool {
+    let generation = |e: &Enforcer| e.observed_generation;
+    // Our write of the same (`since` aside) landed but the watch has not shown it yet: what it
+    // shows is older.
     if let Some(applied) = applied
-        && applied.desired.same_as(desired)
         && applied.awaiting_echo()
+        && applied.desired.entry.as_ref().map(generation) == desired.entry.as_ref().map(generation)
+        && (applied.desired.count, &applied.desired.conditions)
+            == (desired.count, &desired.conditions)
     {
-        // Our write landed but the watch has not shown it yet: what it shows is older.
         return false;
     }
     let status = &lock.meta.status;
     let mine = status.enforced_by.iter().find(|e| e.instance == instance);
-    let generation = |e: &Enforcer| e.observed_generation;
     if mine.map(generation) != desired.entry.as_ref().map(generation)
         || status.enforced_count != Some(desired.count)
     {
