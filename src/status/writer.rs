@@ -197,10 +197,14 @@ pub async fn run(
         if stopping {
             return;
         }
-        let wake = (books.values())
-            .flat_map(|book| [book.retry.map(|(at, _)| at), book.expires])
-            .flatten()
-            .min();
+        // An expiry passed behind a pending retry is taken up at the retry.
+        let expiries = books
+            .values()
+            .filter_map(|book| book.expires.filter(|at| *at > clock));
+        let retries = books
+            .values()
+            .filter_map(|book| book.retry.map(|(at, _)| at));
+        let wake = expiries.chain(retries).min();
         tokio::select! {
             next = snapshots.changed() => if next.is_err() { return },
             alive = changed(&mut registered) => if alive {
