@@ -21,6 +21,10 @@ use crate::metrics::{DropLabels, EnforcementMetrics, EventWriteLabels};
 use crate::status::LockSnapshot;
 
 pub const REPORTING_CONTROLLER: &str = "objectlock.dev/kube-object-lock";
+/// At most one write per lock this often.
+pub const MIN_INTERVAL: Duration = Duration::from_secs(5);
+/// Series kept at once; refusals that would start one more are dropped and counted.
+const MAX_SERIES: usize = 4096;
 /// A series idle this long is finished; the next refusal starts a new Event (as client-go).
 const SERIES_IDLE: Duration = Duration::from_secs(6 * 60);
 /// Failed writes of one series before its pending count is given up (and counted dropped).
@@ -28,26 +32,7 @@ const MAX_FAILURES: u32 = 3;
 /// How often pending counts are looked at.
 const TICK: Duration = Duration::from_millis(200);
 
-#[derive(Clone, Debug)]
-pub struct WriterConfig {
-    pub instance: String,
-    /// At most one write per lock this often.
-    pub min_interval: Duration,
-    /// Series kept at once; refusals that would start one more are dropped and counted.
-    pub max_series: usize,
-}
-
-impl WriterConfig {
-    pub fn new(instance: String) -> WriterConfig {
-        WriterConfig {
-            instance,
-            min_interval: Duration::from_secs(5),
-            max_series: 4096,
-        }
-    }
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 struct SeriesKey {
     lock: LockKey,
     reason: Reason,
@@ -65,11 +50,13 @@ struct Series {
     failures: u32,
 }
 
-/// Writes the queued refusals as event series until the queue closes. `locks` gives the uid
-/// of each lock (so that `kubectl describe` finds its events).
+/// Writes the queued refusals as event series, at most one write per lock each `min_interval`
+/// (all that is pending at once when the queue closes), until the queue closes. `locks` gives
+/// the uid of each lock (so that `kubectl describe` finds its events).
 pub async fn run(
     client: kube::Client,
-    config: WriterConfig,
+    instance: String,
+    min_interval: Duration,
     mut queue: mpsc::Receiver<RefusalEvent>,
     locks: watch::Receiver<LockSnapshot>,
     metrics: EnforcementMetrics,
@@ -81,12 +68,75 @@ pub async fn run(
     let mut open = true;
     while open || series.values().any(|s| s.count > s.written) {
         tokio::select! {
-            received = queue.recv(), if open => match received {
-                Some(refusal) => add(&mut series, refusal, config.max_series, &metrics),
-                None => open = false,
+            received = queue.recv(), if open => {
+                match received {
+                    Some(refusal) => add(&mut series, refusal, MAX_SERIES, &metrics),
+                    None => open = false,
+                }
+                continue;
             },
-            _ = tick.tick() => {
-                flush(&client, &config, &mut series, &mut last_write, &locks, &metrics, open).await;
+            _ = tick.tick() => {}
+        }
+        let (now, clock) = (Timestamp::now(), Instant::now());
+        // Finished series go: memory stays bounded by what happened in the last few minutes.
+        series.retain(|_, s| {
+            s.count > s.written || now.duration_since(s.last_observed).unsigned_abs() < SERIES_IDLE
+        });
+        last_write.retain(|_, at| clock.duration_since(*at) < min_interval);
+        // One write per lock whose interval has passed: its oldest pending series.
+        let mut due: Vec<SeriesKey> = vec![];
+        for (key, s) in &series {
+            let lock_free = !open || !last_write.contains_key(&key.lock);
+            if s.count > s.written && lock_free && !due.iter().any(|d| d.lock == key.lock) {
+                due.push(key.clone());
+            }
+        }
+        for key in due {
+            last_write.insert(key.lock.clone(), clock);
+            let Some(s) = series.get_mut(&key) else {
+                continue;
+            };
+            let uid = locks.borrow().get(&key.lock).map(|l| l.meta.uid.clone());
+            let (verb, result) = write(&client, &instance, &key, s, uid).await;
+            let outcome = if result.is_ok() { "success" } else { "failure" };
+            let labels = EventWriteLabels { verb, outcome };
+            metrics.event_writes.get_or_create(&labels).inc();
+            match result {
+                Ok(event) => {
+                    debug!(lock = %key.lock, reason = key.reason.as_str(), count = s.count, "refusal event written");
+                    s.event = Some(event);
+                    s.written = s.count;
+                    s.failures = 0;
+                }
+                Err(error) => {
+                    s.failures += 1;
+                    // The Event was deleted (events live an hour): start a new one.
+                    if matches!(&error, kube::Error::Api(e) if e.code == 404) {
+                        s.event = None;
+                        s.written = 0;
+                    }
+                    // Once per lock until a write succeeds, its repeats at debug; the hint only
+                    // where the API server refused what was asked.
+                    if s.failures > 1 {
+                        debug!(lock = %key.lock, %error, failures = s.failures, "cannot write refusal event, again");
+                    } else if crate::retry::is_refusal(&error) {
+                        warn!(lock = %key.lock, %error, failures = s.failures,
+                            "cannot write refusal event (needs create and patch on events.events.k8s.io)");
+                    } else {
+                        warn!(lock = %key.lock, %error, failures = s.failures, "cannot write refusal event");
+                    }
+                    if s.failures >= MAX_FAILURES {
+                        let lost = u64::try_from(s.count - s.written).unwrap_or(0);
+                        let cause = DropLabels {
+                            cause: "write_failed",
+                        };
+                        metrics
+                            .refusal_events_dropped
+                            .get_or_create(&cause)
+                            .inc_by(lost);
+                        series.remove(&key);
+                    }
+                }
             }
         }
     }
@@ -110,12 +160,10 @@ fn add(
         return;
     }
     if series.len() >= max_series {
-        metrics
-            .refusal_events_dropped
-            .get_or_create(&DropLabels {
-                cause: "series_limit",
-            })
-            .inc();
+        let cause = DropLabels {
+            cause: "series_limit",
+        };
+        metrics.refusal_events_dropped.get_or_create(&cause).inc();
         return;
     }
     series.insert(
@@ -131,131 +179,44 @@ fn add(
     );
 }
 
-/// One write per lock whose interval has passed: its oldest pending series. `rate_limited`:
-/// false once the queue is closed (shutting down), to write what is left at once.
-async fn flush(
-    client: &kube::Client,
-    config: &WriterConfig,
-    series: &mut BTreeMap<SeriesKey, Series>,
-    last_write: &mut HashMap<LockKey, Instant>,
-    locks: &watch::Receiver<LockSnapshot>,
-    metrics: &EnforcementMetrics,
-    rate_limited: bool,
-) {
-    let now = Timestamp::now();
-    let clock = Instant::now();
-    // Finished series go: memory stays bounded by what happened in the last few minutes.
-    series.retain(|_, s| {
-        s.count > s.written || now.duration_since(s.last_observed).unsigned_abs() < SERIES_IDLE
-    });
-    last_write.retain(|_, at| clock.duration_since(*at) < config.min_interval);
-    let mut due: Vec<SeriesKey> = vec![];
-    for (key, s) in series.iter() {
-        let lock_free = !rate_limited || !last_write.contains_key(&key.lock);
-        if s.count > s.written && lock_free && !due.iter().any(|d| d.lock == key.lock) {
-            due.push(key.clone());
-        }
-    }
-    for key in due {
-        last_write.insert(key.lock.clone(), clock);
-        let Some(s) = series.get_mut(&key) else {
-            continue;
-        };
-        let uid = locks
-            .borrow()
-            .locks
-            .get(&key.lock)
-            .map(|l| l.meta.uid.clone());
-        let (verb, result) = write(client, config, &key, s, uid).await;
-        let outcome = if result.is_ok() { "success" } else { "failure" };
-        metrics
-            .event_writes
-            .get_or_create(&EventWriteLabels { verb, outcome })
-            .inc();
-        match result {
-            Ok(event) => {
-                debug!(lock = %key.lock, reason = key.reason.as_str(), count = s.count, "refusal event written");
-                s.event = Some(event);
-                s.written = s.count;
-                s.failures = 0;
-            }
-            Err(error) => {
-                s.failures += 1;
-                // The Event was deleted (events live an hour): start a new one.
-                if matches!(&error, kube::Error::Api(e) if e.code == 404) {
-                    s.event = None;
-                    s.written = 0;
-                }
-                // Once per lock until a write succeeds, its repeats at debug; the hint only
-                // where the API server refused what was asked.
-                if s.failures > 1 {
-                    debug!(lock = %key.lock, %error, failures = s.failures, "cannot write refusal event, again");
-                } else if crate::retry::is_refusal(&error) {
-                    warn!(lock = %key.lock, %error, failures = s.failures,
-                        "cannot write refusal event (needs create and patch on events.events.k8s.io)");
-                } else {
-                    warn!(lock = %key.lock, %error, failures = s.failures, "cannot write refusal event");
-                }
-                if s.failures >= MAX_FAILURES {
-                    let lost = u64::try_from(s.count - s.written).unwrap_or(0);
-                    metrics
-                        .refusal_events_dropped
-                        .get_or_create(&DropLabels {
-                            cause: "write_failed",
-                        })
-                        .inc_by(lost);
-                    series.remove(&key);
-                }
-            }
-        }
-    }
-}
-
 async fn write(
     client: &kube::Client,
-    config: &WriterConfig,
+    instance: &str,
     key: &SeriesKey,
     s: &Series,
     uid: Option<String>,
 ) -> (&'static str, Result<Event, kube::Error>) {
-    let namespace = key
-        .lock
-        .namespace
-        .clone()
-        .unwrap_or_else(|| "default".to_owned());
-    let api: Api<Event> = Api::namespaced(client.clone(), &namespace);
+    let namespace = key.lock.namespace.as_deref().unwrap_or("default");
+    let api: Api<Event> = Api::namespaced(client.clone(), namespace);
     let series = (s.count >= 2).then_some(EventSeries {
         count: s.count,
         last_observed_time: MicroTime(s.last_observed),
     });
     match &s.event {
         Some(event) => {
-            let name = event.metadata.name.clone().unwrap_or_default();
-            let patch = serde_json::json!({ "series": series });
-            let result = api
-                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await;
-            ("patch", result)
+            let name = event.metadata.name.as_deref().unwrap_or_default();
+            let patch = Patch::Merge(serde_json::json!({ "series": series }));
+            (
+                "patch",
+                api.patch(name, &PatchParams::default(), &patch).await,
+            )
         }
         None => {
             let now = Timestamp::now();
             let event = Event {
                 metadata: ObjectMeta {
                     name: Some(format!("{}.{:x}", key.lock.name, now.as_nanosecond())),
-                    namespace: Some(namespace.clone()),
+                    namespace: Some(namespace.to_owned()),
                     ..ObjectMeta::default()
                 },
                 event_time: Some(MicroTime(now)),
                 action: Some(s.operation.to_owned()),
                 reason: Some(key.reason.as_str().to_owned()),
                 note: Some(key.note.clone()),
-                type_: Some(
-                    match key.reason {
-                        Reason::Blocked => "Warning",
-                        Reason::WouldBlock => "Normal",
-                    }
-                    .to_owned(),
-                ),
+                type_: Some(match key.reason {
+                    Reason::Blocked => "Warning".to_owned(),
+                    Reason::WouldBlock => "Normal".to_owned(),
+                }),
                 regarding: Some(ObjectReference {
                     api_version: Some(api::API_VERSION.to_owned()),
                     kind: Some(key.lock.kind().as_str().to_owned()),
@@ -265,7 +226,7 @@ async fn write(
                     ..ObjectReference::default()
                 }),
                 reporting_controller: Some(REPORTING_CONTROLLER.to_owned()),
-                reporting_instance: Some(config.instance.clone()),
+                reporting_instance: Some(instance.to_owned()),
                 series,
                 ..Event::default()
             };

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kube_object_lock::admission::{OnLookupError, ReviewPolicy, Reviewer};
-use kube_object_lock::events::{self, EventSink, WriterConfig};
+use kube_object_lock::events::{self, EventSink};
 use kube_object_lock::locks::LockSource;
 use kube_object_lock::locks::apiserver::KubeSource;
 use kube_object_lock::metrics::{DropLabels, EnforcementMetrics, EventWriteLabels};
@@ -82,18 +82,15 @@ async fn a_client_retrying_in_a_loop_makes_one_series_and_at_most_two_writes() {
     let locks = snapshots(&api);
     support::until(
         "the index knows the lock",
-        || locks.borrow().locks.len(),
+        || locks.borrow().locks().count(),
         |n| *n == 1,
     )
     .await;
-    let config = WriterConfig {
-        // Far longer than the test: only the first write and the final flush happen.
-        min_interval: Duration::from_secs(3600),
-        ..WriterConfig::new("cp-1".into())
-    };
     let writer = tokio::spawn(events::run(
         api.client(),
-        config,
+        "cp-1".into(),
+        // Far longer than the test: only the first write and the final flush happen.
+        Duration::from_secs(3600),
         queue,
         locks,
         metrics.clone(),
@@ -189,13 +186,10 @@ async fn answers_never_wait_for_events_and_failed_writes_are_counted_not_retried
     let client = gone.client();
     gone.stop().await;
     let (sink, queue) = EventSink::channel(16, metrics.clone());
-    let config = WriterConfig {
-        min_interval: Duration::from_millis(1),
-        ..WriterConfig::new("cp-1".into())
-    };
     let writer = tokio::spawn(events::run(
         client,
-        config,
+        "cp-1".into(),
+        Duration::from_millis(1),
         queue,
         snapshots(&api),
         metrics.clone(),

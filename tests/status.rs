@@ -9,11 +9,10 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube_object_lock::api::LockKey;
-use kube_object_lock::locks::{LockKind, parse};
+use kube_object_lock::locks::{LockKind, LockSet, parse};
 use kube_object_lock::metrics::{EnforcementMetrics, OutcomeLabels};
-use kube_object_lock::status::writer::{self, DecisionInputs};
-use kube_object_lock::status::{KnownLock, LockSnapshot};
+use kube_object_lock::status::LockSnapshot;
+use kube_object_lock::status::writer;
 use serde_json::{Value, json};
 use support::fake_apiserver::FakeApiServer;
 use tokio::sync::watch;
@@ -29,7 +28,8 @@ impl Instance {
             api.client(),
             name.to_owned(),
             snapshots,
-            DecisionInputs::default(),
+            None,
+            None,
             EnforcementMetrics::default(),
             std::future::pending(),
         );
@@ -122,10 +122,10 @@ fn web_snapshot(api: &FakeApiServer, healthy: bool, status: Value) -> LockSnapsh
     let mut object = api.lock("prod", "web").expect("lock");
     object["status"] = status;
     let object: kube::api::DynamicObject = serde_json::from_value(object).expect("object");
-    let lock = KnownLock::from(&parse::lock_ref(LockKind::Lock, &object).expect("a lock"));
+    let lock = parse::lock_ref(LockKind::Lock, &object).expect("a lock");
     LockSnapshot {
         healthy,
-        locks: imbl::OrdMap::unit(LockKey::lock("prod", "web"), Arc::new(lock)),
+        sets: imbl::OrdMap::unit("prod".into(), Arc::new(LockSet::from_iter([lock]))),
     }
 }
 
@@ -140,7 +140,8 @@ async fn an_unhealthy_source_withdraws_the_instance_and_a_healthy_one_returns_it
         api.client(),
         "cp-1".into(),
         rx,
-        DecisionInputs::default(),
+        None,
+        None,
         EnforcementMetrics::default(),
         std::future::pending(),
     ));
@@ -200,7 +201,8 @@ async fn a_retry_no_longer_needed_is_dropped_not_spun_on() {
             api.client(),
             "cp-1".into(),
             rx,
-            DecisionInputs::default(),
+            None,
+            None,
             metrics.clone(),
             std::future::pending(),
         )),
@@ -254,7 +256,8 @@ async fn each_lock_is_written_once_and_a_change_to_one_lock_writes_only_that_loc
         api.client(),
         "cp-1".into(),
         snapshots,
-        DecisionInputs::default(),
+        None,
+        None,
         metrics.clone(),
         std::future::pending(),
     ));

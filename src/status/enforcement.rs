@@ -6,8 +6,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
 use k8s_openapi::jiff::Timestamp;
 use tokio::time::{Duration, Instant};
 
-use super::{CONDITION, KnownLock, NamespaceLabels};
-use crate::api::{self, Enforcer, LockCondition, LockKey, LockMode, LockOperation, LockSpec};
+use super::{CONDITION, NamespaceLabels};
+use crate::api::{
+    self, Enforcer, LockCondition, LockKey, LockMode, LockOperation, LockSpec, LockStatus,
+};
+use crate::locks::LockRef;
 use crate::registration::{self, Registered, RegisteredScope};
 
 /// Whether the webhook configuration sends a lock's requests to the webhook.
@@ -28,10 +31,8 @@ pub enum Coverage {
     /// UPDATE and DELETE are sent, but the entries of these operations the lock asks for
     /// (CREATE, CONNECT) do not name it yet, or no write of them is confirmed yet.
     OperationsNotYet(Vec<LockOperation>),
-    /// Everything else is sent, but these operations the lock asks for never are: the
-    /// configuration is one this instance keeps no copy of (`manifests cluster --broad`,
-    /// static files), which has no rules for CREATE or CONNECT; or CONNECT of a ClusterLock
-    /// (only pods are connected to, and they are namespaced).
+    /// Everything else is sent, but these operations the lock asks for never are
+    /// ([`NEVER_SENT_WHY`]).
     NeverSent(Vec<LockOperation>),
 }
 
@@ -41,9 +42,9 @@ impl Coverage {
     pub fn of(
         registered: Option<&Registered>,
         namespaces: &NamespaceLabels,
-        lock: &KnownLock,
+        lock: &LockRef,
     ) -> Coverage {
-        let key = &lock.key;
+        let key = &lock.key();
         let (mut never, mut not_yet) = (Vec::new(), Vec::new());
         for &operation in lock.spec.operations() {
             if matches!(operation, LockOperation::Update | LockOperation::Delete) {
@@ -102,73 +103,100 @@ impl Coverage {
     }
 }
 
-/// Why a lock is or is not enforced, as this instance sees it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Enforcement {
-    /// Refuses changes to its object.
-    Enforcing(Refused),
-    /// Refuses changes to its object; the configuration is broad for this reason.
-    EnforcingBroad(Refused, String),
-    /// The spec does not parse (why); it fails closed on the lock's own name.
-    EnforcingUnparsed(String, Refused),
-    /// `expiresAt` has passed.
-    Expired(Timestamp),
-    /// Mode Warn: changes are allowed with a warning.
-    WarnMode,
-    /// The namespace is left out of the webhook registration.
-    NotSent(String),
-    /// The namespace is not selected by the operator's requirements in the registration.
-    NamespaceNotSelected {
-        namespace: String,
-        /// The requirements, as kubectl writes them.
-        selector: String,
-    },
-    /// The narrowed configuration does not name the lock yet.
-    NotYetRegistered,
-    /// Every operation the lock refuses is one the configuration never sends (CREATE or
-    /// CONNECT, see [`Coverage::NeverSent`]).
-    OperationsNotSent(Vec<LockOperation>),
-}
-
-/// The operations an enforced lock refuses, and those of them the configuration never sends.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Refused {
-    /// As asked for (UPDATE and DELETE by default).
-    pub operations: Vec<LockOperation>,
-    /// Of those, the ones never sent to the webhook.
-    pub never_sent: Vec<LockOperation>,
-}
-
-impl Refused {
-    /// The same, with `never` never sent.
-    fn never_sent(self, never: &[LockOperation]) -> Refused {
-        Refused {
-            never_sent: never.to_vec(),
-            ..self
-        }
-    }
-
-    /// `UPDATE and DELETE of the locked object are refused`, and what is not.
-    fn describe(&self) -> String {
-        let sent: Vec<LockOperation> = (self.operations.iter())
-            .filter(|op| !self.never_sent.contains(op))
-            .copied()
-            .collect();
-        let verb = if sent.len() == 1 { "is" } else { "are" };
-        let mut text = format!("{} of the locked object {verb} refused", and(&sent));
-        if !self.never_sent.is_empty() {
-            text.push_str(&format!(
-                " ({} never reaches the webhook: {})",
-                and(&self.never_sent),
-                NEVER_SENT_WHY
-            ));
-        }
-        text
-    }
-}
-
 /// Why CREATE or CONNECT may never be sent.
 const NEVER_SENT_WHY: &str = "a registration the instances do not keep (`manifests cluster --broad`, static files) has no rule for CREATE or CONNECT, and CONNECT concerns pods, which no ClusterLock covers";
+
+/// The reason and message of `lock`'s `Enforced` condition at `now`, given whether the
+/// configuration sends its requests; it is enforced when the reason is `Enforcing` or
+/// `Unparseable`.
+fn enforcement(lock: &LockRef, coverage: &Coverage, now: Timestamp) -> (&'static str, String) {
+    // Nothing in the namespaces the registration leaves out reaches the webhook, nor do those
+    // Namespaces themselves.
+    let namespace = match &lock.namespace {
+        None if covers_only_namespaces(&lock.spec) => Some(&lock.name),
+        namespace => namespace.as_ref(),
+    };
+    if let Some(ns) = namespace.filter(|ns| api::is_excluded_namespace(ns)) {
+        return (
+            "NotSentToWebhook",
+            format!(
+                "namespace {ns} is left out of the webhook registration: its objects never reach the webhook"
+            ),
+        );
+    }
+    // Not sent: neither a refusal nor a warning nor an unparsed spec's lock comes of it.
+    if let Coverage::NotSelected {
+        namespace,
+        selector,
+    } = coverage
+    {
+        return (
+            "NamespaceNotSelected",
+            format!(
+                "namespace {namespace} is not selected by the webhook registration's namespaceSelector ({selector}): its objects never reach the webhook (label the namespace to match, or lock elsewhere)"
+            ),
+        );
+    }
+    let spec = &lock.spec;
+    if lock.problem.is_none() {
+        if let Some(at) = spec.expires_at.as_ref().filter(|at| at.0 <= now) {
+            let at = at.0;
+            return (
+                "Expired",
+                format!(
+                    "expiresAt {at} has passed; the lock no longer applies (delete it, or move expiresAt)"
+                ),
+            );
+        }
+        if spec.mode == Some(LockMode::Warn) {
+            return (
+                "WarnMode",
+                "mode Warn: changes are allowed with a warning, not refused".to_owned(),
+            );
+        }
+    }
+    let never: &[LockOperation] = match coverage {
+        Coverage::NotYet | Coverage::OperationsNotYet(_) => return ("NotYetRegistered", "the webhook configuration does not name this lock yet, so the API server does not send its object's writes to the webhook; it is rewritten within moments (if this stays, see the log for `cannot narrow the webhook configuration`)".to_owned()),
+        Coverage::NeverSent(never) => never,
+        _ => &[],
+    };
+    let sent: Vec<LockOperation> = (spec.operations().iter())
+        .filter(|op| !never.contains(op))
+        .copied()
+        .collect();
+    if sent.is_empty() && !never.is_empty() {
+        return (
+            "NotSentToWebhook",
+            format!("{} never reaches the webhook: {NEVER_SENT_WHY}", and(never)),
+        );
+    }
+    let verb = if sent.len() == 1 { "is" } else { "are" };
+    let mut refused = format!("{} of the locked object {verb} refused", and(&sent));
+    if !never.is_empty() {
+        refused.push_str(&format!(
+            " ({} never reaches the webhook: {NEVER_SENT_WHY})",
+            and(never)
+        ));
+    }
+    match (&lock.problem, coverage) {
+        (Some(why), _) => (
+            "Unparseable",
+            format!(
+                "the spec does not parse ({why}), so the lock fails closed on objects of its own name: {refused}; its selector, expiry, mode and exemptions are set aside until the spec is fixed"
+            ),
+        ),
+        (None, Coverage::Broad(reason)) => (
+            "Enforcing",
+            format!(
+                "{refused}; status.enforcedBy lists the instances. The webhook configuration is broad ({reason})"
+            ),
+        ),
+        (None, _) => (
+            "Enforcing",
+            format!("{refused}; status.enforcedBy lists the instances"),
+        ),
+    }
+}
 
 /// `UPDATE`, `UPDATE and DELETE`, `CREATE, UPDATE and DELETE`.
 fn and(operations: &[LockOperation]) -> String {
@@ -177,143 +205,6 @@ fn and(operations: &[LockOperation]) -> String {
         [] => "nothing".to_owned(),
         [one] => (*one).to_owned(),
         [rest @ .., last] => format!("{} and {last}", rest.join(", ")),
-    }
-}
-
-impl Enforcement {
-    /// How `lock` stands at `now`.
-    pub fn of(lock: &KnownLock, now: Timestamp) -> Enforcement {
-        // Nothing in the namespaces the registration leaves out reaches the webhook, nor do
-        // those Namespaces themselves.
-        match &lock.key.namespace {
-            Some(ns) if api::is_excluded_namespace(ns) => {
-                return Enforcement::NotSent(ns.clone());
-            }
-            None if api::is_excluded_namespace(&lock.key.name)
-                && covers_only_namespaces(&lock.spec) =>
-            {
-                return Enforcement::NotSent(lock.key.name.clone());
-            }
-            _ => {}
-        }
-        let spec = &lock.spec;
-        let refused = Refused {
-            operations: spec.operations().to_vec(),
-            never_sent: Vec::new(),
-        };
-        match (&lock.problem, &spec.expires_at) {
-            (Some(why), _) => Enforcement::EnforcingUnparsed(why.clone(), refused),
-            (None, Some(at)) if at.0 <= now => Enforcement::Expired(at.0),
-            _ if spec.mode == Some(LockMode::Warn) => Enforcement::WarnMode,
-            _ => Enforcement::Enforcing(refused),
-        }
-    }
-
-    /// How `lock` stands at `now`, given whether the configuration sends its requests.
-    pub fn with_coverage(lock: &KnownLock, coverage: &Coverage, now: Timestamp) -> Enforcement {
-        let enforcement = Enforcement::of(lock, now);
-        // Not sent: neither a refusal nor a warning nor an unparsed spec's lock comes of it.
-        if let Coverage::NotSelected {
-            namespace,
-            selector,
-        } = coverage
-            && !matches!(enforcement, Enforcement::NotSent(_))
-        {
-            return Enforcement::NamespaceNotSelected {
-                namespace: namespace.clone(),
-                selector: selector.clone(),
-            };
-        }
-        if !enforcement.is_enforced() {
-            return enforcement;
-        }
-        match (coverage, enforcement) {
-            (Coverage::NotYet | Coverage::OperationsNotYet(_), _) => Enforcement::NotYetRegistered,
-            (Coverage::Broad(reason), Enforcement::Enforcing(refused)) => {
-                Enforcement::EnforcingBroad(refused, reason.clone())
-            }
-            (
-                Coverage::NeverSent(never),
-                Enforcement::Enforcing(refused) | Enforcement::EnforcingUnparsed(_, refused),
-            ) if refused.operations.iter().all(|op| never.contains(op)) => {
-                Enforcement::OperationsNotSent(never.clone())
-            }
-            (Coverage::NeverSent(never), Enforcement::Enforcing(refused)) => {
-                Enforcement::Enforcing(refused.never_sent(never))
-            }
-            (Coverage::NeverSent(never), Enforcement::EnforcingUnparsed(why, refused)) => {
-                Enforcement::EnforcingUnparsed(why, refused.never_sent(never))
-            }
-            (_, enforcement) => enforcement,
-        }
-    }
-
-    /// Whether the webhook refuses changes because of the lock.
-    pub fn is_enforced(&self) -> bool {
-        matches!(
-            self,
-            Enforcement::Enforcing(_)
-                | Enforcement::EnforcingBroad(..)
-                | Enforcement::EnforcingUnparsed(..)
-        )
-    }
-
-    /// The `Enforced` condition saying so.
-    pub fn condition(&self, generation: i64) -> LockCondition {
-        let (status, reason, message) = match self {
-            Enforcement::Enforcing(refused) => (
-                "True",
-                "Enforcing",
-                format!("{}; status.enforcedBy lists the instances", refused.describe()),
-            ),
-            Enforcement::EnforcingBroad(refused, reason) => (
-                "True",
-                "Enforcing",
-                format!("{}; status.enforcedBy lists the instances. The webhook configuration is broad ({reason})", refused.describe()),
-            ),
-            Enforcement::EnforcingUnparsed(why, refused) => (
-                "True",
-                "Unparseable",
-                format!("the spec does not parse ({why}), so the lock fails closed on objects of its own name: {}; its selector, expiry, mode and exemptions are set aside until the spec is fixed", refused.describe()),
-            ),
-            Enforcement::Expired(at) => (
-                "False",
-                "Expired",
-                format!("expiresAt {at} has passed; the lock no longer applies (delete it, or move expiresAt)"),
-            ),
-            Enforcement::WarnMode => (
-                "False",
-                "WarnMode",
-                "mode Warn: changes are allowed with a warning, not refused".to_owned(),
-            ),
-            Enforcement::NotSent(ns) => (
-                "False",
-                "NotSentToWebhook",
-                format!("namespace {ns} is left out of the webhook registration: its objects never reach the webhook"),
-            ),
-            Enforcement::NamespaceNotSelected { namespace, selector } => (
-                "False",
-                "NamespaceNotSelected",
-                format!("namespace {namespace} is not selected by the webhook registration's namespaceSelector ({selector}): its objects never reach the webhook (label the namespace to match, or lock elsewhere)"),
-            ),
-            Enforcement::OperationsNotSent(never) => (
-                "False",
-                "NotSentToWebhook",
-                format!("{} never reaches the webhook: {NEVER_SENT_WHY}", and(never)),
-            ),
-            Enforcement::NotYetRegistered => (
-                "False",
-                "NotYetRegistered",
-                "the webhook configuration does not name this lock yet, so the API server does not send its object's writes to the webhook; it is rewritten within moments (if this stays, see the log for `cannot narrow the webhook configuration`)".to_owned(),
-            ),
-        };
-        LockCondition {
-            type_: CONDITION.to_owned(),
-            status: status.to_owned(),
-            reason: reason.to_owned(),
-            message,
-            observed_generation: Some(generation),
-        }
     }
 }
 
@@ -337,26 +228,24 @@ pub struct Desired {
 }
 
 impl Desired {
-    /// The server-side apply configuration of the status.
+    /// The server-side apply configuration of the status. Empty lists are left out: an empty
+    /// list would claim the list itself.
     pub fn apply_config(&self, key: &LockKey) -> serde_json::Value {
-        let mut metadata = serde_json::json!({ "name": key.name });
-        if let Some(ns) = &key.namespace {
-            metadata["namespace"] = serde_json::json!(ns);
-        }
-        let mut status = serde_json::json!({ "enforcedCount": self.count });
-        // An empty list would claim the list itself; leave out what this instance does not own.
-        if let Some(entry) = &self.entry {
-            status["enforcedBy"] = serde_json::json!([entry]);
-        }
-        if !self.conditions.is_empty() {
-            status["conditions"] = serde_json::json!(self.conditions);
-        }
-        serde_json::json!({
+        let status = LockStatus {
+            enforced_by: self.entry.iter().cloned().collect(),
+            enforced_count: Some(self.count),
+            conditions: self.conditions.clone(),
+        };
+        let mut config = serde_json::json!({
             "apiVersion": api::API_VERSION,
             "kind": key.kind().as_str(),
-            "metadata": metadata,
+            "metadata": {"name": key.name},
             "status": status,
-        })
+        });
+        if let Some(ns) = &key.namespace {
+            config["metadata"]["namespace"] = ns.as_str().into();
+        }
+        config
     }
 
     /// The last instance withdraws. Cleared by a merge patch carrying the resourceVersion (an
@@ -372,20 +261,12 @@ impl Desired {
             "status": {"enforcedBy": null, "enforcedCount": 0, "conditions": null},
         })
     }
-
-    /// The same, ignoring `since` (which only the first write sets).
-    fn same_as(&self, other: &Desired) -> bool {
-        let generation = |d: &Desired| d.entry.as_ref().map(|e| e.observed_generation);
-        generation(self) == generation(other)
-            && self.count == other.count
-            && self.conditions == other.conditions
-    }
 }
 
 /// What `instance` wants `lock`'s status to say at `now`; `healthy` is the source's health,
 /// `coverage` whether the webhook configuration sends the lock's requests.
 pub fn desired(
-    lock: &KnownLock,
+    lock: &LockRef,
     healthy: bool,
     coverage: &Coverage,
     instance: &str,
@@ -409,40 +290,52 @@ pub fn desired(
             conditions,
         };
     }
-    let enforcement = Enforcement::with_coverage(lock, coverage, now);
-    let entry = enforcement.is_enforced().then(|| {
+    let generation = lock.generation.unwrap_or(0);
+    let (reason, message) = enforcement(lock, coverage, now);
+    let enforced = matches!(reason, "Enforcing" | "Unparseable");
+    let entry = enforced.then(|| {
         let mine = enforcers.iter().find(|e| e.instance == instance);
         Enforcer {
             instance: instance.to_owned(),
-            observed_generation: lock.generation,
+            observed_generation: generation,
             since: mine.map_or(Time(now), |e| e.since.clone()),
         }
     });
+    let condition = LockCondition {
+        type_: CONDITION.to_owned(),
+        status: if enforced { "True" } else { "False" }.to_owned(),
+        reason: reason.to_owned(),
+        message,
+        observed_generation: Some(generation),
+    };
     Desired {
         count: (others + usize::from(entry.is_some())) as i64,
         entry,
-        conditions: vec![enforcement.condition(lock.generation)],
+        conditions: vec![condition],
     }
 }
 
 /// Whether the status as seen differs from what this instance wants, in the parts it writes:
 /// its own entry, the count, and (unless it wrote them already) the conditions.
 pub(super) fn needs_write(
-    lock: &KnownLock,
+    lock: &LockRef,
     desired: &Desired,
     instance: &str,
     applied: Option<&Applied>,
 ) -> bool {
+    let generation = |e: &Enforcer| e.observed_generation;
+    // Our write of the same (`since` aside) landed but the watch has not shown it yet: what it
+    // shows is older.
     if let Some(applied) = applied
-        && applied.desired.same_as(desired)
         && applied.awaiting_echo()
+        && applied.desired.entry.as_ref().map(generation) == desired.entry.as_ref().map(generation)
+        && (applied.desired.count, &applied.desired.conditions)
+            == (desired.count, &desired.conditions)
     {
-        // Our write landed but the watch has not shown it yet: what it shows is older.
         return false;
     }
     let status = &lock.meta.status;
     let mine = status.enforced_by.iter().find(|e| e.instance == instance);
-    let generation = |e: &Enforcer| e.observed_generation;
     if mine.map(generation) != desired.entry.as_ref().map(generation)
         || status.enforced_count != Some(desired.count)
     {
@@ -459,13 +352,11 @@ pub(super) fn needs_write(
     }
 }
 
-/// A write this instance made.
+/// A write this instance made: what, the lock's resourceVersion after it, and when answered.
 #[derive(Debug)]
 pub(super) struct Applied {
     desired: Desired,
-    /// The lock's resourceVersion after the write.
     pub(super) version: String,
-    /// When the write was answered.
     at: Instant,
     /// Whether the watch has shown that resourceVersion: from then on, what it shows is newer.
     pub(super) echoed: bool,

@@ -11,45 +11,30 @@ pub mod writer;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::api::{LockKey, LockSpec};
-use crate::locks::{LockMeta, LockRef};
+use crate::api::LockKey;
+use crate::locks::LockRef;
+use crate::locks::index::Sets;
 
 pub const CONDITION: &str = "Enforced";
 pub const FIELD_MANAGER_PREFIX: &str = "kube-object-lock/";
-
-/// One lock as the lock index last saw it.
-#[derive(Clone, Debug, PartialEq)]
-pub struct KnownLock {
-    pub key: LockKey,
-    pub generation: i64,
-    /// The spec as enforced: for an unreadable one, the index parser's fail-closed reading.
-    pub spec: LockSpec,
-    /// Why the stored spec cannot be read, when it cannot: the status says so.
-    pub problem: Option<String>,
-    /// uid, resourceVersion and status, shared with the index.
-    pub meta: Arc<LockMeta>,
-}
-
-impl From<&LockRef> for KnownLock {
-    fn from(lock: &LockRef) -> KnownLock {
-        KnownLock {
-            key: lock.key(),
-            generation: lock.generation.unwrap_or(0),
-            spec: lock.spec.clone(),
-            problem: lock.problem.clone(),
-            meta: lock.meta.clone(),
-        }
-    }
-}
 
 /// The locks known, and whether that knowledge is current.
 #[derive(Clone, Debug, Default)]
 pub struct LockSnapshot {
     /// True while the source has a complete, current view (synced, watch not failing).
     pub healthy: bool,
-    /// Every known lock. A persistent map: publishing a snapshot per change costs no copy, and
-    /// the diff of two snapshots visits only the parts that changed.
-    pub locks: imbl::OrdMap<LockKey, Arc<KnownLock>>,
+    /// The lock index's: the diff of two snapshots visits only the namespaces that changed.
+    pub sets: Sets,
+}
+
+impl LockSnapshot {
+    pub fn get(&self, key: &LockKey) -> Option<&LockRef> {
+        (self.sets.get(key.namespace.as_deref().unwrap_or_default()))?.get(&key.name)
+    }
+
+    pub fn locks(&self) -> impl Iterator<Item = &LockRef> {
+        self.sets.values().flat_map(|set| set.iter())
+    }
 }
 
 /// The labels of every namespace, as the namespace watch last listed them.
@@ -57,7 +42,5 @@ pub struct LockSnapshot {
 pub struct NamespaceLabels {
     /// True once the first list is in: until then no namespace is known.
     pub listed: bool,
-    /// Each namespace's labels, by name. A persistent map: the status writer diffs two of them
-    /// to find the namespaces whose labels changed.
     pub labels: imbl::OrdMap<String, Arc<BTreeMap<String, String>>>,
 }

@@ -39,14 +39,13 @@ pub fn follow(
 ) {
     let (tx, rx) = watch::channel(NamespaceLabels::default());
     let run = async move {
-        loop {
-            if !registered.borrow_and_update().namespaces.is_everything() {
-                break;
+        tokio::select! {
+            selected = registered.wait_for(|r| !r.namespaces.is_everything()) => {
+                if selected.is_err() {
+                    return;
+                }
             }
-            tokio::select! {
-                changed = registered.changed() => if changed.is_err() { return },
-                () = tx.closed() => return,
-            }
+            () = tx.closed() => return,
         }
         info!(
             "the registration limits locks to selected namespaces: watching the namespaces' labels"
@@ -74,11 +73,9 @@ pub fn follow(
                             .collect();
                         let labels = NamespaceLabels { listed: true, labels };
                         // Most updates of a namespace (finalizers, status) leave its labels alone.
-                        tx.send_if_modified(|published| {
-                            let changed = *published != labels;
-                            *published = labels;
-                            changed
-                        });
+                        if *tx.borrow() != labels {
+                            tx.send_replace(labels);
+                        }
                     }
                     Some(Err(error)) => {
                         let refused = retry::watcher_refusal(&error);

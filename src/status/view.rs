@@ -7,9 +7,8 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use super::{KnownLock, LockSnapshot};
-use crate::api::LockKey;
-use crate::locks::index::{self, Change, LockIndex, Sets};
+use super::LockSnapshot;
+use crate::locks::index::LockIndex;
 
 /// How often health is looked at again when nothing changes: a reconnecting watch becomes
 /// stale by the passing of time alone.
@@ -26,11 +25,9 @@ pub fn follow(
     let (tx, rx) = watch::channel(LockSnapshot::default());
     let run = async move {
         let mut changes = index.subscribe();
-        let mut view = View::default();
+        let mut started = false;
         loop {
-            if view.update(&index) {
-                tx.send_replace(view.snapshot());
-            }
+            tx.send_if_modified(|published| update(published, &mut started, &index));
             tokio::select! {
                 changed = changes.changed() => {
                     if changed.is_err() {
@@ -45,56 +42,28 @@ pub fn follow(
     (rx, run)
 }
 
-#[derive(Default)]
-struct View {
-    healthy: bool,
-    locks: imbl::OrdMap<LockKey, Arc<KnownLock>>,
-    /// The index's sets last taken in; `None` until it has first been complete and current.
-    seen: Option<Sets>,
-}
-
-impl View {
-    /// Applies what changed in the index; true when the snapshot changed.
-    fn update(&mut self, index: &LockIndex) -> bool {
-        let now = index.snapshot();
-        // Until the index has first been complete and current there is nothing to say: half a
-        // list would have the writer mark locks unenforced that are merely not seen yet.
-        let healthy = index.is_fresh() && now.is_listed();
-        if !healthy && self.seen.is_none() {
-            return false;
-        }
-        let mut changed = healthy != self.healthy;
-        self.healthy = healthy;
-        let seen = self.seen.get_or_insert_default();
-        for change in index::diff(seen, &now.sets) {
-            match change {
-                Change::Put(lock, _) => {
-                    let known = KnownLock::from(lock);
-                    if self.locks.get(&known.key).is_none_or(|k| **k != known) {
-                        self.locks.insert(known.key.clone(), Arc::new(known));
-                        changed = true;
-                    }
-                }
-                Change::Gone(lock) => changed |= self.locks.remove(&lock.key()).is_some(),
-            }
-        }
-        *seen = now.sets;
-        changed
+/// Takes in the index as it stands; true when `published` changed. Nothing is published until
+/// the index has first been complete and current (`started`): half a list would have the writer
+/// mark locks unenforced that are merely not seen yet.
+fn update(published: &mut LockSnapshot, started: &mut bool, index: &LockIndex) -> bool {
+    let now = index.snapshot();
+    let healthy = index.is_fresh() && now.is_listed();
+    *started |= healthy;
+    if !*started || (published.healthy == healthy && published.sets.ptr_eq(&now.sets)) {
+        return false;
     }
-
-    fn snapshot(&self) -> LockSnapshot {
-        LockSnapshot {
-            healthy: self.healthy,
-            locks: self.locks.clone(),
-        }
-    }
+    *published = LockSnapshot {
+        healthy,
+        sets: now.sets,
+    };
+    true
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::LockKind;
     use crate::api::LockSpec;
+    use crate::api::{LockKey, LockKind};
     use crate::locks::LockRef;
     use crate::locks::index::WatchState;
 
@@ -119,30 +88,30 @@ mod tests {
     #[test]
     fn follows_the_index_once_complete_and_its_health() {
         let index = LockIndex::new(Duration::from_secs(5));
-        let mut view = View::default();
-        assert!(!view.update(&index), "nothing listed: nothing to say");
+        let (mut view, mut started) = (LockSnapshot::default(), false);
+        let mut update = |view: &mut LockSnapshot| update(view, &mut started, &index);
+        assert!(!update(&mut view), "nothing listed: nothing to say");
         let mut odd = lock("b", "y", "1");
         odd.problem = Some("spec.mode: unknown variant".into());
         index.reset(LockKind::Lock, vec![lock("a", "x", "1"), odd]);
         live(&index);
-        assert!(view.update(&index));
-        assert!(view.snapshot().healthy);
-        let known = &view.snapshot().locks[&LockKey::lock("b", "y")];
+        assert!(update(&mut view));
+        assert!(view.healthy);
+        let known = view.get(&LockKey::lock("b", "y")).expect("known");
         assert_eq!(known.problem.as_deref(), Some("spec.mode: unknown variant"));
-        assert!(!view.update(&index), "nothing new");
+        assert!(!update(&mut view), "nothing new");
 
         index.apply(LockKind::Lock, lock("a", "x", "2"));
         index.delete(LockKind::Lock, "b", "y");
         index.apply(LockKind::Lock, lock("c", "z", "1"));
-        assert!(view.update(&index));
-        let snapshot = view.snapshot();
-        let keys: Vec<String> = snapshot.locks.keys().map(|k| k.to_string()).collect();
+        assert!(update(&mut view));
+        let keys: Vec<String> = view.locks().map(|l| l.key().to_string()).collect();
         assert_eq!(keys, ["Lock a/x", "Lock c/z"]);
-        let x = &snapshot.locks[&LockKey::lock("a", "x")];
+        let x = view.get(&LockKey::lock("a", "x")).expect("known");
         assert_eq!(x.spec.reason.as_deref(), Some("2"));
 
         index.set_state(LockKind::Lock, WatchState::Stale, Some("403".into()));
-        assert!(view.update(&index), "health is a change");
-        assert!(!view.snapshot().healthy);
+        assert!(update(&mut view), "health is a change");
+        assert!(!view.healthy);
     }
 }

@@ -2,8 +2,7 @@
 //! status in line with the lock view ([`super::view`]), with server-side apply under the
 //! instance's own field manager, only when the result changes.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::Arc;
+use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -14,8 +13,10 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::enforcement::{Applied, Coverage, Desired, desired, needs_write};
-use super::{FIELD_MANAGER_PREFIX, KnownLock, LockSnapshot, NamespaceLabels};
+use super::{FIELD_MANAGER_PREFIX, LockSnapshot, NamespaceLabels};
 use crate::api::LockKey;
+use crate::locks::LockRef;
+use crate::locks::index::{self, Change, Sets};
 use crate::metrics::{EnforcementMetrics, OutcomeLabels};
 use crate::registration::Registered;
 use crate::retry::{self, LastError};
@@ -27,142 +28,89 @@ const WRITES_PER_PASS: usize = 64;
 /// Then doubling ([`retry::write_delay`]).
 const FIRST_RETRY: Duration = Duration::from_secs(1);
 
-/// What a lock's enforcement depends on besides the lock: the configuration this instance
-/// keeps (what it names, and the labels its `namespaceSelector` selects by); `None` without one.
-#[derive(Default)]
-pub struct DecisionInputs {
-    pub registered: Option<watch::Receiver<Registered>>,
-    pub namespaces: Option<watch::Receiver<NamespaceLabels>>,
-}
-
-#[derive(Debug)]
-struct Retry {
-    at: Instant,
-    attempts: u32,
-}
-
 /// What the status writer remembers of one lock, dropped when the lock goes.
 #[derive(Default)]
 struct Book {
     applied: Option<Applied>,
-    retry: Option<Retry>,
-    /// The resourceVersion and health its status was last computed from.
-    computed: Option<(String, bool)>,
-    expires: Option<Timestamp>,
+    /// When a failed write is tried again, and how many failed in a row.
+    retry: Option<(Instant, u32)>,
+    /// When `expiresAt` passes (just after), if still to come.
+    expires: Option<Instant>,
 }
 
-/// Keeps this instance's part of every lock's status in line with `snapshots` and `inputs`
-/// until `stop` completes, then withdraws it (as when the source is unhealthy) and returns.
+/// Keeps this instance's part of every lock's status in line with `snapshots` until `stop`
+/// completes, then withdraws it (as when the source is unhealthy) and returns. `registered`:
+/// what the configuration this instance keeps names; `namespaces`: the labels its
+/// `namespaceSelector` selects by; `None` without one.
 pub async fn run(
     client: kube::Client,
     instance: String,
     mut snapshots: watch::Receiver<LockSnapshot>,
-    inputs: DecisionInputs,
+    mut registered: Option<watch::Receiver<Registered>>,
+    mut namespaces: Option<watch::Receiver<NamespaceLabels>>,
     metrics: EnforcementMetrics,
     stop: impl Future<Output = ()>,
 ) {
-    let DecisionInputs {
-        mut registered,
-        mut namespaces,
-    } = inputs;
     let keeps_registration = registered.is_some();
-    let mut confirmed = Registered::default();
-    let mut labels = NamespaceLabels::default();
-    let mut relabelled = false;
+    let (mut confirmed, mut labels) = (Registered::default(), NamespaceLabels::default());
     let mut stop = std::pin::pin!(stop);
-    let mut stopping = false;
+    let (mut stopping, mut due, mut every_lock) = (false, false, true);
     let manager = format!("{FIELD_MANAGER_PREFIX}{instance}");
     let mut books: HashMap<LockKey, Book> = HashMap::new();
     let mut was_healthy = None;
     let mut errors = LastError::default();
     // A pass looks only at the locks in `todo`: changed since the last pass, or due (retry,
-    // expiry). `true`: compute even if the lock did not change (registration, time, stopping).
-    let mut todo: BTreeMap<LockKey, bool> = BTreeMap::new();
-    let mut seen: imbl::OrdMap<LockKey, Arc<KnownLock>> = imbl::OrdMap::new();
-    let mut due = false;
-    let mut every_lock = true;
+    // expiry), or all of them (registration, health, stopping).
+    let mut todo: BTreeSet<LockKey> = BTreeSet::new();
+    let mut seen = Sets::new();
     loop {
         let mut snapshot = snapshots.borrow_and_update().clone();
-        // Copied only when it changed (`every_lock`): O(locks).
-        if let Some(registered) = &mut registered
-            && every_lock
-        {
-            confirmed = registered.borrow_and_update().clone();
-        }
-        let mut touched = BTreeSet::new();
-        if let Some(namespaces) = &mut namespaces
-            && (std::mem::take(&mut relabelled) || every_lock)
-        {
-            let now_labels = namespaces.borrow_and_update().clone();
-            if now_labels.listed != labels.listed {
-                every_lock = true;
+        // Copied only when one changed (`every_lock`), which is rare: O(locks).
+        if every_lock {
+            if let Some(registered) = &mut registered {
+                confirmed = registered.borrow_and_update().clone();
             }
-            touched = (labels.labels.diff(&now_labels.labels))
-                .map(|change| match change {
-                    imbl::ordmap::DiffItem::Add(ns, _)
-                    | imbl::ordmap::DiffItem::Update { new: (ns, _), .. }
-                    | imbl::ordmap::DiffItem::Remove(ns, _) => ns.clone(),
-                })
-                .collect();
-            labels = now_labels;
+            if let Some(namespaces) = &mut namespaces {
+                labels = namespaces.borrow_and_update().clone();
+            }
         }
-        let registration = keeps_registration.then_some(&confirmed);
-        if stopping {
-            snapshot.healthy = false;
-        }
+        snapshot.healthy &= !stopping;
         if was_healthy != Some(snapshot.healthy) {
-            info!(%instance, healthy = snapshot.healthy, locks = snapshot.locks.len(),
+            info!(%instance, healthy = snapshot.healthy, locks = snapshot.locks().count(),
                 "lock status: {}", if snapshot.healthy { "marking locks enforced" } else { "lock source unhealthy; withdrawing this instance from lock status" });
             was_healthy = Some(snapshot.healthy);
             every_lock = true;
         }
-        let now = Timestamp::now();
-        let clock = Instant::now();
-        let due_now = std::mem::take(&mut due);
-        if std::mem::replace(&mut every_lock, false) {
-            books.retain(|key, _| snapshot.locks.contains_key(key));
-            todo = snapshot
-                .locks
-                .keys()
-                .map(|key| (key.clone(), true))
-                .collect();
-        } else {
-            for change in seen.diff(&snapshot.locks) {
-                match change {
-                    imbl::ordmap::DiffItem::Add(key, _)
-                    | imbl::ordmap::DiffItem::Update { new: (key, _), .. } => {
-                        todo.entry(key.clone()).or_insert(false);
-                    }
-                    imbl::ordmap::DiffItem::Remove(key, _) => {
-                        books.remove(key);
-                        todo.remove(key);
-                    }
+        let (now, clock) = (Timestamp::now(), Instant::now());
+        for change in index::diff(&seen, &snapshot.sets) {
+            match change {
+                Change::Put(lock, old) if old != Some(lock) => {
+                    todo.insert(lock.key());
                 }
-            }
-            if !touched.is_empty() {
-                let relabelled = (snapshot.locks.keys())
-                    .filter(|key| touched.contains(key.namespace.as_ref().unwrap_or(&key.name)));
-                for key in relabelled {
-                    todo.insert(key.clone(), true);
-                }
-            }
-            if due_now {
-                let due = books.iter().filter(|(_, book)| {
-                    book.retry.as_ref().is_some_and(|r| r.at <= clock)
-                        || book.expires.is_some_and(|at| at <= now)
-                });
-                for (key, _) in due {
-                    todo.insert(key.clone(), true);
+                Change::Put(..) => {}
+                Change::Gone(lock) => {
+                    books.remove(&lock.key());
+                    todo.remove(&lock.key());
                 }
             }
         }
-        seen = snapshot.locks.clone();
-        let mut picked = Vec::new();
-        while picked.len() < WRITES_PER_PASS {
-            let Some((key, force)) = todo.pop_first() else {
-                break;
-            };
-            let Some(lock) = snapshot.locks.get(&key) else {
+        seen = snapshot.sets.clone();
+        if std::mem::take(&mut every_lock) {
+            todo.extend(snapshot.locks().map(LockRef::key));
+        }
+        if std::mem::take(&mut due) {
+            let due = books.iter().filter(|(_, book)| {
+                book.retry.is_some_and(|(at, _)| at <= clock)
+                    || book.expires.is_some_and(|at| at <= clock)
+            });
+            todo.extend(due.map(|(key, _)| key.clone()));
+        }
+        let registration = keeps_registration.then_some(&confirmed);
+        let mut writes = Vec::new();
+        while writes.len() < WRITES_PER_PASS
+            && let Some(key) = todo.pop_first()
+        {
+            let Some(lock) = snapshot.get(&key) else {
                 continue;
             };
             let book = books.entry(key).or_default();
@@ -172,44 +120,30 @@ pub async fn run(
                 write.echoed = true;
             }
             // Not due yet: the retry's wake-up brings it back.
-            if book.retry.as_ref().is_some_and(|r| r.at > clock) {
+            if book.retry.is_some_and(|(at, _)| at > clock) {
                 continue;
             }
-            book.expires = lock.spec.expires_at.as_ref().map(|at| at.0);
-            let computed = (lock.meta.resource_version.clone(), snapshot.healthy);
-            let unchanged = book.computed.as_ref() == Some(&computed);
-            if unchanged && !force && book.retry.is_none() {
-                continue;
-            }
-            book.computed = Some(computed);
+            book.expires = (lock.spec.expires_at.as_ref())
+                .filter(|at| at.0 > now)
+                .map(|at| {
+                    clock + at.0.duration_since(now).unsigned_abs() + Duration::from_millis(1)
+                });
             let coverage = Coverage::of(registration, &labels, lock);
             let want = desired(lock, snapshot.healthy, &coverage, &instance, now);
             if needs_write(lock, &want, &instance, book.applied.as_ref()) {
-                picked.push((lock.clone(), want));
+                writes.push(write(&client, &manager, lock.clone(), want));
             } else {
                 // What failed is no longer wanted (a withdrawal, healthy again): a retry left
                 // due would wake every pass at once.
                 book.retry = None;
             }
         }
-        let writes: Vec<_> = picked
-            .into_iter()
-            .map(|(lock, want)| {
-                let (client, manager) = (client.clone(), manager.clone());
-                async move {
-                    let result = write(client, &manager, &lock, &want).await;
-                    (lock, want, result)
-                }
-            })
-            .collect();
-        let more = !todo.is_empty();
         let results: Vec<_> = futures::stream::iter(writes)
             .buffer_unordered(CONCURRENT_WRITES)
             .collect()
             .await;
         // One line per pass, not per lock: a missing permission fails every lock at once.
-        let (mut failed, mut first_failure, mut refused) = (0usize, String::new(), false);
-        let mut first_error = String::new();
+        let (mut failed, mut first) = (0usize, None);
         for (lock, want, result) in results {
             let outcome = match &result {
                 Ok(_) => "success",
@@ -218,67 +152,59 @@ pub async fn run(
                 Err(kube::Error::Api(s)) if s.code == 409 => "conflict",
                 Err(_) => "error",
             };
-            metrics
-                .status_writes
-                .get_or_create(&OutcomeLabels { outcome })
-                .inc();
+            let labels = OutcomeLabels { outcome };
+            metrics.status_writes.get_or_create(&labels).inc();
+            let book = books.entry(lock.key()).or_default();
             match result {
                 Ok(version) => {
                     errors.clear();
-                    debug!(lock = %lock.key, enforced = want.entry.is_some(), count = want.count, "lock status written");
-                    let book = books.entry(lock.key.clone()).or_default();
+                    debug!(lock = %lock.key(), enforced = want.entry.is_some(), count = want.count, "lock status written");
                     book.retry = None;
                     book.applied = Some(Applied::new(want, version));
                 }
                 // Deleted meanwhile: the watch will drop it.
                 Err(kube::Error::Api(s)) if s.code == 404 => {}
                 Err(error) => {
-                    let book = books.entry(lock.key.clone()).or_default();
-                    let attempts = book.retry.as_ref().map_or(1, |r| r.attempts + 1);
+                    let attempts = book.retry.map_or(1, |(_, attempts)| attempts + 1);
                     let delay = retry::write_delay(FIRST_RETRY, attempts);
+                    book.retry = Some((Instant::now() + delay, attempts));
                     failed += 1;
-                    if failed == 1 {
-                        first_error = retry::error_chain(&error);
-                        first_failure = format!("{}: {first_error}", lock.key);
-                        refused = retry::is_refusal(&error);
-                    }
-                    book.retry = Some(Retry {
-                        at: Instant::now() + delay,
-                        attempts,
+                    first.get_or_insert_with(|| {
+                        let chain = retry::error_chain(&error);
+                        (
+                            format!("{}: {chain}", lock.key()),
+                            chain,
+                            retry::is_refusal(&error),
+                        )
                     });
                 }
             }
         }
         // Once per distinct error until a write succeeds; its repeats at debug.
-        if failed > 0 {
-            if !errors.is_new(&first_error) {
-                debug!(failed, first = %first_failure, "cannot write lock status, again");
+        if let Some((first, error, refused)) = first {
+            if !errors.is_new(&error) {
+                debug!(failed, %first, "cannot write lock status, again");
             } else if refused {
-                warn!(failed, first = %first_failure,
+                warn!(failed, %first,
                     "cannot write lock status (the webhook's identity needs patch on locks/status and clusterlocks/status); retrying with backoff");
             } else {
-                warn!(failed, first = %first_failure, "cannot write lock status; retrying with backoff");
+                warn!(failed, %first, "cannot write lock status; retrying with backoff");
             }
         }
-        let next_retry = (books.values())
-            .filter_map(|b| b.retry.as_ref())
-            .map(|r| r.at)
-            .min();
-        let next_expiry = (books.values())
-            .filter_map(|b| b.expires)
-            .filter(|at| *at > now)
-            .min()
-            .map(|at| {
-                let wait = at.duration_since(Timestamp::now()).unsigned_abs();
-                Instant::now() + wait + Duration::from_millis(1)
-            });
-        if stopping && !more {
-            return;
-        }
-        if more {
+        if !todo.is_empty() {
             continue;
         }
-        let wake = [next_retry, next_expiry].into_iter().flatten().min();
+        if stopping {
+            return;
+        }
+        // An expiry passed behind a pending retry is taken up at the retry.
+        let expiries = books
+            .values()
+            .filter_map(|book| book.expires.filter(|at| *at > clock));
+        let retries = books
+            .values()
+            .filter_map(|book| book.retry.map(|(at, _)| at));
+        let wake = expiries.chain(retries).min();
         tokio::select! {
             next = snapshots.changed() => if next.is_err() { return },
             alive = changed(&mut registered) => if alive {
@@ -288,12 +214,12 @@ pub async fn run(
                 registered = None;
             },
             alive = changed(&mut namespaces) => if alive {
-                relabelled = true;
+                every_lock = true;
             } else {
                 // The namespace watch stopped: the labels it last showed stay true.
                 namespaces = None;
             },
-            () = sleep_until(wake) => due = true,
+            () = tokio::time::sleep_until(wake.unwrap_or(clock)), if wake.is_some() => due = true,
             () = &mut stop => {
                 info!(%instance, "stopping: withdrawing this instance from lock status");
                 stopping = true;
@@ -312,34 +238,33 @@ async fn changed<T>(channel: &mut Option<watch::Receiver<T>>) -> bool {
     }
 }
 
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
-}
-
-/// Returns the new resourceVersion.
+/// Applies `want` to the status of `lock`; the result is the new resourceVersion.
 async fn write(
-    client: kube::Client,
+    client: &kube::Client,
     manager: &str,
-    lock: &KnownLock,
-    want: &Desired,
-) -> Result<String, kube::Error> {
-    let api = lock.key.api(client);
-    let written = if want.clears() {
+    lock: LockRef,
+    want: Desired,
+) -> (LockRef, Desired, Result<String, kube::Error>) {
+    let key = lock.key();
+    let (params, patch) = if want.clears() {
         let params = PatchParams {
             field_manager: Some(manager.to_owned()),
             ..PatchParams::default()
         };
-        let patch = Patch::Merge(Desired::clearing(&lock.meta.resource_version));
-        api.patch_status(&lock.key.name, &params, &patch).await?
+        (
+            params,
+            Patch::Merge(Desired::clearing(&lock.meta.resource_version)),
+        )
     } else {
         // force: enforcedCount and the condition are shared with the other instances, which
         // write the same values; during a change they may briefly disagree.
         let params = PatchParams::apply(manager).force();
-        let patch = Patch::Apply(want.apply_config(&lock.key));
-        api.patch_status(&lock.key.name, &params, &patch).await?
+        (params, Patch::Apply(want.apply_config(&key)))
     };
-    Ok(written.metadata.resource_version.unwrap_or_default())
+    let written = key
+        .api(client.clone())
+        .patch_status(&key.name, &params, &patch)
+        .await;
+    let version = written.map(|object| object.metadata.resource_version.unwrap_or_default());
+    (lock, want, version)
 }

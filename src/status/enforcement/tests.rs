@@ -1,14 +1,13 @@
 use std::sync::Arc;
 
 use super::*;
-use crate::api::LockStatus;
 
 fn now() -> Timestamp {
     "2026-11-22T12:00:00Z".parse().expect("timestamp")
 }
 
 /// The lock `web` with `spec`, read by the index's own parser (an unreadable spec included).
-fn lock(namespace: Option<&str>, spec: serde_json::Value) -> KnownLock {
+fn lock(namespace: Option<&str>, spec: serde_json::Value) -> LockRef {
     let kind = match namespace {
         Some(_) => crate::api::LockKind::Lock,
         None => crate::api::LockKind::ClusterLock,
@@ -20,8 +19,7 @@ fn lock(namespace: Option<&str>, spec: serde_json::Value) -> KnownLock {
         "spec": spec,
     });
     let object = serde_json::from_value(object).expect("an object");
-    let lock = crate::locks::parse::lock_ref(kind, &object).expect("named");
-    KnownLock::from(&lock)
+    crate::locks::parse::lock_ref(kind, &object).expect("named")
 }
 
 fn enforcer(instance: &str, generation: i64, since: &str) -> Enforcer {
@@ -59,7 +57,7 @@ fn an_enforced_lock_gets_this_instances_entry_and_the_count() {
 #[test]
 fn since_is_kept_from_this_instances_own_entry() {
     let mut l = lock(Some("prod"), serde_json::json!({}));
-    l.generation = 4;
+    l.generation = Some(4);
     Arc::make_mut(&mut l.meta).status.enforced_by =
         vec![enforcer("cp-1", 3, "2026-11-22T09:00:00Z")];
     let want = desired(&l, true, &Coverage::Sent, "cp-1", now());
@@ -107,7 +105,7 @@ fn locks_that_are_not_enforced_say_why() {
         None,
         serde_json::json!({"resources": [{"apiGroups": [""], "resources": ["namespaces"]}]}),
     );
-    namespace.key.name = "kube-system".into();
+    namespace.name = "kube-system".into();
     assert_eq!(
         desired(&namespace, true, &Coverage::Sent, "cp-1", now()).conditions[0].reason,
         "NotSentToWebhook"
@@ -203,7 +201,7 @@ fn an_unhealthy_source_withdraws_this_instance_only() {
     assert_eq!(want.count, 1);
     assert!(want.conditions.is_empty(), "asserts nothing it cannot see");
     assert!(needs_write(&l, &want, "cp-1", None));
-    let config = want.apply_config(&l.key);
+    let config = want.apply_config(&l.key());
     assert_eq!(
         config,
         serde_json::json!({
@@ -242,7 +240,7 @@ fn a_withdrawal_keeps_the_condition_of_the_others_and_the_last_one_clears() {
     );
     assert!(!want.clears());
     assert_eq!(
-        want.apply_config(&l.key)["status"]["conditions"],
+        want.apply_config(&l.key())["status"]["conditions"],
         serde_json::json!(enforcing)
     );
     // cp-2 is the last: the status is cleared, whoever wrote its fields.
@@ -332,7 +330,7 @@ fn coverage_follows_what_the_registration_names() {
     assert!(unparsed.problem.is_some());
     let too_many = || Broad("too many".into());
     let web = "base=prod/web";
-    let rows: Vec<(&str, &str, &KnownLock, Coverage)> = vec![
+    let rows: Vec<(&str, &str, &LockRef, Coverage)> = vec![
         ("not kept here", "not kept", &l, Sent),
         ("no write confirmed", "", &l, NotYet),
         ("same name, other scope", "base=web,dev/web", &l, NotYet),
@@ -486,7 +484,7 @@ fn a_lock_in_a_namespace_the_selector_leaves_out_is_not_enforced_and_says_where(
     let labels = labelled();
     for ns in ["dev", "bare"] {
         let l = lock(Some(ns), serde_json::json!({}));
-        let registered = opted_in(std::slice::from_ref(&l.key));
+        let registered = opted_in(&[l.key()]);
         let coverage = Coverage::of(Some(&registered), &labels, &l);
         assert_eq!(
             coverage,
@@ -523,7 +521,7 @@ fn a_lock_in_a_namespace_the_selector_leaves_out_is_not_enforced_and_says_where(
     }
     // In a selected namespace, named by the registration: enforced.
     let l = lock(Some("prod"), serde_json::json!({}));
-    let registered = opted_in(std::slice::from_ref(&l.key));
+    let registered = opted_in(&[l.key()]);
     let coverage = Coverage::of(Some(&registered), &labels, &l);
     assert_eq!(coverage, Coverage::Sent);
     assert_eq!(
@@ -548,7 +546,7 @@ fn a_lock_in_a_namespace_the_selector_leaves_out_is_not_enforced_and_says_where(
         "dev".to_owned(),
         Arc::new([("lockable".to_owned(), "true".to_owned())].into()),
     );
-    let registered = opted_in(std::slice::from_ref(&dev.key));
+    let registered = opted_in(&[dev.key()]);
     assert_eq!(
         Coverage::of(Some(&registered), &relabelled, &dev),
         Coverage::Sent
@@ -560,11 +558,7 @@ fn a_lock_in_a_namespace_the_selector_leaves_out_is_not_enforced_and_says_where(
     );
     let new = lock(Some("new"), serde_json::json!({}));
     assert_eq!(
-        Coverage::of(
-            Some(&opted_in(std::slice::from_ref(&new.key))),
-            &labels,
-            &new
-        ),
+        Coverage::of(Some(&opted_in(&[new.key()])), &labels, &new),
         Coverage::NotYet
     );
     // kube-system keeps its own reason.
@@ -587,45 +581,29 @@ fn a_cluster_lock_on_an_unselected_namespace_is_not_enforced_and_others_are() {
             None,
             serde_json::json!({"resources": [{"apiGroups": [""], "resources": ["namespaces"]}]}),
         );
-        l.key.name = name.to_owned();
+        l.name = name.to_owned();
         l
     };
     let dev = on_namespace("dev");
-    let coverage = Coverage::of(
-        Some(&opted_in(std::slice::from_ref(&dev.key))),
-        &labels,
-        &dev,
-    );
+    let coverage = Coverage::of(Some(&opted_in(&[dev.key()])), &labels, &dev);
     assert_eq!(
         desired(&dev, true, &coverage, "cp-1", now()).conditions[0].reason,
         "NamespaceNotSelected"
     );
     let prod = on_namespace("prod");
-    let coverage = Coverage::of(
-        Some(&opted_in(std::slice::from_ref(&prod.key))),
-        &labels,
-        &prod,
-    );
+    let coverage = Coverage::of(Some(&opted_in(&[prod.key()])), &labels, &prod);
     assert_eq!(coverage, Coverage::Sent);
     // A ClusterLock that may cover other cluster-scoped objects named "dev": those are sent.
     let mut any = lock(None, serde_json::json!({}));
-    any.key.name = "dev".to_owned();
+    any.name = "dev".to_owned();
     assert_eq!(
-        Coverage::of(
-            Some(&opted_in(std::slice::from_ref(&any.key))),
-            &labels,
-            &any
-        ),
+        Coverage::of(Some(&opted_in(&[any.key()])), &labels, &any),
         Coverage::Sent
     );
     // A Namespace that does not exist has no labels to leave it out by.
     let missing = on_namespace("missing");
     assert_eq!(
-        Coverage::of(
-            Some(&opted_in(std::slice::from_ref(&missing.key))),
-            &labels,
-            &missing
-        ),
+        Coverage::of(Some(&opted_in(&[missing.key()])), &labels, &missing),
         Coverage::Sent
     );
 }
