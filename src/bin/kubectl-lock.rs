@@ -7,8 +7,7 @@ use std::process::ExitCode;
 
 use kube_object_lock::plugin;
 
-#[tokio::main(flavor = "current_thread")]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     // One crypto provider for the kube client, as in the webhook binary.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let invocation = match plugin::parse(std::env::args_os()) {
@@ -23,7 +22,16 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match plugin::run(invocation).await {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build();
+    let result = match runtime {
+        Ok(runtime) => runtime.block_on(plugin::run(invocation)),
+        Err(e) => Err(plugin::PluginError::Message(format!(
+            "cannot start the async runtime: {e}"
+        ))),
+    };
+    match result {
         Ok(report) => {
             print!("{}", report.stdout);
             for note in report.notes {

@@ -1,6 +1,6 @@
-//! `kubectl lock list`: the Locks of a namespace (or all namespaces) and the ClusterLocks, with
-//! what each covers, whether its target exists, how many instances enforce it (ENFORCED) and how
-//! many refusals its `Blocked` events record (BLOCKED, as far back as the API server keeps events).
+//! `kubectl lock list`: the Locks of a namespace (or all) and the ClusterLocks, with what each
+//! covers, whether its target exists, how many instances enforce it and how many refusals its
+//! `Blocked` events record.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -60,7 +60,6 @@ pub(super) async fn list(
         });
     }
 
-    // Each spec as the webhook reads it: one it cannot read is listed as what fails closed.
     let specs: Vec<LockSpec> = (objects.iter().map(spec::read))
         .map(|(spec, note)| {
             notes.extend(note);
@@ -94,19 +93,16 @@ pub(super) async fn list(
             let row = [
                 namespace.unwrap_or("-").to_owned(),
                 name.clone(),
-                (if namespace.is_some() {
-                    "Lock"
-                } else {
-                    "ClusterLock"
-                })
-                .to_owned(),
+                LockKind::for_namespace(namespace.unwrap_or(""))
+                    .as_str()
+                    .to_owned(),
                 spec::describe_covers(&name, spec),
                 spec::operations(spec),
                 target.to_owned(),
                 owners(o),
                 match unenforced(o, spec) {
                     true => UNENFORCED.to_owned(),
-                    false => spec::mode(spec).to_owned(),
+                    false => format!("{:?}", spec.mode.unwrap_or_default()),
                 },
                 enforced(o),
                 (blocked.as_ref()).map_or("-".to_owned(), |b| {
@@ -142,9 +138,8 @@ pub(super) async fn list(
     })
 }
 
-/// Refusal counts (the sum of the events' series counts) by the uid of the lock they regard:
-/// the events of `namespace` (all when `None`), and of `default`, where the events of
-/// ClusterLocks are. `None` (with a note) when they cannot be read.
+/// Refusal counts by the uid of the lock they regard, from the events of `namespace` (all when
+/// `None`) and of `default`, where ClusterLocks' are; `None` (with a note) when unreadable.
 async fn blocked(
     cluster: &Cluster,
     namespace: Option<&str>,
@@ -205,13 +200,10 @@ fn enforced(lock: &DynamicObject) -> String {
 
 /// The MODE of a lock the webhook never hears of.
 const UNENFORCED: &str = "unenforced";
-
-/// The status reason of a lock in a namespace the registration's namespaceSelector leaves out.
 const NOT_SELECTED: &str = "NamespaceNotSelected";
 
-/// A Lock in a namespace the registration leaves out, or a ClusterLock that can only cover one
-/// of those Namespaces; or a lock whose status says its namespace is not selected (the plugin
-/// cannot read the registration, the instances can).
+/// A lock in (or on) a namespace the registration leaves out, or whose status says its
+/// namespace is not selected (the plugin cannot read the registration, the instances can).
 fn unenforced(lock: &DynamicObject, spec: &LockSpec) -> bool {
     let conditions = lock.data["status"]["conditions"].as_array();
     let not_selected = (conditions.into_iter().flatten())
@@ -228,8 +220,7 @@ fn unenforced(lock: &DynamicObject, spec: &LockSpec) -> bool {
         }
 }
 
-/// TARGET: `exists` or `missing` when the lock names one object that can be looked up, `-`
-/// when it cannot be told (several resources, a selector, discovery or the lookup failed).
+/// TARGET: `exists`, `missing`, or `-` when it cannot be told.
 async fn target_state(
     cluster: &Cluster,
     discovered: &Discovered,
@@ -242,7 +233,6 @@ async fn target_state(
     let namespace = lock.metadata.namespace.as_deref();
     let Some(resource) = discovered.find(&group, &plural) else {
         let unreadable = discovered.failures.iter().any(|(g, _)| *g == group);
-        // Not served at all: no such object can exist.
         return if unreadable { "-" } else { "missing" };
     };
     // A Lock covers namespaced objects only, a ClusterLock cluster-scoped ones only.
@@ -261,8 +251,7 @@ async fn target_state(
     }
 }
 
-/// OWNER: `Job/backup` for each ownerReference (the objects whose deletion deletes the lock),
-/// `-` without any.
+/// OWNER: `Job/backup` for each ownerReference, `-` without any.
 fn owners(lock: &DynamicObject) -> String {
     match lock.metadata.owner_references.as_deref() {
         None | Some([]) => "-".to_owned(),

@@ -53,7 +53,9 @@ pub(super) async fn take(
     if let Some(why) = target.unenforced() {
         let lock = target.lock().to_string();
         if !args.force_unenforced {
-            return Err(PluginError::Unenforced { lock, why });
+            return Err(PluginError::Message(format!(
+                "{lock} would never be enforced: {why} (pass --force-unenforced to create it anyway)"
+            )));
         }
         notes.push(format!("{lock} is not enforced: {why}"));
     }
@@ -64,9 +66,9 @@ pub(super) async fn take(
             .get(&target.name)
             .await
             .map_err(|e| match status_code(&e) {
-                Some(404) => PluginError::TargetMissing {
-                    target: target.to_string(),
-                },
+                Some(404) => PluginError::Message(format!(
+                    "{target} does not exist (lock it anyway with --allow-missing)"
+                )),
                 _ => cluster.failed(&e, format!("cannot read {target}")),
             })?;
         if let Some(waiting) = collector::waiting(&cluster, &target, &object).await {
@@ -169,7 +171,7 @@ async fn caller(cluster: &Cluster) -> Result<Holder, PluginError> {
         .and_then(|u| u.username)
     {
         Some(username) if !username.is_empty() => Ok(Holder::for_user(&username)),
-        _ => Err(PluginError::Usage(
+        _ => Err(PluginError::Message(
             "the API server did not say who you are (kubectl auth whoami): lock with --no-holder"
                 .to_owned(),
         )),
@@ -184,14 +186,14 @@ fn expiry(args: &LockArgs, now: Timestamp) -> Result<Option<Timestamp>, PluginEr
             .then(|| Timestamp::from_second(now.as_second().saturating_add(seconds)).ok())
             .flatten();
         return at.map(Some).ok_or_else(|| {
-            PluginError::Usage(format!(
+            PluginError::Message(format!(
                 "--for {}: must be at least 1s and end before the year 10000",
                 humantime::format_duration(duration)
             ))
         });
     }
     match args.until {
-        Some(until) if until <= now => Err(PluginError::Usage(format!(
+        Some(until) if until <= now => Err(PluginError::Message(format!(
             "--until {until} is in the past (now is {})",
             Timestamp::from_second(now.as_second()).unwrap_or(now)
         ))),
@@ -210,10 +212,7 @@ pub(super) async fn unlock(
     let target = Target::resolve(&cluster, connection, words, &mut notes).await?;
     let lock = target.lock();
     let api = lock.api(cluster.client.clone());
-    let no_lock = |why: String| PluginError::NoLock {
-        target: target.to_string(),
-        why,
-    };
+    let no_lock = |why: String| PluginError::Message(format!("no lock on {target}{why}"));
     let existing = match api.get(&lock.name).await {
         Ok(existing) => existing,
         Err(e) if status_code(&e) == Some(404) => return Err(no_lock(String::new())),
@@ -250,11 +249,10 @@ pub(super) async fn unlock(
         }
         Err(e) if status_code(&e) == Some(404) => Err(no_lock(String::new())),
         Err(e) => Err(match (&lock_spec.holder, status_code(&e)) {
-            (Some(holder), Some(403)) => PluginError::Held {
-                lock: lock.to_string(),
-                holder: holder.to_string(),
-                detail: detail(&e),
-            },
+            (Some(holder), Some(403)) => PluginError::Message(format!(
+                "{lock} is held by {holder}: only its holder, or someone granted the \"unlock\" verb on it, may lift it (kubectl auth whoami says who you are): {}",
+                detail(&e)
+            )),
             _ => cluster.failed(&e, format!("cannot delete {lock}")),
         }),
     }

@@ -25,8 +25,7 @@ pub use cli::{Invocation, LockCommand, one_line, parse};
 use discovery::{Discovered, ResolveError, ResourceArg, ResourceType};
 pub use error::PluginError;
 
-/// What a successful command prints: stdout, one-line notes for stderr, and the exit status (0,
-/// or the command's with `kubectl lock ... -- COMMAND`).
+/// What a successful command prints: stdout, notes for stderr, and the exit status.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Report {
     pub stdout: String,
@@ -52,8 +51,6 @@ pub async fn run(invocation: Invocation) -> Result<Report, PluginError> {
     }
 }
 
-/// What `kubectl lock completion SHELL` prints: both command names' completion, or kubectl's
-/// plugin completion program.
 fn completion(shell: cli::PluginShell) -> String {
     use crate::cli::generate::{self, Shell};
     let (lock, unlock) = (cli::LockCli::command(), cli::UnlockCli::command());
@@ -72,15 +69,16 @@ fn man_pages(dir: &std::path::Path) -> Result<Report, PluginError> {
     use crate::cli::generate::write_man_pages;
     write_man_pages(cli::LockCli::command(), dir)
         .and_then(|()| write_man_pages(cli::UnlockCli::command(), dir))
-        .map_err(|error| PluginError::ManPages {
-            dir: dir.display().to_string(),
-            error,
+        .map_err(|e| {
+            PluginError::Message(format!(
+                "cannot write the man pages into {}: {e}",
+                dir.display()
+            ))
         })?;
     Ok(Report::default())
 }
 
-/// A client for the cluster named by the flags, the kubeconfig or the in-cluster account; `url`
-/// for messages.
+/// A client for the cluster the flags, the kubeconfig or the in-cluster account name.
 struct Cluster {
     client: kube::Client,
     url: String,
@@ -91,18 +89,18 @@ impl Cluster {
     async fn connect(args: &ConnectionArgs) -> Result<Cluster, PluginError> {
         let config = kubeconfig::load(args.kubeconfig.as_deref(), args.context.as_deref())
             .await
-            .map_err(|e| match e {
-                KubeconfigError::NoConfig(message) => PluginError::NoConfig(message),
-                KubeconfigError::File { .. } => PluginError::Kubeconfig(format!(" {e}")),
-                KubeconfigError::Context(message) => {
-                    PluginError::Kubeconfig(format!(": {message}"))
-                }
+            .map_err(|e| {
+                PluginError::Message(match e {
+                    KubeconfigError::NoConfig(m) => format!("no cluster configured (--kubeconfig, KUBECONFIG, ~/.kube/config or in-cluster): {m}"),
+                    KubeconfigError::File { .. } => format!("cannot load the kubeconfig {e}"),
+                    KubeconfigError::Context(m) => format!("cannot load the kubeconfig: {m}"),
+                })
             })?;
         let url = config.cluster_url.to_string();
         let url = url.strip_suffix('/').unwrap_or(&url).to_owned();
         let default_namespace = config.default_namespace.clone();
         let client = kubeconfig::client(config, error::detail)
-            .map_err(|message| PluginError::Kubeconfig(format!(": {message}")))?;
+            .map_err(|m| PluginError::Message(format!("cannot load the kubeconfig: {m}")))?;
         Ok(Cluster {
             client,
             url,
@@ -159,7 +157,8 @@ impl Cluster {
     }
 }
 
-/// One object; `namespace` is `None` when it is cluster-scoped.
+/// One object; `namespace` is `None` when it is cluster-scoped. Displayed as
+/// `deployments.apps "web" in namespace "prod"`.
 struct Target {
     resource: ResourceType,
     name: String,
@@ -177,9 +176,10 @@ impl Target {
         let (resource, name) = parse_target(words)?;
         let resource = cluster.resolve(&resource).await?;
         if resource.is_lock() {
-            return Err(PluginError::LockingALock {
-                resource: resource.qualified(),
-            });
+            return Err(PluginError::Message(format!(
+                "{} cannot be locked: locks are never locked, so unlocking never waits on the webhook",
+                resource.qualified()
+            )));
         }
         let namespace = if resource.namespaced {
             Some(cluster.namespace(args))
@@ -199,8 +199,7 @@ impl Target {
         })
     }
 
-    /// Why a lock on this object is never enforced: it is in (or is) a namespace that the
-    /// webhook registration leaves out.
+    /// Why a lock on it is never enforced: it is in (or is) a namespace the registration leaves out.
     fn unenforced(&self) -> Option<String> {
         let is_namespace = self.resource.group.is_empty() && self.resource.plural == "namespaces";
         let namespace = match &self.namespace {
@@ -222,7 +221,6 @@ impl Target {
     }
 }
 
-/// `deployments.apps "web" in namespace "prod"`, `namespaces "prod"`.
 impl std::fmt::Display for Target {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{} \"{}\"", self.resource.qualified(), self.name)?;
@@ -240,7 +238,7 @@ fn parse_target(words: &[String]) -> Result<(ResourceArg, String), PluginError> 
         _ => ("", ""),
     };
     if resource.is_empty() || name.is_empty() || name.contains('/') {
-        return Err(PluginError::Usage(format!(
+        return Err(PluginError::Message(format!(
             "expected RESOURCE/NAME or RESOURCE NAME (such as deploy/web), got \"{}\"",
             words.join(" ")
         )));

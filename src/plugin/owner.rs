@@ -17,7 +17,7 @@ pub(super) async fn resolve(
     target: &Target,
     operations: &[LockOperation],
 ) -> Result<OwnerReference, PluginError> {
-    let usage = |why: String| PluginError::Usage(format!("--owner {text}: {why}"));
+    let usage = |why: String| PluginError::Message(format!("--owner {text}: {why}"));
     let (arg, name) = parse_target(&[text.to_owned()])
         .map_err(|_| usage("expected KIND/NAME (such as job/backup)".to_owned()))?;
     let resource = cluster.resolve(&arg).await.map_err(|e| match e {

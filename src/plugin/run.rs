@@ -41,9 +41,8 @@ pub(super) async fn run(
 ) -> Result<Report, PluginError> {
     let lease_length = args.lease.unwrap_or(lease::DEFAULT_LEASE);
     let mut signals = Signals::listen().map_err(|e| {
-        let detail = e.to_string();
-        let command = "the signal handlers".to_owned();
-        not_run(NOT_TAKEN, PluginError::CannotRun { command, detail })
+        let error = PluginError::Message(format!("cannot run the signal handlers: {e}"));
+        not_run(NOT_TAKEN, error)
     })?;
     let clock = Clock::start();
     let first_expiry = Instant::now() + lease_length;
@@ -86,7 +85,7 @@ pub(super) async fn run(
             remove_or_tell(created.as_ref()).await;
             return Err(not_run(
                 signal_status(signal),
-                PluginError::Interrupted(signal_name(signal)),
+                PluginError::Message(format!("interrupted by {}", signal_name(signal))),
             ));
         }
     };
@@ -110,10 +109,7 @@ pub(super) async fn run(
                 io::ErrorKind::NotFound => NOT_FOUND,
                 _ => CANNOT_EXECUTE,
             };
-            let error = PluginError::CannotRun {
-                command,
-                detail: e.to_string(),
-            };
+            let error = PluginError::Message(format!("cannot run {command}: {e}"));
             return Err(not_run(code, error));
         }
     };
