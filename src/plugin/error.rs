@@ -83,7 +83,7 @@ pub fn detail(error: &kube::Error) -> String {
     one_line(&crate::retry::error_chain(error))
 }
 
-fn one_line(text: &str) -> String {
+pub fn one_line(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 

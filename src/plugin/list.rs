@@ -11,7 +11,7 @@ use kube::api::{Api, DynamicObject, ListParams};
 
 use super::cli::{ConnectionArgs, ListArgs};
 use super::discovery::Discovered;
-use super::error::{detail, status_code};
+use super::error::{detail, one_line, status_code};
 use super::{Cluster, PluginError, Report, owner, spec};
 use crate::api::{self, LockKind, LockSpec};
 use crate::events::{BLOCKED, REPORTING_CONTROLLER};
@@ -53,11 +53,7 @@ pub(super) async fn list(
             Some(ns) => format!("no Locks in namespace \"{ns}\" and no ClusterLocks"),
             None => "no Locks and no ClusterLocks".to_owned(),
         });
-        return Ok(Report {
-            stdout: String::new(),
-            notes,
-            exit_code: 0,
-        });
+        return Report::ok(String::new(), notes);
     }
 
     let specs: Vec<LockSpec> = (objects.iter().map(spec::read))
@@ -85,57 +81,50 @@ pub(super) async fn list(
     let now = Timestamp::now();
     let header = "NAMESPACE NAME KIND COVERS OPERATIONS TARGET OWNER MODE ENFORCED BLOCKED EXPIRES HOLDER REASON";
     let skip = usize::from(!args.all_namespaces);
-    let rows: Vec<Vec<String>> = (objects.iter().zip(&specs).zip(targets))
-        .map(|((o, spec), target)| {
-            let name = o.metadata.name.clone().unwrap_or_default();
-            let namespace = o.metadata.namespace.as_deref();
-            let uid = o.metadata.uid.as_deref().unwrap_or_default();
-            let row = [
-                namespace.unwrap_or("-").to_owned(),
-                name.clone(),
-                LockKind::for_namespace(namespace.unwrap_or(""))
-                    .as_str()
-                    .to_owned(),
-                spec::describe_covers(&name, spec),
-                spec::operations(spec),
-                target.to_owned(),
-                owners(o),
-                match unenforced(o, spec) {
-                    true => UNENFORCED.to_owned(),
-                    false => format!("{:?}", spec.mode.unwrap_or_default()),
-                },
-                enforced(o),
-                (blocked.as_ref()).map_or("-".to_owned(), |b| {
-                    b.get(uid).copied().unwrap_or(0).to_string()
-                }),
-                spec::time_left(spec, now),
-                (spec.holder.as_ref()).map_or("-".to_owned(), spec::holder_cell),
-                (spec.reason.as_deref().unwrap_or_default())
-                    .split_whitespace()
-                    .collect::<Vec<_>>()
-                    .join(" "),
-            ];
-            // Every cell is the Lock's own text: a reason or holder may carry control characters.
-            (row.into_iter().skip(skip))
-                .map(|cell| api::escape(&cell).into_owned())
-                .collect()
-        })
-        .collect();
-    let marked = objects
-        .iter()
-        .zip(&specs)
-        .any(|(o, spec)| unenforced(o, spec));
+    let mut marked = false;
+    let header = header.split(' ').skip(skip).map(str::to_owned).collect();
+    let rows = (objects.iter().zip(&specs).zip(targets)).map(|((o, spec), target)| {
+        let name = o.metadata.name.clone().unwrap_or_default();
+        let namespace = o.metadata.namespace.as_deref();
+        let uid = o.metadata.uid.as_deref().unwrap_or_default();
+        let row = [
+            namespace.unwrap_or("-").to_owned(),
+            name.clone(),
+            LockKind::for_namespace(namespace.unwrap_or(""))
+                .as_str()
+                .to_owned(),
+            spec::describe_covers(&name, spec),
+            spec::operations(spec),
+            target.to_owned(),
+            owners(o),
+            match unenforced(o, spec) {
+                true => {
+                    marked = true;
+                    UNENFORCED.to_owned()
+                }
+                false => format!("{:?}", spec.mode.unwrap_or_default()),
+            },
+            enforced(o),
+            (blocked.as_ref()).map_or("-".to_owned(), |b| {
+                b.get(uid).copied().unwrap_or(0).to_string()
+            }),
+            spec::time_left(spec, now),
+            (spec.holder.as_ref()).map_or("-".to_owned(), spec::holder_cell),
+            one_line(spec.reason.as_deref().unwrap_or_default()),
+        ];
+        // Every cell is the Lock's own text: a reason or holder may carry control characters.
+        (row.into_iter().skip(skip))
+            .map(|cell| api::escape(&cell).into_owned())
+            .collect()
+    });
+    let rows: Vec<Vec<String>> = std::iter::once(header).chain(rows).collect();
     if marked {
         notes.push(format!(
             "locks marked {UNENFORCED} are not enforced: the webhook registration leaves out {}, and the namespaces its namespaceSelector does not select (status reason {NOT_SELECTED})",
             api::EXCLUDED_NAMESPACES.join(" and ")
         ));
     }
-    Ok(Report {
-        stdout: table(&header.split(' ').skip(skip).collect::<Vec<_>>(), &rows),
-        notes,
-        exit_code: 0,
-    })
+    Report::ok(table(&rows), notes)
 }
 
 /// Refusal counts by the uid of the lock they regard, from the events of `namespace` (all when
@@ -261,22 +250,19 @@ fn owners(lock: &DynamicObject) -> String {
     }
 }
 
-/// Columns separated by three spaces, as kubectl prints them.
-fn table(header: &[&str], rows: &[Vec<String>]) -> String {
-    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+/// Columns separated by three spaces, as kubectl prints them; the first row is the header.
+fn table(rows: &[Vec<String>]) -> String {
+    let mut widths = vec![0; rows.first().map_or(0, Vec::len)];
     for row in rows {
         for (width, cell) in widths.iter_mut().zip(row) {
             *width = (*width).max(cell.chars().count());
         }
     }
-    let header: Vec<String> = header.iter().map(|h| h.to_string()).collect();
     let mut out = String::new();
-    for row in std::iter::once(&header).chain(rows) {
-        let mut line = String::new();
-        for (cell, width) in row.iter().zip(&widths) {
-            line.push_str(cell);
-            line.extend(std::iter::repeat_n(' ', width - cell.chars().count() + 3));
-        }
+    for row in rows {
+        let line: String = (row.iter().zip(&widths))
+            .map(|(cell, width)| format!("{cell:<width$}   "))
+            .collect();
         out.push_str(line.trim_end());
         out.push('\n');
     }
@@ -376,6 +362,7 @@ mod tests {
     #[test]
     fn columns_line_up() {
         let rows = vec![
+            vec!["NAME".to_owned(), "KIND".to_owned(), "REASON".to_owned()],
             vec!["web".to_owned(), "Lock".to_owned(), "".to_owned()],
             vec![
                 "a-long-name".to_owned(),
@@ -384,7 +371,7 @@ mod tests {
             ],
         ];
         assert_eq!(
-            table(&["NAME", "KIND", "REASON"], &rows),
+            table(&rows),
             "NAME          KIND          REASON\n\
              web           Lock\n\
              a-long-name   ClusterLock   why not\n"

@@ -16,8 +16,7 @@ use super::{Cluster, PluginError, Report, Target, collector};
 use crate::admission::decide;
 use crate::api::{Holder, LockKey, LockOperation, LockSpec};
 
-/// A lock held while a command runs (`kubectl lock ... -- COMMAND`): `expires_at` is one lease
-/// from now, and `created` is told the lock as soon as it exists, before it is confirmed.
+/// A lock held while a command runs: `created` is told the lock as soon as it exists.
 pub(super) struct Held<'a> {
     pub lease: Duration,
     pub expires_at: Timestamp,
@@ -32,8 +31,7 @@ pub(super) struct Created {
     pub uid: String,
 }
 
-/// Creates the lock of the object `args.target` names and waits until it is in force (unless
-/// `--wait=false`); `held`: with a lease as `expiresAt` rather than `--for`/`--until`.
+/// Creates the lock of `args.target` and waits until it is in force (unless `--wait=false`).
 pub(super) async fn take(
     connection: &ConnectionArgs,
     args: &LockArgs,
@@ -146,15 +144,10 @@ pub(super) async fn take(
         ),
     };
     let stdout = format!("locked {target} with {lock} ({summary}{owned}){reason}{confirmed}\n");
-    Ok(Report {
-        stdout,
-        notes,
-        exit_code: 0,
-    })
+    Report::ok(stdout, notes)
 }
 
-/// The caller as a lock's `spec.holder`: the API server's own answer (`kubectl auth whoami`),
-/// so the holder written is exactly what the lock policy compares on create.
+/// The caller as the API server says (`kubectl auth whoami`), as the lock policy compares it.
 async fn caller(cluster: &Cluster) -> Result<Holder, PluginError> {
     let review = Api::<SelfSubjectReview>::all(cluster.client.clone())
         .create(&PostParams::default(), &SelfSubjectReview::default())
@@ -201,7 +194,6 @@ fn expiry(args: &LockArgs, now: Timestamp) -> Result<Option<Timestamp>, PluginEr
     }
 }
 
-/// Deletes the lock of the object `words` name, if it covers that object.
 pub(super) async fn unlock(
     connection: &ConnectionArgs,
     words: &[String],
@@ -229,23 +221,17 @@ pub(super) async fn unlock(
         return Err(no_lock(why));
     }
     // Delete the lock that was checked, not one created since under the same name.
-    let params = DeleteParams {
-        preconditions: existing.metadata.uid.clone().map(|uid| Preconditions {
-            uid: Some(uid),
-            resource_version: None,
-        }),
-        ..DeleteParams::default()
-    };
+    let uid = existing.metadata.uid.clone();
+    let params = DeleteParams::default().preconditions(Preconditions {
+        uid,
+        ..Default::default()
+    });
     match api.delete(&lock.name, &params).await {
         Ok(_) => {
             if let Some(note) = after_unlock(&cluster, &target, no_nudge).await {
                 notes.push(note);
             }
-            Ok(Report {
-                stdout: format!("unlocked {target} (deleted {lock})\n"),
-                notes,
-                exit_code: 0,
-            })
+            Report::ok(format!("unlocked {target} (deleted {lock})\n"), notes)
         }
         Err(e) if status_code(&e) == Some(404) => Err(no_lock(String::new())),
         Err(e) => Err(match (&lock_spec.holder, status_code(&e)) {
@@ -258,8 +244,8 @@ pub(super) async fn unlock(
     }
 }
 
-/// What the garbage collector does with the object now that it is unlocked: if it was waiting
-/// to delete it, a note, and unless `no_nudge`, a prompt to look again at once.
+/// If the garbage collector was waiting to delete the object, a note, and unless `no_nudge`, a
+/// prompt to look again at once.
 async fn after_unlock(cluster: &Cluster, target: &Target, no_nudge: bool) -> Option<String> {
     let api = cluster.api(&target.resource.api_resource(), target.namespace.as_deref());
     let object = api.get(&target.name).await.ok()?;

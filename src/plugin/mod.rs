@@ -1,7 +1,5 @@
-//! `kubectl lock` and `kubectl unlock` (one binary, told apart by the name it runs as): lock one
-//! object by creating its `Lock` (or `ClusterLock`), unlock it by deleting that lock, list the
-//! locks. Invariant: a spec is the crate's [`crate::api::LockSpec`] and what it covers is the
-//! webhook's own [`crate::admission::decide::covers_resource`].
+//! `kubectl lock` and `kubectl unlock` (one binary, told apart by the name it runs as): lock an
+//! object by creating its `Lock` (or `ClusterLock`), unlock it by deleting that, list the locks.
 
 pub mod cli;
 mod collector;
@@ -33,14 +31,21 @@ pub struct Report {
     pub exit_code: u8,
 }
 
+impl Report {
+    fn ok(stdout: String, notes: Vec<String>) -> Result<Report, PluginError> {
+        Ok(Report {
+            stdout,
+            notes,
+            exit_code: 0,
+        })
+    }
+}
+
 pub async fn run(invocation: Invocation) -> Result<Report, PluginError> {
     match invocation {
         Invocation::Lock(cli) => match cli.command {
             Some(LockCommand::List(args)) => list::list(&cli.connection, &args).await,
-            Some(LockCommand::Completion(args)) => Ok(Report {
-                stdout: completion(args.shell),
-                ..Report::default()
-            }),
+            Some(LockCommand::Completion(args)) => Report::ok(completion(args.shell), vec![]),
             Some(LockCommand::Man(args)) => man_pages(&args.dir),
             None if cli.lock.command.is_empty() => {
                 lock::take(&cli.connection, &cli.lock, None).await
@@ -166,7 +171,6 @@ struct Target {
 }
 
 impl Target {
-    /// The object `words` name (`RESOURCE/NAME`, or `RESOURCE NAME`), resolved.
     async fn resolve(
         cluster: &Cluster,
         args: &ConnectionArgs,

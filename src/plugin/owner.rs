@@ -1,6 +1,5 @@
-//! `--owner KIND/NAME`: the `ownerReference` that makes the garbage collector delete the lock
-//! with that object. Invariant: the owner's uid is read from the API; `controller` and
-//! `blockOwnerDeletion` are never set.
+//! `--owner KIND/NAME`: the `ownerReference` by which the garbage collector deletes the lock with
+//! that object; its uid read from the API, never `controller` nor `blockOwnerDeletion`.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
@@ -9,8 +8,6 @@ use super::error::status_code;
 use super::{Cluster, PluginError, Target, parse_target};
 use crate::api::LockOperation;
 
-/// The ownerReference to the object `text` (`KIND/NAME`) names, for the lock of `target`: in
-/// the target's namespace, or cluster-scoped; a ClusterLock takes cluster-scoped owners only.
 pub(super) async fn resolve(
     cluster: &Cluster,
     text: &str,
@@ -55,7 +52,7 @@ pub(super) async fn resolve(
     }
 }
 
-/// The owner, in the target's namespace or cluster-scoped; or why it cannot own the lock.
+/// The owner, in the target's namespace or cluster-scoped (only, for a ClusterLock).
 fn placed(resource: ResourceType, name: String, target: &Target) -> Result<Target, String> {
     let namespace = match (resource.namespaced, &target.namespace) {
         (false, _) => None,
@@ -75,7 +72,6 @@ fn placed(resource: ResourceType, name: String, target: &Target) -> Result<Targe
     })
 }
 
-/// Whether the owner is the locked object and the lock refuses deleting it.
 fn refuses_own_deletion(owner: &Target, target: &Target, operations: &[LockOperation]) -> bool {
     let same = owner.resource.group == target.resource.group
         && owner.resource.plural == target.resource.plural
@@ -84,7 +80,6 @@ fn refuses_own_deletion(owner: &Target, target: &Target, operations: &[LockOpera
     same && (operations.is_empty() || operations.contains(&LockOperation::Delete))
 }
 
-/// `Job/backup`, as `kubectl lock` and `kubectl lock list` show an owner.
 pub(super) fn short(reference: &OwnerReference) -> String {
     format!("{}/{}", reference.kind, reference.name)
 }
