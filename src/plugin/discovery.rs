@@ -186,28 +186,14 @@ pub async fn discover(
     let wanted = |group: &str| groups.is_none_or(|g| g.contains(group));
     let mut documents: Vec<(String, bool)> = vec![];
     if wanted("") {
-        for (i, version) in client
-            .list_core_api_versions()
-            .await?
-            .versions
-            .iter()
-            .enumerate()
-        {
-            documents.push((version.clone(), i == 0));
-        }
+        let versions = client.list_core_api_versions().await?.versions;
+        documents.extend(versions.into_iter().enumerate().map(|(i, v)| (v, i == 0)));
     }
     if groups.is_none_or(|g| g.iter().any(|g| !g.is_empty())) {
         for group in client.list_api_groups().await?.groups {
-            if !wanted(&group.name) {
-                continue;
-            }
-            let preferred = group
-                .preferred_version
-                .as_ref()
-                .or(group.versions.first())
-                .map(|v| v.group_version.clone());
-            for version in &group.versions {
-                let is_preferred = preferred.as_ref() == Some(&version.group_version);
+            let preferred = group.preferred_version.as_ref().or(group.versions.first());
+            for version in group.versions.iter().filter(|_| wanted(&group.name)) {
+                let is_preferred = preferred == Some(version);
                 if all_versions || is_preferred {
                     documents.push((version.group_version.clone(), is_preferred));
                 }

@@ -18,14 +18,9 @@ pub enum PluginError {
     /// Any other failure, worded already.
     #[error("{0}")]
     Message(String),
-    /// `hint`: the discovery documents that could not be read, if any.
-    #[error("the server doesn't have a resource type \"{resource}\"{hint}")]
-    UnknownResource { resource: String, hint: String },
-    #[error("resource type \"{resource}\" is ambiguous: it may be {candidates}; name one of them")]
-    Ambiguous {
-        resource: String,
-        candidates: String,
-    },
+    /// A resource type that names none, or several.
+    #[error("{0}")]
+    Resource(String),
     /// `scope`: ` -n prod`, or empty for a ClusterLock.
     #[error("{lock} already exists (see kubectl lock list{scope}; kubectl unlock removes it)")]
     AlreadyLocked { lock: String, scope: String },

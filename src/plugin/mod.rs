@@ -135,23 +135,27 @@ impl Cluster {
         let discovered = self
             .discover(arg.groups().as_ref(), arg.has_version())
             .await?;
-        match discovery::resolve(arg, &discovered.types) {
-            Ok(resource) => Ok(resource.clone()),
-            Err(ResolveError::Ambiguous(candidates)) => Err(PluginError::Ambiguous {
-                resource: arg.text.clone(),
-                candidates: candidates.join(", "),
-            }),
-            Err(ResolveError::Unknown) => Err(PluginError::UnknownResource {
-                resource: arg.text.clone(),
-                hint: match discovered.failures.as_slice() {
-                    [] => String::new(),
-                    failures => {
-                        let failures: Vec<_> = failures.iter().map(|(_, m)| m.as_str()).collect();
-                        format!(" (discovery failed for {})", failures.join("; "))
-                    }
-                },
-            }),
-        }
+        let failures: Vec<_> = discovered
+            .failures
+            .iter()
+            .map(|(_, m)| m.as_str())
+            .collect();
+        let text = &arg.text;
+        discovery::resolve(arg, &discovered.types)
+            .cloned()
+            .map_err(|e| PluginError::Resource(match e {
+                ResolveError::Ambiguous(candidates) => format!(
+                    "resource type \"{text}\" is ambiguous: it may be {}; name one of them",
+                    candidates.join(", ")
+                ),
+                ResolveError::Unknown if failures.is_empty() => {
+                    format!("the server doesn't have a resource type \"{text}\"")
+                }
+                ResolveError::Unknown => format!(
+                    "the server doesn't have a resource type \"{text}\" (discovery failed for {})",
+                    failures.join("; ")
+                ),
+            }))
     }
 
     fn api(&self, resource: &ApiResource, namespace: Option<&str>) -> Api<DynamicObject> {

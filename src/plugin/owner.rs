@@ -18,9 +18,7 @@ pub(super) async fn resolve(
     let (arg, name) = parse_target(&[text.to_owned()])
         .map_err(|_| usage("expected KIND/NAME (such as job/backup)".to_owned()))?;
     let resource = cluster.resolve(&arg).await.map_err(|e| match e {
-        e @ (PluginError::UnknownResource { .. } | PluginError::Ambiguous { .. }) => {
-            usage(e.to_string())
-        }
+        PluginError::Resource(why) => usage(why),
         other => other,
     })?;
     let owner = placed(resource, name, target).map_err(usage)?;
