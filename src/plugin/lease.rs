@@ -66,19 +66,15 @@ fn retry(lease: Duration) -> Duration {
 pub async fn keep<R: Renew + Clone>(
     lease: Duration,
     clock: Clock,
-    expires: Instant,
+    mut expires: Instant,
     mut created: watch::Receiver<Option<R>>,
     mut notify: impl FnMut(Notice),
 ) -> String {
-    let renewer = match created.wait_for(Option::is_some).await {
-        Ok(renewer) => renewer.clone(),
-        Err(_) => None,
-    };
-    let Some(mut renewer) = renewer else {
+    let renewer = created.wait_for(Option::is_some).await.ok();
+    let Some(mut renewer) = renewer.and_then(|r| r.clone()) else {
         // The sender is gone without a lock: nothing to renew, ever.
         return std::future::pending().await;
     };
-    let mut expires = expires;
     let period = lease / 3;
     let mut next = expires - lease + period;
     // Told Failing or Lapsed since the last success.
