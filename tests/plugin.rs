@@ -673,14 +673,34 @@ async fn bad_input_is_one_line() {
     assert!(run.error(1).contains("nope"), "{run:?}");
 }
 
-/// `help` prints the help, also without any cluster configured.
+/// `help` and `--help` print the help, without any cluster configured.
 #[tokio::test(flavor = "multi_thread")]
 async fn help_needs_no_cluster() {
-    for args in [&["help"][..], &["help", "list"]] {
+    for (args, texts) in [
+        (&["help"][..], &["Usage:"][..]),
+        (&["help", "list"], &["Usage:", "--all-namespaces"]),
+        (
+            &["--help"],
+            &[
+                "kubectl lock",
+                "--allow-missing",
+                "--exempt-user",
+                "Examples:",
+                "ClusterLock",
+            ],
+        ),
+    ] {
         let run = run_without_env(args).await;
         assert_eq!(run.code, 0, "{args:?}: {run:?}");
-        assert!(run.stdout.contains("Usage:"), "{args:?}: {run:?}");
+        assert!(
+            texts.iter().all(|t| run.stdout.contains(t)),
+            "{args:?}: {run:?}"
+        );
     }
+    let c = Cluster::start().await;
+    let help = c.unlock(&["--help"]).await;
+    assert!(help.ok().contains("kubectl unlock"), "{help:?}");
+    assert!(c.api.request_log().is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -695,27 +715,6 @@ async fn an_unreachable_api_server_is_one_line() {
     ] {
         assert!(run.error(1).starts_with(&expected), "{run:?}");
     }
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn help_explains_the_commands() {
-    let c = Cluster::start().await;
-    let run = c.lock(&["--help"]).await;
-    let help = run.ok();
-    for text in [
-        "kubectl lock",
-        "--allow-missing",
-        "--exempt-user",
-        "Examples:",
-        "ClusterLock",
-    ] {
-        assert!(help.contains(text), "{text}: {help}");
-    }
-    let help = c.lock(&["list", "--help"]).await;
-    assert!(help.ok().contains("--all-namespaces"), "{help:?}");
-    let help = c.unlock(&["--help"]).await;
-    assert!(help.ok().contains("kubectl unlock"), "{help:?}");
-    assert!(c.api.request_log().is_empty());
 }
 
 /// `kubectl-lock ARGS` started in the background, as a shell starts a command.

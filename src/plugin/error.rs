@@ -43,11 +43,9 @@ impl PluginError {
         match error {
             kube::Error::HyperError(_) | kube::Error::Service(_) => {
                 // The deepest cause: "Connection refused (os error 111)", not "client error".
-                let mut e: &dyn std::error::Error = error;
-                while let Some(source) = e.source() {
-                    e = source;
-                }
-                let detail = one_line(&e.to_string());
+                let causes =
+                    std::iter::successors(Some(error as &dyn std::error::Error), |e| e.source());
+                let detail = one_line(&causes.last().map(ToString::to_string).unwrap_or_default());
                 PluginError::Message(format!("cannot reach the API server at {url}: {detail}"))
             }
             _ => PluginError::Api {
