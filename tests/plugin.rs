@@ -717,6 +717,27 @@ async fn an_unreachable_api_server_is_one_line() {
     }
 }
 
+/// A runtime that cannot start (no descriptor left for its driver, or for the pipe of its signal
+/// driver, where tokio panics) is one error line and exit status 1.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_runtime_that_cannot_start_is_one_line() {
+    for limit in [5, 6] {
+        let script = format!("ulimit -n {limit}; exec {LOCK_BIN} deploy/web");
+        let run = run(
+            Path::new("/bin/sh"),
+            &["-c", &script],
+            Path::new("/nonexistent"),
+        )
+        .await;
+        let line = run.error(1);
+        assert!(
+            line.starts_with("error: cannot start the async runtime: "),
+            "{run:?}"
+        );
+        assert!(line.contains("Too many open files"), "{run:?}");
+    }
+}
+
 /// `kubectl-lock ARGS` started in the background, as a shell starts a command.
 fn start(c: &Cluster, args: &[&str]) -> std::process::Child {
     spawn(Path::new(LOCK_BIN), args, &c.kubeconfig())
