@@ -66,10 +66,10 @@ pub(super) async fn confirm(
                 },
             },
             Err(e) if status_code(&e) == Some(404) => {
-                return Err(PluginError::Api {
-                    action: format!("{lock} was deleted while waiting for it to be in force"),
-                    detail: detail(&e),
-                });
+                return Err(PluginError::Message(format!(
+                    "{lock} was deleted while waiting for it to be in force: {}",
+                    detail(&e)
+                )));
             }
             Err(e) => format!(
                 "the dry run could not be made: cannot read {lock}: {}",
@@ -89,13 +89,11 @@ fn untried(n: usize) -> String {
 }
 
 fn not_in_force(lock: &LockKey, waited: Option<Duration>, reason: String) -> PluginError {
-    PluginError::NotInForce {
-        lock: lock.to_string(),
-        waited: waited
-            .map(|w| format!(" after {}", humantime::format_duration(w)))
-            .unwrap_or_default(),
-        reason,
-    }
+    let waited =
+        (waited.map(|w| format!(" after {}", humantime::format_duration(w)))).unwrap_or_default();
+    PluginError::NotInForce(format!(
+        "{lock} was created but is not in force{waited} (it stays; kubectl unlock removes it): {reason}"
+    ))
 }
 
 /// What the lock's status says; `Try(n)`: enforced by `n` instances, try the dry run.

@@ -1,29 +1,18 @@
 //! Errors of the plugin: each is one line, naming the flag, object or lock concerned.
 
-/// Why `kubectl lock` or `kubectl unlock` failed. Variants are those a caller tells apart.
+/// Why `kubectl lock` or `kubectl unlock` failed, worded already; variants are those a caller
+/// tells apart.
 #[derive(Debug, thiserror::Error)]
 pub enum PluginError {
-    /// `waited` is ` after 10s` or empty.
-    #[error(
-        "{lock} was created but is not in force{waited} (it stays; kubectl unlock removes it): {reason}"
-    )]
-    NotInForce {
-        lock: String,
-        waited: String,
-        reason: String,
-    },
-    /// `action`: what was attempted ("cannot create Lock prod/web").
-    #[error("{action}: {detail}")]
-    Api { action: String, detail: String },
-    /// Any other failure, worded already.
     #[error("{0}")]
     Message(String),
     /// A resource type that names none, or several.
     #[error("{0}")]
     Resource(String),
-    /// `scope`: ` -n prod`, or empty for a ClusterLock.
-    #[error("{lock} already exists (see kubectl lock list{scope}; kubectl unlock removes it)")]
-    AlreadyLocked { lock: String, scope: String },
+    #[error("{0}")]
+    AlreadyLocked(String),
+    #[error("{0}")]
+    NotInForce(String),
     /// `kubectl lock ... -- COMMAND` did not run the command; `code` is the exit status.
     #[error("{error}; the command was not run")]
     NotRun { code: u8, error: Box<PluginError> },
@@ -38,7 +27,8 @@ impl PluginError {
         }
     }
 
-    /// `Unreachable` when the request never got an answer, else `Api` with the server's message.
+    /// `action` ("cannot create Lock prod/web") and the server's message, or that the API server
+    /// never answered.
     pub fn api(error: &kube::Error, url: &str, action: impl Into<String>) -> PluginError {
         match error {
             kube::Error::HyperError(_) | kube::Error::Service(_) => {
@@ -48,10 +38,7 @@ impl PluginError {
                 let detail = one_line(&causes.last().map(ToString::to_string).unwrap_or_default());
                 PluginError::Message(format!("cannot reach the API server at {url}: {detail}"))
             }
-            _ => PluginError::Api {
-                action: action.into(),
-                detail: detail(error),
-            },
+            _ => PluginError::Message(format!("{}: {}", action.into(), detail(error))),
         }
     }
 }

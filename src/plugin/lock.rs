@@ -110,12 +110,13 @@ pub(super) async fn take(
         }
         Err(e) => {
             return Err(match status_code(&e) {
-                Some(409) => PluginError::AlreadyLocked {
-                    scope: (lock.namespace.as_ref())
-                        .map(|ns| format!(" -n {ns}"))
-                        .unwrap_or_default(),
-                    lock: lock.to_string(),
-                },
+                Some(409) => {
+                    let scope = (lock.namespace.as_ref()).map(|ns| format!(" -n {ns}"));
+                    PluginError::AlreadyLocked(format!(
+                        "{lock} already exists (see kubectl lock list{}; kubectl unlock removes it)",
+                        scope.unwrap_or_default()
+                    ))
+                }
                 _ => cluster.failed(&e, format!("cannot create {lock}")),
             });
         }

@@ -40,10 +40,9 @@ pub(super) async fn resolve(
                 controller: None,
                 block_owner_deletion: None,
             }),
-            None => Err(PluginError::Api {
-                action: format!("cannot own the lock by {owner}"),
-                detail: "the API server returned it without a uid".to_owned(),
-            }),
+            None => Err(PluginError::Message(format!(
+                "cannot own the lock by {owner}: the API server returned it without a uid"
+            ))),
         },
         Err(e) if status_code(&e) == Some(404) => Err(usage(format!("{owner} does not exist"))),
         Err(e) => Err(cluster.failed(&e, format!("cannot read the owner {owner}"))),

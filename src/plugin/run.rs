@@ -69,8 +69,8 @@ pub(super) async fn run(
         Ok(Ok(report)) => report,
         Ok(Err(e)) => {
             let code = match &e {
-                PluginError::AlreadyLocked { .. } => ALREADY_LOCKED,
-                PluginError::NotInForce { .. } => NOT_IN_FORCE,
+                PluginError::AlreadyLocked(_) => ALREADY_LOCKED,
+                PluginError::NotInForce(_) => NOT_IN_FORCE,
                 _ => NOT_TAKEN,
             };
             remove_or_tell(created.as_ref()).await;
