@@ -108,24 +108,18 @@ fn pairs(spec: &LockSpec) -> Option<Vec<(&str, &str)>> {
 
 /// The COVERS column: `deployments.apps`, `any resource named web`, `selector app=web`.
 pub(super) fn describe_covers(name: &str, spec: &LockSpec) -> String {
-    let resources = match pairs(spec) {
-        None => None,
-        Some(pairs) if pairs.is_empty() => Some("no resource".to_owned()),
-        Some(pairs) => Some(
-            pairs
-                .iter()
-                .map(|(g, r)| qualified(g, r))
-                .collect::<Vec<_>>()
-                .join(","),
-        ),
-    };
-    match (resources, &spec.selector) {
+    let resources = pairs(spec).map(|pairs| match pairs.as_slice() {
+        [] => "no resource".to_owned(),
+        pairs => pairs
+            .iter()
+            .map(|(g, r)| qualified(g, r))
+            .collect::<Vec<_>>()
+            .join(","),
+    });
+    let selector = (spec.selector.as_ref()).map(|s| format!("selector {}", describe_selector(s)));
+    match (resources, selector) {
         (None, None) => format!("any resource named {name}"),
-        (None, Some(selector)) => format!("selector {}", describe_selector(selector)),
-        (Some(resources), None) => resources,
-        (Some(resources), Some(selector)) => {
-            format!("{resources} selector {}", describe_selector(selector))
-        }
+        (r, s) => [r, s].into_iter().flatten().collect::<Vec<_>>().join(" "),
     }
 }
 
