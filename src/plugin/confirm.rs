@@ -116,15 +116,14 @@ pub(super) fn assess(object: &DynamicObject, probe: Probe) -> Assessment {
         let message = enforced.and_then(|c| c["message"].as_str()).unwrap_or("");
         return Assessment::Fatal(format!("the webhook is never sent its objects: {message}"));
     }
-    let current = |v: &Value| v["observedGeneration"].as_i64().unwrap_or(0) >= generation;
-    let instances = status["enforcedBy"]
-        .as_array()
-        .map(|entries| entries.iter().filter(|e| current(e)).count())
-        .unwrap_or(0);
+    let current = |v: &&Value| v["observedGeneration"].as_i64().unwrap_or(0) >= generation;
+    let instances = (status["enforcedBy"].as_array().into_iter().flatten())
+        .filter(current)
+        .count();
     if probe == Probe::None
         && instances == 0
         && reason == "WarnMode"
-        && enforced.is_some_and(current)
+        && enforced.as_ref().is_some_and(current)
     {
         return Assessment::Done(
             " (seen by the webhook; mode Warn: changes are allowed with a warning)".to_owned(),
