@@ -15,7 +15,7 @@ pub enum PluginError {
     NotInForce(String),
     /// `kubectl lock ... -- COMMAND` did not run the command; `code` is the exit status.
     #[error("{error}; the command was not run")]
-    NotRun { code: u8, error: Box<PluginError> },
+    NotRun { code: u8, error: String },
 }
 
 impl PluginError {

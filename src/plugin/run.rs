@@ -35,9 +35,9 @@ pub(super) async fn run(
     args: &LockArgs,
 ) -> Result<Report, PluginError> {
     let lease_length = args.lease.unwrap_or(lease::DEFAULT_LEASE);
-    let mut signals = signals().map_err(|e| {
-        let error = PluginError::Message(format!("cannot run the signal handlers: {e}"));
-        not_run(NOT_TAKEN, error)
+    let mut signals = signals().map_err(|e| PluginError::NotRun {
+        code: NOT_TAKEN,
+        error: format!("cannot run the signal handlers: {e}"),
     })?;
     let clock = Clock::start();
     let first_expiry = Instant::now() + lease_length;
@@ -65,47 +65,37 @@ pub(super) async fn run(
         }
     };
     let created = created_tx.borrow().clone();
-    let report = match taken {
-        Ok(Ok(report)) => report,
-        Ok(Err(e)) => {
-            let code = match &e {
-                PluginError::AlreadyLocked(_) => ALREADY_LOCKED,
-                PluginError::NotInForce(_) => NOT_IN_FORCE,
-                _ => NOT_TAKEN,
-            };
-            remove_or_tell(created.as_ref()).await;
-            return Err(not_run(code, e));
-        }
-        Err(signal) => {
-            remove_or_tell(created.as_ref()).await;
-            return Err(not_run(
-                signal_status(signal),
-                PluginError::Message(format!("interrupted by {}", signal_name(signal))),
-            ));
-        }
-    };
-    // stdout is the command's: what kubectl lock says goes to stderr.
-    eprint!("{}", report.stdout);
-    for note in &report.notes {
-        eprintln!("note: {note}");
-    }
-
     let (program, program_args) = (args.command.split_first()).expect("run only with a COMMAND");
     let command = format!("'{}'", program.to_string_lossy());
-    // With the terminal, environment and process group of this process.
-    let spawned = tokio::process::Command::new(program)
-        .args(program_args)
-        .spawn();
-    let mut child = match spawned {
+    let started = match taken {
+        Ok(Ok(report)) => {
+            // stdout is the command's: what kubectl lock says goes to stderr.
+            eprint!("{}", report.stdout);
+            for note in &report.notes {
+                eprintln!("note: {note}");
+            }
+            // With the terminal, environment and process group of this process.
+            let spawned = tokio::process::Command::new(program)
+                .args(program_args)
+                .spawn();
+            spawned.map_err(|e| match e.kind() {
+                io::ErrorKind::NotFound => (NOT_FOUND, format!("cannot run {command}: {e}")),
+                _ => (CANNOT_EXECUTE, format!("cannot run {command}: {e}")),
+            })
+        }
+        Ok(Err(PluginError::AlreadyLocked(e))) => Err((ALREADY_LOCKED, e)),
+        Ok(Err(PluginError::NotInForce(e))) => Err((NOT_IN_FORCE, e)),
+        Ok(Err(e)) => Err((NOT_TAKEN, e.to_string())),
+        Err(signal) => Err((
+            signal_status(signal),
+            format!("interrupted by {}", signal_name(signal)),
+        )),
+    };
+    let mut child = match started {
         Ok(child) => child,
-        Err(e) => {
+        Err((code, error)) => {
             remove_or_tell(created.as_ref()).await;
-            let code = match e.kind() {
-                io::ErrorKind::NotFound => NOT_FOUND,
-                _ => CANNOT_EXECUTE,
-            };
-            let error = PluginError::Message(format!("cannot run {command}: {e}"));
-            return Err(not_run(code, error));
+            return Err(PluginError::NotRun { code, error });
         }
     };
     let status = loop {
@@ -137,13 +127,6 @@ pub(super) async fn run(
             _ => code,
         },
     })
-}
-
-fn not_run(code: u8, error: PluginError) -> PluginError {
-    PluginError::NotRun {
-        code,
-        error: Box::new(error),
-    }
 }
 
 /// The command's code, or 128+N for signal N.
