@@ -98,28 +98,23 @@ pub(super) async fn take(
     object.metadata.namespace = lock.namespace.clone();
     object.metadata.owner_references = owner.clone().map(|owner| vec![owner]);
     let api = lock.api(cluster.client.clone());
-    match api.create(&PostParams::default(), &object).await {
-        Ok(object) => {
-            if let Some(held) = &held {
-                held.created.send_replace(Some(Created {
-                    api,
-                    key: lock.clone(),
-                    uid: object.metadata.uid.unwrap_or_default(),
-                }));
+    let created =
+        (api.create(&PostParams::default(), &object).await).map_err(|e| match status_code(&e) {
+            Some(409) => {
+                let scope = (lock.namespace.as_ref()).map(|ns| format!(" -n {ns}"));
+                PluginError::AlreadyLocked(format!(
+                    "{lock} already exists (see kubectl lock list{}; kubectl unlock removes it)",
+                    scope.unwrap_or_default()
+                ))
             }
-        }
-        Err(e) => {
-            return Err(match status_code(&e) {
-                Some(409) => {
-                    let scope = (lock.namespace.as_ref()).map(|ns| format!(" -n {ns}"));
-                    PluginError::AlreadyLocked(format!(
-                        "{lock} already exists (see kubectl lock list{}; kubectl unlock removes it)",
-                        scope.unwrap_or_default()
-                    ))
-                }
-                _ => cluster.failed(&e, format!("cannot create {lock}")),
-            });
-        }
+            _ => cluster.failed(&e, format!("cannot create {lock}")),
+        })?;
+    if let Some(held) = &held {
+        held.created.send_replace(Some(Created {
+            api,
+            key: lock.clone(),
+            uid: created.metadata.uid.unwrap_or_default(),
+        }));
     }
     let reason = (args.reason.as_ref()).map_or(String::new(), |r| format!(": {r}"));
     // An unenforced lock (--force-unenforced) can never be confirmed: do not wait for it.
