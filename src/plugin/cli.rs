@@ -296,34 +296,31 @@ where
         .and_then(|argv0| Path::new(argv0).file_stem())
         .is_some_and(|stem| stem == UNLOCK_BINARY);
     let usage = |message: String| clap::Error::raw(ErrorKind::InvalidValue, message + "\n");
-    let (invocation, target) = if unlock {
+    if unlock {
         let cli = UnlockCli::try_parse_from(args)?;
-        let target = cli.target.clone();
-        (Invocation::Unlock(cli), target)
-    } else {
-        let cli = LockCli::try_parse_from(args)?;
-        if cli.lock.lease.is_some() && cli.lock.command.is_empty() {
-            let message =
-                "--lease applies to a lock held while a command runs: give the COMMAND after --\n";
-            return Err(LockCli::command().error(ErrorKind::MissingRequiredArgument, message));
-        }
-        if cli.command.is_some() {
-            return Ok(Invocation::Lock(Box::new(cli)));
-        }
-        if let [first, rest @ ..] = cli.lock.target.as_slice()
-            && first == "unlock"
-        {
-            let target = rest.first().map_or("RESOURCE/NAME", String::as_str);
-            return Err(usage(format!(
-                "to unlock, run `kubectl unlock {target}` (kubectl-unlock is this binary under another name: \
-                 if it is missing, link it beside kubectl-lock with `ln -s kubectl-lock kubectl-unlock`)"
-            )));
-        }
-        let target = cli.lock.target.clone();
-        (Invocation::Lock(Box::new(cli)), target)
-    };
-    super::parse_target(&target).map_err(|e| usage(e.to_string()))?;
-    Ok(invocation)
+        super::parse_target(&cli.target).map_err(|e| usage(e.to_string()))?;
+        return Ok(Invocation::Unlock(cli));
+    }
+    let cli = LockCli::try_parse_from(args)?;
+    if cli.lock.lease.is_some() && cli.lock.command.is_empty() {
+        let message =
+            "--lease applies to a lock held while a command runs: give the COMMAND after --\n";
+        return Err(LockCli::command().error(ErrorKind::MissingRequiredArgument, message));
+    }
+    if cli.command.is_some() {
+        return Ok(Invocation::Lock(Box::new(cli)));
+    }
+    if let [first, rest @ ..] = cli.lock.target.as_slice()
+        && first == "unlock"
+    {
+        let target = rest.first().map_or("RESOURCE/NAME", String::as_str);
+        return Err(usage(format!(
+            "to unlock, run `kubectl unlock {target}` (kubectl-unlock is this binary under another name: \
+             if it is missing, link it beside kubectl-lock with `ln -s kubectl-lock kubectl-unlock`)"
+        )));
+    }
+    super::parse_target(&cli.lock.target).map_err(|e| usage(e.to_string()))?;
+    Ok(Invocation::Lock(Box::new(cli)))
 }
 
 /// A usage error as one line, without clap's usage and tips.
