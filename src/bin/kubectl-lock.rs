@@ -7,8 +7,7 @@ use std::process::ExitCode;
 
 use kube_object_lock::plugin;
 
-#[tokio::main(flavor = "current_thread")]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     // One crypto provider for the kube client, as in the webhook binary.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let invocation = match plugin::parse(std::env::args_os()) {
@@ -23,7 +22,13 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match plugin::run(invocation).await {
+    let result = match runtime() {
+        Ok(runtime) => runtime.block_on(plugin::run(invocation)),
+        Err(e) => Err(plugin::PluginError::Message(format!(
+            "cannot start the async runtime: {e}"
+        ))),
+    };
+    match result {
         Ok(report) => {
             print!("{}", report.stdout);
             for note in report.notes {
@@ -37,5 +42,23 @@ async fn main() -> ExitCode {
             eprintln!("error: {message}");
             ExitCode::from(e.exit_code())
         }
+    }
+}
+
+/// The runtime, or why it cannot start. tokio panics, rather than fails, when it cannot make the
+/// descriptors of its signal driver (too many open files): that panic is taken as the failure.
+fn runtime() -> Result<tokio::runtime::Runtime, String> {
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let built = std::panic::catch_unwind(|| {
+        let mut builder = tokio::runtime::Builder::new_current_thread();
+        builder.enable_all().build()
+    });
+    std::panic::set_hook(hook);
+    match built {
+        Ok(built) => built.map_err(|e| e.to_string()),
+        Err(panic) => Err((panic.downcast_ref::<String>().cloned())
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+            .unwrap_or_else(|| "it panicked".to_owned())),
     }
 }

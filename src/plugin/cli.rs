@@ -1,8 +1,5 @@
-//! The command lines of `kubectl lock` and `kubectl unlock`.
-//!
-//! Both are one binary: [`parse`] picks the command line by the file name the binary was started
-//! as (`kubectl-unlock` unlocks, any other name locks), so `kubectl-unlock` can be a symlink or a
-//! copy of `kubectl-lock`.
+//! The command lines of `kubectl lock` and `kubectl unlock`, one binary: [`parse`] picks by the
+//! file name it was started as, so `kubectl-unlock` can be a symlink or a copy of `kubectl-lock`.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -15,7 +12,6 @@ use k8s_openapi::jiff::Timestamp;
 use crate::api::LockOperation;
 pub use crate::cli::generate::PluginShell;
 
-/// The file name that makes the binary unlock.
 pub const UNLOCK_BINARY: &str = "kubectl-unlock";
 
 const LOCK_ABOUT: &str = "Lock a Kubernetes object against UPDATE and DELETE.";
@@ -103,7 +99,6 @@ Examples:
   kubectl unlock deploy/web -n prod
   kubectl unlock namespace prod";
 
-/// Where the cluster is, as kubectl's own flags say it.
 #[derive(Clone, Debug, Default, Args)]
 pub struct ConnectionArgs {
     /// Path to the kubeconfig file [default: KUBECONFIG, else ~/.kube/config, else the
@@ -119,7 +114,6 @@ pub struct ConnectionArgs {
     pub namespace: Option<String>,
 }
 
-/// `kubectl lock`.
 #[derive(Debug, Parser)]
 #[command(
     name = "kubectl-lock",
@@ -133,18 +127,14 @@ pub struct ConnectionArgs {
     disable_help_subcommand = true
 )]
 pub struct LockCli {
-    /// `list`, or nothing to lock an object.
     #[command(subcommand)]
     pub command: Option<LockCommand>,
-    /// What to lock and how.
     #[command(flatten)]
     pub lock: LockArgs,
-    /// Where the cluster is.
     #[command(flatten)]
     pub connection: ConnectionArgs,
 }
 
-/// The subcommands of `kubectl lock`.
 #[derive(Debug, Subcommand)]
 pub enum LockCommand {
     /// List the locks: what each covers, whether its target exists, the time left.
@@ -167,7 +157,6 @@ pub enum LockCommand {
     Man(ManArgs),
 }
 
-/// Flags of `kubectl lock completion`.
 #[derive(Debug, Args)]
 pub struct CompletionArgs {
     /// What to print the completion for.
@@ -175,7 +164,6 @@ pub struct CompletionArgs {
     pub shell: PluginShell,
 }
 
-/// Flags of `kubectl lock man`.
 #[derive(Debug, Args)]
 pub struct ManArgs {
     /// The directory to write the pages into (created if missing).
@@ -183,7 +171,6 @@ pub struct ManArgs {
     pub dir: PathBuf,
 }
 
-/// Flags of `kubectl lock list`.
 #[derive(Debug, Args)]
 pub struct ListArgs {
     /// List the Locks of every namespace, with a NAMESPACE column.
@@ -191,7 +178,6 @@ pub struct ListArgs {
     pub all_namespaces: bool,
 }
 
-/// Flags of `kubectl lock RESOURCE/NAME`.
 #[derive(Debug, Args)]
 pub struct LockArgs {
     /// The object to lock: RESOURCE/NAME, or RESOURCE NAME.
@@ -266,7 +252,6 @@ pub struct LockArgs {
     pub command: Vec<OsString>,
 }
 
-/// `kubectl unlock`.
 #[derive(Debug, Parser)]
 #[command(
     name = UNLOCK_BINARY,
@@ -284,23 +269,18 @@ pub struct UnlockCli {
     /// being deleted in the foreground): it then goes at the collector's next retry.
     #[arg(long)]
     pub no_nudge: bool,
-    /// Where the cluster is.
     #[command(flatten)]
     pub connection: ConnectionArgs,
 }
 
-/// What the command line asks for.
 #[derive(Debug)]
 pub enum Invocation {
-    /// `kubectl lock ...` (and `kubectl lock list`).
     Lock(Box<LockCli>),
-    /// `kubectl unlock ...`.
     Unlock(UnlockCli),
 }
 
 /// Parses the whole command line, `argv[0]` included: `kubectl-unlock` unlocks, anything else
-/// locks. A malformed RESOURCE/NAME is a bad command line like any other, found before any
-/// cluster is read; help and version requests come back as the `clap::Error` that prints them.
+/// locks. Help and version requests come back as the `clap::Error` that prints them.
 pub fn parse<I, T>(args: I) -> Result<Invocation, clap::Error>
 where
     I: IntoIterator<Item = T>,
@@ -316,37 +296,34 @@ where
         .and_then(|argv0| Path::new(argv0).file_stem())
         .is_some_and(|stem| stem == UNLOCK_BINARY);
     let usage = |message: String| clap::Error::raw(ErrorKind::InvalidValue, message + "\n");
-    let (invocation, target) = if unlock {
+    if unlock {
         let cli = UnlockCli::try_parse_from(args)?;
-        let target = cli.target.clone();
-        (Invocation::Unlock(cli), target)
-    } else {
-        let cli = LockCli::try_parse_from(args)?;
-        if cli.lock.lease.is_some() && cli.lock.command.is_empty() {
-            let message =
-                "--lease applies to a lock held while a command runs: give the COMMAND after --\n";
-            return Err(LockCli::command().error(ErrorKind::MissingRequiredArgument, message));
-        }
-        if cli.command.is_some() {
-            return Ok(Invocation::Lock(Box::new(cli)));
-        }
-        if let [first, rest @ ..] = cli.lock.target.as_slice()
-            && first == "unlock"
-        {
-            let target = rest.first().map_or("RESOURCE/NAME", String::as_str);
-            return Err(usage(format!(
-                "to unlock, run `kubectl unlock {target}` (kubectl-unlock is this binary under another name: \
-                 if it is missing, link it beside kubectl-lock with `ln -s kubectl-lock kubectl-unlock`)"
-            )));
-        }
-        let target = cli.lock.target.clone();
-        (Invocation::Lock(Box::new(cli)), target)
-    };
-    super::parse_target(&target).map_err(|e| usage(e.to_string()))?;
-    Ok(invocation)
+        super::parse_target(&cli.target).map_err(|e| usage(e.to_string()))?;
+        return Ok(Invocation::Unlock(cli));
+    }
+    let cli = LockCli::try_parse_from(args)?;
+    if cli.lock.lease.is_some() && cli.lock.command.is_empty() {
+        let message =
+            "--lease applies to a lock held while a command runs: give the COMMAND after --\n";
+        return Err(LockCli::command().error(ErrorKind::MissingRequiredArgument, message));
+    }
+    if cli.command.is_some() {
+        return Ok(Invocation::Lock(Box::new(cli)));
+    }
+    if let [first, rest @ ..] = cli.lock.target.as_slice()
+        && first == "unlock"
+    {
+        let target = rest.first().map_or("RESOURCE/NAME", String::as_str);
+        return Err(usage(format!(
+            "to unlock, run `kubectl unlock {target}` (kubectl-unlock is this binary under another name: \
+             if it is missing, link it beside kubectl-lock with `ln -s kubectl-lock kubectl-unlock`)"
+        )));
+    }
+    super::parse_target(&cli.lock.target).map_err(|e| usage(e.to_string()))?;
+    Ok(Invocation::Lock(Box::new(cli)))
 }
 
-/// A usage error as one line: clap's message without the usage and tips that follow it.
+/// A usage error as one line, without clap's usage and tips.
 pub fn one_line(error: &clap::Error) -> String {
     let rendered = error.render().to_string();
     let line = rendered

@@ -1,6 +1,5 @@
-//! Objects the garbage collector is waiting to delete: `kubectl lock` says so, and `kubectl
-//! unlock` prompts the collector with an owner reference to an owner that does not exist.
-//! Invariant: the prompt only makes the collector do now what its next retry would have done.
+//! Objects the garbage collector is waiting to delete: `kubectl lock` says so; `kubectl unlock`
+//! prompts the collector (an owner reference to an absent owner) to do now what it would later.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -12,17 +11,12 @@ use kube::core::GroupVersion;
 use super::error::{detail, status_code};
 use super::{Cluster, Target};
 
-/// The finalizer of an owner deleted in the foreground, until its blocking dependents are gone.
 const FOREGROUND: &str = "foregroundDeletion";
-/// The name of the owner the prompt refers to. The collector tells owners apart by uid, and the
-/// uid of the prompt's owner is no object's.
 const ABSENT_OWNER: &str = "kube-object-lock-collector-prompt";
-/// Tries while a webhook instance that has not yet seen the unlock refuses the prompt.
 const PROMPT_RETRIES: u32 = 20;
 
-/// Why the collector is waiting to delete `object` (`its owner Job/x is gone`), if it is, by
-/// looking up its owners. An owner whose type or existence cannot be told counts as present:
-/// this only ever adds a remark.
+/// Why the collector is waiting to delete `object` (`its owner Job/x is gone`), if it is; an
+/// owner whose type or existence cannot be told counts as present.
 pub(super) async fn waiting(
     cluster: &Cluster,
     target: &Target,
@@ -64,7 +58,6 @@ pub(super) async fn waiting(
                         owner.kind, owner.name
                     ));
                 }
-                // A live owner: the collector has nothing to do with this object.
                 return None;
             }
             Ok(_) => gone = gone_now,
@@ -75,10 +68,8 @@ pub(super) async fn waiting(
     gone
 }
 
-/// Prompts the collector to look at `target` again: adds an owner reference to an owner that
-/// does not exist, to the object as read (its uid and resourceVersion are preconditions; a
-/// conflict reads it again). A refusal by a webhook instance that still enforces the lock just
-/// deleted is retried for a moment.
+/// Adds an owner reference to an absent owner to the object as read (uid and resourceVersion
+/// preconditions); retries a conflict, and a refusal by an instance still enforcing the lock.
 pub(super) async fn prompt(
     cluster: &Cluster,
     target: &Target,
@@ -131,8 +122,7 @@ pub(super) async fn prompt(
     Err(last)
 }
 
-/// A uid no object has: the object's own uid with its first group rewritten, so the same object
-/// always gets the same prompt (a second prompt adds nothing the collector has not seen).
+/// A uid no object has, the same for the same object (a second prompt adds nothing).
 fn absent_uid(uid: &str) -> String {
     match uid.split_once('-') {
         Some((_, rest)) => format!("00000000-{rest}"),

@@ -1,7 +1,6 @@
 //! `kubectl lock` waits until the new lock is in force: an instance reports it in the lock's
-//! status, and a server-side dry run of the guarded operation is refused by it. Invariant:
-//! `locked` is printed only once both hold (status alone for Warn, missing objects, and CREATE
-//! or CONNECT only).
+//! status, and a server-side dry run of the guarded operation is refused by it (status alone for
+//! Warn, missing objects, and CREATE or CONNECT only).
 
 use std::time::Duration;
 
@@ -14,26 +13,21 @@ use super::{Cluster, PluginError, Target};
 use crate::api::{LockKey, LockMode, LockOperation, LockSpec};
 
 const POLL: Duration = Duration::from_millis(250);
-/// The annotation a dry-run UPDATE sets (never stored).
-pub const PROBE_ANNOTATION: &str = "objectlock.dev/lock-check";
 
 const NO_INSTANCE: &str = "no kube-object-lock instance has reported it as enforced (status.enforcedBy is empty): is the webhook running, and may it patch locks/status?";
 
-/// The operation whose dry run must be refused.
+/// The operation whose dry run must be refused: none for a Warn-mode lock; for CREATE or
+/// CONNECT only, and for a lock on fields (which may let the probe's annotation through), the
+/// status alone confirms.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Probe {
     Delete,
-    /// UPDATE an annotation.
     Update,
-    /// Nothing to try: a Warn-mode lock.
     None,
-    /// A lock of CREATE or CONNECT only, which no dry run can show: its status alone confirms.
     Status,
 }
 
 impl Probe {
-    /// Missing objects are found out by the dry run (404); a lock on fields may let the probe's
-    /// annotation through, so its status alone says.
     pub(super) fn for_spec(spec: &LockSpec) -> Probe {
         let asks = |op| spec.operations().contains(&op);
         if spec.mode == Some(LockMode::Warn) {
@@ -51,8 +45,7 @@ impl Probe {
     }
 }
 
-/// Waits up to `timeout` for `lock` to be in force on `target`; how it was confirmed, as the
-/// end of the `locked ...` line.
+/// Waits up to `timeout` for `lock` to be in force on `target`; how, for the `locked` line.
 pub(super) async fn confirm(
     cluster: &Cluster,
     target: &Target,
@@ -73,10 +66,10 @@ pub(super) async fn confirm(
                 },
             },
             Err(e) if status_code(&e) == Some(404) => {
-                return Err(PluginError::Api {
-                    action: format!("{lock} was deleted while waiting for it to be in force"),
-                    detail: detail(&e),
-                });
+                return Err(PluginError::Message(format!(
+                    "{lock} was deleted while waiting for it to be in force: {}",
+                    detail(&e)
+                )));
             }
             Err(e) => format!(
                 "the dry run could not be made: cannot read {lock}: {}",
@@ -96,26 +89,22 @@ fn untried(n: usize) -> String {
 }
 
 fn not_in_force(lock: &LockKey, waited: Option<Duration>, reason: String) -> PluginError {
-    PluginError::NotInForce {
-        lock: lock.to_string(),
-        waited: waited
-            .map(|w| format!(" after {}", humantime::format_duration(w)))
-            .unwrap_or_default(),
-        reason,
-    }
+    let waited =
+        (waited.map(|w| format!(" after {}", humantime::format_duration(w)))).unwrap_or_default();
+    PluginError::NotInForce(format!(
+        "{lock} was created but is not in force{waited} (it stays; kubectl unlock removes it): {reason}"
+    ))
 }
 
-/// What the lock's status says.
+/// What the lock's status says; `Try(n)`: enforced by `n` instances, try the dry run.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) enum Assessment {
     Done(String),
     Fatal(String),
     Pending(String),
-    /// Enforced by this many instances: try the dry run.
     Try(usize),
 }
 
-/// Reads the status of `object` (a Lock or ClusterLock as the API server returns it).
 pub(super) fn assess(object: &DynamicObject, probe: Probe) -> Assessment {
     let generation = object.metadata.generation.unwrap_or(0);
     let status = &object.data["status"];
@@ -127,15 +116,14 @@ pub(super) fn assess(object: &DynamicObject, probe: Probe) -> Assessment {
         let message = enforced.and_then(|c| c["message"].as_str()).unwrap_or("");
         return Assessment::Fatal(format!("the webhook is never sent its objects: {message}"));
     }
-    let current = |v: &Value| v["observedGeneration"].as_i64().unwrap_or(0) >= generation;
-    let instances = status["enforcedBy"]
-        .as_array()
-        .map(|entries| entries.iter().filter(|e| current(e)).count())
-        .unwrap_or(0);
+    let current = |v: &&Value| v["observedGeneration"].as_i64().unwrap_or(0) >= generation;
+    let instances = (status["enforcedBy"].as_array().into_iter().flatten())
+        .filter(current)
+        .count();
     if probe == Probe::None
         && instances == 0
         && reason == "WarnMode"
-        && enforced.is_some_and(current)
+        && enforced.as_ref().is_some_and(current)
     {
         return Assessment::Done(
             " (seen by the webhook; mode Warn: changes are allowed with a warning)".to_owned(),
@@ -151,8 +139,8 @@ pub(super) fn assess(object: &DynamicObject, probe: Probe) -> Assessment {
     }
 }
 
-/// Dry-runs the guarded operation on the target, enforced by `n` instances: confirmed only when
-/// this lock refused it (or the object does not exist), else why not.
+/// Dry-runs the guarded operation: confirmed only when this lock refused it (or the object does
+/// not exist), else why not.
 async fn try_refusal(
     cluster: &Cluster,
     target: &Target,
@@ -163,19 +151,14 @@ async fn try_refusal(
     let api = cluster.api(&target.resource.api_resource(), target.namespace.as_deref());
     let result = match probe {
         Probe::Delete => {
-            let params = DeleteParams {
-                dry_run: true,
-                ..DeleteParams::default()
-            };
+            let params = DeleteParams::default().dry_run();
             api.delete(&target.name, &params).await.map(|_| ())
         }
         _ => {
-            let params = PatchParams {
-                dry_run: true,
-                ..PatchParams::default()
-            };
+            let params = PatchParams::default().dry_run();
+            // Never stored: a dry run.
             let patch = json!({ "metadata": { "annotations": {
-                PROBE_ANNOTATION: Timestamp::now().to_string() } } });
+                "objectlock.dev/lock-check": Timestamp::now().to_string() } } });
             api.patch(&target.name, &params, &Patch::Merge(&patch))
                 .await
                 .map(|_| ())
@@ -201,8 +184,8 @@ fn classify(error: &kube::Error, lock: &LockKey, n: usize) -> Result<String, Str
     }
 }
 
-/// Whether a refusal lists `lock` (`... is locked by Lock prod/web: reason; Lock prod/b (to
-/// unlock ...)`): as a whole name, not as the start of a longer one.
+/// Whether a refusal (`... is locked by Lock prod/web: reason; Lock prod/b (to unlock ...)`)
+/// lists `lock` as a whole name.
 fn names_lock(message: &str, lock: &str) -> bool {
     let Some((_, listed)) = message.split_once(" is locked by ") else {
         return false;

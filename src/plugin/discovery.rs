@@ -1,17 +1,16 @@
-//! Finding the resource a user names, the way kubectl does: through API discovery, by plural,
-//! singular, short name or kind, optionally qualified by group (`deployments.apps`) or version
-//! and group (`deployments.v1.apps`).
+//! Finding the resource a user names as kubectl does, through API discovery: by plural,
+//! singular, short name or kind, optionally with group (`deployments.apps`) or version and group.
 
 use std::collections::BTreeSet;
 
 use futures::future::join_all;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::APIResourceList;
 use kube::api::{ApiResource, GroupVersionKind};
+use kube::core::Version;
 
 use crate::api;
 
-/// One resource type, as discovery describes it at `version` (`preferred`: the group's preferred
-/// version); `group` is `""` for the core group.
+/// One resource type at `version` (`preferred`: the group's preferred one); core group `""`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ResourceType {
     pub group: String,
@@ -38,7 +37,7 @@ impl ResourceType {
         qualified(&self.group, &self.plural)
     }
 
-    /// The resource types of one discovery document, subresources left out.
+    /// Subresources left out.
     pub fn from_list(list: &APIResourceList, preferred: bool) -> Vec<ResourceType> {
         let (group, version) = match list.group_version.split_once('/') {
             Some(split) => split,
@@ -69,8 +68,8 @@ pub fn qualified(group: &str, plural: &str) -> String {
     }
 }
 
-/// What a user wrote for a resource (`text`), split as kubectl splits it: the resource part
-/// lower-cased (`deploy`), and the groups (and versions) it may be qualified with (none: any).
+/// What a user wrote for a resource (`text`): the resource part lower-cased, and the groups (and
+/// versions) it may be qualified with (none: any).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ResourceArg {
     pub text: String,
@@ -79,8 +78,7 @@ pub struct ResourceArg {
 }
 
 impl ResourceArg {
-    /// `deploy` (any group), `deployments.apps`, `deployments.v1.apps` (version v1 of apps, or
-    /// else the group `v1.apps`).
+    /// `deployments.v1.apps` is version v1 of apps, or else the group `v1.apps`.
     pub fn parse(text: &str) -> ResourceArg {
         let lower = text.to_lowercase();
         let (name, groups) = match lower.split_once('.') {
@@ -88,7 +86,7 @@ impl ResourceArg {
             Some((name, rest)) => {
                 let mut groups = vec![];
                 if let Some((version, group)) = rest.split_once('.')
-                    && looks_like_version(version)
+                    && !matches!(Version::parse(version), Version::Nonconformant(_))
                 {
                     groups.push((group.to_owned(), Some(version.to_owned())));
                 }
@@ -108,7 +106,7 @@ impl ResourceArg {
         (!self.groups.is_empty()).then(|| self.groups.iter().map(|(g, _)| g.clone()).collect())
     }
 
-    /// Whether it names a version (`deployments.v1.apps`): discovery must read every version.
+    /// Whether it names a version: discovery must then read every version.
     pub fn has_version(&self) -> bool {
         self.groups.iter().any(|(_, version)| version.is_some())
     }
@@ -126,34 +124,15 @@ impl ResourceArg {
     }
 }
 
-/// `v1`, `v2beta1`, `v1alpha3`.
-fn looks_like_version(text: &str) -> bool {
-    let Some(rest) = text.strip_prefix('v') else {
-        return false;
-    };
-    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-    let (major, level) = match rest.find(|c: char| !c.is_ascii_digit()) {
-        None => return digits(rest),
-        Some(i) => rest.split_at(i),
-    };
-    digits(major)
-        && ["alpha", "beta"]
-            .iter()
-            .any(|l| level.strip_prefix(l).is_some_and(digits))
-}
-
-/// Why a resource could not be resolved: no match, or the qualified names of equal matches.
+/// No match, or the qualified names of equal matches.
 #[derive(Debug, PartialEq, Eq)]
 pub enum ResolveError {
     Unknown,
     Ambiguous(Vec<String>),
 }
 
-/// The resource `arg` names among `types` (core group first, then in discovery order).
-///
-/// Plural, singular and kind match before short names. Of several equal matches the core
-/// group's wins, as built-in resources win in kubectl (`pods` is not `pods.metrics.k8s.io`);
-/// otherwise the name is ambiguous.
+/// The resource `arg` names among `types`: plural, singular and kind match before short names;
+/// of equal matches the core group's wins, as in kubectl (`pods` is not `pods.metrics.k8s.io`).
 pub fn resolve<'a>(
     arg: &ResourceArg,
     types: &'a [ResourceType],
@@ -182,9 +161,8 @@ pub fn resolve<'a>(
     Err(ResolveError::Unknown)
 }
 
-/// The resource types discovery found (core group first, then the server's order), and each
-/// document it could not read as `(group, "group/version: error")`: the rest is still usable,
-/// as kubectl uses it (an aggregated API that is down, say).
+/// The resource types found (core group first), and each document that could not be read as
+/// `(group, "group/version: error")`: the rest is still usable, as in kubectl.
 #[derive(Debug, Default)]
 pub struct Discovered {
     pub types: Vec<ResourceType>,
@@ -199,8 +177,7 @@ impl Discovered {
     }
 }
 
-/// Reads discovery: every group, or only `groups` (`""` is the core group); each group at its
-/// preferred version, or at every version it serves with `all_versions`.
+/// Reads discovery of every group, or only `groups`: the preferred versions, or all of them.
 pub async fn discover(
     client: &kube::Client,
     groups: Option<&BTreeSet<String>>,
@@ -209,28 +186,14 @@ pub async fn discover(
     let wanted = |group: &str| groups.is_none_or(|g| g.contains(group));
     let mut documents: Vec<(String, bool)> = vec![];
     if wanted("") {
-        for (i, version) in client
-            .list_core_api_versions()
-            .await?
-            .versions
-            .iter()
-            .enumerate()
-        {
-            documents.push((version.clone(), i == 0));
-        }
+        let versions = client.list_core_api_versions().await?.versions;
+        documents.extend(versions.into_iter().enumerate().map(|(i, v)| (v, i == 0)));
     }
     if groups.is_none_or(|g| g.iter().any(|g| !g.is_empty())) {
         for group in client.list_api_groups().await?.groups {
-            if !wanted(&group.name) {
-                continue;
-            }
-            let preferred = group
-                .preferred_version
-                .as_ref()
-                .or(group.versions.first())
-                .map(|v| v.group_version.clone());
-            for version in &group.versions {
-                let is_preferred = preferred.as_ref() == Some(&version.group_version);
+            let preferred = group.preferred_version.as_ref().or(group.versions.first());
+            for version in group.versions.iter().filter(|_| wanted(&group.name)) {
+                let is_preferred = preferred == Some(version);
                 if all_versions || is_preferred {
                     documents.push((version.group_version.clone(), is_preferred));
                 }
@@ -348,12 +311,6 @@ mod tests {
         assert_eq!(ResourceArg::parse("cm").groups(), None);
         let arg = ResourceArg::parse("locks.objectlock.dev");
         assert_eq!(arg.groups, [("objectlock.dev".into(), None)]);
-        for v in ["v1", "v2beta1", "v1alpha3", "v10"] {
-            assert!(looks_like_version(v), "{v}");
-        }
-        for v in ["v", "vx", "v1gamma1", "v1beta", "objectlock", "1"] {
-            assert!(!looks_like_version(v), "{v}");
-        }
     }
 
     #[test]

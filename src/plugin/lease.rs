@@ -1,6 +1,5 @@
-//! The lease of a lock held while a command runs: `spec.expiresAt` is kept one lease ahead of
-//! now, renewed every third of it, so a killed `kubectl lock` leaves a lock that lapses within
-//! one lease. Time is tokio's ([`Clock`] derives the wall times), so tests pause it.
+//! The lease of a lock held while a command runs: `spec.expiresAt` is kept one lease ahead,
+//! renewed every third of it. Time is tokio's ([`Clock`] derives wall times), so tests pause it.
 
 use std::time::Duration;
 
@@ -9,10 +8,8 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
-/// The shortest lease: a renewal every second.
 pub const MIN_LEASE: Duration = Duration::from_secs(3);
 
-/// Wall-clock time read from tokio's clock, anchored once.
 #[derive(Clone, Copy, Debug)]
 pub struct Clock {
     wall: Timestamp,
@@ -27,7 +24,7 @@ impl Clock {
         }
     }
 
-    /// The wall-clock time at `instant`, rounded up to the second (as `expiresAt` is written).
+    /// Rounded up to the second, as `expiresAt` is written.
     pub fn wall(&self, instant: Instant) -> Timestamp {
         let offset = SignedDuration::try_from(instant.saturating_duration_since(self.at))
             .unwrap_or(SignedDuration::MAX);
@@ -37,14 +34,13 @@ impl Clock {
     }
 }
 
-/// Why a renewal failed: `Lost`, the lock is gone or was replaced; `Failed`, this try only.
+/// `Lost`: the lock is gone or was replaced; `Failed`: this try only.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RenewError {
     Lost(String),
     Failed(String),
 }
 
-/// Writes a lock's `expiresAt`.
 pub trait Renew {
     fn renew(
         &mut self,
@@ -52,8 +48,7 @@ pub trait Renew {
     ) -> impl std::future::Future<Output = Result<(), RenewError>>;
 }
 
-/// What the lease has to say, for stderr: a renewal failed with `left` on the lease, the lease
-/// ran out, renewals work again, or the lock is gone (renewals stop).
+/// What the lease has to say, for stderr.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Notice {
     Failing { left: Duration, why: String },
@@ -62,30 +57,24 @@ pub enum Notice {
     Lost(String),
 }
 
-/// Time between two tries after a failure: a twelfth of the lease, 250 ms to 5 s.
 fn retry(lease: Duration) -> Duration {
     (lease / 12).clamp(Duration::from_millis(250), Duration::from_secs(5))
 }
 
-/// Keeps the lease of the lock that `created` announces, whose `expiresAt` was written as the
-/// wall time of `expires` (the first lease, counted from before the lock was created). Returns
-/// only when the lock is lost; until then renews it forever, so drop it to stop.
+/// Keeps the lease of the lock `created` announces, first written to expire at `expires`.
+/// Returns only when the lock is lost: drop it to stop.
 pub async fn keep<R: Renew + Clone>(
     lease: Duration,
     clock: Clock,
-    expires: Instant,
+    mut expires: Instant,
     mut created: watch::Receiver<Option<R>>,
     mut notify: impl FnMut(Notice),
 ) -> String {
-    let renewer = match created.wait_for(Option::is_some).await {
-        Ok(renewer) => renewer.clone(),
-        Err(_) => None,
-    };
-    let Some(mut renewer) = renewer else {
+    let renewer = created.wait_for(Option::is_some).await.ok();
+    let Some(mut renewer) = renewer.and_then(|r| r.clone()) else {
         // The sender is gone without a lock: nothing to renew, ever.
         return std::future::pending().await;
     };
-    let mut expires = expires;
     let period = lease / 3;
     let mut next = expires - lease + period;
     // Told Failing or Lapsed since the last success.

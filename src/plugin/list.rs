@@ -1,6 +1,6 @@
-//! `kubectl lock list`: the Locks of a namespace (or all namespaces) and the ClusterLocks, with
-//! what each covers, whether its target exists, how many instances enforce it (ENFORCED) and how
-//! many refusals its `Blocked` events record (BLOCKED, as far back as the API server keeps events).
+//! `kubectl lock list`: the Locks of a namespace (or all) and the ClusterLocks, with what each
+//! covers, whether its target exists, how many instances enforce it and how many refusals its
+//! `Blocked` events record.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -11,7 +11,7 @@ use kube::api::{Api, DynamicObject, ListParams};
 
 use super::cli::{ConnectionArgs, ListArgs};
 use super::discovery::Discovered;
-use super::error::{detail, status_code};
+use super::error::{detail, one_line, status_code};
 use super::{Cluster, PluginError, Report, owner, spec};
 use crate::api::{self, LockKind, LockSpec};
 use crate::events::{BLOCKED, REPORTING_CONTROLLER};
@@ -53,14 +53,9 @@ pub(super) async fn list(
             Some(ns) => format!("no Locks in namespace \"{ns}\" and no ClusterLocks"),
             None => "no Locks and no ClusterLocks".to_owned(),
         });
-        return Ok(Report {
-            stdout: String::new(),
-            notes,
-            exit_code: 0,
-        });
+        return Report::ok(String::new(), notes);
     }
 
-    // Each spec as the webhook reads it: one it cannot read is listed as what fails closed.
     let specs: Vec<LockSpec> = (objects.iter().map(spec::read))
         .map(|(spec, note)| {
             notes.extend(note);
@@ -86,65 +81,54 @@ pub(super) async fn list(
     let now = Timestamp::now();
     let header = "NAMESPACE NAME KIND COVERS OPERATIONS TARGET OWNER MODE ENFORCED BLOCKED EXPIRES HOLDER REASON";
     let skip = usize::from(!args.all_namespaces);
-    let rows: Vec<Vec<String>> = (objects.iter().zip(&specs).zip(targets))
-        .map(|((o, spec), target)| {
-            let name = o.metadata.name.clone().unwrap_or_default();
-            let namespace = o.metadata.namespace.as_deref();
-            let uid = o.metadata.uid.as_deref().unwrap_or_default();
-            let row = [
-                namespace.unwrap_or("-").to_owned(),
-                name.clone(),
-                (if namespace.is_some() {
-                    "Lock"
-                } else {
-                    "ClusterLock"
-                })
+    let mut marked = false;
+    let header = header.split(' ').skip(skip).map(str::to_owned).collect();
+    let rows = (objects.iter().zip(&specs).zip(targets)).map(|((o, spec), target)| {
+        let name = o.metadata.name.clone().unwrap_or_default();
+        let namespace = o.metadata.namespace.as_deref();
+        let uid = o.metadata.uid.as_deref().unwrap_or_default();
+        let row = [
+            namespace.unwrap_or("-").to_owned(),
+            name.clone(),
+            LockKind::for_namespace(namespace.unwrap_or(""))
+                .as_str()
                 .to_owned(),
-                spec::describe_covers(&name, spec),
-                spec::operations(spec),
-                target.to_owned(),
-                owners(o),
-                match unenforced(o, spec) {
-                    true => UNENFORCED.to_owned(),
-                    false => spec::mode(spec).to_owned(),
-                },
-                enforced(o),
-                (blocked.as_ref()).map_or("-".to_owned(), |b| {
-                    b.get(uid).copied().unwrap_or(0).to_string()
-                }),
-                spec::time_left(spec, now),
-                (spec.holder.as_ref()).map_or("-".to_owned(), spec::holder_cell),
-                (spec.reason.as_deref().unwrap_or_default())
-                    .split_whitespace()
-                    .collect::<Vec<_>>()
-                    .join(" "),
-            ];
-            // Every cell is the Lock's own text: a reason or holder may carry control characters.
-            (row.into_iter().skip(skip))
-                .map(|cell| api::escape(&cell).into_owned())
-                .collect()
-        })
-        .collect();
-    let marked = objects
-        .iter()
-        .zip(&specs)
-        .any(|(o, spec)| unenforced(o, spec));
+            spec::describe_covers(&name, spec),
+            spec::operations(spec),
+            target.to_owned(),
+            owners(o),
+            match unenforced(o, spec) {
+                true => {
+                    marked = true;
+                    UNENFORCED.to_owned()
+                }
+                false => format!("{:?}", spec.mode.unwrap_or_default()),
+            },
+            enforced(o),
+            (blocked.as_ref()).map_or("-".to_owned(), |b| {
+                b.get(uid).copied().unwrap_or(0).to_string()
+            }),
+            spec::time_left(spec, now),
+            (spec.holder.as_ref()).map_or("-".to_owned(), spec::holder_cell),
+            one_line(spec.reason.as_deref().unwrap_or_default()),
+        ];
+        // Every cell is the Lock's own text: a reason or holder may carry control characters.
+        (row.into_iter().skip(skip))
+            .map(|cell| api::escape(&cell).into_owned())
+            .collect()
+    });
+    let rows: Vec<Vec<String>> = std::iter::once(header).chain(rows).collect();
     if marked {
         notes.push(format!(
             "locks marked {UNENFORCED} are not enforced: the webhook registration leaves out {}, and the namespaces its namespaceSelector does not select (status reason {NOT_SELECTED})",
             api::EXCLUDED_NAMESPACES.join(" and ")
         ));
     }
-    Ok(Report {
-        stdout: table(&header.split(' ').skip(skip).collect::<Vec<_>>(), &rows),
-        notes,
-        exit_code: 0,
-    })
+    Report::ok(table(&rows), notes)
 }
 
-/// Refusal counts (the sum of the events' series counts) by the uid of the lock they regard:
-/// the events of `namespace` (all when `None`), and of `default`, where the events of
-/// ClusterLocks are. `None` (with a note) when they cannot be read.
+/// Refusal counts by the uid of the lock they regard, from the events of `namespace` (all when
+/// `None`) and of `default`, where ClusterLocks' are; `None` (with a note) when unreadable.
 async fn blocked(
     cluster: &Cluster,
     namespace: Option<&str>,
@@ -205,13 +189,10 @@ fn enforced(lock: &DynamicObject) -> String {
 
 /// The MODE of a lock the webhook never hears of.
 const UNENFORCED: &str = "unenforced";
-
-/// The status reason of a lock in a namespace the registration's namespaceSelector leaves out.
 const NOT_SELECTED: &str = "NamespaceNotSelected";
 
-/// A Lock in a namespace the registration leaves out, or a ClusterLock that can only cover one
-/// of those Namespaces; or a lock whose status says its namespace is not selected (the plugin
-/// cannot read the registration, the instances can).
+/// A lock in (or on) a namespace the registration leaves out, or whose status says its
+/// namespace is not selected (the plugin cannot read the registration, the instances can).
 fn unenforced(lock: &DynamicObject, spec: &LockSpec) -> bool {
     let conditions = lock.data["status"]["conditions"].as_array();
     let not_selected = (conditions.into_iter().flatten())
@@ -228,8 +209,7 @@ fn unenforced(lock: &DynamicObject, spec: &LockSpec) -> bool {
         }
 }
 
-/// TARGET: `exists` or `missing` when the lock names one object that can be looked up, `-`
-/// when it cannot be told (several resources, a selector, discovery or the lookup failed).
+/// TARGET: `exists`, `missing`, or `-` when it cannot be told.
 async fn target_state(
     cluster: &Cluster,
     discovered: &Discovered,
@@ -242,7 +222,6 @@ async fn target_state(
     let namespace = lock.metadata.namespace.as_deref();
     let Some(resource) = discovered.find(&group, &plural) else {
         let unreadable = discovered.failures.iter().any(|(g, _)| *g == group);
-        // Not served at all: no such object can exist.
         return if unreadable { "-" } else { "missing" };
     };
     // A Lock covers namespaced objects only, a ClusterLock cluster-scoped ones only.
@@ -261,8 +240,7 @@ async fn target_state(
     }
 }
 
-/// OWNER: `Job/backup` for each ownerReference (the objects whose deletion deletes the lock),
-/// `-` without any.
+/// OWNER: `Job/backup` for each ownerReference, `-` without any.
 fn owners(lock: &DynamicObject) -> String {
     match lock.metadata.owner_references.as_deref() {
         None | Some([]) => "-".to_owned(),
@@ -272,22 +250,19 @@ fn owners(lock: &DynamicObject) -> String {
     }
 }
 
-/// Columns separated by three spaces, as kubectl prints them.
-fn table(header: &[&str], rows: &[Vec<String>]) -> String {
-    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+/// Columns separated by three spaces, as kubectl prints them; the first row is the header.
+fn table(rows: &[Vec<String>]) -> String {
+    let mut widths = vec![0; rows.first().map_or(0, Vec::len)];
     for row in rows {
         for (width, cell) in widths.iter_mut().zip(row) {
             *width = (*width).max(cell.chars().count());
         }
     }
-    let header: Vec<String> = header.iter().map(|h| h.to_string()).collect();
     let mut out = String::new();
-    for row in std::iter::once(&header).chain(rows) {
-        let mut line = String::new();
-        for (cell, width) in row.iter().zip(&widths) {
-            line.push_str(cell);
-            line.extend(std::iter::repeat_n(' ', width - cell.chars().count() + 3));
-        }
+    for row in rows {
+        let line: String = (row.iter().zip(&widths))
+            .map(|(cell, width)| format!("{cell:<width$}   "))
+            .collect();
         out.push_str(line.trim_end());
         out.push('\n');
     }
@@ -387,6 +362,7 @@ mod tests {
     #[test]
     fn columns_line_up() {
         let rows = vec![
+            vec!["NAME".to_owned(), "KIND".to_owned(), "REASON".to_owned()],
             vec!["web".to_owned(), "Lock".to_owned(), "".to_owned()],
             vec![
                 "a-long-name".to_owned(),
@@ -395,7 +371,7 @@ mod tests {
             ],
         ];
         assert_eq!(
-            table(&["NAME", "KIND", "REASON"], &rows),
+            table(&rows),
             "NAME          KIND          REASON\n\
              web           Lock\n\
              a-long-name   ClusterLock   why not\n"

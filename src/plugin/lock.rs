@@ -16,8 +16,7 @@ use super::{Cluster, PluginError, Report, Target, collector};
 use crate::admission::decide;
 use crate::api::{Holder, LockKey, LockOperation, LockSpec};
 
-/// A lock held while a command runs (`kubectl lock ... -- COMMAND`): `expires_at` is one lease
-/// from now, and `created` is told the lock as soon as it exists, before it is confirmed.
+/// A lock held while a command runs: `created` is told the lock as soon as it exists.
 pub(super) struct Held<'a> {
     pub lease: Duration,
     pub expires_at: Timestamp,
@@ -32,8 +31,7 @@ pub(super) struct Created {
     pub uid: String,
 }
 
-/// Creates the lock of the object `args.target` names and waits until it is in force (unless
-/// `--wait=false`); `held`: with a lease as `expiresAt` rather than `--for`/`--until`.
+/// Creates the lock of `args.target` and waits until it is in force (unless `--wait=false`).
 pub(super) async fn take(
     connection: &ConnectionArgs,
     args: &LockArgs,
@@ -53,7 +51,9 @@ pub(super) async fn take(
     if let Some(why) = target.unenforced() {
         let lock = target.lock().to_string();
         if !args.force_unenforced {
-            return Err(PluginError::Unenforced { lock, why });
+            return Err(PluginError::Message(format!(
+                "{lock} would never be enforced: {why} (pass --force-unenforced to create it anyway)"
+            )));
         }
         notes.push(format!("{lock} is not enforced: {why}"));
     }
@@ -64,9 +64,9 @@ pub(super) async fn take(
             .get(&target.name)
             .await
             .map_err(|e| match status_code(&e) {
-                Some(404) => PluginError::TargetMissing {
-                    target: target.to_string(),
-                },
+                Some(404) => PluginError::Message(format!(
+                    "{target} does not exist (lock it anyway with --allow-missing)"
+                )),
                 _ => cluster.failed(&e, format!("cannot read {target}")),
             })?;
         if let Some(waiting) = collector::waiting(&cluster, &target, &object).await {
@@ -98,27 +98,23 @@ pub(super) async fn take(
     object.metadata.namespace = lock.namespace.clone();
     object.metadata.owner_references = owner.clone().map(|owner| vec![owner]);
     let api = lock.api(cluster.client.clone());
-    match api.create(&PostParams::default(), &object).await {
-        Ok(object) => {
-            if let Some(held) = &held {
-                held.created.send_replace(Some(Created {
-                    api,
-                    key: lock.clone(),
-                    uid: object.metadata.uid.unwrap_or_default(),
-                }));
+    let created =
+        (api.create(&PostParams::default(), &object).await).map_err(|e| match status_code(&e) {
+            Some(409) => {
+                let scope = (lock.namespace.as_ref()).map(|ns| format!(" -n {ns}"));
+                PluginError::AlreadyLocked(format!(
+                    "{lock} already exists (see kubectl lock list{}; kubectl unlock removes it)",
+                    scope.unwrap_or_default()
+                ))
             }
-        }
-        Err(e) => {
-            return Err(match status_code(&e) {
-                Some(409) => PluginError::AlreadyLocked {
-                    scope: (lock.namespace.as_ref())
-                        .map(|ns| format!(" -n {ns}"))
-                        .unwrap_or_default(),
-                    lock: lock.to_string(),
-                },
-                _ => cluster.failed(&e, format!("cannot create {lock}")),
-            });
-        }
+            _ => cluster.failed(&e, format!("cannot create {lock}")),
+        })?;
+    if let Some(held) = &held {
+        held.created.send_replace(Some(Created {
+            api,
+            key: lock.clone(),
+            uid: created.metadata.uid.unwrap_or_default(),
+        }));
     }
     let reason = (args.reason.as_ref()).map_or(String::new(), |r| format!(": {r}"));
     // An unenforced lock (--force-unenforced) can never be confirmed: do not wait for it.
@@ -144,15 +140,10 @@ pub(super) async fn take(
         ),
     };
     let stdout = format!("locked {target} with {lock} ({summary}{owned}){reason}{confirmed}\n");
-    Ok(Report {
-        stdout,
-        notes,
-        exit_code: 0,
-    })
+    Report::ok(stdout, notes)
 }
 
-/// The caller as a lock's `spec.holder`: the API server's own answer (`kubectl auth whoami`),
-/// so the holder written is exactly what the lock policy compares on create.
+/// The caller as the API server says (`kubectl auth whoami`), as the lock policy compares it.
 async fn caller(cluster: &Cluster) -> Result<Holder, PluginError> {
     let review = Api::<SelfSubjectReview>::all(cluster.client.clone())
         .create(&PostParams::default(), &SelfSubjectReview::default())
@@ -169,7 +160,7 @@ async fn caller(cluster: &Cluster) -> Result<Holder, PluginError> {
         .and_then(|u| u.username)
     {
         Some(username) if !username.is_empty() => Ok(Holder::for_user(&username)),
-        _ => Err(PluginError::Usage(
+        _ => Err(PluginError::Message(
             "the API server did not say who you are (kubectl auth whoami): lock with --no-holder"
                 .to_owned(),
         )),
@@ -184,14 +175,14 @@ fn expiry(args: &LockArgs, now: Timestamp) -> Result<Option<Timestamp>, PluginEr
             .then(|| Timestamp::from_second(now.as_second().saturating_add(seconds)).ok())
             .flatten();
         return at.map(Some).ok_or_else(|| {
-            PluginError::Usage(format!(
+            PluginError::Message(format!(
                 "--for {}: must be at least 1s and end before the year 10000",
                 humantime::format_duration(duration)
             ))
         });
     }
     match args.until {
-        Some(until) if until <= now => Err(PluginError::Usage(format!(
+        Some(until) if until <= now => Err(PluginError::Message(format!(
             "--until {until} is in the past (now is {})",
             Timestamp::from_second(now.as_second()).unwrap_or(now)
         ))),
@@ -199,7 +190,6 @@ fn expiry(args: &LockArgs, now: Timestamp) -> Result<Option<Timestamp>, PluginEr
     }
 }
 
-/// Deletes the lock of the object `words` name, if it covers that object.
 pub(super) async fn unlock(
     connection: &ConnectionArgs,
     words: &[String],
@@ -210,10 +200,7 @@ pub(super) async fn unlock(
     let target = Target::resolve(&cluster, connection, words, &mut notes).await?;
     let lock = target.lock();
     let api = lock.api(cluster.client.clone());
-    let no_lock = |why: String| PluginError::NoLock {
-        target: target.to_string(),
-        why,
-    };
+    let no_lock = |why: String| PluginError::Message(format!("no lock on {target}{why}"));
     let existing = match api.get(&lock.name).await {
         Ok(existing) => existing,
         Err(e) if status_code(&e) == Some(404) => return Err(no_lock(String::new())),
@@ -230,38 +217,31 @@ pub(super) async fn unlock(
         return Err(no_lock(why));
     }
     // Delete the lock that was checked, not one created since under the same name.
-    let params = DeleteParams {
-        preconditions: existing.metadata.uid.clone().map(|uid| Preconditions {
-            uid: Some(uid),
-            resource_version: None,
-        }),
-        ..DeleteParams::default()
-    };
+    let uid = existing.metadata.uid.clone();
+    let params = DeleteParams::default().preconditions(Preconditions {
+        uid,
+        ..Default::default()
+    });
     match api.delete(&lock.name, &params).await {
         Ok(_) => {
             if let Some(note) = after_unlock(&cluster, &target, no_nudge).await {
                 notes.push(note);
             }
-            Ok(Report {
-                stdout: format!("unlocked {target} (deleted {lock})\n"),
-                notes,
-                exit_code: 0,
-            })
+            Report::ok(format!("unlocked {target} (deleted {lock})\n"), notes)
         }
         Err(e) if status_code(&e) == Some(404) => Err(no_lock(String::new())),
         Err(e) => Err(match (&lock_spec.holder, status_code(&e)) {
-            (Some(holder), Some(403)) => PluginError::Held {
-                lock: lock.to_string(),
-                holder: holder.to_string(),
-                detail: detail(&e),
-            },
+            (Some(holder), Some(403)) => PluginError::Message(format!(
+                "{lock} is held by {holder}: only its holder, or someone granted the \"unlock\" verb on it, may lift it (kubectl auth whoami says who you are): {}",
+                detail(&e)
+            )),
             _ => cluster.failed(&e, format!("cannot delete {lock}")),
         }),
     }
 }
 
-/// What the garbage collector does with the object now that it is unlocked: if it was waiting
-/// to delete it, a note, and unless `no_nudge`, a prompt to look again at once.
+/// If the garbage collector was waiting to delete the object, a note, and unless `no_nudge`, a
+/// prompt to look again at once.
 async fn after_unlock(cluster: &Cluster, target: &Target, no_nudge: bool) -> Option<String> {
     let api = cluster.api(&target.resource.api_resource(), target.namespace.as_deref());
     let object = api.get(&target.name).await.ok()?;

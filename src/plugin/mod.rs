@@ -1,7 +1,5 @@
-//! `kubectl lock` and `kubectl unlock` (one binary, told apart by the name it runs as): lock one
-//! object by creating its `Lock` (or `ClusterLock`), unlock it by deleting that lock, list the
-//! locks. Invariant: a spec is the crate's [`crate::api::LockSpec`] and what it covers is the
-//! webhook's own [`crate::admission::decide::covers_resource`].
+//! `kubectl lock` and `kubectl unlock` (one binary, told apart by the name it runs as): lock an
+//! object by creating its `Lock` (or `ClusterLock`), unlock it by deleting that, list the locks.
 
 pub mod cli;
 mod collector;
@@ -25,8 +23,7 @@ pub use cli::{Invocation, LockCommand, one_line, parse};
 use discovery::{Discovered, ResolveError, ResourceArg, ResourceType};
 pub use error::PluginError;
 
-/// What a successful command prints: stdout, one-line notes for stderr, and the exit status (0,
-/// or the command's with `kubectl lock ... -- COMMAND`).
+/// What a successful command prints: stdout, notes for stderr, and the exit status.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Report {
     pub stdout: String,
@@ -34,14 +31,21 @@ pub struct Report {
     pub exit_code: u8,
 }
 
+impl Report {
+    fn ok(stdout: String, notes: Vec<String>) -> Result<Report, PluginError> {
+        Ok(Report {
+            stdout,
+            notes,
+            exit_code: 0,
+        })
+    }
+}
+
 pub async fn run(invocation: Invocation) -> Result<Report, PluginError> {
     match invocation {
         Invocation::Lock(cli) => match cli.command {
             Some(LockCommand::List(args)) => list::list(&cli.connection, &args).await,
-            Some(LockCommand::Completion(args)) => Ok(Report {
-                stdout: completion(args.shell),
-                ..Report::default()
-            }),
+            Some(LockCommand::Completion(args)) => Report::ok(completion(args.shell), vec![]),
             Some(LockCommand::Man(args)) => man_pages(&args.dir),
             None if cli.lock.command.is_empty() => {
                 lock::take(&cli.connection, &cli.lock, None).await
@@ -52,8 +56,6 @@ pub async fn run(invocation: Invocation) -> Result<Report, PluginError> {
     }
 }
 
-/// What `kubectl lock completion SHELL` prints: both command names' completion, or kubectl's
-/// plugin completion program.
 fn completion(shell: cli::PluginShell) -> String {
     use crate::cli::generate::{self, Shell};
     let (lock, unlock) = (cli::LockCli::command(), cli::UnlockCli::command());
@@ -72,15 +74,16 @@ fn man_pages(dir: &std::path::Path) -> Result<Report, PluginError> {
     use crate::cli::generate::write_man_pages;
     write_man_pages(cli::LockCli::command(), dir)
         .and_then(|()| write_man_pages(cli::UnlockCli::command(), dir))
-        .map_err(|error| PluginError::ManPages {
-            dir: dir.display().to_string(),
-            error,
+        .map_err(|e| {
+            PluginError::Message(format!(
+                "cannot write the man pages into {}: {e}",
+                dir.display()
+            ))
         })?;
     Ok(Report::default())
 }
 
-/// A client for the cluster named by the flags, the kubeconfig or the in-cluster account; `url`
-/// for messages.
+/// A client for the cluster the flags, the kubeconfig or the in-cluster account name.
 struct Cluster {
     client: kube::Client,
     url: String,
@@ -91,18 +94,18 @@ impl Cluster {
     async fn connect(args: &ConnectionArgs) -> Result<Cluster, PluginError> {
         let config = kubeconfig::load(args.kubeconfig.as_deref(), args.context.as_deref())
             .await
-            .map_err(|e| match e {
-                KubeconfigError::NoConfig(message) => PluginError::NoConfig(message),
-                KubeconfigError::File { .. } => PluginError::Kubeconfig(format!(" {e}")),
-                KubeconfigError::Context(message) => {
-                    PluginError::Kubeconfig(format!(": {message}"))
-                }
+            .map_err(|e| {
+                PluginError::Message(match e {
+                    KubeconfigError::NoConfig(m) => format!("no cluster configured (--kubeconfig, KUBECONFIG, ~/.kube/config or in-cluster): {m}"),
+                    KubeconfigError::File { .. } => format!("cannot load the kubeconfig {e}"),
+                    KubeconfigError::Context(m) => format!("cannot load the kubeconfig: {m}"),
+                })
             })?;
         let url = config.cluster_url.to_string();
         let url = url.strip_suffix('/').unwrap_or(&url).to_owned();
         let default_namespace = config.default_namespace.clone();
         let client = kubeconfig::client(config, error::detail)
-            .map_err(|message| PluginError::Kubeconfig(format!(": {message}")))?;
+            .map_err(|m| PluginError::Message(format!("cannot load the kubeconfig: {m}")))?;
         Ok(Cluster {
             client,
             url,
@@ -132,23 +135,27 @@ impl Cluster {
         let discovered = self
             .discover(arg.groups().as_ref(), arg.has_version())
             .await?;
-        match discovery::resolve(arg, &discovered.types) {
-            Ok(resource) => Ok(resource.clone()),
-            Err(ResolveError::Ambiguous(candidates)) => Err(PluginError::Ambiguous {
-                resource: arg.text.clone(),
-                candidates: candidates.join(", "),
-            }),
-            Err(ResolveError::Unknown) => Err(PluginError::UnknownResource {
-                resource: arg.text.clone(),
-                hint: match discovered.failures.as_slice() {
-                    [] => String::new(),
-                    failures => {
-                        let failures: Vec<_> = failures.iter().map(|(_, m)| m.as_str()).collect();
-                        format!(" (discovery failed for {})", failures.join("; "))
-                    }
-                },
-            }),
-        }
+        let failures: Vec<_> = discovered
+            .failures
+            .iter()
+            .map(|(_, m)| m.as_str())
+            .collect();
+        let text = &arg.text;
+        discovery::resolve(arg, &discovered.types)
+            .cloned()
+            .map_err(|e| PluginError::Resource(match e {
+                ResolveError::Ambiguous(candidates) => format!(
+                    "resource type \"{text}\" is ambiguous: it may be {}; name one of them",
+                    candidates.join(", ")
+                ),
+                ResolveError::Unknown if failures.is_empty() => {
+                    format!("the server doesn't have a resource type \"{text}\"")
+                }
+                ResolveError::Unknown => format!(
+                    "the server doesn't have a resource type \"{text}\" (discovery failed for {})",
+                    failures.join("; ")
+                ),
+            }))
     }
 
     fn api(&self, resource: &ApiResource, namespace: Option<&str>) -> Api<DynamicObject> {
@@ -159,7 +166,8 @@ impl Cluster {
     }
 }
 
-/// One object; `namespace` is `None` when it is cluster-scoped.
+/// One object; `namespace` is `None` when it is cluster-scoped. Displayed as
+/// `deployments.apps "web" in namespace "prod"`.
 struct Target {
     resource: ResourceType,
     name: String,
@@ -167,7 +175,6 @@ struct Target {
 }
 
 impl Target {
-    /// The object `words` name (`RESOURCE/NAME`, or `RESOURCE NAME`), resolved.
     async fn resolve(
         cluster: &Cluster,
         args: &ConnectionArgs,
@@ -177,9 +184,10 @@ impl Target {
         let (resource, name) = parse_target(words)?;
         let resource = cluster.resolve(&resource).await?;
         if resource.is_lock() {
-            return Err(PluginError::LockingALock {
-                resource: resource.qualified(),
-            });
+            return Err(PluginError::Message(format!(
+                "{} cannot be locked: locks are never locked, so unlocking never waits on the webhook",
+                resource.qualified()
+            )));
         }
         let namespace = if resource.namespaced {
             Some(cluster.namespace(args))
@@ -199,8 +207,7 @@ impl Target {
         })
     }
 
-    /// Why a lock on this object is never enforced: it is in (or is) a namespace that the
-    /// webhook registration leaves out.
+    /// Why a lock on it is never enforced: it is in (or is) a namespace the registration leaves out.
     fn unenforced(&self) -> Option<String> {
         let is_namespace = self.resource.group.is_empty() && self.resource.plural == "namespaces";
         let namespace = match &self.namespace {
@@ -222,7 +229,6 @@ impl Target {
     }
 }
 
-/// `deployments.apps "web" in namespace "prod"`, `namespaces "prod"`.
 impl std::fmt::Display for Target {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{} \"{}\"", self.resource.qualified(), self.name)?;
@@ -240,7 +246,7 @@ fn parse_target(words: &[String]) -> Result<(ResourceArg, String), PluginError> 
         _ => ("", ""),
     };
     if resource.is_empty() || name.is_empty() || name.contains('/') {
-        return Err(PluginError::Usage(format!(
+        return Err(PluginError::Message(format!(
             "expected RESOURCE/NAME or RESOURCE NAME (such as deploy/web), got \"{}\"",
             words.join(" ")
         )));

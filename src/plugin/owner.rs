@@ -1,6 +1,5 @@
-//! `--owner KIND/NAME`: the `ownerReference` that makes the garbage collector delete the lock
-//! with that object. Invariant: the owner's uid is read from the API; `controller` and
-//! `blockOwnerDeletion` are never set.
+//! `--owner KIND/NAME`: the `ownerReference` by which the garbage collector deletes the lock with
+//! that object; its uid read from the API, never `controller` nor `blockOwnerDeletion`.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
@@ -9,21 +8,17 @@ use super::error::status_code;
 use super::{Cluster, PluginError, Target, parse_target};
 use crate::api::LockOperation;
 
-/// The ownerReference to the object `text` (`KIND/NAME`) names, for the lock of `target`: in
-/// the target's namespace, or cluster-scoped; a ClusterLock takes cluster-scoped owners only.
 pub(super) async fn resolve(
     cluster: &Cluster,
     text: &str,
     target: &Target,
     operations: &[LockOperation],
 ) -> Result<OwnerReference, PluginError> {
-    let usage = |why: String| PluginError::Usage(format!("--owner {text}: {why}"));
+    let usage = |why: String| PluginError::Message(format!("--owner {text}: {why}"));
     let (arg, name) = parse_target(&[text.to_owned()])
         .map_err(|_| usage("expected KIND/NAME (such as job/backup)".to_owned()))?;
     let resource = cluster.resolve(&arg).await.map_err(|e| match e {
-        e @ (PluginError::UnknownResource { .. } | PluginError::Ambiguous { .. }) => {
-            usage(e.to_string())
-        }
+        PluginError::Resource(why) => usage(why),
         other => other,
     })?;
     let owner = placed(resource, name, target).map_err(usage)?;
@@ -45,17 +40,16 @@ pub(super) async fn resolve(
                 controller: None,
                 block_owner_deletion: None,
             }),
-            None => Err(PluginError::Api {
-                action: format!("cannot own the lock by {owner}"),
-                detail: "the API server returned it without a uid".to_owned(),
-            }),
+            None => Err(PluginError::Message(format!(
+                "cannot own the lock by {owner}: the API server returned it without a uid"
+            ))),
         },
         Err(e) if status_code(&e) == Some(404) => Err(usage(format!("{owner} does not exist"))),
         Err(e) => Err(cluster.failed(&e, format!("cannot read the owner {owner}"))),
     }
 }
 
-/// The owner, in the target's namespace or cluster-scoped; or why it cannot own the lock.
+/// The owner, in the target's namespace or cluster-scoped (only, for a ClusterLock).
 fn placed(resource: ResourceType, name: String, target: &Target) -> Result<Target, String> {
     let namespace = match (resource.namespaced, &target.namespace) {
         (false, _) => None,
@@ -75,7 +69,6 @@ fn placed(resource: ResourceType, name: String, target: &Target) -> Result<Targe
     })
 }
 
-/// Whether the owner is the locked object and the lock refuses deleting it.
 fn refuses_own_deletion(owner: &Target, target: &Target, operations: &[LockOperation]) -> bool {
     let same = owner.resource.group == target.resource.group
         && owner.resource.plural == target.resource.plural
@@ -84,7 +77,6 @@ fn refuses_own_deletion(owner: &Target, target: &Target, operations: &[LockOpera
     same && (operations.is_empty() || operations.contains(&LockOperation::Delete))
 }
 
-/// `Job/backup`, as `kubectl lock` and `kubectl lock list` show an owner.
 pub(super) fn short(reference: &OwnerReference) -> String {
     format!("{}/{}", reference.kind, reference.name)
 }

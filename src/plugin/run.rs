@@ -1,13 +1,12 @@
-//! `kubectl lock RESOURCE/NAME [flags] -- COMMAND [ARGS...]`: a lock held while a command runs.
-//!
-//! Invariant: the lock is removed when the command ends, whatever the way; only SIGKILL leaves it,
-//! and then its lease makes it lapse. The exit status is the command's, or one of the codes below.
+//! `kubectl lock RESOURCE/NAME -- COMMAND`: a lock held while a command runs. Invariant: the lock
+//! is removed when the command ends, whatever the way; after a SIGKILL its lease makes it lapse.
 
 use std::io;
 use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
 use std::time::Duration;
 
+use backon::{ExponentialBuilder, Retryable};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
@@ -23,8 +22,7 @@ use super::lease::{self, Clock, Notice, Renew, RenewError};
 use super::lock::{self, Created, Held};
 use super::{PluginError, Report};
 
-// Exit statuses, as the help text lists them: the command exited 0 but the lock is still there;
-// the command was not run because...
+// Exit statuses, as the help text lists them.
 const NOT_REMOVED: u8 = 122;
 const ALREADY_LOCKED: u8 = 123;
 const NOT_IN_FORCE: u8 = 124;
@@ -32,18 +30,14 @@ const NOT_TAKEN: u8 = 125;
 const CANNOT_EXECUTE: u8 = 126;
 const NOT_FOUND: u8 = 127;
 
-/// The waits between the tries to delete the lock.
-const REMOVAL_RETRIES: [Duration; 2] = [Duration::from_millis(500), Duration::from_secs(2)];
-
 pub(super) async fn run(
     connection: &ConnectionArgs,
     args: &LockArgs,
 ) -> Result<Report, PluginError> {
     let lease_length = args.lease.unwrap_or(lease::DEFAULT_LEASE);
-    let mut signals = Signals::listen().map_err(|e| {
-        let detail = e.to_string();
-        let command = "the signal handlers".to_owned();
-        not_run(NOT_TAKEN, PluginError::CannotRun { command, detail })
+    let mut signals = signals().map_err(|e| PluginError::NotRun {
+        code: NOT_TAKEN,
+        error: format!("cannot run the signal handlers: {e}"),
     })?;
     let clock = Clock::start();
     let first_expiry = Instant::now() + lease_length;
@@ -66,61 +60,48 @@ pub(super) async fn run(
     let taken = loop {
         tokio::select! {
             taken = &mut take => break Ok(taken),
-            Some(origin) = signals.rx.recv() => break Err(origin.signal),
+            Some(origin) = signals.recv() => break Err(origin.signal),
             _ = lease.as_mut(), if !lost => lost = true,
         }
     };
     let created = created_tx.borrow().clone();
-    let report = match taken {
-        Ok(Ok(report)) => report,
-        Ok(Err(e)) => {
-            let code = match &e {
-                PluginError::AlreadyLocked { .. } => ALREADY_LOCKED,
-                PluginError::NotInForce { .. } => NOT_IN_FORCE,
-                _ => NOT_TAKEN,
-            };
-            remove_or_tell(created.as_ref()).await;
-            return Err(not_run(code, e));
-        }
-        Err(signal) => {
-            remove_or_tell(created.as_ref()).await;
-            return Err(not_run(
-                signal_status(signal),
-                PluginError::Interrupted(signal_name(signal)),
-            ));
-        }
-    };
-    // stdout is the command's: what kubectl lock says goes to stderr.
-    eprint!("{}", report.stdout);
-    for note in &report.notes {
-        eprintln!("note: {note}");
-    }
-
     let (program, program_args) = (args.command.split_first()).expect("run only with a COMMAND");
     let command = format!("'{}'", program.to_string_lossy());
-    // With the terminal, environment and process group of this process.
-    let spawned = tokio::process::Command::new(program)
-        .args(program_args)
-        .spawn();
-    let mut child = match spawned {
+    let started = match taken {
+        Ok(Ok(report)) => {
+            // stdout is the command's: what kubectl lock says goes to stderr.
+            eprint!("{}", report.stdout);
+            for note in &report.notes {
+                eprintln!("note: {note}");
+            }
+            // With the terminal, environment and process group of this process.
+            let spawned = tokio::process::Command::new(program)
+                .args(program_args)
+                .spawn();
+            spawned.map_err(|e| match e.kind() {
+                io::ErrorKind::NotFound => (NOT_FOUND, format!("cannot run {command}: {e}")),
+                _ => (CANNOT_EXECUTE, format!("cannot run {command}: {e}")),
+            })
+        }
+        Ok(Err(PluginError::AlreadyLocked(e))) => Err((ALREADY_LOCKED, e)),
+        Ok(Err(PluginError::NotInForce(e))) => Err((NOT_IN_FORCE, e)),
+        Ok(Err(e)) => Err((NOT_TAKEN, e.to_string())),
+        Err(signal) => Err((
+            signal_status(signal),
+            format!("interrupted by {}", signal_name(signal)),
+        )),
+    };
+    let mut child = match started {
         Ok(child) => child,
-        Err(e) => {
+        Err((code, error)) => {
             remove_or_tell(created.as_ref()).await;
-            let code = match e.kind() {
-                io::ErrorKind::NotFound => NOT_FOUND,
-                _ => CANNOT_EXECUTE,
-            };
-            let error = PluginError::CannotRun {
-                command,
-                detail: e.to_string(),
-            };
-            return Err(not_run(code, error));
+            return Err(PluginError::NotRun { code, error });
         }
     };
     let status = loop {
         tokio::select! {
             status = child.wait() => break status,
-            Some(origin) = signals.rx.recv() => {
+            Some(origin) = signals.recv() => {
                 // Not one the kernel sent (a key at the terminal, a hangup): the command's
                 // process group received it too.
                 if let (Some(pid), false) = (child.id(), matches!(origin.cause, Cause::Kernel)) {
@@ -148,14 +129,7 @@ pub(super) async fn run(
     })
 }
 
-fn not_run(code: u8, error: PluginError) -> PluginError {
-    PluginError::NotRun {
-        code,
-        error: Box::new(error),
-    }
-}
-
-/// The exit status of `kubectl lock` for the command's: its code, or 128+N for signal N.
+/// The command's code, or 128+N for signal N.
 fn exit_status(status: ExitStatus) -> u8 {
     match (status.code(), status.signal()) {
         (Some(code), _) => (code & 0xff) as u8,
@@ -201,39 +175,40 @@ fn tell(notice: &Notice, lock: &str, lease: Duration) -> String {
     }
 }
 
-/// Deletes the lock this process created, if any (its uid a precondition), trying a few times;
-/// says on stderr how to do it by hand when it cannot. False when it is still there.
+/// Deletes the lock this process created (its uid a precondition), or says on stderr how to do
+/// it by hand; false when it is still there.
 async fn remove_or_tell(created: Option<&Created>) -> bool {
     let Some(created) = created else {
         return true;
     };
-    let params = DeleteParams {
-        preconditions: Some(Preconditions {
-            uid: Some(created.uid.clone()),
-            resource_version: None,
-        }),
-        ..DeleteParams::default()
-    };
-    let mut waits = REMOVAL_RETRIES.iter();
-    loop {
-        let error = match created.api.delete(&created.key.name, &params).await {
-            // Gone (kubectl unlock), or replaced by another lock of that name: not ours to delete.
-            Err(e) if !matches!(status_code(&e), Some(404 | 409)) => e,
-            _ => return true,
-        };
-        let Some(wait) = waits.next() else {
+    let uid = Some(created.uid.clone());
+    let params = DeleteParams::default().preconditions(Preconditions {
+        uid,
+        ..Default::default()
+    });
+    // Gone (kubectl unlock), or replaced by another lock of that name: not ours to delete.
+    let ours = |e: &kube::Error| !matches!(status_code(e), Some(404 | 409));
+    let waits = ExponentialBuilder::default().with_min_delay(Duration::from_millis(500));
+    let deleted = (|| created.api.delete(&created.key.name, &params))
+        .retry(waits.with_factor(4.0).with_max_times(2))
+        .sleep(tokio::time::sleep)
+        .when(ours)
+        .await;
+    match deleted {
+        Err(e) if ours(&e) => {
             let (key, command) = (&created.key, created.key.unlock_command());
-            let detail = detail(&error);
-            eprintln!("error: cannot remove {key}: {detail}; remove it with: {command}");
-            return false;
-        };
-        tokio::time::sleep(*wait).await;
+            eprintln!(
+                "error: cannot remove {key}: {}; remove it with: {command}",
+                detail(&e)
+            );
+            false
+        }
+        _ => true,
     }
 }
 
 impl Renew for Created {
-    /// A merge patch of `spec.expiresAt`, with the uid as a precondition: a lock deleted and
-    /// created again under the same name by someone else is not renewed.
+    /// With the uid as a precondition: a lock created again under the name is not renewed.
     async fn renew(&mut self, expires_at: Timestamp) -> Result<(), RenewError> {
         let patch = serde_json::json!({
             "metadata": { "uid": self.uid },
@@ -265,34 +240,14 @@ impl Renew for Created {
     }
 }
 
-/// SIGINT, SIGTERM and SIGHUP, with where each came from, read on a thread of their own.
-struct Signals {
-    rx: mpsc::UnboundedReceiver<Origin>,
-    handle: signal_hook::iterator::Handle,
-}
-
-impl Signals {
-    fn listen() -> io::Result<Signals> {
-        let mut signals = SignalsInfo::<WithOrigin>::new([SIGINT, SIGTERM, SIGHUP])?;
-        let handle = signals.handle();
-        let (tx, rx) = mpsc::unbounded_channel();
-        std::thread::Builder::new()
-            .name("signals".to_owned())
-            .spawn(move || {
-                for origin in signals.forever() {
-                    if tx.send(origin).is_err() {
-                        break;
-                    }
-                }
-            })?;
-        Ok(Signals { rx, handle })
-    }
-}
-
-impl Drop for Signals {
-    fn drop(&mut self) {
-        self.handle.close();
-    }
+/// SIGINT, SIGTERM and SIGHUP, with their origin, read on a thread of their own.
+fn signals() -> io::Result<mpsc::UnboundedReceiver<Origin>> {
+    let mut signals = SignalsInfo::<WithOrigin>::new([SIGINT, SIGTERM, SIGHUP])?;
+    let (tx, rx) = mpsc::unbounded_channel();
+    std::thread::Builder::new()
+        .name("signals".to_owned())
+        .spawn(move || signals.forever().try_for_each(|origin| tx.send(origin)))?;
+    Ok(rx)
 }
 
 #[cfg(test)]

@@ -1,10 +1,10 @@
-//! A lock's spec, as the crate's [`LockSpec`]: written by `kubectl lock`, read by `list` and
-//! `unlock`. What a spec covers is decided by [`decide::covers_resource`], the function the
-//! webhook enforces, so the plugin and the webhook cannot disagree on what a lock means.
+//! A lock's spec, the crate's [`LockSpec`]: written by `kubectl lock`, read and described by
+//! `list` and `unlock`, which decide what it covers with the webhook's own function.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::DynamicObject;
+use kube::core::Selector;
 
 use super::cli::LockArgs;
 use super::discovery::qualified;
@@ -12,8 +12,7 @@ use crate::api::{
     Exemptions, Holder, LockKey, LockKind, LockMode, LockOperation, LockSpec, ResourceRule,
 };
 
-/// The spec of a new lock on `plural` in `group`, from the flags (`operations` sorted, without
-/// repeats).
+/// The spec of a new lock on `plural` in `group` (`operations` sorted, without repeats).
 pub(super) fn new(
     args: &LockArgs,
     (group, plural): (&str, &str),
@@ -77,22 +76,22 @@ pub(super) fn holder_cell(holder: &Holder) -> String {
     }
 }
 
-/// The spec of a lock object as the webhook reads it ([`crate::locks::parse`]): for a spec it
-/// cannot read, what of it fails closed, and a note saying why, in the webhook's words.
+/// The spec as the webhook reads it: for one it cannot read, what fails closed, and a note why.
 pub(super) fn read(object: &DynamicObject) -> (LockSpec, Option<String>) {
     let kind = LockKind::for_namespace(object.metadata.namespace.as_deref().unwrap_or(""));
-    // Every object the API server serves has a name.
     let Some(lock) = crate::locks::parse::lock_ref(kind, object) else {
         return (LockSpec::default(), None);
     };
-    let (namespace, name) = (lock.namespace, lock.name);
-    let key = LockKey { namespace, name };
+    let key = LockKey {
+        namespace: lock.namespace,
+        name: lock.name,
+    };
     let note =
         (lock.problem).map(|p| format!("{key}: unreadable spec, fails closed until fixed: {p}"));
     (lock.spec, note)
 }
 
-/// The `(group, resource)` pairs `spec.resources` names; `None` without `resources`.
+/// The `(group, resource)` pairs of `spec.resources`, if any.
 fn pairs(spec: &LockSpec) -> Option<Vec<(&str, &str)>> {
     let rules = spec.resources.as_ref()?;
     Some(
@@ -109,30 +108,22 @@ fn pairs(spec: &LockSpec) -> Option<Vec<(&str, &str)>> {
 
 /// The COVERS column: `deployments.apps`, `any resource named web`, `selector app=web`.
 pub(super) fn describe_covers(name: &str, spec: &LockSpec) -> String {
-    let resources = match pairs(spec) {
-        None => None,
-        Some(pairs) if pairs.is_empty() => Some("no resource".to_owned()),
-        Some(pairs) => Some(
-            pairs
-                .iter()
-                .map(|(g, r)| qualified(g, r))
-                .collect::<Vec<_>>()
-                .join(","),
-        ),
-    };
-    match (resources, &spec.selector) {
+    let resources = pairs(spec).map(|pairs| match pairs.as_slice() {
+        [] => "no resource".to_owned(),
+        pairs => pairs
+            .iter()
+            .map(|(g, r)| qualified(g, r))
+            .collect::<Vec<_>>()
+            .join(","),
+    });
+    let selector = (spec.selector.as_ref()).map(|s| format!("selector {}", describe_selector(s)));
+    match (resources, selector) {
         (None, None) => format!("any resource named {name}"),
-        (None, Some(selector)) => format!("selector {}", describe_selector(selector)),
-        (Some(resources), None) => resources,
-        (Some(resources), Some(selector)) => {
-            format!("{resources} selector {}", describe_selector(selector))
-        }
+        (r, s) => [r, s].into_iter().flatten().collect::<Vec<_>>().join(" "),
     }
 }
 
-/// The OPERATIONS column: `UPDATE,DELETE`, `CREATE,CONNECT`.
-/// `UPDATE,DELETE`; what an UPDATE lock on fields freezes follows it in brackets:
-/// `UPDATE[spec.template],DELETE`, `UPDATE[all-but:metadata.annotations]`.
+/// The OPERATIONS column: `UPDATE[spec.template],DELETE`, `UPDATE[all-but:metadata.labels]`.
 pub(super) fn operations(spec: &LockSpec) -> String {
     let frozen = match (&spec.fields, &spec.except_fields) {
         (Some(fields), _) => format!("[{}]", fields.join(",")),
@@ -148,8 +139,7 @@ pub(super) fn operations(spec: &LockSpec) -> String {
         .join(",")
 }
 
-/// The one resource whose object of the lock's name can be looked up: a single group and
-/// resource, no wildcard and no selector.
+/// The one resource whose object of the lock's name can be looked up (no wildcard, no selector).
 pub(super) fn single_resource(spec: &LockSpec) -> Option<(String, String)> {
     if spec.selector.is_some() {
         return None;
@@ -164,40 +154,14 @@ pub(super) fn single_resource(spec: &LockSpec) -> Option<(String, String)> {
 
 /// A LabelSelector as kubectl writes one: `app=web,tier in (a,b),!canary`.
 fn describe_selector(selector: &LabelSelector) -> String {
-    let mut terms: Vec<String> = selector
-        .match_labels
-        .iter()
-        .flatten()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect();
-    for expression in selector.match_expressions.iter().flatten() {
-        let key = &expression.key;
-        let values = expression.values.iter().flatten().cloned();
-        let values = values.collect::<Vec<_>>().join(",");
-        terms.push(match expression.operator.as_str() {
-            "In" => format!("{key} in ({values})"),
-            "NotIn" => format!("{key} notin ({values})"),
-            "Exists" => key.clone(),
-            "DoesNotExist" => format!("!{key}"),
-            other => format!("{key} {other} ({values})"),
-        });
-    }
-    if terms.is_empty() {
-        "(everything)".to_owned()
-    } else {
-        terms.join(",")
+    match Selector::try_from(selector.clone()) {
+        Ok(selector) if selector.selects_all() => "(everything)".to_owned(),
+        Ok(selector) => selector.to_string(),
+        Err(e) => e.to_string(),
     }
 }
 
-/// The MODE column: `Enforce` unless the spec says otherwise.
-pub(super) fn mode(spec: &LockSpec) -> &'static str {
-    match spec.mode.unwrap_or_default() {
-        LockMode::Enforce => "Enforce",
-        LockMode::Warn => "Warn",
-    }
-}
-
-/// The EXPIRES column: the time left (`1h59m`), `expired`, or `never`.
+/// The EXPIRES column: `1h59m`, `expired`, or `never`.
 pub(super) fn time_left(spec: &LockSpec, now: Timestamp) -> String {
     let Some(at) = &spec.expires_at else {
         return "never".to_owned();
@@ -357,7 +321,6 @@ mod tests {
         );
         assert_eq!(describe_covers("web", &kept), "configmaps");
         assert_eq!(operations(&kept), "DELETE");
-        assert_eq!(mode(&kept), "Enforce");
         for unreadable in [json!({"expiresAt": "soon"}), json!("text")] {
             let (kept, problem) = read_lock(unreadable);
             assert!(problem.is_some());
@@ -382,7 +345,5 @@ mod tests {
         assert_eq!(left("2026-01-01T02:00:00Z"), "2h");
         assert_eq!(left("2026-01-03T04:05:00Z"), "2d4h");
         assert_eq!(left("2026-01-08T00:00:00Z"), "7d");
-        assert_eq!(mode(&spec(json!({}))), "Enforce");
-        assert_eq!(mode(&spec(json!({ "mode": "Warn" }))), "Warn");
     }
 }
