@@ -1,7 +1,8 @@
 //! Locks you can see hold, through the real API server: the webhook records in each Lock's
 //! status that it enforces it (server-side apply on the status subresource), `kubectl get
 //! locks` shows the ENFORCED column, a Warn-mode Lock says so in its condition, and a refused
-//! write leaves a `Blocked` Event regarding the Lock (a dry run leaves none).
+//! write leaves a `Blocked` Event regarding the Lock (a dry run leaves none) and does not write the
+//! Lock.
 
 use std::time::{Duration, Instant};
 
@@ -98,6 +99,15 @@ pub fn run(ctx: &Ctx) -> Result<()> {
     ensure!(
         note.contains("DELETE") && note.contains("held"),
         "the event does not say what was refused: {note}"
+    );
+    // Refusals are recorded as Events only: the Lock itself is not written again.
+    let after = rest.get(&lock_path)?.body;
+    ensure!(
+        after["metadata"]["resourceVersion"] == lock["metadata"]["resourceVersion"],
+        "a refusal wrote the Lock: resourceVersion {} before, {} after ({})",
+        lock["metadata"]["resourceVersion"],
+        after["metadata"]["resourceVersion"],
+        after["status"]
     );
     let described = ctx.k(&["describe", "lock", "held", "-n", n]).check()?;
     ensure!(
