@@ -22,14 +22,9 @@ fn main() -> ExitCode {
     {
         return fail(1, anyhow::Error::new(e).context("cannot start the webhook"));
     }
-    let runtime = match tokio::runtime::Runtime::new() {
+    let runtime = match kube_object_lock::runtime(true) {
         Ok(rt) => rt,
-        Err(e) => {
-            return fail(
-                2,
-                anyhow::Error::new(e).context("cannot start the async runtime"),
-            );
-        }
+        Err(e) => return fail(2, anyhow::anyhow!("cannot start the async runtime: {e}")),
     };
     runtime.block_on(run(cli))
 }

@@ -419,3 +419,19 @@ fn manifests_cluster_broad_is_not_narrowed() {
     assert!(!text.contains("may-be-locked"), "{text}");
     assert!(!text.contains("validatingwebhookconfigurations"), "{text}");
 }
+
+#[test]
+fn a_runtime_that_cannot_start_is_one_line() {
+    // 5: the runtime's own error; 6: tokio's panic in its signal driver, taken as the error.
+    for limit in [5, 6] {
+        let script = format!("ulimit -n {limit}; exec \"$0\" crd");
+        let mut cmd = Command::new("/bin/sh");
+        cmd.args(["-c", &script, env!("CARGO_BIN_EXE_kube-object-lock")]);
+        let err = fails(
+            &mut cmd,
+            2,
+            &["cannot start the async runtime: ", "Too many open files"],
+        );
+        assert_eq!(err.lines().count(), 1, "{err}");
+    }
+}

@@ -22,7 +22,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let result = match runtime() {
+    let result = match kube_object_lock::runtime(false) {
         Ok(runtime) => runtime.block_on(plugin::run(invocation)),
         Err(e) => Err(plugin::PluginError::Message(format!(
             "cannot start the async runtime: {e}"
@@ -42,23 +42,5 @@ fn main() -> ExitCode {
             eprintln!("error: {message}");
             ExitCode::from(e.exit_code())
         }
-    }
-}
-
-/// The runtime, or why it cannot start. tokio panics, rather than fails, when it cannot make the
-/// descriptors of its signal driver (too many open files): that panic is taken as the failure.
-fn runtime() -> Result<tokio::runtime::Runtime, String> {
-    let hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|_| {}));
-    let built = std::panic::catch_unwind(|| {
-        let mut builder = tokio::runtime::Builder::new_current_thread();
-        builder.enable_all().build()
-    });
-    std::panic::set_hook(hook);
-    match built {
-        Ok(built) => built.map_err(|e| e.to_string()),
-        Err(panic) => Err((panic.downcast_ref::<String>().cloned())
-            .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-            .unwrap_or_else(|| "it panicked".to_owned())),
     }
 }
