@@ -10,7 +10,7 @@ use k8s_openapi::jiff::Timestamp;
 use super::conditions::{self, Clauses, ConditionsPlan, NarrowingBounds, Scope};
 use super::{
     CLUSTER_ENTRY, MissingEntry, NAMESPACED_ENTRY, RegisteredScope, copies, expressions,
-    is_current_by, is_extra_entry, selected, template,
+    is_extra_entry, selected, template,
 };
 use crate::api::{LockKey, LockOperation};
 use crate::locks::{LockKind, LockRef};
@@ -75,7 +75,7 @@ pub fn plan<'a>(
             .collect();
         OperationPlan {
             keys: locks.iter().map(|l| l.key()).collect(),
-            plan: conditions::plan_with(clauses, locks, now, limits),
+            plan: conditions::plan(clauses, locks, now, limits),
         }
     };
     OperationsPlan {
@@ -130,10 +130,6 @@ pub fn webhooks(
         add(CLUSTER_CREATE_ENTRY, &plan.create, rules, false)?;
     }
     Ok(out)
-}
-
-pub fn is_current(current: &[ValidatingWebhook], desired: &[ValidatingWebhook]) -> bool {
-    is_current_by(current, desired, is_operation_entry)
 }
 
 #[cfg(test)]

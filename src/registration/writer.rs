@@ -22,7 +22,9 @@ use tracing::{debug, info, warn};
 
 use super::conditions::{self, ConditionsPlan, NarrowingBounds, Scope};
 use super::operations::{self, OperationsPlan};
-use super::{Format, NamespaceSelection, Registered, RegisteredScope, is_current, webhooks};
+use super::{
+    Format, NamespaceSelection, Registered, RegisteredScope, is_base_extra, is_current, webhooks,
+};
 use crate::locks::index::{self, Change, IndexSnapshot, LockIndex, Sets, WatchState};
 use crate::locks::{LockKey, LockKind, LockRef};
 use crate::metrics::{ConfigurationLabels, OutcomeLabels, RegistrationMetrics};
@@ -248,7 +250,12 @@ impl Narrower {
         view: &LockView,
     ) -> Result<Option<Timestamp>, Problem> {
         let now = Timestamp::now();
-        let plan = conditions::plan(view.locks(), now, &self.config.limits);
+        let plan = conditions::plan(
+            conditions::Clauses::Changes,
+            view.locks(),
+            now,
+            &self.config.limits,
+        );
         let operations = operations::plan(view.locks(), now, &self.config.limits);
         let live: BTreeSet<LockKey> = (view.locks())
             .filter(|l| !l.spec.is_expired(now))
@@ -271,7 +278,14 @@ impl Narrower {
             .locked_names
             .set(i64::try_from(plan.names).unwrap_or(i64::MAX));
         let differs = "the configuration read back differs from what was written (another writer, or a defaulted field)";
-        let written = self.write(api, FIELD_MANAGER, &current, &desired, is_current, differs);
+        let written = self.write(
+            api,
+            FIELD_MANAGER,
+            &current,
+            &desired,
+            is_base_extra,
+            differs,
+        );
         if let Some(written) = written.await? {
             self.wrote_base(&plan, &desired);
             self.last_written = Some(desired);
@@ -290,7 +304,7 @@ impl Narrower {
             manager,
             &current,
             &desired,
-            operations::is_current,
+            operations::is_operation_entry,
             differs,
         );
         if written.await?.is_some() {
@@ -348,10 +362,14 @@ impl Narrower {
         manager: &str,
         current: &ValidatingWebhookConfiguration,
         desired: &Entries,
-        is_current: fn(&Entries, &Entries) -> bool,
+        ours: fn(&str) -> bool,
         differs: &str,
     ) -> Result<Option<ValidatingWebhookConfiguration>, Problem> {
-        if is_current(current.webhooks.as_deref().unwrap_or_default(), desired) {
+        if is_current(
+            current.webhooks.as_deref().unwrap_or_default(),
+            desired,
+            ours,
+        ) {
             return Ok(None);
         }
         let name = &self.config.name;
@@ -381,7 +399,11 @@ impl Narrower {
             }
         };
         // The answer is the stored object: it must now say what was written.
-        if !is_current(written.webhooks.as_deref().unwrap_or_default(), desired) {
+        if !is_current(
+            written.webhooks.as_deref().unwrap_or_default(),
+            desired,
+            ours,
+        ) {
             self.count("error");
             return Err(Problem::Failed(differs.to_owned()));
         }
@@ -429,7 +451,9 @@ impl Narrower {
             Scope::Narrow { .. } => RegisteredScope::Narrow(live),
             Scope::Broad(reason) => RegisteredScope::Broad(reason.to_string()),
         };
-        if !namespaces.is_everything() && namespaces != self.registered.borrow().namespaces {
+        if namespaces != NamespaceSelection::default()
+            && namespaces != self.registered.borrow().namespaces
+        {
             info!(
                 namespaced = %super::describe(&namespaces.locks),
                 namespaces = %super::describe(&namespaces.namespaces),
