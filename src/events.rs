@@ -104,8 +104,10 @@ pub async fn run(
             let uid = locks.borrow().get(&key.lock).map(|l| l.meta.uid.clone());
             let (verb, result) = write(&client, &instance, &key, s, uid).await;
             let outcome = if result.is_ok() { "success" } else { "failure" };
-            let labels = EventWriteLabels { verb, outcome };
-            metrics.event_writes.get_or_create(&labels).inc();
+            (metrics
+                .event_writes
+                .get_or_create(&EventWriteLabels { verb, outcome }))
+            .inc();
             match result {
                 Ok(event) => {
                     debug!(lock = %key.lock, reason = key.reason.as_str(), count = s.count, "refusal event written");
@@ -132,13 +134,7 @@ pub async fn run(
                     }
                     if s.failures >= MAX_FAILURES {
                         let lost = u64::try_from(s.count - s.written).unwrap_or(0);
-                        let cause = DropLabels {
-                            cause: "write_failed",
-                        };
-                        metrics
-                            .refusal_events_dropped
-                            .get_or_create(&cause)
-                            .inc_by(lost);
+                        dropped(&metrics, "write_failed", lost);
                         series.remove(&key);
                     }
                 }
@@ -222,6 +218,13 @@ impl Reporting {
     }
 }
 
+fn dropped(metrics: &EnforcementMetrics, cause: &'static str, lost: u64) {
+    (metrics
+        .refusal_events_dropped
+        .get_or_create(&DropLabels { cause }))
+    .inc_by(lost);
+}
+
 fn add(
     series: &mut BTreeMap<SeriesKey, Series>,
     refusal: RefusalEvent,
@@ -240,10 +243,7 @@ fn add(
         return;
     }
     if series.len() >= max_series {
-        let cause = DropLabels {
-            cause: "series_limit",
-        };
-        metrics.refusal_events_dropped.get_or_create(&cause).inc();
+        dropped(metrics, "series_limit", 1);
         return;
     }
     series.insert(
