@@ -16,6 +16,7 @@ use tracing::{info, warn};
 
 use crate::admission::Reviewer;
 use crate::admission::labels::apiserver::KubeLabels;
+use crate::events::Reporting;
 use crate::kubeconfig::{self, KubeconfigError};
 use crate::locks::LockSource;
 use crate::locks::apiserver::{CacheConfig, KubeSource};
@@ -23,7 +24,6 @@ use crate::locks::files::{FilesError, FilesSource};
 use crate::metrics::{Metrics, ScopeLabels, SourceMetrics};
 use crate::registration::conditions::NarrowingBounds;
 use crate::registration::writer::{Narrower, NarrowerConfig};
-use crate::reporting::Reporting;
 use crate::server::{self, Drain};
 use crate::settings::Settings;
 use crate::systemd;

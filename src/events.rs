@@ -1,9 +1,10 @@
 //! Refusals become Kubernetes Events on the Lock (`Blocked`, `WouldBlock`), in series as
-//! client-go's recorder makes them, written by a background task. Invariant: recording never waits
-//! and never changes an answer (a full queue drops and counts); at most one write per lock per
-//! `min_interval`; dry runs are not recorded.
+//! client-go's recorder makes them, written by a background task started with the lock status
+//! writer ([`Reporting`]). Invariant: recording never waits and never changes an answer (a full
+//! queue drops and counts); at most one write per lock per `min_interval`; dry runs are not recorded.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -12,13 +13,17 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 pub use crate::admission::refusals::{BLOCKED, EventSink, Reason, RefusalEvent, WOULD_BLOCK};
 use crate::api::{self, LockKey};
+use crate::locks::index::LockIndex;
 use crate::metrics::{DropLabels, EnforcementMetrics, EventWriteLabels};
-use crate::status::LockSnapshot;
+use crate::registration::Registered;
+use crate::status::{self, LockSnapshot};
 
 pub const REPORTING_CONTROLLER: &str = "objectlock.dev/kube-object-lock";
 /// At most one write per lock this often.
@@ -99,8 +104,10 @@ pub async fn run(
             let uid = locks.borrow().get(&key.lock).map(|l| l.meta.uid.clone());
             let (verb, result) = write(&client, &instance, &key, s, uid).await;
             let outcome = if result.is_ok() { "success" } else { "failure" };
-            let labels = EventWriteLabels { verb, outcome };
-            metrics.event_writes.get_or_create(&labels).inc();
+            (metrics
+                .event_writes
+                .get_or_create(&EventWriteLabels { verb, outcome }))
+            .inc();
             match result {
                 Ok(event) => {
                     debug!(lock = %key.lock, reason = key.reason.as_str(), count = s.count, "refusal event written");
@@ -127,19 +134,95 @@ pub async fn run(
                     }
                     if s.failures >= MAX_FAILURES {
                         let lost = u64::try_from(s.count - s.written).unwrap_or(0);
-                        let cause = DropLabels {
-                            cause: "write_failed",
-                        };
-                        metrics
-                            .refusal_events_dropped
-                            .get_or_create(&cause)
-                            .inc_by(lost);
+                        dropped(&metrics, "write_failed", lost);
                         series.remove(&key);
                     }
                 }
             }
         }
     }
+}
+
+/// Refusals queued for events at most; more are dropped (and counted) until the writer catches up.
+const EVENT_QUEUE: usize = 4096;
+
+/// The two writers that report what this instance enforces, started and stopped together: lock
+/// status ([`crate::status`]) and refusal events, both reading the admission path's lock index.
+pub struct Reporting {
+    /// The admission path's end of the event queue.
+    pub events: EventSink,
+    stop: CancellationToken,
+    /// The two writers, the lock feed and the namespace watch: aborted when dropped.
+    tasks: JoinSet<()>,
+}
+
+impl Reporting {
+    /// `registered`: what the narrowed configuration names, when this instance keeps one.
+    pub fn start(
+        client: kube::Client,
+        instance: String,
+        metrics: EnforcementMetrics,
+        index: Arc<LockIndex>,
+        registered: Option<watch::Receiver<Registered>>,
+    ) -> Reporting {
+        let mut tasks = JoinSet::new();
+        let (snapshots, feed) = status::view::follow(index);
+        tasks.spawn(feed);
+        // The namespaces' labels matter only under a configuration this instance keeps: only
+        // there can it read the operator's requirements.
+        let namespaces = registered.as_ref().map(|registered| {
+            let (rx, run) = status::namespaces::follow(client.clone(), registered.clone());
+            tasks.spawn(run);
+            rx
+        });
+        let (events, queue) = EventSink::channel(EVENT_QUEUE, metrics.clone());
+        let stop = CancellationToken::new();
+        tasks.spawn(run(
+            client.clone(),
+            instance.clone(),
+            MIN_INTERVAL,
+            queue,
+            snapshots.clone(),
+            metrics.clone(),
+        ));
+        tasks.spawn(status::writer::run(
+            client,
+            instance,
+            snapshots,
+            registered,
+            namespaces,
+            metrics,
+            stop.clone().cancelled_owned(),
+        ));
+        Reporting {
+            events,
+            stop,
+            tasks,
+        }
+    }
+
+    /// Withdraws this instance from the status of the locks and writes the pending events,
+    /// within `grace`; the rest is abandoned.
+    pub async fn stop(mut self, grace: Duration) {
+        self.stop.cancel();
+        // The queue closes when the last sink (the reviewer's) is gone; the feed and the
+        // namespace watch end with the writers, their only readers.
+        drop(self.events);
+        let work = async { while self.tasks.join_next().await.is_some() {} };
+        if tokio::time::timeout(grace, work).await.is_err() {
+            warn!(
+                ?grace,
+                "lock status and events not fully written at shutdown"
+            );
+        }
+    }
+}
+
+fn dropped(metrics: &EnforcementMetrics, cause: &'static str, lost: u64) {
+    (metrics
+        .refusal_events_dropped
+        .get_or_create(&DropLabels { cause }))
+    .inc_by(lost);
 }
 
 fn add(
@@ -160,10 +243,7 @@ fn add(
         return;
     }
     if series.len() >= max_series {
-        let cause = DropLabels {
-            cause: "series_limit",
-        };
-        metrics.refusal_events_dropped.get_or_create(&cause).inc();
+        dropped(metrics, "series_limit", 1);
         return;
     }
     series.insert(

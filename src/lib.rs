@@ -24,7 +24,6 @@ pub mod locks;
 pub mod metrics;
 pub mod plugin;
 pub mod registration;
-pub mod reporting;
 pub mod retry;
 pub mod server;
 pub mod settings;

@@ -5,7 +5,7 @@
 
 mod support;
 
-use kube_object_lock::api::LockKey;
+use kube_object_lock::api::{LockKey, LockOperation};
 use kube_object_lock::cli::manifests;
 use kube_object_lock::locks::apiserver::KubeSource;
 use kube_object_lock::metrics::{ConfigurationLabels, OutcomeLabels, RegistrationMetrics};
@@ -48,7 +48,7 @@ async fn the_current_gauge_follows_confirmed_writes_and_failures() {
     let named = |key: LockKey| {
         let registered = registered.clone();
         async move {
-            let covers = || registered.borrow().covers(&key);
+            let covers = || registered.borrow().sends(LockOperation::Update, &key);
             support::until("the registration names the lock", covers, |c| *c).await;
         }
     };

@@ -101,16 +101,7 @@ impl Clauses {
     }
 }
 
-/// The plan of the base entries ([`Clauses::Changes`]).
 pub fn plan<'a>(
-    locks: impl IntoIterator<Item = &'a LockRef>,
-    now: Timestamp,
-    limits: &NarrowingBounds,
-) -> ConditionsPlan {
-    plan_with(Clauses::Changes, locks, now, limits)
-}
-
-pub fn plan_with<'a>(
     clauses: Clauses,
     locks: impl IntoIterator<Item = &'a LockRef>,
     now: Timestamp,

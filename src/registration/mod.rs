@@ -235,6 +235,7 @@ pub fn starting_point(
     entries: &[ValidatingWebhook],
 ) -> Result<Vec<ValidatingWebhook>, MissingEntry> {
     let plan = conditions::plan(
+        conditions::Clauses::Changes,
         std::iter::empty(),
         k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
         &conditions::NarrowingBounds::default(),
@@ -259,18 +260,16 @@ pub fn rbac_rule(name: &str) -> k8s_openapi::api::rbac::v1::PolicyRule {
     }
 }
 
-/// Every desired entry present and equal, and no extra entry of ours left over.
-pub fn is_current(current: &[ValidatingWebhook], desired: &[ValidatingWebhook]) -> bool {
-    is_current_by(current, desired, |name| {
-        is_extra_entry(name, NAMESPACED_ENTRY) || is_extra_entry(name, CLUSTER_ENTRY)
-    })
+/// An extra entry of the base entries (a chunk past the first).
+pub fn is_base_extra(name: &str) -> bool {
+    is_extra_entry(name, NAMESPACED_ENTRY) || is_extra_entry(name, CLUSTER_ENTRY)
 }
 
 /// Every desired entry present and equal, and no other entry `ours` names left over.
-fn is_current_by(
+pub fn is_current(
     current: &[ValidatingWebhook],
     desired: &[ValidatingWebhook],
-    ours: impl Fn(&str) -> bool,
+    ours: fn(&str) -> bool,
 ) -> bool {
     let left = |w: &ValidatingWebhook| ours(&w.name) && !desired.iter().any(|d| d.name == w.name);
     !current.iter().any(left) && desired.iter().all(|d| current.contains(d))
@@ -305,10 +304,6 @@ impl NamespaceSelection {
             namespaces: of(CLUSTER_ENTRY),
         }
     }
-
-    pub fn is_everything(&self) -> bool {
-        self.locks == LabelSelector::default() && self.namespaces == LabelSelector::default()
-    }
 }
 
 /// Whether `selector` selects a namespace labelled `labels` (an invalid one selects none).
@@ -330,11 +325,7 @@ pub enum RegisteredScope {
 }
 
 impl Registered {
-    /// Whether UPDATE and DELETE of this lock's object reach the webhook.
-    pub fn covers(&self, key: &LockKey) -> bool {
-        self.sends(LockOperation::Update, key)
-    }
-
+    /// Whether `operation` of this lock's object reaches the webhook.
     pub fn sends(&self, operation: LockOperation, key: &LockKey) -> bool {
         let scope = match operation {
             LockOperation::Update | LockOperation::Delete => &self.scope,
@@ -402,7 +393,7 @@ mod tests {
             chunk_chars: 200,
             ..NarrowingBounds::default()
         };
-        let plan = conditions::plan(&locks, now, &limits);
+        let plan = conditions::plan(conditions::Clauses::Changes, &locks, now, &limits);
         let desired = webhooks(&base_entries(), &plan, Format::Conditions).expect("entries");
         let names: Vec<_> = desired.iter().map(|w| w.name.as_str()).collect();
         assert!(names.len() > 3, "{names:?}");
@@ -415,20 +406,20 @@ mod tests {
             assert_eq!(conditions[0].name, "not-events");
             assert_eq!(conditions[1].name, CONDITION_NAME);
         }
-        assert!(!is_current(&base_entries(), &desired));
+        assert!(!is_current(&base_entries(), &desired, is_base_extra));
         // Written back, it is current; applied again (idempotent) it stays current.
         let mut written = desired.clone();
         written.push(base_entries()[2].clone());
-        assert!(is_current(&written, &desired));
+        assert!(is_current(&written, &desired, is_base_extra));
         assert_eq!(
             webhooks(&written, &plan, Format::Conditions).expect("entries"),
             desired
         );
         // Fewer locks: the extra entries are stale.
-        let fewer = conditions::plan(&locks[..1], now, &limits);
+        let fewer = conditions::plan(conditions::Clauses::Changes, &locks[..1], now, &limits);
         let desired_fewer = webhooks(&written, &fewer, Format::Conditions).expect("entries");
         assert_eq!(desired_fewer.len(), 2);
-        assert!(!is_current(&written, &desired_fewer));
+        assert!(!is_current(&written, &desired_fewer, is_base_extra));
     }
 
     /// The registration `manifests cluster` makes for the example CA.
@@ -560,7 +551,7 @@ mod tests {
             chunk_chars: 150,
             ..NarrowingBounds::default()
         };
-        let plan = conditions::plan(&locks, now, &limits);
+        let plan = conditions::plan(conditions::Clauses::Changes, &locks, now, &limits);
         let base = with_broad_selector(base_entries());
         let desired = webhooks(&base, &plan, Format::Namespaces).expect("entries");
         let namespaced: Vec<_> = desired
@@ -635,10 +626,11 @@ mod tests {
         // Written back, it is current.
         assert!(is_current(
             &desired,
-            &webhooks(&desired, &plan, Format::Namespaces).expect("entries")
+            &webhooks(&desired, &plan, Format::Namespaces).expect("entries"),
+            is_base_extra
         ));
         // Nothing locked: the namespaced entry matches no namespace at all.
-        let empty = conditions::plan(&[], now, &limits);
+        let empty = conditions::plan(conditions::Clauses::Changes, &[], now, &limits);
         let desired = webhooks(&base, &empty, Format::Namespaces).expect("entries");
         let expressions = desired[0]
             .namespace_selector
@@ -713,7 +705,7 @@ mod tests {
             chunk_chars: 150,
             ..NarrowingBounds::default()
         };
-        let plan = conditions::plan(&locks, now, &limits);
+        let plan = conditions::plan(conditions::Clauses::Changes, &locks, now, &limits);
         let installed = installed_with_requirements();
         let is_namespaced = |w: &&ValidatingWebhook| {
             w.name == NAMESPACED_ENTRY || is_extra_entry(&w.name, NAMESPACED_ENTRY)
@@ -758,7 +750,8 @@ mod tests {
             assert_eq!(webhooks(&desired, &plan, format).expect("entries"), desired);
             assert!(is_current(
                 &desired,
-                &webhooks(&desired, &plan, format).expect("e")
+                &webhooks(&desired, &plan, format).expect("e"),
+                is_base_extra
             ));
             assert_eq!(
                 NamespaceSelection::of(&desired),
@@ -768,10 +761,10 @@ mod tests {
                 }
             );
             // Nothing locked, or broad: still only where the operator lets locks apply.
-            let empty = conditions::plan(&[], now, &limits);
+            let empty = conditions::plan(conditions::Clauses::Changes, &[], now, &limits);
             let broad = ConditionsPlan {
                 scope: Scope::Broad(BroadReason::TooManyNames { names: 3, max: 2 }),
-                ..conditions::plan(&[], now, &limits)
+                ..conditions::plan(conditions::Clauses::Changes, &[], now, &limits)
             };
             for plan in [&empty, &broad] {
                 for entry in webhooks(&desired, plan, format).expect("entries") {
@@ -781,7 +774,10 @@ mod tests {
         }
         // Without requirements, what the entries say is what they said before.
         let plain = with_broad_selector(base_entries());
-        assert!(NamespaceSelection::of(&plain).is_everything());
+        assert_eq!(
+            NamespaceSelection::of(&plain),
+            NamespaceSelection::default()
+        );
         let desired = webhooks(&plain, &plan, Format::Namespaces).expect("entries");
         let selector = desired[0].namespace_selector.clone().expect("selector");
         assert_eq!(selector.match_labels, None);
@@ -852,11 +848,11 @@ mod tests {
     #[test]
     fn covers() {
         let mut registered = Registered::default();
-        assert!(!registered.covers(&LockKey::lock("a", "x")));
+        assert!(!registered.sends(LockOperation::Update, &LockKey::lock("a", "x")));
         registered.scope = Some(RegisteredScope::Narrow([LockKey::lock("a", "x")].into()));
-        assert!(registered.covers(&LockKey::lock("a", "x")));
-        assert!(!registered.covers(&LockKey::cluster_lock("x")));
+        assert!(registered.sends(LockOperation::Update, &LockKey::lock("a", "x")));
+        assert!(!registered.sends(LockOperation::Update, &LockKey::cluster_lock("x")));
         registered.scope = Some(RegisteredScope::Broad("test".to_owned()));
-        assert!(registered.covers(&LockKey::cluster_lock("anything")));
+        assert!(registered.sends(LockOperation::Update, &LockKey::cluster_lock("anything")));
     }
 }

@@ -10,7 +10,7 @@ use k8s_openapi::jiff::Timestamp;
 use super::conditions::{self, Clauses, ConditionsPlan, NarrowingBounds, Scope};
 use super::{
     CLUSTER_ENTRY, MissingEntry, NAMESPACED_ENTRY, RegisteredScope, copies, expressions,
-    is_current_by, is_extra_entry, selected, template,
+    is_extra_entry, selected, template,
 };
 use crate::api::{LockKey, LockOperation};
 use crate::locks::{LockKind, LockRef};
@@ -43,14 +43,6 @@ impl OperationPlan {
             Scope::Broad(reason) => RegisteredScope::Broad(reason.to_string()),
         }
     }
-
-    fn namespaced(&self) -> bool {
-        self.keys.iter().any(|k| k.namespace.is_some())
-    }
-
-    fn cluster(&self) -> bool {
-        self.keys.iter().any(|k| k.namespace.is_none())
-    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,7 +67,7 @@ pub fn plan<'a>(
             .collect();
         OperationPlan {
             keys: locks.iter().map(|l| l.key()).collect(),
-            plan: conditions::plan_with(clauses, locks, now, limits),
+            plan: conditions::plan(clauses, locks, now, limits),
         }
     };
     OperationsPlan {
@@ -89,51 +81,35 @@ pub fn webhooks(
     current: &[ValidatingWebhook],
     plan: &OperationsPlan,
 ) -> Result<Vec<ValidatingWebhook>, MissingEntry> {
-    let rule = |operation: &str, groups: &str, versions: &str, resources: &[&str], scope: &str| {
-        vec![RuleWithOperations {
+    let mut out = Vec::new();
+    let create = ("CREATE", "*", "*", &["*"][..]);
+    let connect = ("CONNECT", "", "v1", &CONNECT_SUBRESOURCES[..]);
+    for (base, part, (operation, groups, versions, resources), namespaced) in [
+        (CREATE_ENTRY, &plan.create, create, true),
+        (CONNECT_ENTRY, &plan.connect, connect, true),
+        (CLUSTER_CREATE_ENTRY, &plan.create, create, false),
+    ] {
+        if !(part.keys.iter()).any(|k| k.namespace.is_some() == namespaced) {
+            continue;
+        }
+        let rules = vec![RuleWithOperations {
             operations: Some(vec![operation.to_owned()]),
             api_groups: Some(vec![groups.to_owned()]),
             api_versions: Some(vec![versions.to_owned()]),
             resources: Some(resources.iter().map(|r| (*r).to_owned()).collect()),
-            scope: Some(scope.to_owned()),
-        }]
-    };
-    let mut out = Vec::new();
-    let mut add = |base, part: &OperationPlan, rules: Vec<_>, namespaced: bool| {
-        let template = template(
-            current,
-            [CLUSTER_ENTRY, NAMESPACED_ENTRY][usize::from(namespaced)],
-        )?;
-        let narrowing = |index| namespaced.then(|| selected(&part.plan, index));
-        let entries = copies(
-            template,
-            base,
-            expressions(&part.plan, namespaced),
-            narrowing,
-        );
+            scope: Some(if namespaced { "Namespaced" } else { "Cluster" }.to_owned()),
+        }];
+        let of = [CLUSTER_ENTRY, NAMESPACED_ENTRY][usize::from(namespaced)];
+        let template = template(current, of)?;
+        let narrowing = move |index| namespaced.then(|| selected(&part.plan, index));
+        let exprs = expressions(&part.plan, namespaced);
+        let entries = copies(template, base, exprs, narrowing);
         out.extend(entries.map(|mut entry| {
             entry.rules = Some(rules.clone());
             entry
         }));
-        Ok::<_, MissingEntry>(())
-    };
-    if plan.create.namespaced() {
-        let rules = rule("CREATE", "*", "*", &["*"], "Namespaced");
-        add(CREATE_ENTRY, &plan.create, rules, true)?;
-    }
-    if plan.connect.namespaced() {
-        let rules = rule("CONNECT", "", "v1", &CONNECT_SUBRESOURCES, "Namespaced");
-        add(CONNECT_ENTRY, &plan.connect, rules, true)?;
-    }
-    if plan.create.cluster() {
-        let rules = rule("CREATE", "*", "*", &["*"], "Cluster");
-        add(CLUSTER_CREATE_ENTRY, &plan.create, rules, false)?;
     }
     Ok(out)
-}
-
-pub fn is_current(current: &[ValidatingWebhook], desired: &[ValidatingWebhook]) -> bool {
-    is_current_by(current, desired, is_operation_entry)
 }
 
 #[cfg(test)]

@@ -20,9 +20,11 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use super::conditions::{self, ConditionsPlan, NarrowingBounds, Scope};
+use super::conditions::{self, Clauses, ConditionsPlan, NarrowingBounds, Scope};
 use super::operations::{self, OperationsPlan};
-use super::{Format, NamespaceSelection, Registered, RegisteredScope, is_current, webhooks};
+use super::{
+    Format, NamespaceSelection, Registered, RegisteredScope, is_base_extra, is_current, webhooks,
+};
 use crate::locks::index::{self, Change, IndexSnapshot, LockIndex, Sets, WatchState};
 use crate::locks::{LockKey, LockKind, LockRef};
 use crate::metrics::{ConfigurationLabels, OutcomeLabels, RegistrationMetrics};
@@ -248,8 +250,9 @@ impl Narrower {
         view: &LockView,
     ) -> Result<Option<Timestamp>, Problem> {
         let now = Timestamp::now();
-        let plan = conditions::plan(view.locks(), now, &self.config.limits);
-        let operations = operations::plan(view.locks(), now, &self.config.limits);
+        let limits = &self.config.limits;
+        let plan = conditions::plan(Clauses::Changes, view.locks(), now, limits);
+        let operations = operations::plan(view.locks(), now, limits);
         let live: BTreeSet<LockKey> = (view.locks())
             .filter(|l| !l.spec.is_expired(now))
             .map(LockRef::key)
@@ -270,8 +273,8 @@ impl Narrower {
         self.metrics
             .locked_names
             .set(i64::try_from(plan.names).unwrap_or(i64::MAX));
-        let differs = "the configuration read back differs from what was written (another writer, or a defaulted field)";
-        let written = self.write(api, FIELD_MANAGER, &current, &desired, is_current, differs);
+        let why = "the configuration read back differs from what was written (another writer, or a defaulted field)";
+        let written = self.write(api, FIELD_MANAGER, &current, &desired, is_base_extra, why);
         if let Some(written) = written.await? {
             self.wrote_base(&plan, &desired);
             self.last_written = Some(desired);
@@ -283,25 +286,15 @@ impl Narrower {
         self.confirm(&plan, live, NamespaceSelection::of(entries));
 
         let desired = operations::webhooks(entries, &operations).map_err(|e| e.to_string())?;
-        let differs = "the CREATE and CONNECT entries read back differ from what was written (entries another field manager owns, or a defaulted field)";
-        let manager = OPERATIONS_FIELD_MANAGER;
-        let written = self.write(
-            api,
-            manager,
-            &current,
-            &desired,
-            operations::is_current,
-            differs,
-        );
+        let why = "the CREATE and CONNECT entries read back differ from what was written (entries another field manager owns, or a defaulted field)";
+        let (manager, ours) = (OPERATIONS_FIELD_MANAGER, operations::is_operation_entry);
+        let written = self.write(api, manager, &current, &desired, ours, why);
         if written.await?.is_some() {
             // Entries coming or going are logged; every other write only at debug.
             let after: Vec<&str> = desired.iter().map(|w| w.name.as_str()).collect();
             let before = entries.iter().map(|w| w.name.as_str());
             let (create, connect) = (operations.create.keys.len(), operations.connect.keys.len());
-            if before
-                .filter(|name| operations::is_operation_entry(name))
-                .eq(after.iter().copied())
-            {
+            if before.filter(|name| ours(name)).eq(after.iter().copied()) {
                 debug!(
                     create,
                     connect, "webhook entries for CREATE and CONNECT rewritten"
@@ -348,10 +341,13 @@ impl Narrower {
         manager: &str,
         current: &ValidatingWebhookConfiguration,
         desired: &Entries,
-        is_current: fn(&Entries, &Entries) -> bool,
+        ours: fn(&str) -> bool,
         differs: &str,
     ) -> Result<Option<ValidatingWebhookConfiguration>, Problem> {
-        if is_current(current.webhooks.as_deref().unwrap_or_default(), desired) {
+        let holds = |c: &ValidatingWebhookConfiguration| {
+            is_current(c.webhooks.as_deref().unwrap_or_default(), desired, ours)
+        };
+        if holds(current) {
             return Ok(None);
         }
         let name = &self.config.name;
@@ -381,7 +377,7 @@ impl Narrower {
             }
         };
         // The answer is the stored object: it must now say what was written.
-        if !is_current(written.webhooks.as_deref().unwrap_or_default(), desired) {
+        if !holds(&written) {
             self.count("error");
             return Err(Problem::Failed(differs.to_owned()));
         }
@@ -429,7 +425,9 @@ impl Narrower {
             Scope::Narrow { .. } => RegisteredScope::Narrow(live),
             Scope::Broad(reason) => RegisteredScope::Broad(reason.to_string()),
         };
-        if !namespaces.is_everything() && namespaces != self.registered.borrow().namespaces {
+        if namespaces != NamespaceSelection::default()
+            && namespaces != self.registered.borrow().namespaces
+        {
             info!(
                 namespaced = %super::describe(&namespaces.locks),
                 namespaces = %super::describe(&namespaces.namespaces),

@@ -94,7 +94,9 @@ impl Coverage {
             }
         }
         match scope {
-            RegisteredScope::Narrow(_) if !registered.covers(key) => Coverage::NotYet,
+            RegisteredScope::Narrow(_) if !registered.sends(LockOperation::Update, key) => {
+                Coverage::NotYet
+            }
             _ if !not_yet.is_empty() => Coverage::OperationsNotYet(not_yet),
             _ if !never.is_empty() => Coverage::NeverSent(never),
             RegisteredScope::Broad(reason) => Coverage::Broad(reason.clone()),
@@ -275,11 +277,8 @@ pub fn desired(
     let enforcers = &lock.meta.status.enforced_by;
     let others = enforcers.iter().filter(|e| e.instance != instance).count();
     if !healthy {
-        // The condition is shared, but server-side apply gives each of its fields to the last
-        // instance that wrote a different value: an instance that left it out while others
-        // remain would strip those fields from their condition (an item with only its `type`,
-        // which the API server refuses, so the withdrawal never lands). So it re-applies the
-        // condition as it stands, and the last one clears the status ([`Desired::clears`]).
+        // Leaving the shared condition out would strip the fields server-side apply gave this
+        // instance from the others' condition (refused): re-apply it; the last one clears.
         let conditions = (lock.meta.status.conditions.iter())
             .filter(|c| others > 0 && c.type_ == super::CONDITION)
             .cloned()
@@ -327,7 +326,8 @@ pub(super) fn needs_write(
     // Our write of the same (`since` aside) landed but the watch has not shown it yet: what it
     // shows is older.
     if let Some(applied) = applied
-        && applied.awaiting_echo()
+        && !applied.echoed
+        && applied.at.elapsed() < ECHO_WAIT
         && applied.desired.entry.as_ref().map(generation) == desired.entry.as_ref().map(generation)
         && (applied.desired.count, &applied.desired.conditions)
             == (desired.count, &desired.conditions)
@@ -371,14 +371,9 @@ impl Applied {
             echoed: false,
         }
     }
-
-    /// Still waiting for the watch to show the write (a few seconds: a re-list may skip it).
-    fn awaiting_echo(&self) -> bool {
-        !self.echoed && self.at.elapsed() < ECHO_WAIT
-    }
 }
 
-/// How long a write's echo is waited for before what the watch shows is trusted again.
+/// How long a write's echo is waited for (a re-list may skip it) before the watch is trusted.
 const ECHO_WAIT: Duration = Duration::from_secs(5);
 
 #[cfg(test)]

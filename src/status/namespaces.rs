@@ -40,7 +40,7 @@ pub fn follow(
     let (tx, rx) = watch::channel(NamespaceLabels::default());
     let run = async move {
         tokio::select! {
-            selected = registered.wait_for(|r| !r.namespaces.is_everything()) => {
+            selected = registered.wait_for(|r| r.namespaces != Default::default()) => {
                 if selected.is_err() {
                     return;
                 }

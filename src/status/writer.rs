@@ -152,8 +152,10 @@ pub async fn run(
                 Err(kube::Error::Api(s)) if s.code == 409 => "conflict",
                 Err(_) => "error",
             };
-            let labels = OutcomeLabels { outcome };
-            metrics.status_writes.get_or_create(&labels).inc();
+            (metrics
+                .status_writes
+                .get_or_create(&OutcomeLabels { outcome }))
+            .inc();
             let book = books.entry(lock.key()).or_default();
             match result {
                 Ok(version) => {
@@ -198,13 +200,13 @@ pub async fn run(
             return;
         }
         // An expiry passed behind a pending retry is taken up at the retry.
-        let expiries = books
-            .values()
-            .filter_map(|book| book.expires.filter(|at| *at > clock));
-        let retries = books
-            .values()
-            .filter_map(|book| book.retry.map(|(at, _)| at));
-        let wake = expiries.chain(retries).min();
+        let wake = (books.values())
+            .flat_map(|b| {
+                (b.expires.filter(|at| *at > clock))
+                    .into_iter()
+                    .chain(b.retry.map(|r| r.0))
+            })
+            .min();
         tokio::select! {
             next = snapshots.changed() => if next.is_err() { return },
             alive = changed(&mut registered) => if alive {
@@ -246,20 +248,14 @@ async fn write(
     want: Desired,
 ) -> (LockRef, Desired, Result<String, kube::Error>) {
     let key = lock.key();
+    let params = PatchParams::apply(manager);
     let (params, patch) = if want.clears() {
-        let params = PatchParams {
-            field_manager: Some(manager.to_owned()),
-            ..PatchParams::default()
-        };
-        (
-            params,
-            Patch::Merge(Desired::clearing(&lock.meta.resource_version)),
-        )
+        let clearing = Desired::clearing(&lock.meta.resource_version);
+        (params, Patch::Merge(clearing))
     } else {
         // force: enforcedCount and the condition are shared with the other instances, which
         // write the same values; during a change they may briefly disagree.
-        let params = PatchParams::apply(manager).force();
-        (params, Patch::Apply(want.apply_config(&key)))
+        (params.force(), Patch::Apply(want.apply_config(&key)))
     };
     let written = key
         .api(client.clone())

@@ -103,7 +103,12 @@ fn sample_locks() -> Vec<LockRef> {
 
 #[test]
 fn the_plan_sends_the_requests_that_may_concern_a_live_lock_once() {
-    let sample = plan(&sample_locks(), now(), &NarrowingBounds::default());
+    let sample = plan(
+        Clauses::Changes,
+        &sample_locks(),
+        now(),
+        &NarrowingBounds::default(),
+    );
     assert_eq!(sample.names, 7, "the expired lock is not counted");
     assert_eq!(
         sample.next_expiry,
@@ -116,11 +121,21 @@ fn the_plan_sends_the_requests_that_may_concern_a_live_lock_once() {
             serde_json::json!({"selector": {"matchLabels": {"app": "web"}}, "expiresAt": "2026-11-22T11:00:00Z"}),
         ),
     )];
-    let expired = plan(&expired_selector, now(), &NarrowingBounds::default());
-    let nothing = plan(&[], now(), &NarrowingBounds::default());
+    let expired = plan(
+        Clauses::Changes,
+        &expired_selector,
+        now(),
+        &NarrowingBounds::default(),
+    );
+    let nothing = plan(Clauses::Changes, &[], now(), &NarrowingBounds::default());
     let mut with_cluster_lock = sample_locks();
     with_cluster_lock.push(LockRef::cluster_lock("lock-doomed", LockSpec::default()));
-    let both = plan(&with_cluster_lock, now(), &NarrowingBounds::default());
+    let both = plan(
+        Clauses::Changes,
+        &with_cluster_lock,
+        now(),
+        &NarrowingBounds::default(),
+    );
     let s = &sample;
     // (plan, fixture, edits `ns=… name=… old=…`, entries sending it)
     let rows: &[(&ConditionsPlan, &str, &str, usize)] = &[
@@ -190,8 +205,13 @@ fn deterministic_whatever_the_order() {
     let mut reversed = locks.clone();
     reversed.reverse();
     assert_eq!(
-        plan(&locks, now(), &NarrowingBounds::default()),
-        plan(&reversed, now(), &NarrowingBounds::default())
+        plan(Clauses::Changes, &locks, now(), &NarrowingBounds::default()),
+        plan(
+            Clauses::Changes,
+            &reversed,
+            now(),
+            &NarrowingBounds::default()
+        )
     );
 }
 
@@ -205,10 +225,10 @@ fn beyond_max_names_a_namespace_is_sent_whole() {
         .map(|i| LockRef::lock("ns", &format!("n{i}"), LockSpec::default()))
         .collect();
     assert!(matches!(
-        plan(&locks[..3], now(), &limits).scope,
+        plan(Clauses::Changes, &locks[..3], now(), &limits).scope,
         Scope::Narrow { .. }
     ));
-    let whole = plan(&locks, now(), &limits);
+    let whole = plan(Clauses::Changes, &locks, now(), &limits);
     assert_eq!(whole.names, 4);
     assert_eq!(
         sends(
@@ -225,12 +245,12 @@ fn beyond_max_names_a_namespace_is_sent_whole() {
         ..NarrowingBounds::default()
     };
     assert!(matches!(
-        plan(&locks, now(), &too_large).scope,
+        plan(Clauses::Changes, &locks, now(), &too_large).scope,
         Scope::Broad(BroadReason::TooLarge { .. })
     ));
     let odd = [LockRef::lock("ns", "a'b", LockSpec::default())];
     assert!(matches!(
-        plan(&odd, now(), &NarrowingBounds::default()).scope,
+        plan(Clauses::Changes, &odd, now(), &NarrowingBounds::default()).scope,
         Scope::Broad(BroadReason::UnsafeName(_))
     ));
 }
@@ -247,7 +267,7 @@ fn at_the_bound_every_expression_fits_and_each_name_hits_one_entry() {
     let locks: Vec<_> = (0..limits.max_names)
         .map(|i| LockRef::lock(&ns(i), &name(i), LockSpec::default()))
         .collect();
-    let plan = plan(&locks, now(), &limits);
+    let plan = plan(Clauses::Changes, &locks, now(), &limits);
     let Scope::Narrow {
         namespaced,
         cluster,
@@ -277,7 +297,7 @@ fn at_the_bound_every_expression_fits_and_each_name_hits_one_entry() {
     // One more lock: the namespace with the most Locks is sent whole, the others stay named.
     let mut more = locks;
     more.push(LockRef::lock("x", "y", LockSpec::default()));
-    let more = super::plan(&more, now(), &limits);
+    let more = super::plan(Clauses::Changes, &more, now(), &limits);
     assert!(
         matches!(more.scope, Scope::Narrow { .. }),
         "{:?}",
@@ -315,7 +335,7 @@ fn each_namespaced_chunk_knows_its_namespaces() {
             )
         })
         .collect();
-    let plan = plan(&locks, now(), &limits);
+    let plan = plan(Clauses::Changes, &locks, now(), &limits);
     let Scope::Narrow { namespaced, .. } = &plan.scope else {
         panic!("{:?}", plan.scope);
     };
@@ -339,20 +359,20 @@ fn each_namespaced_chunk_knows_its_namespaces() {
         ..limits
     };
     assert!(matches!(
-        super::plan(&locks, now(), &keys_only).scope,
+        super::plan(Clauses::Changes, &locks, now(), &keys_only).scope,
         Scope::Broad(BroadReason::TooLarge { .. })
     ));
     // Nothing namespaced: one chunk, no namespace.
     let cluster_only = [LockRef::cluster_lock("node-1", LockSpec::default())];
     assert_eq!(
-        super::plan(&cluster_only, now(), &limits).namespaces,
+        super::plan(Clauses::Changes, &cluster_only, now(), &limits).namespaces,
         [Vec::<String>::new()]
     );
     // A selector Lock's namespace is named too.
     let mut selecting = LockRef::lock("everything", "all", LockSpec::default());
     selecting.spec.selector = Some(Default::default());
     assert_eq!(
-        super::plan(&[selecting], now(), &limits).namespaces,
+        super::plan(Clauses::Changes, &[selecting], now(), &limits).namespaces,
         [vec!["everything".to_owned()]]
     );
 }
@@ -389,6 +409,7 @@ fn a_cluster_lock_with_a_selector_sends_the_cluster_scoped_resources_it_covers()
     let role = |name| cluster_review("rbac.authorization.k8s.io", "clusterroles", name, "UPDATE");
     // Every cluster-scoped resource, nothing namespaced beyond the named keys.
     let plan = plan(
+        Clauses::Changes,
         &with_a_cluster_selector(),
         now(),
         &NarrowingBounds::default(),
@@ -406,7 +427,12 @@ fn a_cluster_lock_with_a_selector_sends_the_cluster_scoped_resources_it_covers()
             "resources": [{"apiGroups": [""], "resources": ["namespaces"]}]}),
         ),
     )];
-    let plan = super::plan(&namespaces, now(), &NarrowingBounds::default());
+    let plan = super::plan(
+        Clauses::Changes,
+        &namespaces,
+        now(),
+        &NarrowingBounds::default(),
+    );
     assert_eq!(sends(&plan, &namespace("any-name")), 1);
     assert_eq!(sends(&plan, &role("any-name")), 0);
     assert_eq!(
@@ -414,7 +440,7 @@ fn a_cluster_lock_with_a_selector_sends_the_cluster_scoped_resources_it_covers()
         1,
         "the ClusterLock's own name"
     );
-    let creates = plan_with(
+    let creates = super::plan(
         Clauses::Names,
         &namespaces,
         now(),
@@ -436,7 +462,12 @@ fn a_cluster_lock_with_a_selector_sends_the_cluster_scoped_resources_it_covers()
         spec(serde_json::json!({"selector": {"matchLabels": {"a": "b"}},
             "resources": [{"apiGroups": ["objectlock.dev"], "resources": ["locks", "clusterlocks"]}]})),
     )];
-    let plan = super::plan(&lock_kinds, now(), &NarrowingBounds::default());
+    let plan = super::plan(
+        Clauses::Changes,
+        &lock_kinds,
+        now(),
+        &NarrowingBounds::default(),
+    );
     assert_eq!(plan.names, 0);
     assert_eq!(sends(&plan, &namespace("any-name")), 0);
     assert_eq!(sends(&plan, &role("locks")), 0);
@@ -447,7 +478,12 @@ fn a_cluster_lock_with_a_selector_sends_the_cluster_scoped_resources_it_covers()
             serde_json::json!({"selector": {"matchLabels": {"tier": "prod"}}, "expiresAt": "2026-11-22T11:00:00Z"}),
         ),
     )];
-    let plan = super::plan(&expired, now(), &NarrowingBounds::default());
+    let plan = super::plan(
+        Clauses::Changes,
+        &expired,
+        now(),
+        &NarrowingBounds::default(),
+    );
     assert_eq!(sends(&plan, &namespace("any-name")), 0);
 }
 
@@ -483,6 +519,7 @@ fn locks_of_nothing_sent_are_not_counted() {
         ),
     ];
     let plan = plan(
+        Clauses::Changes,
         &locks,
         now(),
         &NarrowingBounds {
@@ -505,7 +542,7 @@ fn a_namespace_beyond_the_bound_is_sent_whole_and_others_stay_narrowed() {
         .collect();
     locks.push(LockRef::lock("quiet", "db", LockSpec::default()));
     locks.push(LockRef::cluster_lock("node-1", LockSpec::default()));
-    let plan = plan(&locks, now(), &limits);
+    let plan = plan(Clauses::Changes, &locks, now(), &limits);
     assert_eq!(plan.names, 12);
     let in_ns = |ns: &str, name: &str| {
         with(
@@ -529,7 +566,7 @@ fn a_namespace_beyond_the_bound_is_sent_whole_and_others_stay_narrowed() {
         .map(|i| LockRef::cluster_lock(&format!("c{i}"), LockSpec::default()))
         .collect();
     assert!(matches!(
-        super::plan(&cluster, now(), &limits).scope,
+        super::plan(Clauses::Changes, &cluster, now(), &limits).scope,
         Scope::Broad(BroadReason::TooManyNames { names: 6, max: 5 })
     ));
 }
@@ -556,7 +593,7 @@ fn the_deletion_of_a_crd_whose_objects_a_lock_covers_is_sent() {
         serde_json::json!(["DELETE"]),
         serde_json::json!([{"apiGroups": ["example.com"], "resources": ["widgets"]}]),
     )];
-    let plan = plan(&locks, now(), &NarrowingBounds::default());
+    let plan = plan(Clauses::Changes, &locks, now(), &NarrowingBounds::default());
     assert_eq!(sends(&plan, &crd("widgets.example.com")), 1);
     assert_eq!(sends(&plan, &crd("widgets.other.com")), 0);
     let update = cluster_review(
@@ -585,6 +622,7 @@ fn the_deletion_of_a_crd_whose_objects_a_lock_covers_is_sent() {
         ),
     ] {
         let plan = super::plan(
+            Clauses::Changes,
             std::slice::from_ref(&lock),
             now(),
             &NarrowingBounds::default(),
@@ -596,7 +634,7 @@ fn the_deletion_of_a_crd_whose_objects_a_lock_covers_is_sent() {
 #[test]
 fn names_only_for_create_and_connect() {
     let locks = with_a_cluster_selector();
-    let names = plan_with(Clauses::Names, &locks, now(), &NarrowingBounds::default());
+    let names = super::plan(Clauses::Names, &locks, now(), &NarrowingBounds::default());
     let Scope::Narrow {
         namespaced,
         cluster,
@@ -608,6 +646,7 @@ fn names_only_for_create_and_connect() {
     assert_eq!(cluster, &["true"]);
     // The namespaced keys are those of the base plan without the ClusterLock.
     let base = plan(
+        Clauses::Changes,
         &locks[..locks.len() - 1],
         now(),
         &NarrowingBounds::default(),
@@ -622,7 +661,7 @@ fn names_only_for_create_and_connect() {
     assert_eq!(namespaced, base_namespaced);
     assert_eq!(names.namespaces, base.namespaces);
     // No clause for the deletion of a Namespace holding Locks.
-    let names = plan_with(
+    let names = super::plan(
         Clauses::Names,
         &sample_locks(),
         now(),

@@ -6,7 +6,7 @@ use super::*;
 use crate::api::LockSpec;
 use crate::registration::conditions::CONDITION_NAME;
 use crate::registration::conditions::tests::{eval, fixture, now, spec, with};
-use crate::registration::{Narrowing, broad_selector, entry_name, namespaced_selector};
+use crate::registration::{Narrowing, broad_selector, entry_name, is_current, namespaced_selector};
 
 /// The base entries as `manifests cluster` makes them (and the running instances narrow them).
 fn base_entries() -> Vec<ValidatingWebhook> {
@@ -354,7 +354,7 @@ fn entries_per_operation() {
         // Written, it is current: nothing more is written.
         let mut stored = base.clone();
         stored.extend(entries.iter().cloned());
-        assert!(is_current(&stored, &entries), "{what}");
+        assert!(is_current(&stored, &entries, is_operation_entry), "{what}");
     }
 }
 
@@ -443,8 +443,8 @@ fn chunks_and_bounds() {
     // Fewer locks: the extra chunks are stale until removed.
     let fewer = webhooks(&base, &plan(&locks[..1], now(), &limits)).expect("entries");
     assert_eq!(fewer.len(), 1);
-    assert!(!is_current(&entries, &fewer));
-    assert!(is_current(&fewer, &fewer));
+    assert!(!is_current(&entries, &fewer, is_operation_entry));
+    assert!(is_current(&fewer, &fewer, is_operation_entry));
     // Beyond the bounds: every CREATE, in every namespace but the excluded ones.
     let small = NarrowingBounds {
         max_names: 3,
@@ -471,15 +471,15 @@ fn written_only_when_the_stored_entries_differ() {
     let desired =
         webhooks(&base, &plan(&locks, now(), &NarrowingBounds::default())).expect("entries");
     // Nothing asks, nothing stored: current, no write.
-    assert!(is_current(&base, &[]));
+    assert!(is_current(&base, &[], is_operation_entry));
     let none = webhooks(&base, &plan(&[], now(), &NarrowingBounds::default())).expect("entries");
     assert!(none.is_empty());
     // Asked for: missing until written; stored, current; left over once nothing asks.
-    assert!(!is_current(&base, &desired));
+    assert!(!is_current(&base, &desired, is_operation_entry));
     let mut stored = base.clone();
     stored.extend(desired.iter().cloned());
-    assert!(is_current(&stored, &desired));
-    assert!(!is_current(&stored, &none));
+    assert!(is_current(&stored, &desired, is_operation_entry));
+    assert!(!is_current(&stored, &none, is_operation_entry));
     // A caBundle patched into the base entries reaches them at the next write.
     let mut rotated = stored.clone();
     for entry in rotated.iter_mut().filter(|w| !is_operation_entry(&w.name)) {
@@ -487,7 +487,7 @@ fn written_only_when_the_stored_entries_differ() {
     }
     let again =
         webhooks(&rotated, &plan(&locks, now(), &NarrowingBounds::default())).expect("entries");
-    assert!(!is_current(&rotated, &again));
+    assert!(!is_current(&rotated, &again, is_operation_entry));
     assert!(
         again
             .iter()
