@@ -201,29 +201,24 @@ impl Webhook {
             ),
             None => None,
         };
-        let (mut narrowing, mut reporting) = (None, None);
+        let (mut narrower, mut reporting) = (None, None);
         match source.client.clone().zip(source.source.index()) {
             Some((client, index)) if built => {
-                narrowing = if settings.registration.narrow {
-                    let config = NarrowerConfig {
-                        name: settings.registration.name.clone(),
-                        limits: NarrowingBounds {
-                            max_names: settings.registration.max_names,
-                            ..NarrowingBounds::default()
-                        },
-                    };
-                    Some(Narrower::new(
-                        client.clone(),
-                        config,
-                        metrics.registration.clone(),
-                    ))
-                } else {
+                let config = NarrowerConfig {
+                    name: settings.registration.name.clone(),
+                    limits: NarrowingBounds {
+                        max_names: settings.registration.max_names,
+                        ..NarrowingBounds::default()
+                    },
+                };
+                narrower = (settings.registration.narrow)
+                    .then(|| Narrower::new(client.clone(), config, metrics.registration.clone()));
+                if narrower.is_none() {
                     info!(
                         "the webhook configuration is not narrowed (registration.narrow = false)"
                     );
-                    None
-                };
-                let registered = narrowing.as_ref().map(Narrower::registered);
+                }
+                let registered = narrower.as_ref().map(Narrower::registered);
                 let instance = crate::settings::instance_name(&settings.instance.name)
                     .map_err(StartError::Instance)?;
                 info!(%instance, "writing lock status and refusal events as this instance");
@@ -251,7 +246,7 @@ impl Webhook {
             metrics,
             metrics_listener,
             reporting,
-            narrower: narrowing,
+            narrower,
         })
     }
 
