@@ -96,7 +96,7 @@ pub async fn lock_source(
         });
     }
     let client = kube_client(settings).await?;
-    let source = KubeSource::with_metrics(
+    let source = KubeSource::new(
         client.clone(),
         CacheConfig {
             ttl: settings.cache.ttl,

@@ -389,7 +389,11 @@ pub fn lock_view(
     tokio::sync::watch::Receiver<kube_object_lock::status::LockSnapshot>,
     impl Future<Output = ()> + Send + 'static,
 ) {
-    let source = kube_object_lock::locks::apiserver::KubeSource::new(client, cache_config());
+    let source = kube_object_lock::locks::apiserver::KubeSource::new(
+        client,
+        cache_config(),
+        Default::default(),
+    );
     let (view, follow) = kube_object_lock::status::view::follow(source.index().clone());
     let watch = source.watch();
     (view, async move {
