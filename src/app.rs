@@ -75,11 +75,7 @@ pub struct Source {
 }
 
 /// Builds the configured lock source. `refresh: false` skips the watch (one-shot `check`).
-pub async fn lock_source(settings: &Settings, refresh: bool) -> Result<Source, StartError> {
-    lock_source_with_metrics(settings, refresh, SourceMetrics::default()).await
-}
-
-pub async fn lock_source_with_metrics(
+pub async fn lock_source(
     settings: &Settings,
     refresh: bool,
     metrics: SourceMetrics,
@@ -100,7 +96,7 @@ pub async fn lock_source_with_metrics(
         });
     }
     let client = kube_client(settings).await?;
-    let source = KubeSource::with_metrics(
+    let source = KubeSource::new(
         client.clone(),
         CacheConfig {
             ttl: settings.cache.ttl,
@@ -153,27 +149,15 @@ pub struct Webhook {
 }
 
 impl Webhook {
-    /// Fails fast on every configuration problem, before any request is served.
-    pub async fn bind(settings: Settings) -> Result<Webhook, StartError> {
-        Webhook::bind_with(settings, None, Arc::new(Metrics::new())).await
-    }
-
-    /// Like [`Webhook::bind`] with the caller's lock source; nothing is written to the cluster.
-    pub async fn bind_with_source(
-        settings: Settings,
-        source: Source,
-        metrics: Arc<Metrics>,
-    ) -> Result<Webhook, StartError> {
-        Webhook::bind_with(settings, Some(source), metrics).await
-    }
-
     /// Writes lock status and refusal events through `reporting` (see [`crate::status`]).
     pub fn with_reporting(mut self, reporting: Reporting) -> Self {
         self.reporting = Some(reporting);
         self
     }
 
-    async fn bind_with(
+    /// Fails fast on every configuration problem, before any request is served. With `given`
+    /// (the caller's lock source) nothing is written to the cluster.
+    pub async fn bind(
         settings: Settings,
         given: Option<Source>,
         metrics: Arc<Metrics>,
@@ -200,55 +184,41 @@ impl Webhook {
         let built = given.is_none();
         let source = match given {
             Some(source) => source,
-            None => lock_source_with_metrics(&settings, true, metrics.source.clone()).await?,
+            None => lock_source(&settings, true, metrics.source.clone()).await?,
         };
         let addr = settings.server.listen;
+        let bind_error = |key, addr| move |source| StartError::Bind { key, addr, source };
         let listener = match systemd::passed_listener(addr)? {
             Some(passed) => TcpListener::from_std(passed),
             None => TcpListener::bind(addr).await,
         }
-        .map_err(|source| StartError::Bind {
-            key: "server.listen",
-            addr,
-            source,
-        })?;
+        .map_err(bind_error("server.listen", addr))?;
         let metrics_listener = match settings.metrics.addr() {
-            Some(addr) => {
-                Some(
-                    TcpListener::bind(addr)
-                        .await
-                        .map_err(|source| StartError::Bind {
-                            key: "metrics.listen",
-                            addr,
-                            source,
-                        })?,
-                )
-            }
+            Some(addr) => Some(
+                TcpListener::bind(addr)
+                    .await
+                    .map_err(bind_error("metrics.listen", addr))?,
+            ),
             None => None,
         };
-        let (mut narrowing, mut reporting) = (None, None);
+        let (mut narrower, mut reporting) = (None, None);
         match source.client.clone().zip(source.source.index()) {
             Some((client, index)) if built => {
-                narrowing = if settings.registration.narrow {
-                    let config = NarrowerConfig {
-                        name: settings.registration.name.clone(),
-                        limits: NarrowingBounds {
-                            max_names: settings.registration.max_names,
-                            ..NarrowingBounds::default()
-                        },
-                    };
-                    Some(Narrower::new(
-                        client.clone(),
-                        config,
-                        metrics.registration.clone(),
-                    ))
-                } else {
+                let config = NarrowerConfig {
+                    name: settings.registration.name.clone(),
+                    limits: NarrowingBounds {
+                        max_names: settings.registration.max_names,
+                        ..NarrowingBounds::default()
+                    },
+                };
+                narrower = (settings.registration.narrow)
+                    .then(|| Narrower::new(client.clone(), config, metrics.registration.clone()));
+                if narrower.is_none() {
                     info!(
                         "the webhook configuration is not narrowed (registration.narrow = false)"
                     );
-                    None
-                };
-                let registered = narrowing.as_ref().map(Narrower::registered);
+                }
+                let registered = narrower.as_ref().map(Narrower::registered);
                 let instance = crate::settings::instance_name(&settings.instance.name)
                     .map_err(StartError::Instance)?;
                 info!(%instance, "writing lock status and refusal events as this instance");
@@ -276,7 +246,7 @@ impl Webhook {
             metrics,
             metrics_listener,
             reporting,
-            narrower: narrowing,
+            narrower,
         })
     }
 
@@ -329,11 +299,8 @@ impl Webhook {
         if let Some((narrower, index)) = narrower.zip(source.source.index()) {
             spawn(Box::pin(narrower.run(index)));
         }
-        let mut reviewer = Reviewer::with_metrics(
-            source.source.clone(),
-            settings.review_policy(),
-            metrics.admission.clone(),
-        );
+        let mut reviewer = Reviewer::new(source.source.clone(), settings.review_policy())
+            .with_metrics(metrics.admission.clone());
         if let Some(reporting) = &reporting {
             reviewer = reviewer.with_events(reporting.events.clone());
         }

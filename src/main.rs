@@ -88,7 +88,7 @@ async fn check(args: &cli::CheckArgs) -> ExitCode {
 async fn serve(args: &cli::ServeArgs) -> anyhow::Result<ExitCode> {
     let settings = Settings::load(&args.layers()).context("invalid settings")?;
     telemetry::init(&settings.log)?;
-    let webhook = app::Webhook::bind(settings)
+    let webhook = app::Webhook::bind(settings, None, Default::default())
         .await
         .context("cannot start the webhook")?;
     // Connections left after the grace period were cut; the stop itself was still orderly.

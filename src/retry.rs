@@ -40,7 +40,11 @@ fn exponential(min: Duration, max: Duration) -> ExponentialBackoff {
 
 /// The retry delays of a watch loop that resets them itself (after [`HEALTHY_FOR`]).
 pub fn watch() -> Patient<ExponentialBackoff> {
-    Patient::new(exponential(WATCH_MIN, WATCH_MAX))
+    Patient {
+        fast: exponential(WATCH_MIN, WATCH_MAX),
+        slow: exponential(SLOW_MIN, SLOW_MAX),
+        failing_since: None,
+    }
 }
 
 /// The delays of a probe sent every `period`: `period` for [`GRACE`], then up to `PROBE_MAX`.
@@ -63,16 +67,6 @@ pub struct Patient<B> {
     fast: B,
     slow: ExponentialBackoff,
     failing_since: Option<Instant>,
-}
-
-impl<B> Patient<B> {
-    fn new(fast: B) -> Patient<B> {
-        Patient {
-            fast,
-            slow: exponential(SLOW_MIN, SLOW_MAX),
-            failing_since: None,
-        }
-    }
 }
 
 impl<B: Backoff> Iterator for Patient<B> {

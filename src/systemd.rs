@@ -111,11 +111,7 @@ pub fn stopping() {
 }
 
 /// Pings the watchdog at half its period; returns at once when the unit has no `WatchdogSec=`.
-///
-/// The pings prove the runtime is alive, nothing more. A failing certificate rotation shows in
-/// the STATUS line ([`Status::problem`]) but does not stop the pings: the running process still
-/// serves its last good certificate, while a restart would refuse the bad files and
-/// crash-loop, failing every write under `failurePolicy: Fail`.
+/// The pings prove only that the runtime is alive (docs/design/serving.md).
 pub async fn watchdog() {
     let Some(period) = sd_notify::watchdog_enabled() else {
         return;

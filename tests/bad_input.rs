@@ -336,7 +336,7 @@ async fn slow_headers_and_bodies_are_cut_off() {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut settings = kube_object_lock::settings::Settings::default();
         settings.locks.dir = Some(dir.path().to_owned());
-        let source = kube_object_lock::app::lock_source(&settings, false)
+        let source = kube_object_lock::app::lock_source(&settings, false, Default::default())
             .await
             .expect("source");
         let server = TestServer::start(source, |s| {

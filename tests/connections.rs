@@ -23,7 +23,7 @@ async fn files_server(
     let dir = tempfile::tempdir().expect("tempdir");
     let mut settings = kube_object_lock::settings::Settings::default();
     settings.locks.dir = Some(dir.path().to_owned());
-    let source = kube_object_lock::app::lock_source(&settings, false)
+    let source = kube_object_lock::app::lock_source(&settings, false, Default::default())
         .await
         .expect("files source");
     (TestServer::start(source, tune).await, dir)
@@ -389,7 +389,7 @@ async fn probes_are_served_on_the_metrics_listener_without_a_client_certificate(
     let dir = tempfile::tempdir().expect("tempdir");
     let mut settings = kube_object_lock::settings::Settings::default();
     settings.locks.dir = Some(dir.path().to_owned());
-    let source = kube_object_lock::app::lock_source(&settings, false)
+    let source = kube_object_lock::app::lock_source(&settings, false, Default::default())
         .await
         .expect("files source");
     let certs = support::Certs::with_client();

@@ -25,7 +25,7 @@ async fn reviewer(
     capacity: usize,
     metrics: &EnforcementMetrics,
 ) -> (Reviewer, tokio::sync::mpsc::Receiver<events::RefusalEvent>) {
-    let source = KubeSource::new(api.client(), support::cache_config());
+    let source = KubeSource::new(api.client(), support::cache_config(), Default::default());
     tokio::spawn(source.watch());
     let deadline = Instant::now() + Duration::from_secs(10);
     while !source.is_ready() {

@@ -58,7 +58,7 @@ async fn setup_with(
 ) -> Setup {
     support::init();
     let metrics = Arc::new(Metrics::new());
-    let source = KubeSource::with_metrics(
+    let source = KubeSource::new(
         api.client(),
         CacheConfig {
             ttl,
@@ -909,6 +909,7 @@ async fn readiness_waits_for_the_first_watch() {
             max_namespaces: 10,
             stale_after: Duration::from_secs(3),
         },
+        Default::default(),
     );
     let server = TestServer::start(
         Source {

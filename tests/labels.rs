@@ -51,7 +51,7 @@ async fn setup(tune: impl FnOnce(&mut Settings)) -> Setup {
         );
     }
     let metrics = Arc::new(Metrics::new());
-    let source = KubeSource::with_metrics(
+    let source = KubeSource::new(
         api.client(),
         support::cache_config(),
         metrics.source.clone(),

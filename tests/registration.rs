@@ -33,7 +33,7 @@ async fn the_current_gauge_follows_confirmed_writes_and_failures() {
     let configurations = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations";
     api.add_object(configurations, installed());
     api.create_lock("prod", "web", json!({}));
-    let source = KubeSource::new(api.client(), support::cache_config());
+    let source = KubeSource::new(api.client(), support::cache_config(), Default::default());
     let config = NarrowerConfig {
         name: manifests::NAME.to_owned(),
         limits: Default::default(),

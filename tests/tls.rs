@@ -14,7 +14,7 @@ async fn files_source() -> (kube_object_lock::app::Source, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut settings = kube_object_lock::settings::Settings::default();
     settings.locks.dir = Some(dir.path().to_owned());
-    let source = kube_object_lock::app::lock_source(&settings, false)
+    let source = kube_object_lock::app::lock_source(&settings, false, Default::default())
         .await
         .expect("files source");
     (source, dir)
@@ -296,7 +296,8 @@ async fn a_version_1_client_certificate_in_the_kubeconfig_is_named() {
     .expect("write kubeconfig");
     let mut settings = kube_object_lock::settings::Settings::default();
     settings.kube.kubeconfig = Some(kubeconfig.clone());
-    let error = match kube_object_lock::app::lock_source(&settings, false).await {
+    let error = match kube_object_lock::app::lock_source(&settings, false, Default::default()).await
+    {
         Ok(_) => panic!("a version 1 client certificate was accepted"),
         Err(error) => error.to_string(),
     };

@@ -107,22 +107,18 @@ pub struct Answer {
 
 impl Reviewer {
     pub fn new(source: Arc<dyn LockSource>, policy: ReviewPolicy) -> Self {
-        Reviewer::with_metrics(source, policy, AdmissionMetrics::default())
-    }
-
-    /// Like [`Reviewer::new`], counting into `metrics`.
-    pub fn with_metrics(
-        source: Arc<dyn LockSource>,
-        policy: ReviewPolicy,
-        metrics: AdmissionMetrics,
-    ) -> Self {
         Reviewer {
             source,
             labels: Arc::new(NoCluster),
             policy,
-            metrics,
+            metrics: AdmissionMetrics::default(),
             events: None,
         }
+    }
+
+    pub fn with_metrics(mut self, metrics: AdmissionMetrics) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     /// Reads the labels an eviction or a scale does not carry through `reader` (without one,

@@ -76,7 +76,7 @@ pub async fn check(settings: &Settings, input: &Path) -> Result<CheckResult, Che
         path: name.clone(),
         source,
     })?;
-    let source = app::lock_source(settings, false).await?;
+    let source = app::lock_source(settings, false, Default::default()).await?;
     let described = match (&source.client, &settings.kube.kubeconfig) {
         (Some(_), Some(path)) => format!(
             "{} (kubeconfig {})",

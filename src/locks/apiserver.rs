@@ -61,12 +61,7 @@ pub struct KubeSource {
 impl KubeSource {
     /// A source reading through `client`. Call [`KubeSource::watch`] to feed the index; until
     /// then every lookup LISTs.
-    pub fn new(client: Client, config: CacheConfig) -> Self {
-        KubeSource::with_metrics(client, config, SourceMetrics::default())
-    }
-
-    /// Like [`KubeSource::new`], counting into `metrics`.
-    pub fn with_metrics(client: Client, config: CacheConfig, metrics: SourceMetrics) -> Self {
+    pub fn new(client: Client, config: CacheConfig, metrics: SourceMetrics) -> Self {
         let cache = Cache::builder()
             .max_capacity(config.max_namespaces)
             .time_to_live(config.ttl.max(MIN_RETENTION))

@@ -29,25 +29,18 @@ pub enum FilesError {
     },
     /// Lock files that do not read, at start-up: starting without their locks would unlock
     /// what they lock.
-    #[error("{} not read (fix {}, or move {} out of the directory): {}", plural(.0.len()), them(.0.len()), them(.0.len()), join(.0))]
+    #[error("{}", not_read(.0))]
     Files(Vec<FileProblem>),
 }
 
-fn plural(n: usize) -> &'static str {
-    if n == 1 {
-        "a lock file is"
-    } else {
-        "lock files are"
-    }
-}
-
-fn them(n: usize) -> &'static str {
-    if n == 1 { "it" } else { "them" }
-}
-
-fn join(problems: &[FileProblem]) -> String {
-    let lines: Vec<String> = problems.iter().map(ToString::to_string).collect();
-    lines.join("; ")
+fn not_read(problems: &[FileProblem]) -> String {
+    let (what, them) = match problems.len() {
+        1 => ("a lock file is", "it"),
+        _ => ("lock files are", "them"),
+    };
+    let list: Vec<String> = problems.iter().map(ToString::to_string).collect();
+    let list = list.join("; ");
+    format!("{what} not read (fix {them}, or move {them} out of the directory): {list}")
 }
 
 /// A file that could not be used, with where and why.

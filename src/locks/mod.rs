@@ -49,11 +49,7 @@ impl LockRef {
         LockRef {
             kind: LockKind::Lock,
             namespace: Some(namespace.to_owned()),
-            name: name.to_owned(),
-            spec,
-            problem: None,
-            generation: None,
-            meta: Arc::default(),
+            ..LockRef::cluster_lock(name, spec)
         }
     }
 

@@ -193,12 +193,9 @@ impl CertInfo {
                         info.dns.push((*d).to_owned())
                     }
                     x509_parser::extensions::GeneralName::IPAddress(bytes) => {
-                        let ip = match bytes.len() {
-                            4 => <[u8; 4]>::try_from(*bytes).ok().map(IpAddr::from),
-                            16 => <[u8; 16]>::try_from(*bytes).ok().map(IpAddr::from),
-                            _ => None,
-                        };
-                        info.ips.extend(ip);
+                        let ip = <[u8; 4]>::try_from(*bytes).map(IpAddr::from);
+                        info.ips
+                            .extend(ip.or(<[u8; 16]>::try_from(*bytes).map(IpAddr::from)));
                     }
                     _ => {}
                 }

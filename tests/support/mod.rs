@@ -112,7 +112,7 @@ impl TestServer {
         settings.tls.key = Some(certs.path("tls.key"));
         settings.metrics.listen = "127.0.0.1:0".to_owned();
         tune(&mut settings);
-        let webhook = Webhook::bind_with_source(settings, source, metrics)
+        let webhook = Webhook::bind(settings, Some(source), metrics)
             .await
             .expect("webhook binds");
         let addr = webhook.local_addr();
@@ -142,7 +142,7 @@ impl TestServer {
         let mut settings = Settings::default();
         settings.locks.dir = Some(dir.path().to_owned());
         settings.locks.poll_interval = Duration::from_millis(100);
-        let source = kube_object_lock::app::lock_source(&settings, true)
+        let source = kube_object_lock::app::lock_source(&settings, true, Default::default())
             .await
             .expect("files source");
         let server = TestServer::start(source, |_| {}).await;
@@ -389,7 +389,11 @@ pub fn lock_view(
     tokio::sync::watch::Receiver<kube_object_lock::status::LockSnapshot>,
     impl Future<Output = ()> + Send + 'static,
 ) {
-    let source = kube_object_lock::locks::apiserver::KubeSource::new(client, cache_config());
+    let source = kube_object_lock::locks::apiserver::KubeSource::new(
+        client,
+        cache_config(),
+        Default::default(),
+    );
     let (view, follow) = kube_object_lock::status::view::follow(source.index().clone());
     let watch = source.watch();
     (view, async move {
