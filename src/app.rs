@@ -149,12 +149,6 @@ pub struct Webhook {
 }
 
 impl Webhook {
-    /// Writes lock status and refusal events through `reporting` (see [`crate::status`]).
-    pub fn with_reporting(mut self, reporting: Reporting) -> Self {
-        self.reporting = Some(reporting);
-        self
-    }
-
     /// Fails fast on every configuration problem, before any request is served. With `given`
     /// (the caller's lock source) nothing is written to the cluster.
     pub async fn bind(

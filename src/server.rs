@@ -19,7 +19,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, ReadBuf};
 use tokio::net::TcpListener;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
@@ -103,7 +103,9 @@ where
                 draining,
                 tracker: tracker.clone(),
             });
-            let io = TokioIo::new(Tracked::new(io, tracker));
+            // Only reads are tracked: the write half goes to hyper as it is.
+            let (read, write) = tokio::io::split(io);
+            let io = TokioIo::new(tokio::io::join(Tracked::new(read, tracker), write));
             let builder = if h2 {
                 builder().http2_only()
             } else {
@@ -291,36 +293,6 @@ impl<T: AsyncRead + Unpin> AsyncRead for Tracked<T> {
                 Poll::Ready(Err(std::io::ErrorKind::TimedOut.into()))
             }
         }
-    }
-}
-
-impl<T: AsyncWrite + Unpin> AsyncWrite for Tracked<T> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
     }
 }
 

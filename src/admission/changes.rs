@@ -227,19 +227,22 @@ struct Pair {
     old_object: Value,
 }
 
+#[cfg(test)]
+impl Objects<'static> {
+    pub fn from_values(old: Value, new: Value) -> Objects<'static> {
+        Objects {
+            body: None,
+            pair: OnceCell::from(Some((old, new))),
+            scaled: None,
+        }
+    }
+}
+
 impl<'b> Objects<'b> {
     pub fn from_review(body: &'b [u8]) -> Objects<'b> {
         Objects {
             body: Some(body),
             pair: OnceCell::new(),
-            scaled: None,
-        }
-    }
-
-    pub fn from_values(old: Value, new: Value) -> Objects<'static> {
-        Objects {
-            body: None,
-            pair: OnceCell::from(Some((old, new))),
             scaled: None,
         }
     }
