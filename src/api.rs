@@ -20,8 +20,8 @@ pub const CLUSTER_LOCKS: &str = "clusterlocks";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum LockKind {
-    Lock,
-    ClusterLock,
+    Lock = 0,
+    ClusterLock = 1,
 }
 
 impl LockKind {

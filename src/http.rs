@@ -185,7 +185,7 @@ async fn answer(
         }
     };
     match state.reviewer.review(&body, deadline).await {
-        Ok(answer) => match answer.review.to_json() {
+        Ok(answer) => match serde_json::to_vec(&answer.review) {
             Ok(json) => json_response(StatusCode::OK, json),
             Err(e) => failure(
                 StatusCode::INTERNAL_SERVER_ERROR,

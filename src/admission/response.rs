@@ -16,12 +16,6 @@ pub struct ReviewAnswer {
     pub response: ReviewResponse,
 }
 
-impl ReviewAnswer {
-    pub fn to_json(&self) -> serde_json::Result<Vec<u8>> {
-        serde_json::to_vec(self)
-    }
-}
-
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ReviewResponse {

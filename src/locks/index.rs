@@ -69,8 +69,8 @@ pub type Sets = imbl::OrdMap<String, Arc<LockSet>>;
 
 #[derive(Clone, Debug)]
 pub struct IndexSnapshot {
-    pub locks: Health,
-    pub cluster_locks: Health,
+    /// The watch health of Locks, then of ClusterLocks.
+    pub health: [Health; 2],
     pub sets: Sets,
     /// Whether Locks, and ClusterLocks, have been listed at least once (a first list that
     /// fails is `Stale` too).
@@ -80,17 +80,7 @@ pub struct IndexSnapshot {
 
 impl IndexSnapshot {
     pub fn health(&self, kind: LockKind) -> &Health {
-        match kind {
-            LockKind::Lock => &self.locks,
-            LockKind::ClusterLock => &self.cluster_locks,
-        }
-    }
-
-    fn health_mut(&mut self, kind: LockKind) -> &mut Health {
-        match kind {
-            LockKind::Lock => &mut self.locks,
-            LockKind::ClusterLock => &mut self.cluster_locks,
-        }
+        &self.health[kind as usize]
     }
 
     fn count_mut(&mut self, kind: LockKind) -> &mut u64 {
@@ -147,8 +137,7 @@ impl LockIndex {
         let not_synced = Health::new(WatchState::NotSynced, Some("not listed yet".into()));
         LockIndex {
             state: watch::Sender::new(IndexSnapshot {
-                locks: not_synced.clone(),
-                cluster_locks: not_synced,
+                health: [not_synced.clone(), not_synced],
                 sets: Sets::new(),
                 listed: (false, false),
                 counts: LockCounts::default(),
@@ -185,7 +174,7 @@ impl LockIndex {
     /// True when both kinds may be answered from the index.
     pub fn is_fresh(&self) -> bool {
         let state = self.state.borrow();
-        (state.locks.is_fresh(self.stale_after)) && state.cluster_locks.is_fresh(self.stale_after)
+        (state.health.iter()).all(|health| health.is_fresh(self.stale_after))
     }
 
     pub fn listed(&self) -> bool {
@@ -288,7 +277,7 @@ impl LockIndex {
     ) -> Option<Health> {
         let mut previous = None;
         self.state.send_if_modified(|snapshot| {
-            let health = snapshot.health_mut(kind);
+            let health = &mut snapshot.health[kind as usize];
             if health.state == state {
                 if state != WatchState::Live {
                     health.reason = reason.clone();
@@ -401,7 +390,7 @@ mod tests {
         index.set_state(LockKind::ClusterLock, WatchState::Live, None);
         assert_eq!(index.stale_epoch(), epoch + 1);
         index.set_state(LockKind::ClusterLock, WatchState::Stale, None);
-        assert_eq!(index.snapshot().cluster_locks.state, WatchState::Stale);
+        assert_eq!(index.snapshot().health[1].state, WatchState::Stale);
         assert_eq!(
             index.set_state(LockKind::ClusterLock, WatchState::Stale, None),
             None,
