@@ -34,24 +34,21 @@ pub mod tls;
 
 pub use retry::error_chain;
 
-/// A tokio runtime, or why it cannot start. tokio panics, rather than fails, when it cannot make
-/// the descriptors of its signal driver (too many open files): that panic is taken as the failure.
-pub fn runtime(multi_thread: bool) -> Result<tokio::runtime::Runtime, String> {
+/// `builder`'s runtime, or why it cannot start. tokio panics, rather than fails, when it cannot
+/// make the descriptors of its signal driver (too many open files): that panic is the failure.
+pub fn runtime(mut builder: tokio::runtime::Builder) -> Result<tokio::runtime::Runtime, String> {
     let hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(|_| {}));
-    let built = std::panic::catch_unwind(|| match multi_thread {
-        true => tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build(),
-        false => tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build(),
-    });
+    let built = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+        builder.enable_all().build()
+    }));
     std::panic::set_hook(hook);
-    match built {
-        Ok(built) => built.map_err(|e| e.to_string()),
-        Err(panic) => Err((panic.downcast_ref::<String>().cloned())
+    let why = match built {
+        Ok(Ok(runtime)) => return Ok(runtime),
+        Ok(Err(e)) => e.to_string(),
+        Err(panic) => (panic.downcast_ref::<String>().cloned())
             .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-            .unwrap_or_else(|| "it panicked".to_owned())),
-    }
+            .unwrap_or_else(|| "it panicked".to_owned()),
+    };
+    Err(format!("cannot start the async runtime: {why}"))
 }

@@ -22,9 +22,9 @@ fn main() -> ExitCode {
     {
         return fail(1, anyhow::Error::new(e).context("cannot start the webhook"));
     }
-    let runtime = match kube_object_lock::runtime(true) {
+    let runtime = match kube_object_lock::runtime(tokio::runtime::Builder::new_multi_thread()) {
         Ok(rt) => rt,
-        Err(e) => return fail(2, anyhow::anyhow!("cannot start the async runtime: {e}")),
+        Err(e) => return fail(2, anyhow::anyhow!(e)),
     };
     runtime.block_on(run(cli))
 }

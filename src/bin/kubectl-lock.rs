@@ -22,11 +22,9 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let result = match kube_object_lock::runtime(false) {
+    let result = match kube_object_lock::runtime(tokio::runtime::Builder::new_current_thread()) {
         Ok(runtime) => runtime.block_on(plugin::run(invocation)),
-        Err(e) => Err(plugin::PluginError::Message(format!(
-            "cannot start the async runtime: {e}"
-        ))),
+        Err(e) => Err(plugin::PluginError::Message(e)),
     };
     match result {
         Ok(report) => {
